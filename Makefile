@@ -1,0 +1,28 @@
+# The two quick-start targets build their own virtual environment (.venv) on first use.
+# torch is pinned to the CPU build that the development and CI machines carry on disk;
+# on a GPU machine install your CUDA torch first and set OURO_TORCH= (empty) to keep it.
+PYTHON ?= python3
+VENV := .venv
+OURO_TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint clean-venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(if $(OURO_TORCH),$(VENV)/bin/pip install -q "$(OURO_TORCH)")
+	$(VENV)/bin/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ouro_cli tests bench examples
+
+clean-venv:
+	rm -rf $(VENV)

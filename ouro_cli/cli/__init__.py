@@ -1,0 +1,1 @@
+"""The `ouro` command line: one module per command; each parses, calls the core, prints."""

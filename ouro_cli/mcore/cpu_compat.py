@@ -1,0 +1,157 @@
+"""Let megatron-core run on a CPU-only process, for CPU training and checkpoint conversion.
+
+megatron-core calls CUDA unconditionally: `torch.cuda.current_device()` for DDP grad
+buffers, `torch.cuda.synchronize()` around dist-checkpoint saves, CUDA RNG state in its
+RNG tracker, `device="cuda"` factories and `.cuda()` in the optimizers, and
+`param.type() == "torch.cuda.FloatTensor"` checks. Inside `megatron_on_cpu()` those
+calls are answered by CPU equivalents:
+
+- `torch.cuda.current_device/synchronize/stream/...` are replaced while the block runs;
+- the "CUDA" RNG is a dedicated CPU `torch.Generator` (so the tracker can save and
+  restore it without touching the CPU RNG that the rest of the program uses);
+- a `TorchFunctionMode` maps `device="cuda[:n]"` (and int device ids) to CPU, makes
+  `.cuda()` a no-op and reports CPU float tensor types under their `torch.cuda.*` names.
+
+On a process that has CUDA the context manager does nothing at all (tested), so GPU
+runs execute megatron-core unmodified. Everything is restored on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_FAKE_CUDA_RNG = torch.Generator()
+_lock = threading.RLock()
+_depth = 0
+
+
+def _is_cuda_device(device: object) -> bool:
+    if isinstance(device, int):
+        return True
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return False
+
+
+class _CudaToCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
+        if func is torch.Tensor.is_cuda.__get__:
+            return True
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        if func in (torch.Tensor.to,) and len(args) > 1 and _is_cuda_device(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+class _DummyStream:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _replacements() -> dict[str, object]:
+    def get_rng_state(device="cuda"):
+        return _FAKE_CUDA_RNG.get_state()
+
+    def set_rng_state(state, device="cuda"):
+        _FAKE_CUDA_RNG.set_state(state)
+
+    def manual_seed(seed):
+        _FAKE_CUDA_RNG.manual_seed(int(seed))
+
+    return {
+        "current_device": lambda: 0,
+        "device_count": lambda: 1,
+        "set_device": lambda device: None,
+        "synchronize": lambda device=None: None,
+        "empty_cache": lambda: None,
+        "current_stream": lambda device=None: _DummyStream(),
+        "default_stream": lambda device=None: _DummyStream(),
+        "stream": lambda s=None: contextlib.nullcontext(),
+        "Stream": _DummyStream,
+        "get_rng_state": get_rng_state,
+        "set_rng_state": set_rng_state,
+        "manual_seed": manual_seed,
+        "manual_seed_all": manual_seed,
+        "default_generators": (_FAKE_CUDA_RNG,),
+    }
+
+
+def fake_cuda_rng() -> torch.Generator:
+    """The generator that stands in for the CUDA RNG on CPU (checkpointed as such)."""
+    return _FAKE_CUDA_RNG
+
+
+@contextlib.contextmanager
+def megatron_on_cpu(enabled: bool | None = None) -> Iterator[None]:
+    """Run the enclosed megatron-core calls on CPU. Inert when CUDA is available.
+
+    Re-entrant: nested uses patch once. `enabled` forces the decision (tests use it).
+    """
+    global _depth
+    active = (not torch.cuda.is_available()) if enabled is None else enabled
+    if not active:
+        yield
+        return
+    with _lock:
+        _depth += 1
+        saved: dict[str, object] = {}
+        mode = None
+        if _depth == 1:
+            for name, value in _replacements().items():
+                saved[name] = getattr(torch.cuda, name, None)
+                setattr(torch.cuda, name, value)
+            for name in ("get_rng_state", "set_rng_state"):
+                saved["random." + name] = getattr(torch.cuda.random, name)
+                setattr(torch.cuda.random, name, getattr(torch.cuda, name))
+            mode = _CudaToCpu()
+            mode.__enter__()
+    try:
+        yield
+    finally:
+        with _lock:
+            if mode is not None:
+                mode.__exit__(None, None, None)
+                for name, value in saved.items():
+                    if name.startswith("random."):
+                        setattr(torch.cuda.random, name[7:], value)
+                    elif value is None:
+                        delattr(torch.cuda, name)
+                    else:
+                        setattr(torch.cuda, name, value)
+            _depth -= 1
+
+
+def is_patched() -> bool:
+    return _depth > 0

@@ -1,0 +1,114 @@
+"""One Ouro decoder layer and its parts (OURO.md §2), written once for every caller.
+
+The layer does not own its attention over past tokens: it computes q, k, v for the
+tokens it is given and hands them to an `attend(q, k, v)` callable supplied by the
+caller. The trainer's dense replay (`ouro_cli.model.replay`) and the engine's paged
+KV cache plug in there, so the projections, norms, RoPE and MLP exist exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import OuroConfig
+
+# attend(q [B,S,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,D]) -> o [B,S,Hq,D]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    """`w * (x_fp32 * rsqrt(mean(x_fp32^2) + eps)).to(x.dtype)`."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Default RoPE, rotate-half convention; cos/sin in fp32, cast to the activation dtype.
+
+    The inverse frequencies are recomputed in fp32 on every call rather than kept as a
+    buffer: checkpoints never store them, and `model.to(bfloat16)` cannot degrade them.
+    """
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        exponents = torch.arange(0, self.head_dim, 2, device=position_ids.device).float() / self.head_dim
+        inv_freq = 1.0 / (self.theta**exponents)
+        freqs = position_ids.float()[..., None] * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B,S,H,D]; cos/sin [B,S,D]."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: OuroConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.dim_per_head
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = attend(q, k, v)
+        return self.o_proj(o.reshape(b, s, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: OuroConfig) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Sandwich-norm layer: `post_attention_layernorm` is the pre-MLP norm (as in Llama);
+    the `_2` norms are applied to each sublayer's output before the residual add."""
+
+    def __init__(self, config: OuroConfig) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps)
+        self.input_layernorm_2 = RMSNorm(config.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.post_attention_layernorm_2 = RMSNorm(config.hidden_size, eps)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        h = h + self.input_layernorm_2(self.self_attn(self.input_layernorm(h), cos, sin, attend))
+        return h + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(h)))
