@@ -21,7 +21,7 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    """`w * (x_fp32 * rsqrt(mean(x_fp32^2) + eps)).to(x.dtype)`."""
+    """`w * (x_fp32 * rsqrt(mean(x_fp32^2) + eps)).to(x.dtype)` (OURO.md §2)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -29,8 +29,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        # At least fp32 (fp64 stays fp64, which lets tests compare against an fp64 reference).
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
 
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run on the lent GPU machine (device tool): installs carried wheels, reports the device,
+# then runs the GPU-marked tests and any benchmarks named as arguments.
+#   bash tools/gpu_check.sh                      # GPU tests only
+#   bash tools/gpu_check.sh bench/decode.py ...  # plus benchmarks (each run with python)
+set -uo pipefail
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 2
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -25
+status=${PIPESTATUS[0]}
+for bench in "$@"; do
+  echo "== $bench"
+  python3 $bench
+done
+exit $status
