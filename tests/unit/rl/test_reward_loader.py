@@ -1,0 +1,66 @@
+"""Reward plugins by dotted path: the shipped ones load, and every bad path is a one-line UserError naming it."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ouro_cli.errors import UserError
+from ouro_cli.rl.rewards import DEFAULT_REWARD, boxed_answer, check_labels, load_reward, math_answer
+
+
+def test_shipped_rewards_load():
+    assert load_reward("ouro_cli.rl.rewards.boxed_answer") is boxed_answer
+    assert load_reward("ouro_cli.rl.rewards.math_answer") is math_answer
+    assert load_reward(DEFAULT_REWARD) is math_answer
+    assert load_reward("ouro_cli.rl.rewards.boxed:boxed_answer") is boxed_answer
+
+
+@pytest.fixture
+def plugin_dir(tmp_path, monkeypatch):
+    (tmp_path / "myrewards.py").write_text(
+        "CONSTANT = 3\n"
+        "def one_arg(response):\n    return 1.0\n"
+        "def length(response, label):\n    return float(len(response))\n"
+        "class Scorer:\n    @staticmethod\n    def score(response, label):\n        return 0.5\n"
+    )
+    (tmp_path / "broken_plugin.py").write_text("import a_module_that_is_not_there\n")
+    (tmp_path / "raising_plugin.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("myrewards", "broken_plugin", "raising_plugin"):
+        sys.modules.pop(name, None)
+
+
+def test_user_plugins(plugin_dir):
+    assert load_reward("myrewards.length")("abc", None) == 3.0
+    assert load_reward("myrewards.Scorer.score")("abc", None) == 0.5
+
+
+@pytest.mark.parametrize("path,message", [
+    ("nonexistent_pkg_xyz.reward", "'nonexistent_pkg_xyz.reward': no module named 'nonexistent_pkg_xyz'"),
+    ("ouro_cli.rl.rewards.no_such_reward", "'ouro_cli.rl.rewards' has no attribute 'no_such_reward'"),
+    ("ouro_cli.rl.nope.reward", "'ouro_cli.rl' has no attribute 'nope'"),
+    ("myrewards.CONSTANT", "is not callable (it is a int)"),
+    ("myrewards.one_arg", "cannot be called as f(response, label)"),
+    ("myrewards.Scorer.nothing", "'myrewards.Scorer' has no attribute 'nothing'"),
+    ("broken_plugin.reward", "importing 'broken_plugin' failed: No module named 'a_module_that_is_not_there'"),
+    ("raising_plugin.reward", "importing 'raising_plugin' failed: RuntimeError: boom"),
+    ("math_answer", "is not a dotted path"),
+    ("a..b", "is not a dotted path"),
+    ("", "must be a dotted path"),
+])
+def test_bad_paths(plugin_dir, path, message):
+    with pytest.raises(UserError) as info:
+        load_reward(path)
+    text = str(info.value)
+    assert message in text, text
+    assert "\n" not in text
+
+
+def test_check_labels():
+    check_labels(boxed_answer, "ouro_cli.rl.rewards.boxed_answer", [("d.jsonl:1", 5), ("d.jsonl:2", "7")])
+    with pytest.raises(UserError, match=r"^d.jsonl:2: label 'x' cannot be graded by ouro_cli.rl.rewards.boxed_answer"):
+        check_labels(boxed_answer, "ouro_cli.rl.rewards.boxed_answer", [("d.jsonl:1", 5), ("d.jsonl:2", "x")])
+    check_labels(lambda r, label: 0.0, "custom.fn", [("d.jsonl:1", object())])  # no check_label: nothing to do
