@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import convert, export
+from . import convert, eval, export, train
 
 app = typer.Typer(
     name="ouro",
@@ -17,10 +17,21 @@ app = typer.Typer(
 )
 app.add_typer(convert.app, name="convert")
 app.command(name="export", epilog=export.EPILOG)(export.export)
+app.command(name="train", epilog=train.TRAIN_EPILOG)(train.train)
+app.command(name="resume", epilog=train.RESUME_EPILOG)(train.resume)
+app.command(name="eval", epilog=eval.EPILOG)(eval.eval_command)
 
 
 def main() -> None:
-    app()
+    import sys
+    import warnings
+
+    # megatron-core announces its pure-PyTorch fallbacks on import; they are expected here
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+
+    from .common import expand_multi_value_options
+
+    app(args=expand_multi_value_options(sys.argv[1:]), prog_name="ouro")
 
 
 if __name__ == "__main__":

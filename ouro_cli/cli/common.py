@@ -63,3 +63,38 @@ def _fail(message: str, code: int, json_output: bool, result: dict[str, Any] | N
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document with the result on stdout.")
 OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace a non-empty output directory.")
+
+
+MULTI_VALUE_OPTIONS = ("--depths", "--eval-depths", "--prefill-devices", "--decode-devices")
+
+
+def expand_multi_value_options(argv: list[str], names: tuple[str, ...] = MULTI_VALUE_OPTIONS) -> list[str]:
+    """Let list options take several values after one flag, as in `--depths 2 3 4`.
+
+    Click options take one value per occurrence; this rewrites `--depths 2 3 4` into
+    `--depths 2 --depths 3 --depths 4`. Only integers are consumed, so a positional
+    argument after the list (`--depths 2 3 RUN`) stays positional.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        out.append(arg)
+        i += 1
+        if arg in names:
+            first = True
+            while i < len(argv) and _is_int(argv[i]):
+                if not first:
+                    out.append(arg)
+                out.append(argv[i])
+                first = False
+                i += 1
+    return out
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True

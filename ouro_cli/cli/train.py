@@ -1,0 +1,187 @@
+"""`ouro train` and `ouro resume`: the GRPO loop (ouro_cli.rl.loop) from the command line.
+
+Every flag defaults to None here so that a TOML `--config` file can set it and a flag
+given on the command line overrides it; the defaults themselves live in
+`ouro_cli.rl.options.TrainOptions`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .common import JSON_OPTION, console, run_command
+
+TRAIN_EPILOG = """Examples:
+
+  ouro train --depths 2 3 4                       # bundled tiny model and data, 8 updates
+
+  ouro train --model ./Ouro-1.4B --data train.jsonl --run-dir runs/grpo-1 --depths 2 3 4 --updates 200 \\
+      --prompts-per-update 64 --group-size 8 --max-response-len 2048 --reward-function ouro_cli.rl.rewards.math_answer
+
+  ouro train --config recipe.toml --updates 50    # flags override the TOML file
+"""
+
+RESUME_EPILOG = """Examples:
+
+  ouro resume runs/grpo-1 --updates 400
+
+  ouro resume runs/grpo-1 --updates 400 --lr 5e-7 --override-opt-param-scheduler
+"""
+
+P_DATA, P_GRPO, P_OPT, P_ENGINE, P_RUN = "Model and data", "GRPO update", "Optimizer", "Engine", "Run, save, evaluate"
+
+
+def _opt(*names: str, help: str, panel: str, **kw: Any):
+    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
+
+
+def train(
+    config: Annotated[Path | None, _opt("--config", help="TOML file with any of these options (flags override it).", panel=P_DATA)] = None,
+    model: Annotated[str | None, _opt("--model", help="HF directory or Megatron checkpoint to start from (default: bundled tiny model).", panel=P_DATA)] = None,
+    data: Annotated[str | None, _opt("--data", help="Training JSONL: prompt, label, metadata.problem_id (default: bundled).", panel=P_DATA)] = None,
+    prompt_template: Annotated[str | None, _opt("--prompt-template", help="chatml (default), raw, or tokenizer (the model's chat template).", panel=P_DATA)] = None,
+    reward_function: Annotated[str | None, _opt("--reward-function", "--ouro-reward-function", help="Dotted path of f(response, label) -> float (default: ouro_cli.rl.rewards.boxed_answer).", panel=P_DATA)] = None,
+    depths: Annotated[list[int] | None, _opt("--depths", "--ouro-depths", help="Decode budget K per update, cycled: --depths 2 3 4.", panel=P_GRPO)] = None,
+    updates: Annotated[int | None, _opt("--updates", help="Number of GRPO updates (default: 8).", panel=P_GRPO)] = None,
+    prompts_per_update: Annotated[int | None, _opt("--prompts-per-update", help="Prompts per update (global) (default: 16).", panel=P_GRPO)] = None,
+    group_size: Annotated[int | None, _opt("--group-size", help="Samples per prompt (default: 8).", panel=P_GRPO)] = None,
+    temperature: Annotated[float | None, _opt("--temperature", help="Sampling temperature (default: 1.0).", panel=P_GRPO)] = None,
+    max_response_len: Annotated[int | None, _opt("--max-response-len", "--rollout-max-response-len", help="Tokens per response (default: 48).", panel=P_GRPO)] = None,
+    seq_length: Annotated[int | None, _opt("--seq-length", help="Prompt + response token limit (default: the model's).", panel=P_GRPO)] = None,
+    max_position_embeddings: Annotated[int | None, _opt("--max-position-embeddings", help="Must equal the model's value when given.", panel=P_GRPO)] = None,
+    exit_threshold: Annotated[float | None, _opt("--exit-threshold", "--ouro-exit-threshold", help="Native early exit at CDF >= threshold (1 = exactly K loops).", panel=P_GRPO)] = None,
+    min_loops: Annotated[int | None, _opt("--min-loops", help="Fewest loops a decoded token runs (default: 1).", panel=P_GRPO)] = None,
+    seed: Annotated[int | None, _opt("--seed", help="Run seed: data order, sampling, init (default: 1234).", panel=P_GRPO)] = None,
+    lr: Annotated[float | None, _opt("--lr", help="Learning rate (default: 2e-3, for the tiny model).", panel=P_OPT)] = None,
+    lr_schedule: Annotated[str | None, _opt("--lr-schedule", help="constant or cosine.", panel=P_OPT)] = None,
+    warmup_steps: Annotated[int | None, _opt("--warmup-steps", help="LR warmup updates.", panel=P_OPT)] = None,
+    clip_grad: Annotated[float | None, _opt("--clip-grad", help="Gradient-norm clip (0 = off) (default: 1.0).", panel=P_OPT)] = None,
+    eps_low: Annotated[float | None, _opt("--eps-low", help="Ratio clip below 1 (default: 0.2).", panel=P_OPT)] = None,
+    eps_high: Annotated[float | None, _opt("--eps-high", help="Ratio clip above 1 (default: 0.28).", panel=P_OPT)] = None,
+    aggregation: Annotated[str | None, _opt("--aggregation", help="token_mean (default) or sequence_mean.", panel=P_OPT)] = None,
+    micro_batch_size: Annotated[int | None, _opt("--micro-batch-size", help="Samples per micro-batch (gradient accumulation).", panel=P_OPT)] = None,
+    recompute: Annotated[bool | None, _opt("--recompute/--no-recompute", help="Activation recompute per layer call.", panel=P_OPT)] = None,
+    use_distributed_optimizer: Annotated[bool | None, _opt("--use-distributed-optimizer", help="Shard optimizer state over data-parallel ranks.", panel=P_OPT)] = None,
+    engine: Annotated[str | None, _opt("--engine", help="Dotted path of an engine factory (default: the built-in engine).", panel=P_ENGINE)] = None,
+    device: Annotated[str | None, _opt("--device", help="auto, cpu or cuda.", panel=P_ENGINE)] = None,
+    dtype: Annotated[str | None, _opt("--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32 or bf16.", panel=P_ENGINE)] = None,
+    max_num_seqs: Annotated[int | None, _opt("--max-num-seqs", "--ouro-max-num-seqs", help="Sequences decoded together (default: 32).", panel=P_ENGINE)] = None,
+    kv_blocks: Annotated[int | None, _opt("--kv-blocks", "--ouro-kv-blocks", help="Paged KV blocks (each holds T planes per layer).", panel=P_ENGINE)] = None,
+    block_size: Annotated[int | None, _opt("--block-size", help="Tokens per KV block (default: 16).", panel=P_ENGINE)] = None,
+    cuda_graphs: Annotated[bool | None, _opt("--cuda-graphs", "--ouro-cuda-graphs", help="Capture decode in CUDA graphs (not supported yet).", panel=P_ENGINE)] = None,
+    async_scheduling: Annotated[bool | None, _opt("--async-scheduling", "--ouro-async-scheduling", help="Delayed-exit asynchronous scheduling (not supported yet).", panel=P_ENGINE)] = None,
+    speculative_tokens: Annotated[int | None, _opt("--speculative-tokens", "--ouro-speculative-tokens", help="Self-speculative draft tokens (not supported yet).", panel=P_ENGINE)] = None,
+    prefill_devices: Annotated[list[int] | None, _opt("--prefill-devices", "--ouro-prefill-devices", help="Prefill worker devices (not supported yet).", panel=P_ENGINE)] = None,
+    decode_devices: Annotated[list[int] | None, _opt("--decode-devices", "--ouro-decode-devices", help="Decode worker devices (not supported yet).", panel=P_ENGINE)] = None,
+    run_dir: Annotated[str | None, _opt("--run-dir", help="Run directory (default: runs/ouro-<timestamp>).", panel=P_RUN)] = None,
+    save_interval: Annotated[int | None, _opt("--save-interval", help="Checkpoint every N updates (always at the end).", panel=P_RUN)] = None,
+    keep_last: Annotated[int | None, _opt("--keep-last", help="Checkpoint iterations to keep (default: 2).", panel=P_RUN)] = None,
+    eval_data: Annotated[str | None, _opt("--eval-data", "--ouro-eval-data", help="Held-out JSONL (default: bundled).", panel=P_RUN)] = None,
+    eval_prompts: Annotated[int | None, _opt("--eval-prompts", "--ouro-eval-prompts", help="Held-out prompts per evaluation (default: 64).", panel=P_RUN)] = None,
+    eval_interval: Annotated[int | None, _opt("--eval-interval", "--ouro-eval-interval", help="Evaluate every N updates (always at start and end).", panel=P_RUN)] = None,
+    eval_depths: Annotated[list[int] | None, _opt("--eval-depths", help="K values evaluated (default: 2 3 4).", panel=P_RUN)] = None,
+    export_hf: Annotated[str | None, _opt("--export-hf", "--ouro-export-hf", help="Export the final model as an HF directory here.", panel=P_RUN)] = None,
+    overwrite: Annotated[bool | None, _opt("--overwrite", help="Start over in a non-empty run directory.", panel=P_RUN)] = None,
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Run GRPO on an Ouro model: rollouts at per-update depth budgets, Megatron-core updates."""
+    flags = {k: v for k, v in locals().items() if k not in ("config", "json_output")}
+    flags = {k: (v or None) if isinstance(v, list) else v for k, v in flags.items()}
+
+    def body() -> dict[str, Any]:
+        from ouro_cli.rl.options import resolve
+        from ouro_cli.rl.run_dir import RunDir
+
+        options = resolve(flags, str(config) if config else None)
+        if options.run_dir is None:
+            options.run_dir = f"runs/ouro-{time.strftime('%Y%m%d-%H%M%S')}"
+        run = RunDir(Path(options.run_dir))
+        from ouro_cli.rl.loop import prepare_run_dir
+
+        prepare_run_dir(run, options.overwrite)
+        return _run(options, run, resume=False, override_scheduler=False, json_output=json_output,
+                    command="ouro train")
+
+    run_command(body, json_output=json_output)
+
+
+def resume(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by ouro train.", show_default=False)],
+    updates: Annotated[int, typer.Option("--updates", help="Total updates to reach (more than the run has).")],
+    override_opt_param_scheduler: Annotated[bool, typer.Option("--override-opt-param-scheduler", help="Allow a new LR schedule (lr, lr-schedule, warmup, min-lr).")] = False,
+    depths: Annotated[list[int] | None, _opt("--depths", "--ouro-depths", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    lr: Annotated[float | None, _opt("--lr", help="New LR (needs --override-opt-param-scheduler).", panel=P_OPT)] = None,
+    seed: Annotated[int | None, _opt("--seed", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    temperature: Annotated[float | None, _opt("--temperature", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    group_size: Annotated[int | None, _opt("--group-size", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    prompts_per_update: Annotated[int | None, _opt("--prompts-per-update", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    max_num_seqs: Annotated[int | None, _opt("--max-num-seqs", "--ouro-max-num-seqs", help="Must equal the run's (checked).", panel=P_ENGINE)] = None,
+    eval_interval: Annotated[int | None, _opt("--eval-interval", "--ouro-eval-interval", help="Evaluate every N updates.", panel=P_RUN)] = None,
+    save_interval: Annotated[int | None, _opt("--save-interval", help="Checkpoint every N updates.", panel=P_RUN)] = None,
+    export_hf: Annotated[str | None, _opt("--export-hf", "--ouro-export-hf", help="Export the final model here.", panel=P_RUN)] = None,
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Continue a run from its latest checkpoint, holding it to its plan (ouro-plan.json)."""
+    given = {"depths": depths or None, "lr": lr, "seed": seed, "temperature": temperature, "group_size": group_size,
+             "prompts_per_update": prompts_per_update, "max_num_seqs": max_num_seqs, "eval_interval": eval_interval,
+             "save_interval": save_interval, "export_hf": export_hf}
+
+    def body() -> dict[str, Any]:
+        from ouro_cli.rl import plan as plans
+        from ouro_cli.rl.options import TrainOptions
+        from ouro_cli.rl.run_dir import RunDir
+
+        run = RunDir(run_dir)
+        saved = plans.read_plan(run.plan)
+        values = {**saved["options"], **{k: v for k, v in given.items() if v is not None}}
+        values.update(updates=updates, run_dir=str(run_dir), overwrite=False)
+        options = TrainOptions(**values).validate()
+        return _run(options, run, resume=True, override_scheduler=override_opt_param_scheduler,
+                    json_output=json_output, command="ouro resume")
+
+    run_command(body, json_output=json_output)
+
+
+def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: bool, command: str) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ouro_cli.rl.loop import train as train_loop
+
+    columns = (TextColumn("[bold]GRPO[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+        task = progress.add_task("setting up", total=options.updates)
+
+        def on_update(record: dict[str, Any]) -> None:
+            progress.update(task, completed=record["update"] + 1,
+                            description=f"K={record['k']} reward={record['reward_mean']:.3f} step={record['step_s']:.1f}s")
+            if not console.is_terminal:
+                console.print(f"update {record['update']}: K={record['k']} v{record['weight_version']} "
+                              f"reward={record['reward_mean']:.3f} step={record['step_s']:.2f}s")
+
+        summary = train_loop(options, run, resume=resume, override_scheduler=override_scheduler,
+                             log=lambda msg: console.print(f"[dim]{msg}[/]"), on_update=on_update, command=command)
+    _print_evaluations(summary)
+    console.print(f"run directory: {summary['run_dir']}")
+    return summary
+
+
+def _print_evaluations(summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    before = {e["k"]: e for e in summary["evaluations_before"]}
+    after = summary["evaluations_after"]
+    if not after:
+        return
+    table = Table(title="held-out accuracy")
+    for col in ("K", "before", "after", "mean exit depth", "mean tokens"):
+        table.add_column(col, justify="right")
+    for e in after:
+        b = before.get(e["k"])
+        table.add_row(str(e["k"]), f"{b['accuracy']:.3f}" if b else "-", f"{e['accuracy']:.3f}",
+                      f"{e['mean_exit_depth']:.2f}", f"{e['mean_tokens']:.1f}")
+    console.print(table)

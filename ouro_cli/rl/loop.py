@@ -1,0 +1,371 @@
+"""The GRPO update loop behind `ouro train` and `ouro resume`, read top to bottom.
+
+    setup        data + reward + template checked before any model loads; trainer
+                 (Megatron-core) and colocated engine built; initial publication
+    per update   K = depths[u % len]; prompts = cursor; rollout → rewards →
+                 group advantages → train step → publish (version + 1) → save →
+                 evaluate → one metrics line
+    end          final evaluation, optional HF export, metrics.png
+
+Policy versions: the engine starts at version 0 with the checkpoint's weights; the
+trainer's weights are published as version `start + 1` before the first rollout, and
+after update u as version u + 2. Rollouts of update u therefore carry version u + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ouro_cli.artifacts import mark_complete, write_manifest
+from ouro_cli.errors import CheckFailed, UserError
+
+from . import plan as plans
+from .advantages import group_advantages
+from .cursor import DataCursor
+from .data import Row, data_sha256, load_dataset
+from .evaluate import evaluate
+from .metrics import append_jsonl, counter_delta, device_hours, plot, rollout_summary
+from .options import TrainOptions
+from .publish import publish
+from .rewards import check_labels, load_reward
+from .rollout import RolloutCheckFailed, RolloutSample, generate_groups
+from .run_dir import RunDir
+from .schedule import depth_for_update, validate_depths
+from .template import get_template
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Session:
+    options: TrainOptions
+    run: RunDir
+    rows: list[Row]
+    prompt_ids: list[list[int]]
+    eval_rows: list[Row]
+    eval_prompt_ids: list[list[int]]
+    reward_fn: Callable
+    codec: Any
+    stop_token_ids: list[int]
+    num_loops: int
+    trainer: Any
+    engine: Any
+    cursor: DataCursor
+    plan: dict[str, Any]
+    start_update: int
+    rank: int = 0
+    world: int = 1
+    devices: set[str] = field(default_factory=set)
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+# ---- setup ---------------------------------------------------------------------------
+
+def _check_inputs(options: TrainOptions):
+    """Everything that can be wrong with the inputs, found before any model loads."""
+    rows = load_dataset(options.data)
+    eval_rows = load_dataset(options.eval_data) if options.eval_data else []
+    reward_fn = load_reward(options.reward_function)
+    check_labels(reward_fn, options.reward_function,
+                 [(f"{options.data}:{r.line}", r.label) for r in rows]
+                 + [(f"{options.eval_data}:{r.line}", r.label) for r in eval_rows])
+    template = get_template(options.prompt_template) if options.prompt_template != "tokenizer" else None
+    if template is not None:
+        template.check([(f"{options.data}:{r.line}", r.prompt) for r in rows])
+    return rows, eval_rows, reward_fn, template
+
+
+def _tokenize(codec, template, rows: list[Row], limit: int, max_response_len: int, where: str) -> list[list[int]]:
+    ids = []
+    for row in rows:
+        tokens = codec.encode(template.render(row.prompt))
+        if not tokens:
+            raise UserError(f"{where}:{row.line}: the prompt renders to no tokens")
+        if len(tokens) + max_response_len > limit:
+            raise UserError(f"{where}:{row.line}: prompt of {len(tokens)} tokens + --max-response-len "
+                            f"{max_response_len} exceeds the sequence limit {limit}")
+        ids.append(tokens)
+    return ids
+
+
+def _stop_tokens(config, codec) -> list[int]:
+    eos = config.eos_token_id
+    stops = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    im_end = codec.tokenizer.token_to_id("<|im_end|>") if hasattr(codec.tokenizer, "token_to_id") else None
+    if im_end is not None:
+        stops.append(im_end)
+    return sorted(set(stops))
+
+
+def _trainer_config(options: TrainOptions):
+    from ouro_cli.trainer import TrainerConfig
+
+    return TrainerConfig(device=options.device, params_dtype=options.dtype, seed=options.seed, eps_low=options.eps_low,
+                         eps_high=options.eps_high, aggregation=options.aggregation,
+                         micro_batch_size=options.micro_batch_size, recompute=options.recompute, lr=options.lr,
+                         min_lr=options.min_lr, lr_schedule=options.lr_schedule, warmup_steps=options.warmup_steps,
+                         decay_steps=options.updates if options.lr_schedule == "cosine" else None,
+                         clip_grad=options.clip_grad, use_distributed_optimizer=options.use_distributed_optimizer,
+                         keep_last=options.keep_last)
+
+
+def _agree(value: Any, what: str) -> None:
+    """All ranks must hold the same `value` (the execution plan); a mismatch is an error."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    if any(g != gathered[0] for g in gathered):
+        raise CheckFailed(f"ranks disagree on the {what}: {gathered}")
+
+
+def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_scheduler: bool = False,
+          log: Callable[[str], None] = lambda s: None) -> Session:
+    rows, eval_rows, reward_fn, template = _check_inputs(options)  # before anything heavy is imported
+
+    from ouro_cli.checkpoint import open_checkpoint
+    from ouro_cli.engine import make_engine
+    from ouro_cli.engine.tokenizer import TextCodec
+    from ouro_cli.model import from_state_dict
+    from ouro_cli.trainer import Trainer
+
+    log(f"data: {len(rows)} training rows, {len(eval_rows)} held-out rows; reward {options.reward_function}")
+
+    source_path = run.checkpoint if resume else Path(options.model)
+    source = open_checkpoint(source_path)
+    config = source.config
+    num_loops = config.num_loops
+    validate_depths(options.depths, num_loops)
+    validate_depths(options.eval_depths, num_loops)
+    if options.max_position_embeddings not in (None, config.max_position_embeddings):
+        raise UserError(f"--max-position-embeddings {options.max_position_embeddings} does not match the model's "
+                        f"{config.max_position_embeddings}")
+    limit = min(options.seq_length or config.max_position_embeddings, config.max_position_embeddings)
+    codec = TextCodec.from_dir(source.assets_dir)
+    if codec is None:
+        raise UserError(f"{source.path} has no tokenizer.json; ouro train needs the model's tokenizer")
+    if template is None:
+        from transformers import AutoTokenizer
+
+        template = get_template("tokenizer", AutoTokenizer.from_pretrained(str(source.assets_dir)))
+    prompt_ids = _tokenize(codec, template, rows, limit, options.max_response_len, options.data)
+    eval_prompt_ids = _tokenize(codec, template, eval_rows, limit, options.max_response_len, options.eval_data or "")
+
+    contract = plans.build_contract(options, data_sha256=data_sha256(options.data), model_config=config.to_dict(),
+                                    tokenizer_sha256=plans.file_sha256(source.assets_dir / "tokenizer.json"),
+                                    template=template.plan_entry(), num_loops=num_loops)
+    cursor = DataCursor(len(rows), options.seed)
+    if resume:
+        from ouro_cli.checkpoint.layout import latest_iteration_dir
+
+        saved = plans.read_plan(latest_iteration_dir(run.checkpoint) / run.plan.name)
+        plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler)
+        plan = saved
+    else:
+        plan = plans.new_plan(options, contract, cursor.state_dict())
+    _agree(plans.contract_hash(contract), "execution plan")
+
+    log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
+    trainer = Trainer(str(source_path), _trainer_config(options))
+    start_update = 0
+    if resume:
+        extra = trainer.load(run.checkpoint)
+        plans.check_cursor(plan, extra)
+        cursor.load_state_dict(extra["cursor"])
+        start_update = int(extra["next_update"])
+    weights = {name: t.detach().clone() for name, t in trainer.named_weights_for_publication()}
+    engine_model = from_state_dict(config, weights, device=trainer.device)
+    engine = make_engine(options.engine, engine_model, max_num_seqs=options.max_num_seqs, kv_blocks=options.kv_blocks,
+                         block_size=options.block_size)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    session = Session(options=options, run=run, rows=rows, prompt_ids=prompt_ids, eval_rows=eval_rows,
+                      eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, codec=codec,
+                      stop_token_ids=_stop_tokens(config, codec), num_loops=num_loops, trainer=trainer, engine=engine,
+                      cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
+                      devices={str(trainer.device)})
+    if session.is_main and not resume:
+        from ouro_cli.checkpoint.megatron import write_hf_assets
+
+        write_hf_assets(run.checkpoint, config, source.assets_dir)
+        plans.write_plan(run.plan, plan)
+    stats = publish(engine, trainer.named_weights_for_publication(), version=start_update + 1)
+    log(f"engine: {type(engine).__name__}, initial publication v{start_update + 1} in {stats['publish_s'] * 1e3:.1f} ms")
+    return session
+
+
+# ---- one update, stage by stage ------------------------------------------------------
+
+def rollout_stage(s: Session, update: int, k: int) -> list[RolloutSample]:
+    batch = s.cursor.next_batch(s.options.prompts_per_update)
+    _agree((update, k, batch), "update plan (update, K, prompts)")
+    mine = batch[s.rank::s.world]
+    try:
+        return generate_groups(
+            s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], group_size=s.options.group_size,
+            k=k, num_loops=s.num_loops, seed=s.options.seed, update=update, rank=s.rank,
+            temperature=s.options.temperature, max_tokens=s.options.max_response_len,
+            exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
+            stop_token_ids=s.stop_token_ids, decode=s.codec.decode)
+    except RolloutCheckFailed as err:
+        raise CheckFailed(f"update {update}: {err}") from err
+
+
+def score_stage(s: Session, samples: list[RolloutSample]) -> None:
+    for sample in samples:
+        sample.reward = float(s.reward_fn(sample.text, sample.row.label))
+    for sample, adv in zip(samples, group_advantages([x.reward for x in samples], s.options.group_size), strict=True):
+        sample.advantage = adv
+
+
+def train_stage(s: Session, samples: list[RolloutSample]) -> dict[str, float]:
+    from ouro_cli.trainer import Sample
+
+    batch = [Sample(prompt_ids=x.prompt_ids, response_ids=x.response_ids, exit_depths=x.exit_depths,
+                    rollout_logprobs=x.logprobs, advantage=x.advantage, temperature=s.options.temperature)
+             for x in samples]
+    return s.trainer.train_step(batch)
+
+
+def save_stage(s: Session, next_update: int) -> float:
+    start = time.perf_counter()
+    advanced = plans.advance(s.plan, next_update, s.cursor.state_dict(), s.options.updates)
+    s.trainer.save(s.run.checkpoint, next_update, extra={"next_update": next_update, "cursor": s.cursor.state_dict()},
+                   before_commit=lambda staging: plans.write_plan(staging / s.run.plan.name, advanced)
+                   if s.is_main else None)
+    if s.is_main:
+        plans.write_plan(s.run.plan, advanced)
+    s.plan = advanced
+    return time.perf_counter() - start
+
+
+def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
+    if not s.eval_rows:
+        return []
+    n = min(s.options.eval_prompts, len(s.eval_rows))
+    results = evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], ks=s.options.eval_depths,
+                       num_loops=s.num_loops, reward_fn=s.reward_fn, seed=s.options.seed,
+                       temperature=s.options.temperature, max_tokens=s.options.max_response_len,
+                       exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
+                       stop_token_ids=s.stop_token_ids, decode=s.codec.decode)
+    if s.is_main:
+        for r in results:
+            append_jsonl(s.run.evaluations, {"update": update, "when": when,
+                                             "weight_version": s.engine.get_weight_version(), **r})
+    return results
+
+
+def _gather(samples: list[RolloutSample], update: int) -> list[dict[str, Any]]:
+    records = [x.record(update) for x in samples]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, records)
+        records = [r for part in gathered for r in part]
+    return records
+
+
+def run_update(s: Session, update: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    k = depth_for_update(s.options.depths, update)
+    counters_before = dict(s.engine.work_counters())
+    samples = rollout_stage(s, update, k)
+    t_rollout = time.perf_counter()
+    score_stage(s, samples)
+    train = train_stage(s, samples)
+    t_train = time.perf_counter()
+    pub = publish(s.engine, s.trainer.named_weights_for_publication(), version=update + 2)
+    records = _gather(samples, update)
+    last = update + 1 == s.options.updates
+    save_s = 0.0
+    if last or (s.options.save_interval and (update + 1) % s.options.save_interval == 0):
+        save_s = save_stage(s, update + 1)
+    if s.options.eval_interval and (update + 1) % s.options.eval_interval == 0 and not last:
+        evaluate_stage(s, update + 1, "interval")
+    elapsed = time.perf_counter() - s.started
+    record = {
+        "update": update, "k": k, "weight_version": samples[0].weight_version, "config_hash": samples[0].config_hash,
+        "ranks": s.world, **rollout_summary([_Scored(r) for r in records]),
+        **{f"train_{key}": value for key, value in train.items()},
+        "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
+        "logprob_mismatch_max": train.get("logprob_mismatch_max"),
+        "rollout_s": t_rollout - t0, "train_s": t_train - t_rollout, "publish_s": pub["publish_s"], "save_s": save_s,
+        "step_s": time.perf_counter() - t0, "job_elapsed_s": elapsed,
+        "device_hours": device_hours(elapsed, s.devices) * s.world,
+        **{f"engine_{key}": v for key, v in counter_delta(dict(s.engine.work_counters()), counters_before).items()},
+    }
+    if s.is_main:
+        s.run.rollouts.mkdir(exist_ok=True)
+        with open(s.run.rollout_file(update), "w") as f:
+            for r in records:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+        append_jsonl(s.run.metrics, record)
+    return record
+
+
+class _Scored:
+    """A gathered rollout record seen through the RolloutSample fields rollout_summary reads."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.reward = record["reward"]
+        self.response_ids = record["response_ids"]
+        self.exit_depths = record["exit_depths"]
+        self.finish_reason = record["finish_reason"]
+
+
+# ---- the whole job -------------------------------------------------------------------
+
+def prepare_run_dir(run: RunDir, overwrite: bool) -> None:
+    if run.root.exists() and any(run.root.iterdir()):
+        if not overwrite:
+            raise UserError(f"run directory {run.root} is not empty; use `ouro resume {run.root}` to continue it, "
+                            "or pass --overwrite to start over")
+        shutil.rmtree(run.root)
+    run.root.mkdir(parents=True, exist_ok=True)
+
+
+def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_scheduler: bool = False,
+          log: Callable[[str], None] = lambda s: None, on_update: Progress = lambda r: None,
+          command: str = "ouro train") -> dict[str, Any]:
+    session = setup(options, run, resume=resume, override_scheduler=override_scheduler, log=log)
+    try:
+        if session.is_main:
+            (run.root / "COMPLETE").unlink(missing_ok=True)
+            write_manifest(run.root, command, options.to_dict(), [Path(options.data)])
+        if session.start_update >= options.updates:
+            raise UserError(f"the run already has {session.start_update} updates; ask for more with --updates")
+        evals_before = evaluate_stage(session, session.start_update, "start") if not resume else []
+        records = []
+        for update in range(session.start_update, options.updates):
+            records.append(run_update(session, update))
+            on_update(records[-1])
+        evals_after = evaluate_stage(session, options.updates, "end")
+        if session.is_main:
+            if options.export_hf:
+                from ouro_cli.checkpoint import open_checkpoint
+                from ouro_cli.checkpoint.convert import to_hf
+
+                to_hf(open_checkpoint(run.checkpoint), Path(options.export_hf), overwrite=True,
+                      command=f"{command} --export-hf", options={"source": str(run.checkpoint)})
+            plot(run.metrics, run.plot)
+            mark_complete(run.root)
+        return {"run_dir": str(run.root), "updates": options.updates, "start_update": session.start_update,
+                "last_weight_version": session.engine.get_weight_version(),
+                "evaluations_before": evals_before, "evaluations_after": evals_after,
+                "reward_mean_per_update": [r["reward_mean"] for r in records]}
+    finally:
+        session.engine.close()
+        session.trainer.close()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,84 @@
+"""Per-update metrics: one JSON line each in metrics.jsonl, and the end-of-run plot.
+
+Device-hours count each distinct device once: a trainer and an engine sharing one GPU
+(or the CPU) bill one device for the job's wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .rollout import RolloutSample
+
+
+def rollout_summary(samples: Sequence[RolloutSample]) -> dict[str, Any]:
+    rewards = [s.reward for s in samples]
+    decode_depths = [d for s in samples for d in s.exit_depths[1:]]
+    histogram = Counter(decode_depths)
+    return {
+        "reward_mean": sum(rewards) / len(rewards),
+        "rewards": rewards,
+        "response_lengths": [len(s.response_ids) for s in samples],
+        "truncations": sum(s.finish_reason == "length" for s in samples),
+        "exit_depth_histogram": {str(k): histogram[k] for k in sorted(histogram)},
+        "mean_exit_depth": sum(decode_depths) / len(decode_depths) if decode_depths else None,
+    }
+
+
+def counter_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: int(v) - int(before.get(k, 0)) for k, v in after.items() if isinstance(v, int)}
+
+
+def device_hours(seconds: float, devices: Iterable[str]) -> float:
+    return seconds * len(set(devices)) / 3600.0
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True, default=_json_default) + "\n")
+        f.flush()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not Path(path).is_file():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot(metrics_path: Path, out: Path) -> Path | None:
+    """Reward and mean exit depth per update (metrics.png)."""
+    records = read_jsonl(metrics_path)
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    updates = [r["update"] for r in records]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    ax1.plot(updates, [r["reward_mean"] for r in records], marker="o")
+    ax1.set_ylabel("mean reward")
+    ax1.grid(alpha=0.3)
+    ax2.plot(updates, [r.get("mean_exit_depth") for r in records], marker="o", color="tab:orange")
+    for r in records:
+        ax2.annotate(f"K={r['k']}", (r["update"], r.get("mean_exit_depth") or 0), fontsize=7,
+                     textcoords="offset points", xytext=(0, 4), ha="center")
+    ax2.set_ylabel("mean exit depth")
+    ax2.set_xlabel("update")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

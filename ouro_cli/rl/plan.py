@@ -1,0 +1,103 @@
+"""`ouro-plan.json`: the run's contract, and where the run stands.
+
+The contract is everything that decides what a run computes: the depth schedule, seeds,
+sampling, reward, template, batch and group sizes, response length, the optimizer, the
+engine settings, and the sha256 of the data, the model config and the tokenizer. It is
+written when a run starts and again, atomically, inside every checkpoint (before the
+checkpoint commits) and beside it, with `next_update` and the data cursor. `ouro resume`
+rebuilds the options from the plan and rejects any flag that would change the contract,
+naming the key; the cursor saved in the checkpoint must agree with the plan's.
+
+Options outside the contract may change on resume: the number of updates, evaluation
+and save cadence, export, keep-last (and the LR schedule with
+`--override-opt-param-scheduler`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ouro_cli.artifacts import write_json_atomic
+from ouro_cli.errors import UserError
+
+from .options import TrainOptions
+
+PLAN_VERSION = 1
+
+# may differ between a run and its resumption
+FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_interval",
+             "eval_depths", "export_hf", "overwrite", "model"}
+SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr"}
+
+
+def file_sha256(path: Path | None) -> str | None:
+    if path is None or not Path(path).is_file():
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def build_contract(options: TrainOptions, *, data_sha256: str, model_config: dict[str, Any],
+                   tokenizer_sha256: str | None, template: dict[str, str], num_loops: int) -> dict[str, Any]:
+    contract = {k: v for k, v in options.to_dict().items() if k not in FREE_KEYS}
+    contract.update(
+        data_sha256=data_sha256,
+        model_config_sha256=hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest(),
+        tokenizer_sha256=tokenizer_sha256,
+        template=template,
+        prefill_depth=num_loops,
+    )
+    return contract
+
+
+def contract_hash(contract: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(contract, sort_keys=True).encode()).hexdigest()
+
+
+def new_plan(options: TrainOptions, contract: dict[str, Any], cursor: dict[str, Any]) -> dict[str, Any]:
+    return {"plan_version": PLAN_VERSION, "contract": contract, "options": options.to_dict(),
+            "next_update": 0, "cursor": cursor}
+
+
+def advance(plan: dict[str, Any], next_update: int, cursor: dict[str, Any], updates: int) -> dict[str, Any]:
+    return {**plan, "next_update": next_update, "cursor": cursor, "options": {**plan["options"], "updates": updates}}
+
+
+def write_plan(path: Path, plan: dict[str, Any]) -> None:
+    write_json_atomic(Path(path), plan)
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        plan = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise UserError(f"{path.parent} is not an ouro run directory (no {path.name})") from err
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path} is not valid JSON: {err}") from err
+    if plan.get("plan_version") != PLAN_VERSION or "contract" not in plan:
+        raise UserError(f"{path} is not an ouro plan of version {PLAN_VERSION}")
+    return plan
+
+
+def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool) -> None:
+    """Reject a resume whose contract differs from the run's, naming the first differing key."""
+    for key in sorted(set(saved) | set(new)):
+        if allow_scheduler and key in SCHEDULER_KEYS:
+            continue
+        if saved.get(key) != new.get(key):
+            hint = " (pass --override-opt-param-scheduler to change the LR schedule)" if key in SCHEDULER_KEYS else ""
+            raise UserError(f"resume would change {key}: the run has {saved.get(key)!r}, "
+                            f"this invocation {new.get(key)!r}{hint}")
+
+
+def check_cursor(plan: dict[str, Any], checkpoint_extra: dict[str, Any]) -> None:
+    """The checkpoint's saved cursor and update must be the ones the plan recorded with it."""
+    if checkpoint_extra.get("next_update") != plan["next_update"]:
+        raise UserError(f"the checkpoint continues at update {checkpoint_extra.get('next_update')} but the plan says "
+                        f"{plan['next_update']}: the run directory is inconsistent")
+    if checkpoint_extra.get("cursor") != plan["cursor"]:
+        raise UserError(f"the checkpoint's data cursor {checkpoint_extra.get('cursor')} disagrees with the plan's "
+                        f"{plan['cursor']}: the run directory is inconsistent")

@@ -1,0 +1,118 @@
+"""The rollout stage of a GRPO update: prompts × group → engine outputs → checked samples.
+
+Every request gets its own seed derived from (run seed, update, rank, sample index), so a
+rollout replays bit for bit whatever the engine's batching. Each output is checked
+against the contract before anything trains on it: the committed policy version,
+`exit_depths[0] == T`, depths within 1..K, and every GRPO group one prompt, one K, one
+version and one execution-config hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ouro_cli.engine import SamplingParams
+
+from .data import Row
+from .schedule import config_hash, execution_settings, validate_group
+
+
+class RolloutCheckFailed(RuntimeError):
+    """An engine output breaks the execution contract (version, depths, group)."""
+
+
+def request_seed(seed: int, update: int, rank: int, index: int, purpose: str = "rollout") -> int:
+    digest = hashlib.sha256(f"{purpose}:{seed}:{update}:{rank}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+@dataclass
+class RolloutSample:
+    row: Row
+    group: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    exit_depths: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    weight_version: int
+    seed: int
+    k: int
+    config_hash: str
+    text: str
+    reward: float = 0.0
+    advantage: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_id(self) -> Any:
+        return self.row.problem_id
+
+    def record(self, update: int) -> dict[str, Any]:
+        """What rollouts/update_N.jsonl keeps (logprobs as exact float reprs)."""
+        return {
+            "update": update, "problem_id": self.row.problem_id, "group": self.group, "k": self.k,
+            "weight_version": self.weight_version, "seed": self.seed, "config_hash": self.config_hash,
+            "prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "exit_depths": self.exit_depths,
+            "logprobs": [float(x).hex() for x in self.logprobs], "finish_reason": self.finish_reason,
+            "reward": self.reward, "advantage": self.advantage, "text": self.text,
+        }
+
+
+def sampling_params(*, k: int, temperature: float, max_tokens: int, seed: int, exit_threshold: float,
+                    min_loops: int, stop_token_ids: Sequence[int]) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=0,
+                          logprobs_mode="processed", stop_token_ids=tuple(stop_token_ids), min_loops=min(min_loops, k),
+                          max_loops=k, exit_threshold=exit_threshold)
+
+
+def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], *, group_size: int, k: int,
+                    num_loops: int, seed: int, update: int, rank: int, temperature: float, max_tokens: int,
+                    exit_threshold: float, min_loops: int, stop_token_ids: Sequence[int],
+                    decode: Callable[[list[int]], str], purpose: str = "rollout") -> list[RolloutSample]:
+    """One request per (row, group member); returns checked samples in (row, member) order."""
+    params, owners = [], []
+    for i, row in enumerate(rows):
+        for g in range(group_size):
+            index = i * group_size + g
+            params.append(sampling_params(k=k, temperature=temperature, max_tokens=max_tokens,
+                                          seed=request_seed(seed, update, rank, index, purpose),
+                                          exit_threshold=exit_threshold, min_loops=min_loops,
+                                          stop_token_ids=stop_token_ids))
+            owners.append((row, i, list(prompt_ids[i])))
+    outputs = engine.generate([o[2] for o in owners], params)
+    committed = engine.get_weight_version()
+    samples = []
+    for (row, group, prompt), out in zip(owners, outputs, strict=True):
+        eff = out.sampling_params
+        _check_output(out, committed, num_loops, k)
+        settings = execution_settings(eff, prefill_depth=num_loops)
+        samples.append(RolloutSample(
+            row=row, group=group, prompt_ids=prompt, response_ids=list(out.output_token_ids),
+            exit_depths=list(out.exit_depths), logprobs=[float(x) for x in out.log_probs],
+            finish_reason=out.finish_reason, weight_version=out.weight_version, seed=eff.seed, k=eff.max_loops,
+            config_hash=config_hash(settings), text=decode(list(out.output_token_ids))))
+    for group in range(len(rows)):
+        try:
+            validate_group(samples[group * group_size:(group + 1) * group_size])
+        except ValueError as err:
+            raise RolloutCheckFailed(str(err)) from err
+    return samples
+
+
+def _check_output(out, committed: int, num_loops: int, k: int) -> None:
+    if out.weight_version != committed:
+        raise RolloutCheckFailed(f"request {out.request_id} ran on weight version {out.weight_version}, "
+                                 f"the committed one is {committed}")
+    n = len(out.output_token_ids)
+    if n == 0 or len(out.exit_depths) != n or out.log_probs is None or len(out.log_probs) != n:
+        raise RolloutCheckFailed(f"request {out.request_id}: {n} tokens but {len(out.exit_depths)} exit depths "
+                                 f"and {None if out.log_probs is None else len(out.log_probs)} logprobs")
+    if out.exit_depths[0] != num_loops:
+        raise RolloutCheckFailed(f"request {out.request_id}: exit_depths[0] is {out.exit_depths[0]}, "
+                                 f"the prefill runs T={num_loops} loops")
+    if any(not 1 <= d <= k for d in out.exit_depths[1:]):
+        raise RolloutCheckFailed(f"request {out.request_id}: a decode depth lies outside 1..{k}")
