@@ -1,0 +1,143 @@
+"""`ouro train`, `ouro resume`, `ouro export` and `ouro eval` run end to end as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .tiny_checkpoint import REWARD, make_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+T = 4
+
+
+def ouro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def small(root: Path) -> list[str]:
+    return ["--model", str(root / "hf"), "--data", str(root / "train.jsonl"), "--eval-data", str(root / "eval.jsonl"),
+            "--prompts-per-update", "2", "--group-size", "3", "--max-response-len", "6", "--eval-prompts", "3",
+            "--max-num-seqs", "4", "--reward-function", REWARD]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    make_checkpoint(root)
+    run = root / "run"
+    proc = ouro("train", "--depths", "2", "3", "4", "--updates", "3", "--run-dir", str(run), *small(root), "--json",
+                cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    return root, run, json.loads(proc.stdout)
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_runs_the_depth_schedule_with_versions(trained):
+    root, run, summary = trained
+    assert summary["ok"] and summary["updates"] == 3
+    metrics = _metrics(run)
+    assert [m["k"] for m in metrics] == [2, 3, 4]
+    assert [m["weight_version"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        for key in ("rollout_s", "train_s", "publish_s", "step_s", "job_elapsed_s", "device_hours"):
+            assert m[key] >= 0, key
+        assert set(m["exit_depth_histogram"]) == {str(m["k"])}
+        assert m["logprob_mismatch_max"] < 1e-5  # engine vs trainer replay, fp32 CPU
+        assert m["engine_decode_layer_tokens"] > 0 and m["train_layer_tokens_executed"] > 0
+    for update in range(3):
+        records = [json.loads(x) for x in (run / "rollouts" / f"update_{update:06d}.jsonl").read_text().splitlines()]
+        assert len(records) == 6
+        assert all(r["exit_depths"][0] == T for r in records)
+    plan = json.loads((run / "ouro-plan.json").read_text())
+    assert plan["next_update"] == 3 and plan["contract"]["depths"] == [2, 3, 4]
+    evals = [json.loads(x) for x in (run / "evaluations.jsonl").read_text().splitlines()]
+    assert {(e["when"], e["k"]) for e in evals} == {(w, k) for w in ("start", "end") for k in (2, 3, 4)}
+    assert (run / "metrics.png").stat().st_size > 0 and (run / "COMPLETE").is_file()
+
+
+def test_resume_with_other_depths_is_rejected_naming_depths(trained):
+    root, run, _ = trained
+    proc = ouro("resume", str(run), "--updates", "5", "--depths", "2", "4", cwd=root)
+    assert proc.returncode == 2
+    assert "depths" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(_metrics(run)) == 3
+
+
+def test_resume_continues_and_export_loads(trained):
+    root, run, _ = trained
+    proc = ouro("resume", str(run), "--updates", "5", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    metrics = _metrics(run)
+    assert [m["update"] for m in metrics] == [0, 1, 2, 3, 4]
+    assert [m["k"] for m in metrics] == [2, 3, 4, 2, 3]
+    assert [m["weight_version"] for m in metrics] == [1, 2, 3, 4, 5]
+    assert json.loads((run / "ouro-plan.json").read_text())["next_update"] == 5
+
+    out = root / "exported"
+    proc = ouro("export", str(run), str(out), cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "COMPLETE").is_file() and (out / "tokenizer.json").is_file() and (out / "modeling_ouro.py").is_file()
+    from ouro_cli.model import load
+
+    model = load(out)
+    original = load(root / "hf")
+    assert model.state_dict().keys() == original.state_dict().keys()
+    changed = [n for n, t in model.state_dict().items() if not torch.equal(t, original.state_dict()[n])]
+    assert changed and not any("early_exit_gate" in n for n in changed)  # trained, gate frozen
+    ids = torch.tensor([[1, 5, 6, 7]])
+    assert model(ids).shape == (1, 4, 64)
+
+
+def test_eval_reports_accuracy_per_k(trained):
+    root, run, _ = trained
+    out = root / "eval-out"
+    proc = ouro("eval", str(run), "--data", str(root / "eval.jsonl"), "--depths", "1", "4", "--prompts", "3",
+                "--reward-function", REWARD,
+                "--max-response-len", "6", "--out", str(out), "--json", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [e["k"] for e in doc["evaluations"]] == [1, 4]
+    assert (out / "COMPLETE").is_file()
+    lines = (out / "evaluations.jsonl").read_text().splitlines()
+    assert [json.loads(x)["mean_exit_depth"] for x in lines] == [1.0, 4.0]
+
+
+@pytest.mark.parametrize("content, where", [
+    ('{"prompt": "1+1=?", "label": 2}\n{"prompt": "2+2=?", "label": 4\n', "bad.jsonl:2"),
+    ('{"prompt": "1+1=?", "label": 2}\n{"prompt": "2+2=?"}\n', "bad.jsonl:2"),
+    ('{"prompt": "", "label": 2}\n', "bad.jsonl:1"),
+])
+def test_malformed_data_fails_before_any_model_loads(tmp_path, content, where):
+    (tmp_path / "bad.jsonl").write_text(content)
+    # the model path does not exist: reporting the data error proves data is checked first
+    proc = ouro("train", "--model", str(tmp_path / "missing-model"), "--data", str(tmp_path / "bad.jsonl"),
+                "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert where in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_unknown_reward_path_is_named(tmp_path):
+    (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
+    proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"),
+                "--reward-function", "nowhere.rewards.score", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "nowhere.rewards.score" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_options_not_built_yet_fail_clearly(tmp_path):
+    proc = ouro("train", "--speculative-tokens", "3", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 2 and "not supported yet" in proc.stderr
