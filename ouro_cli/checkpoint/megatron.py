@@ -1,0 +1,198 @@
+"""Megatron-core dist checkpoints of Ouro weights: save converted weights, load any iteration.
+
+Each model tensor is one `ShardedTensor` whose key is its physical Hugging Face name
+(`model.layers.0.mlp.up_proj.weight`, ...). The trainer saves its model under the same
+keys, next to optimizer, scheduler and RNG state; loading asks only for the model
+names and ignores everything else, so a converted checkpoint and a training iteration
+read the same way. Dtypes come from the checkpoint's own metadata
+(`load_tensors_metadata`) and tensors are loaded into empty tensors of that dtype:
+nothing is cast, so a round trip is bit-exact.
+
+Directory layout and the validity rule (COMPLETE marker, tracker written last) are
+`layout.py`'s; the HF config, tokenizer and remote code for a later export go to
+`CKPT/hf_assets/`. megatron-core is imported only here and only when used (~4 s).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from ouro_cli.model.config import OuroConfig
+
+from . import layout
+from .assets import copy_assets
+from .names import (
+    CheckpointError,
+    TensorSpec,
+    check_tensors,
+    expected_shapes,
+    strip_wrapper_prefixes,
+)
+
+DEFAULT_LOAD_BATCH_BYTES = 256 * 2**20
+
+
+def _dist_checkpointing():
+    with warnings.catch_warnings():  # import-time notices about Apex/TE and deprecated modules
+        warnings.simplefilter("ignore")
+        from megatron.core import dist_checkpointing
+    return dist_checkpointing
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What a failed read raises: torch DCP's CheckpointException is a BaseException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def sharded_model_state(tensors: dict[str, torch.Tensor]) -> dict:
+    """The sharded state dict of whole (unpartitioned) model tensors, keyed by physical name."""
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    return {name: ShardedTensor.from_rank_offsets(name, t, replica_id=0) for name, t in tensors.items()}
+
+
+def save_megatron(
+    root: Path,
+    config: OuroConfig,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    iteration: int | str = layout.RELEASE,
+    assets_from: Path | None = None,
+    on_tensor: Callable[[str, torch.Tensor], None] | None = None,
+) -> Path:
+    """Save Ouro weights as Megatron iteration `iteration` of `root`; returns the iteration dir.
+
+    The tensors must be gathered before megatron writes them (one dist-checkpoint save),
+    so peak memory is one model copy — page cache rather than private memory when they
+    are memory-mapped from safetensors files, as `HFCheckpoint` yields them.
+    """
+    from ouro_cli.mcore import megatron_on_cpu, single_process_group
+
+    root = Path(root)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in named_tensors:
+        tensors[name] = tensor.detach().contiguous()
+        if on_tensor is not None:
+            on_tensor(name, tensor)
+    check_tensors("weights to save", {n: tuple(t.shape) for n, t in tensors.items()}, expected_shapes(config))
+    dist_checkpointing = _dist_checkpointing()
+    staging = layout.staging_dir(root, iteration)
+    with single_process_group(), megatron_on_cpu():
+        dist_checkpointing.save(sharded_model_state(tensors), str(staging))
+    del tensors
+    write_hf_assets(root, config, assets_from)
+    return layout.commit_iteration(root, iteration)
+
+
+def write_hf_assets(root: Path, config: OuroConfig, assets_from: Path | None) -> Path:
+    """CKPT/hf_assets/: config.json and the tokenizer / remote-code files, for export."""
+    assets = Path(root) / layout.HF_ASSETS
+    assets.mkdir(parents=True, exist_ok=True)
+    copy_assets(assets_from, assets)
+    config.save(assets)
+    return assets
+
+
+class MegatronCheckpoint:
+    """The latest complete iteration of a Megatron checkpoint, validated; tensors load lazily."""
+
+    kind = "megatron"
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.path = layout.latest_iteration_dir(self.root)  # refuses an iteration without COMPLETE
+        self.assets_dir = self.root / layout.HF_ASSETS
+        if not (self.assets_dir / "config.json").is_file():
+            raise CheckpointError(
+                f"{self.root} has no {layout.HF_ASSETS}/config.json, so its model configuration is unknown; "
+                "convert from the original HF directory with `ouro convert hf-to-mcore`"
+            )
+        self.config = OuroConfig.from_file(self.assets_dir / "config.json")
+        expected = expected_shapes(self.config)
+        stored = self._stored_model_tensors(expected)
+        check_tensors(str(self.path), {n: spec.shape for n, (_, spec) in stored.items()}, expected, allow_unexpected=True)
+        self._stored = {name: stored[name] for name in expected}
+
+    @property
+    def specs(self) -> dict[str, TensorSpec]:
+        return {name: spec for name, (_, spec) in self._stored.items()}
+
+    @property
+    def input_paths(self) -> list[Path]:
+        return [self.root / layout.TRACKER, self.path, self.assets_dir]
+
+    def _stored_model_tensors(self, expected: dict) -> dict[str, tuple[str, TensorSpec]]:
+        """Physical name -> (checkpoint key, spec) for the model tensors; other keys are ignored."""
+        from ouro_cli.mcore import megatron_on_cpu, single_process_group
+
+        dist_checkpointing = _dist_checkpointing()
+        try:
+            with single_process_group(), megatron_on_cpu():
+                metadata = dist_checkpointing.load_tensors_metadata(str(self.path))
+        except _read_errors() as err:  # megatron raises assorted types for unreadable checkpoints
+            raise CheckpointError(f"{self.path} is not a readable Megatron dist checkpoint: {_brief(err)}") from err
+        stored: dict[str, tuple[str, TensorSpec]] = {}
+        for key, sharded in metadata.items():
+            name = strip_wrapper_prefixes(key)
+            if name in expected:
+                if name in stored:
+                    raise CheckpointError(f"{self.path}: tensor {name} is stored twice ({stored[name][0]} and {key})")
+                stored[name] = (key, TensorSpec(tuple(sharded.global_shape), sharded.dtype))
+        return stored
+
+    def iter_tensors(self, max_batch_bytes: int = DEFAULT_LOAD_BATCH_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+        """(physical name, tensor) in model order, loaded in batches of about `max_batch_bytes`.
+
+        A yielded tensor is no longer referenced here, so a consumer that writes and drops
+        tensors keeps only one batch in memory on top of its own buffers.
+        """
+        from ouro_cli.mcore import megatron_on_cpu, single_process_group
+
+        dist_checkpointing = _dist_checkpointing()
+        with single_process_group():
+            for batch in _batches(self._stored, max_batch_bytes):
+                sharded = {
+                    name: _sharded(key, torch.empty(spec.shape, dtype=spec.dtype)) for name, (key, spec) in batch.items()
+                }
+                try:
+                    with megatron_on_cpu(), warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", category=FutureWarning)  # torch DCP's load_state_dict
+                        loaded = dist_checkpointing.load(sharded, str(self.path))
+                except _read_errors() as err:  # a damaged data file surfaces only when read
+                    raise CheckpointError(
+                        f"{self.path} is damaged: reading {next(iter(batch))} and others failed: {_brief(err)}"
+                    ) from err
+                del sharded
+                for name in batch:
+                    yield name, loaded.pop(name)
+
+
+def _brief(err: BaseException) -> str:
+    """One line for a user: megatron and torch DCP errors can carry whole remote tracebacks."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def _sharded(key: str, tensor: torch.Tensor):
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    return ShardedTensor.from_rank_offsets(key, tensor, replica_id=0)
+
+
+def _batches(stored: dict[str, tuple[str, TensorSpec]], max_bytes: int) -> Iterator[dict[str, tuple[str, TensorSpec]]]:
+    batch: dict[str, tuple[str, TensorSpec]] = {}
+    size = 0
+    for name, entry in stored.items():
+        if batch and size + entry[1].nbytes > max_bytes:
+            yield batch
+            batch, size = {}, 0
+        batch[name] = entry
+        size += entry[1].nbytes
+    if batch:
+        yield batch
