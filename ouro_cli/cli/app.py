@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import convert, eval, export, train
+from . import convert, eval, export, train, verify_resume
 
 app = typer.Typer(
     name="ouro",
@@ -20,6 +20,8 @@ app.command(name="export", epilog=export.EPILOG)(export.export)
 app.command(name="train", epilog=train.TRAIN_EPILOG)(train.train)
 app.command(name="resume", epilog=train.RESUME_EPILOG)(train.resume)
 app.command(name="eval", epilog=eval.EPILOG)(eval.eval_command)
+app.command(name="verify-resume", epilog=verify_resume.EPILOG,
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(verify_resume.verify_resume)
 
 
 def main() -> None:

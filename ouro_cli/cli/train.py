@@ -86,6 +86,8 @@ def train(
     eval_depths: Annotated[list[int] | None, _opt("--eval-depths", help="K values evaluated (default: 2 3 4).", panel=P_RUN)] = None,
     export_hf: Annotated[str | None, _opt("--export-hf", "--ouro-export-hf", help="Export the final model as an HF directory here.", panel=P_RUN)] = None,
     overwrite: Annotated[bool | None, _opt("--overwrite", help="Start over in a non-empty run directory.", panel=P_RUN)] = None,
+    state_digest: Annotated[bool | None, _opt("--state-digest", help="Record a sha256 of model + optimizer state per update.", panel=P_RUN)] = None,
+    test_break_resume: Annotated[bool | None, typer.Option("--test-break-resume", hidden=True)] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Run GRPO on an Ouro model: rollouts at per-update depth budgets, Megatron-core updates."""

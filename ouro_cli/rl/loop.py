@@ -32,6 +32,7 @@ from . import plan as plans
 from .advantages import group_advantages
 from .cursor import DataCursor
 from .data import Row, data_sha256, load_dataset
+from .digest import state_digest
 from .evaluate import evaluate
 from .metrics import append_jsonl, counter_delta, device_hours, plot, rollout_summary
 from .options import TrainOptions
@@ -62,6 +63,7 @@ class Session:
     cursor: DataCursor
     plan: dict[str, Any]
     start_update: int
+    rollout_seed: int
     rank: int = 0
     world: int = 1
     devices: set[str] = field(default_factory=set)
@@ -195,6 +197,7 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
                       eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, codec=codec,
                       stop_token_ids=_stop_tokens(config, codec), num_loops=num_loops, trainer=trainer, engine=engine,
                       cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
+                      rollout_seed=options.seed + (1 if resume and options.test_break_resume else 0),
                       devices={str(trainer.device)})
     if session.is_main and not resume:
         from ouro_cli.checkpoint.megatron import write_hf_assets
@@ -215,7 +218,7 @@ def rollout_stage(s: Session, update: int, k: int) -> list[RolloutSample]:
     try:
         return generate_groups(
             s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], group_size=s.options.group_size,
-            k=k, num_loops=s.num_loops, seed=s.options.seed, update=update, rank=s.rank,
+            k=k, num_loops=s.num_loops, seed=s.rollout_seed, update=update, rank=s.rank,
             temperature=s.options.temperature, max_tokens=s.options.max_response_len,
             exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
             stop_token_ids=s.stop_token_ids, decode=s.codec.decode)
@@ -285,6 +288,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     score_stage(s, samples)
     train = train_stage(s, samples)
     t_train = time.perf_counter()
+    digest = state_digest(s.trainer) if s.options.state_digest else None
     pub = publish(s.engine, s.trainer.named_weights_for_publication(), version=update + 2)
     records = _gather(samples, update)
     last = update + 1 == s.options.updates
@@ -296,7 +300,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     elapsed = time.perf_counter() - s.started
     record = {
         "update": update, "k": k, "weight_version": samples[0].weight_version, "config_hash": samples[0].config_hash,
-        "ranks": s.world, **rollout_summary([_Scored(r) for r in records]),
+        "ranks": s.world, "state_sha256": digest, **rollout_summary([_Scored(r) for r in records]),
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),

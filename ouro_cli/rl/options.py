@@ -87,6 +87,8 @@ class TrainOptions:
     eval_depths: list[int] = field(default_factory=lambda: [2, 3, 4])
     export_hf: str | None = None
     overwrite: bool = False
+    state_digest: bool = False  # sha256 of model + optimizer state per update (verify-resume)
+    test_break_resume: bool = False  # test-only: reseed the sampler after a resume (must be caught)
 
     def validate(self) -> TrainOptions:
         defaults = TrainOptions()

@@ -1,0 +1,41 @@
+"""`ouro verify-resume`: a real fresh-process resume is bit-identical (exit 0), and a
+deliberately broken one (sampler reseeded after load) is caught (exit 1) with the
+first divergence named."""
+
+from __future__ import annotations
+
+import json
+
+from .test_train_cli import ouro
+from .tiny_checkpoint import REWARD, make_checkpoint
+
+
+def test_verify_resume_passes_and_catches_a_broken_resume(tmp_path):
+    make_checkpoint(tmp_path)
+    opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"),
+            "--eval-data", str(tmp_path / "eval.jsonl"), "--prompts-per-update", "2", "--group-size", "3",
+            "--max-response-len", "6", "--eval-prompts", "2", "--max-num-seqs", "4", "--depths", "2", "3", "4",
+            "--exit-threshold", "0.9", "--reward-function", REWARD]
+    work = tmp_path / "vr"
+    proc = ouro("verify-resume", "--updates", "4", "--resume-at", "2", "--work-dir", str(work), *opts, "--json",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["identical"] and doc["first_divergence"] is None
+    names = {c["name"]: c for c in doc["categories"]}
+    assert names["checkpoint tensors"]["compared"] > 20 and names["rollouts"]["compared"] == 4 * 6
+    assert names["state hashes"]["compared"] == 4
+    assert (work / "report.json").is_file()
+
+    broken = tmp_path / "broken"
+    for args in (["train", *opts, "--updates", "2", "--state-digest", "--test-break-resume", "--run-dir", str(broken)],
+                 ["resume", str(broken), "--updates", "4"]):
+        step = ouro(*args, cwd=tmp_path)
+        assert step.returncode == 0, step.stderr
+    proc = ouro("verify-resume", "--compare", str(work / "reference"), str(broken), "--json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert not doc["ok"] and not doc["identical"]
+    first = doc["first_divergence"]
+    assert first["category"] == "rollouts" and first["update"] == 2 and first["sample"] == 0
+    assert "first divergence" in proc.stderr and "Traceback" not in proc.stderr
