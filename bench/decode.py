@@ -1,0 +1,114 @@
+"""Decode throughput of the rollout engine against the memory-bandwidth roofline.
+
+    python bench/decode.py                      # CPU: tiny model, fp32
+    python bench/decode.py --device cuda        # CUDA: Ouro-1.4B shape, random bf16 weights
+
+Decode at a fixed budget K reads, every step, the layer weights K times and, for every
+cached token of every sequence, its K/V in the K planes it attends to (DESIGN.md):
+
+    bytes/step = K × layer_weight_bytes + B × context × K × L × 2 × Hkv × D × elem
+    roofline tok/s = B / (bytes/step / bandwidth)
+
+At Ouro-1.4B, K = 4 and 4.26e12 B/s this gives ≈ 420 tok/s at batch 1 and ≈ 14k tok/s at
+batch 64 with ~200 tokens of context. Decode time is measured as the time of a run
+with `new_tokens + 1` tokens minus a run with 1 token (the prefill and first sample),
+so it holds `new_tokens` decode steps. Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
+from ouro_cli.model import OuroConfig, OuroForCausalLM, tiny_config  # noqa: E402
+
+
+def random_model(config: OuroConfig, dtype: torch.dtype, device: str) -> OuroForCausalLM:
+    """Random weights created directly on the device (a 1.4B init on the host is slow)."""
+    with torch.device(device):
+        model = OuroForCausalLM(config)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" not in name:
+                    p.normal_(0.0, 0.02)
+    return model.to(dtype=dtype)
+
+
+def layer_weight_bytes(config: OuroConfig, elem: int) -> int:
+    """Bytes of the shared layer stack (one pass over all layers); embeddings and lm_head excluded."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.dim_per_head
+    hq, hkv = config.num_attention_heads, config.num_key_value_heads
+    per_layer = h * hq * d * 2 + h * hkv * d * 2 + 3 * h * i + 4 * h
+    return per_layer * config.num_hidden_layers * elem
+
+
+def roofline_tokens_per_s(config: OuroConfig, k: int, batch: int, context: float, elem: int, bandwidth: float) -> float:
+    kv_per_token_per_plane = config.num_hidden_layers * 2 * config.num_key_value_heads * config.dim_per_head * elem
+    step_bytes = k * layer_weight_bytes(config, elem) + batch * context * k * kv_per_token_per_plane
+    return batch / (step_bytes / bandwidth)
+
+
+def measure(llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str) -> float:
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+
+    def run(n: int) -> float:
+        params = SamplingParams(max_tokens=n, max_loops=k, temperature=1.0, seed=0, ignore_eos=True)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        assert all(len(o.output_token_ids) == n for o in outs)
+        return time.perf_counter() - start
+
+    run(2)  # warm-up
+    return run(new_tokens + 1) - run(1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shape", choices=["tiny", "1.4b"], help="default: tiny on CPU, 1.4b on CUDA")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 on CUDA")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--prompt", type=int, default=128, help="prompt tokens per sequence")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--loops", "-K", type=int, default=4)
+    ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes/s for the roofline (H200 copy: 4.26e12)")
+    ap.add_argument("--block-size", type=int, default=16)
+    args = ap.parse_args()
+
+    cuda = args.device.startswith("cuda")
+    shape = args.shape or ("1.4b" if cuda else "tiny")
+    dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
+    config = OuroConfig() if shape == "1.4b" else tiny_config()
+    torch.manual_seed(0)
+    model = random_model(config, dtype, args.device)
+    elem = torch.finfo(dtype).bits // 8
+    print(f"model {shape} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, {dtype}) on {args.device}; "
+          f"K={args.loops}, prompt {args.prompt}, {args.new_tokens} new tokens, bandwidth {args.bandwidth:.3g} B/s")
+    for batch in args.batch:
+        tokens_per_seq = args.prompt + args.new_tokens
+        blocks = batch * -(-tokens_per_seq // args.block_size)
+        llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=args.block_size,
+                  max_prefill_tokens=batch * args.prompt)
+        seconds = measure(llm, batch, args.prompt, args.new_tokens, args.loops, config.vocab_size, args.device)
+        llm.close()
+        context = args.prompt + args.new_tokens / 2  # mean cached tokens over the decode steps
+        tok_s = batch * args.new_tokens / seconds
+        roof = roofline_tokens_per_s(config, args.loops, batch, context, elem, args.bandwidth)
+        print(f"batch {batch:4d}  context {context:6.0f}  K {args.loops}  decode {tok_s:10.1f} tok/s  "
+              f"roofline {roof:10.1f} tok/s  ratio {tok_s / roof:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""`LLM`: the in-process rollout engine for Ouro (implements contract.RolloutEngine).
+
+    llm = LLM(model_or_checkpoint, device="cuda", dtype=torch.bfloat16, max_num_seqs=64,
+              kv_blocks=4096, block_size=16)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=512, temperature=1.0, max_loops=3, logprobs=0))
+
+One `generate` call runs its requests to completion with continuous batching
+(scheduler.py) over a paged, per-loop KV cache (kv_cache.py); model execution is
+runner.py, exits exits.py, sampling sampling.py, weight updates publication.py.
+The engine is synchronous: `generate` returns when all its requests finished. Other
+threads may pause it (requests held at a step boundary, or aborted) and publish
+weights once it is idle. Every step is a deterministic function of the requests,
+their seeds, the weights and the configuration — never of timing.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ouro_cli.model import OuroForCausalLM
+
+from .contract import (
+    EngineBusy,
+    EngineError,
+    Prompt,
+    RequestOutput,
+    RequestRejected,
+    SamplingParams,
+    WeightChunk,
+)
+from .exits import row_policy
+from .kv_cache import PagedKVCache, blocks_needed
+from .publication import WeightPublisher
+from .runner import ModelRunner, PrefillItem, WorkCounters
+from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample, token_logprobs
+from .scheduler import Scheduler, Sequence
+from .tokenizer import TextCodec
+
+DEFAULT_CONTEXT_PER_SEQ = 2048  # sizes the default KV cache: max_num_seqs sequences of this length
+
+
+class LLM:
+    """The Ouro rollout engine. `model` is a checkpoint path or a loaded OuroForCausalLM.
+
+    `kv_blocks` × `block_size` tokens of KV (each token T planes × L layers) are
+    allocated up front; by default enough for `max_num_seqs` sequences of
+    min(max_model_len, 2048) tokens. On CUDA decode steps are captured as CUDA graphs
+    unless `cuda_graphs=False`; `attn_chunk` is decode attention's chunk length. `seed`
+    seeds the draw of per-request seeds for requests that give none (None: fresh
+    entropy). `weight_version` names the loaded weights. A checkpoint's tokenizer.json
+    (or `tokenizer=`) enables text prompts and output text.
+    """
+
+    def __init__(self, model: str | Path | OuroForCausalLM, *, device: str | torch.device | None = None,
+                 dtype: torch.dtype | None = None, max_num_seqs: int = 64, kv_blocks: int | None = None,
+                 block_size: int = 16, max_model_len: int | None = None, max_prefill_tokens: int = 8192,
+                 attn_chunk: int = 128, cuda_graphs: bool | None = None, seed: int | None = None,
+                 tokenizer=None, weight_version: int = 0) -> None:
+        codec = TextCodec(tokenizer) if tokenizer is not None else None
+        if isinstance(model, (str, Path)):
+            from ouro_cli.checkpoint import open_checkpoint
+            from ouro_cli.model import load
+
+            model_path = Path(model)
+            model = load(model_path, dtype=dtype, device=device or "cpu")
+            codec = codec or TextCodec.from_dir(open_checkpoint(model_path).assets_dir)  # HF dir or hf_assets/
+        elif device is not None or dtype is not None:
+            model.to(device=device, dtype=dtype)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a checkpoint path or an OuroForCausalLM, got {type(model).__name__}")
+        if max_num_seqs < 1 or block_size < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_num_seqs, block_size and max_prefill_tokens must be >= 1")
+        model.eval()
+        self.model = model
+        self.codec = codec
+        cfg = model.config
+        self.num_loops = cfg.total_ut_steps
+        self.max_model_len = max_model_len or cfg.max_position_embeddings
+        self.max_num_seqs, self.block_size, self.max_prefill_tokens = max_num_seqs, block_size, max_prefill_tokens
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        if kv_blocks is None:
+            kv_blocks = max_num_seqs * blocks_needed(min(self.max_model_len, DEFAULT_CONTEXT_PER_SEQ), block_size)
+        self.kv = PagedKVCache(num_layers=cfg.num_hidden_layers, num_loops=self.num_loops, num_blocks=kv_blocks,
+                               block_size=block_size, num_kv_heads=cfg.num_key_value_heads,
+                               head_dim=cfg.dim_per_head, dtype=self.dtype, device=self.device)
+        self.counters = WorkCounters()
+        self.runner = ModelRunner(model, self.kv, self.counters, attn_chunk,
+                                  cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs)
+        self.publisher = WeightPublisher(model, weight_version)
+        eos = cfg.eos_token_id
+        self.eos_token_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
+        self._seeds = random.Random(seed)
+        self._cond = threading.Condition()
+        self._generating = self._paused = self._abort = self._closed = False
+        self._next_request = 0
+
+    # ---- generation ------------------------------------------------------------------
+
+    def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        with self._cond:
+            self._check_open()
+            if self._generating:
+                raise EngineBusy("generate is already running on this engine")
+            if self.publisher.in_progress:
+                raise EngineBusy("a weight update is in progress; requests are not admitted")
+            if self._paused:
+                raise EngineBusy("generation is paused; call resume_generation() first")
+            self.publisher.check_usable()
+            self._generating = True
+        try:
+            seqs = self._make_sequences(prompts, params)
+            version = self.publisher.committed_version
+            self._run(seqs)
+            return [self._output(s, version) for s in seqs]
+        finally:
+            with self._cond:
+                self._generating = False
+                self._cond.notify_all()
+
+    def _run(self, seqs: list[Sequence]) -> None:
+        sched = Scheduler(self.kv.allocator, self.block_size, self.max_num_seqs, self.max_prefill_tokens)
+        for seq in seqs:
+            sched.add(seq)
+        try:
+            while sched.has_work():
+                if self._hold_at_step_boundary():
+                    for seq in sched.drain():
+                        seq.finish_reason = "abort"
+                    return
+                plan = sched.schedule()
+                self.counters.preemptions += len(plan.preempted)
+                if not plan.prefill and not plan.decode:
+                    raise EngineError("the scheduler could not make progress (this is a bug)")
+                if plan.prefill:
+                    self._prefill(plan.prefill, sched)
+                if plan.decode:
+                    self._decode(plan.decode, sched)
+        finally:
+            sched.drain()  # on any error, give every block back
+
+    def _prefill(self, seqs: list[Sequence], sched: Scheduler) -> None:
+        fresh, logits = [], []
+        for seq in seqs:
+            tokens = seq.prefill_tokens
+            item = PrefillItem(tokens, seq.prefill_depths(self.num_loops), self.kv.slots(seq.blocks, 0, len(tokens)))
+            last = self.runner.prefill(item)
+            seq.num_cached = len(tokens)
+            if seq.is_fresh:  # a recomputed sequence already holds its next input token
+                fresh.append(seq)
+                logits.append(last)
+        if fresh:
+            self._sample(fresh, torch.stack(logits), [self.num_loops] * len(fresh), sched)
+
+    def _decode(self, seqs: list[Sequence], sched: Scheduler) -> None:
+        logits, depths = self.runner.decode([s.output[-1] for s in seqs], [s.num_cached for s in seqs],
+                                            [s.blocks for s in seqs], [row_policy(s.params, len(s.output)) for s in seqs])
+        for seq in seqs:
+            seq.num_cached += 1
+        depths = depths.tolist()
+        self.counters.decode_layer_tokens += sum(depths) * self.runner.num_layers
+        self._sample(seqs, logits, depths, sched)
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, depths: list[int], sched: Scheduler) -> None:
+        ps = [s.params for s in seqs]
+        batch = SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
+                              [s.generator for s in seqs], self.device)
+        processed = processed_logprobs(logits, batch)
+        tokens = sample(processed, batch)
+        chosen = token_logprobs(processed, tokens, batch)
+        if any(p.logprobs_mode == "raw" for p in ps):
+            raw = raw_logprobs(logits).gather(1, tokens[:, None]).squeeze(1)
+            use_raw = torch.tensor([p.logprobs_mode == "raw" for p in ps], device=chosen.device)
+            chosen = torch.where(use_raw, raw, chosen)
+        for seq, token, depth, lp in zip(seqs, tokens.tolist(), depths, chosen.tolist(), strict=True):
+            seq.output.append(token)
+            seq.depths.append(depth)
+            seq.logprobs.append(lp)
+            p = seq.params
+            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+                seq.finish_reason = "stop"
+            elif len(seq.output) >= p.max_tokens:
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                sched.finish(seq)
+
+    def _make_sequences(self, prompts: Seq[Prompt], params) -> list[Sequence]:
+        if isinstance(prompts, str) or not isinstance(prompts, Seq):
+            raise TypeError("prompts must be a list of token-id lists or strings")
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        vocab = self.model.config.vocab_size
+        capacity = self.kv.num_blocks * self.block_size
+        seqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            text = None
+            if isinstance(prompt, str):
+                if self.codec is None:
+                    raise RequestRejected(f"prompt {i} is text but the engine has no tokenizer; pass token ids")
+                text, prompt = prompt, self.codec.encode(prompt)
+            ids = [int(t) for t in prompt]
+            if not ids:
+                raise RequestRejected(f"prompt {i} is empty")
+            if min(ids) < 0 or max(ids) >= vocab:
+                raise RequestRejected(f"prompt {i} has token ids outside 0..{vocab - 1}")
+            try:
+                p = p.resolved(self.num_loops, self._seeds.randrange(2**63))
+            except ValueError as err:
+                raise RequestRejected(f"request {i}: {err}") from err
+            if len(ids) + p.max_tokens > self.max_model_len:
+                raise RequestRejected(
+                    f"request {i}: prompt ({len(ids)}) + max_tokens ({p.max_tokens}) exceeds max_model_len "
+                    f"({self.max_model_len})")
+            kv_tokens = len(ids) + p.max_tokens - 1
+            if blocks_needed(kv_tokens, self.block_size) > self.kv.num_blocks:
+                raise RequestRejected(
+                    f"request {i} can never fit: it needs KV for {kv_tokens} tokens "
+                    f"({blocks_needed(kv_tokens, self.block_size)} blocks of {self.block_size}) but the cache "
+                    f"holds {capacity} tokens ({self.kv.num_blocks} blocks); raise kv_blocks or lower max_tokens")
+            gen = torch.Generator(device=self.device).manual_seed(p.seed)
+            seqs.append(Sequence(index=i, request_id=str(self._next_request + i), prompt=ids, params=p,
+                                 generator=gen, max_kv_tokens=kv_tokens, text_prompt=text))
+        self._next_request += len(seqs)
+        return seqs
+
+    def _output(self, seq: Sequence, version: int) -> RequestOutput:
+        text = self.codec.decode(seq.output) if self.codec is not None else None
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=list(seq.prompt), output_token_ids=list(seq.output),
+            exit_depths=list(seq.depths), log_probs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            finish_reason=seq.finish_reason or "abort", weight_version=version, sampling_params=seq.params,
+            text=text, prompt=seq.text_prompt)
+
+    # ---- pausing ------------------------------------------------------------------------
+
+    def pause_generation(self, abort: bool = False) -> None:
+        """Hold in-flight requests at the next step boundary; with `abort`, end them
+        (finish_reason "abort", partial outputs returned) and wait until the engine is idle."""
+        with self._cond:
+            self._paused = True
+            self._abort = self._abort or abort
+            self._cond.notify_all()
+            if abort:
+                while self._generating:
+                    self._cond.wait()
+
+    def resume_generation(self) -> None:
+        with self._cond:
+            self._paused = self._abort = False
+            self._cond.notify_all()
+
+    def _hold_at_step_boundary(self) -> bool:
+        with self._cond:
+            while self._paused and not self._abort:
+                self._cond.wait()
+            return self._abort
+
+    # ---- weight publication -------------------------------------------------------------
+
+    def start_weight_update(self, version: int) -> None:
+        with self._cond:
+            self._check_open()
+            if self._generating:
+                raise EngineBusy("weights can only be updated on an idle engine (generate is running)")
+            self.publisher.start(version)
+            self.kv.invalidate()  # cached KV belongs to the old weights
+
+    def update_weights(self, chunk: WeightChunk) -> None:
+        with self._cond:
+            self._check_open()
+            self.publisher.update(chunk)
+
+    def finish_weight_update(self) -> None:
+        with self._cond:
+            self._check_open()
+            self.publisher.finish()
+
+    def get_weight_version(self) -> int:
+        return self.publisher.committed_version
+
+    # ---- misc ---------------------------------------------------------------------------
+
+    def work_counters(self) -> Mapping[str, int]:
+        return self.counters.as_dict()
+
+    def close(self) -> None:
+        with self._cond:
+            if self._generating:
+                raise EngineBusy("close() while generate is running; pause with abort=True first")
+            if self._closed:
+                return
+            self._closed = True
+            self.runner.graphs, self.runner.graph_pool = None, None
+            self.kv.k = self.kv.v = None  # release the cache memory now
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("the engine is closed")
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,81 @@
+"""Exit policies for decoding: how many loops each token of a batch runs (OURO.md §3).
+
+Every policy is reduced to four per-row numbers so that one batched, branch-free
+update serves a batch that mixes them (and stays on the device, with no host sync
+per loop, as a captured CUDA graph would need):
+
+    stop_after  loops the row runs at most (K, or the trace's depth)
+    min_loops   the first loop whose exit signal counts
+    tau         the CDF threshold (+inf: the signal never fires; τ = 1 means exactly K)
+    delay       0 (act after the loop that fired) or 1 (act one loop later: "delayed")
+
+After loop t a row whose signal fires (t ≥ min_loops and CDF_t ≥ τ) lowers its
+`stop_after` to min(stop_after, t + delay); a row is active at loop t + 1 while
+t < stop_after. The CDF is accumulated with `exit_gate.cdf_step`, the same formula
+the model code defines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ouro_cli.model.exit_gate import cdf_step
+
+from .contract import SamplingParams
+
+
+def row_policy(params: SamplingParams, num_generated: int) -> tuple[int, int, float, int]:
+    """(stop_after, min_loops, tau, delay) for the token that follows `num_generated` tokens.
+
+    `params` must be resolved (max_loops set)."""
+    k = params.max_loops
+    assert k is not None
+    if params.exit_mode == "trace":
+        trace = params.exit_trace or ()
+        depth = trace[num_generated - 1] if num_generated - 1 < len(trace) else k
+        return depth, 1, math.inf, 0
+    tau = math.inf if params.exit_threshold >= 1.0 else params.exit_threshold
+    return k, params.min_loops, tau, 1 if params.exit_mode == "delayed" else 0
+
+
+@dataclass
+class ExitState:
+    """Per-row exit bookkeeping for one decode step of B rows (all tensors [B], on device)."""
+
+    stop_after: torch.Tensor
+    min_loops: torch.Tensor
+    tau: torch.Tensor
+    delay: torch.Tensor
+    active: torch.Tensor
+    depth: torch.Tensor
+    cdf: torch.Tensor
+    survive: torch.Tensor
+    max_loops: int
+    may_exit_early: bool
+
+    @classmethod
+    def start(cls, stop_after: torch.Tensor, min_loops: torch.Tensor, tau: torch.Tensor, delay: torch.Tensor, *,
+              max_loops: int, may_exit_early: bool) -> ExitState:
+        """A fresh state over given policy tensors (which are not modified: a captured graph reuses them)."""
+        b, device = stop_after.shape[0], stop_after.device
+        return cls(
+            stop_after=stop_after.clone(), min_loops=min_loops, tau=tau, delay=delay,
+            active=torch.ones(b, dtype=torch.bool, device=device),
+            depth=torch.zeros(b, dtype=torch.long, device=device),
+            cdf=torch.zeros(b, dtype=torch.float32, device=device),
+            survive=torch.ones(b, dtype=torch.float32, device=device),
+            max_loops=max_loops, may_exit_early=may_exit_early,
+        )
+
+    def after_loop(self, t: int, lam: torch.Tensor) -> None:
+        """Account loop t (1-based) that just ran on the active rows; `lam` [B] is λ_t in fp32."""
+        self.depth += self.active.long()
+        cdf, survive = cdf_step(self.cdf, self.survive, lam)
+        self.cdf = torch.where(self.active, cdf, self.cdf)
+        self.survive = torch.where(self.active, survive, self.survive)
+        fire = self.active & (self.min_loops <= t) & (self.cdf >= self.tau)
+        self.stop_after = torch.where(fire, torch.minimum(self.stop_after, t + self.delay), self.stop_after)
+        self.active = self.active & (self.stop_after > t)

@@ -1,0 +1,126 @@
+"""Paged KV cache with one plane per loop: a block allocator and the K/V storage.
+
+Why our own: paged-attention libraries on PyPI (vLLM, FlashInfer, SGLang) page one
+K/V plane per layer. Ouro needs T planes per layer (one per loop) with the
+*last-exited* layout of OURO.md §3: a token that ran e loops has real K/V in planes
+1..e and planes e+1..T hold a copy of plane e, so a later query at loop d reads
+version min(d, e) with a plain per-plane lookup. None of them pages per-loop planes
+with that rule, so the cache is written here, kept simple, and checked by the
+logprob-equals-replay tests.
+
+Layout: `k`, `v` are [L, T, Hkv, num_blocks * block_size, D] (head-major, so that a
+gather of slots gives [Hkv, B, n, D], which batched matmuls take without copies). A
+sequence owns a list of blocks; its token at position p lives in slot
+`blocks[p // bs] * bs + p % bs` of every plane. Planes are 0-based here (plane index t-1 holds loop t). The block ids a
+sequence gets never influence values, so allocation order cannot change outputs. One
+extra block past `num_blocks` is never handed out: its first slot is the scratch slot
+that padding rows of a decode batch write to and padded context positions point at.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class OutOfBlocks(RuntimeError):
+    """The allocator has fewer free blocks than asked for (the scheduler prevents this)."""
+
+
+class BlockAllocator:
+    """A free list of block ids; lowest ids first on a fresh allocator."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"kv_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.reset()
+
+    def reset(self) -> None:
+        self._free = list(range(self.num_blocks - 1, -1, -1))
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfBlocks(f"asked for {n} KV blocks, {len(self._free)} free")
+        blocks = [self._free.pop() for _ in range(n)]
+        self._used.update(blocks)
+        return blocks
+
+    def free(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if b not in self._used:  # a double free would hand one block to two sequences
+                raise RuntimeError(f"KV block {b} freed twice")
+            self._used.remove(b)
+            self._free.append(b)
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class PagedKVCache:
+    """K/V storage for L layers × T loop planes, addressed by slot."""
+
+    def __init__(self, *, num_layers: int, num_loops: int, num_blocks: int, block_size: int,
+                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.num_layers, self.num_loops = num_layers, num_loops
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (num_layers, num_loops, num_kv_heads, (num_blocks + 1) * block_size, head_dim)
+        self.scratch_slot = num_blocks * block_size
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.allocator = BlockAllocator(num_blocks)
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def bytes_per_token(self) -> int:
+        """Bytes one cached token occupies over all layers and planes (K and V)."""
+        return 2 * self.k[:, :, :, 0].numel() * self.k.element_size()
+
+    def slots(self, blocks: list[int], start: int, end: int) -> list[int]:
+        """Slot ids of positions start..end-1 of a sequence owning `blocks`."""
+        bs = self.block_size
+        return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def slot_table(self, block_tables: list[list[int]], lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot ids [B, width] of positions 0..width-1 per row and the mask of positions < length
+        (positions past a row's length point at the scratch slot)."""
+        nb = blocks_needed(width, self.block_size)
+        table = torch.tensor([bt[:nb] + [self.num_blocks] * (nb - len(bt[:nb])) for bt in block_tables],
+                             dtype=torch.long)
+        pos = torch.arange(width)
+        slots = table[:, pos // self.block_size] * self.block_size + pos % self.block_size
+        valid = pos[None, :] < torch.tensor(lengths)[:, None]
+        slots = torch.where(valid, slots, torch.full_like(slots, self.scratch_slot))
+        return slots.to(self.device, non_blocking=True), valid.to(self.device, non_blocking=True)
+
+    def write(self, layer: int, plane: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [N, Hkv, D] into `slots` [N] of (layer, plane)."""
+        self.k[layer, plane].index_copy_(1, slots, k.transpose(0, 1).to(self.k.dtype))
+        self.v[layer, plane].index_copy_(1, slots, v.transpose(0, 1).to(self.v.dtype))
+
+    def read(self, layer: int, plane: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V at `slots` [N] of (layer, plane) -> [N, Hkv, D]."""
+        return self.k[layer, plane][:, slots].transpose(0, 1), self.v[layer, plane][:, slots].transpose(0, 1)
+
+    def plane(self, layer: int, plane: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V planes of (layer, plane): [Hkv, slots, D] views."""
+        return self.k[layer, plane], self.v[layer, plane]
+
+    def copy_forward(self, slots: torch.Tensor, last_plane: int) -> None:
+        """Planes last_plane+1.. := plane last_plane at `slots`, in every layer (last-exited layout)."""
+        for plane in range(last_plane + 1, self.num_loops):
+            self.k[:, plane, :, slots] = self.k[:, last_plane, :, slots]
+            self.v[:, plane, :, slots] = self.v[:, last_plane, :, slots]
+
+    def invalidate(self) -> None:
+        """Forget every sequence's KV (weights changed): all blocks free, contents zeroed."""
+        self.allocator.reset()
+        self.k.zero_()
+        self.v.zero_()

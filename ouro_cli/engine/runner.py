@@ -1,0 +1,241 @@
+"""Model execution for the engine: full-depth prefill and one batched decode step.
+
+Both run the shared model code (ouro_cli.model), so the engine and the trainer's
+replay compute the same function:
+
+- `prefill` calls the model's whole-sequence forward on one sequence with
+  per-position depths; its `kv_sink` hands over the K/V every position holds at each
+  (loop, layer) — already in the last-exited layout — and we scatter them into the
+  paged planes. A fresh prompt runs at depth T; a
+  sequence recomputed after preemption is prefilled as prompt + generated tokens with
+  their recorded depths, which rebuilds exactly the KV it had.
+- `decode` feeds each row's newest token through loops 1..K with `model.run_loop`,
+  attending over the row's cached tokens at the plane of the current loop. A row that
+  has exited keeps its hidden state, and writes into plane t a copy of its own
+  previous plane, so planes past its depth hold the plane-e copy. After the last loop
+  the remaining planes are filled the same way.
+
+Decode batches are padded to a bucket size and attention runs in fixed chunks, so a
+row's arithmetic does not depend on its batch-mates (determinism across max_num_seqs),
+and step shapes depend only on (bucket, context chunks, max loops); exits are decided
+on the device (exits.ExitState). On CUDA the step is captured once per shape as a
+CUDA graph (CapturedDecodeStep): decoding is otherwise bound by kernel launches (about
+a hundred small kernels per layer and loop). Eager mode additionally stops early when
+every row has exited, its only host sync inside the step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ouro_cli.model import OuroForCausalLM
+
+from .exits import ExitState
+from .kv_cache import PagedKVCache
+from .paged_attention import decode_attention
+
+
+@dataclass
+class WorkCounters:
+    """Layer-token evaluations: `*_layer_tokens` count work a token needed (its depth ×
+    layers); `*_executed` count what ran, incl. rows kept in a batch after they exited."""
+
+    prefill_tokens: int = 0
+    prefill_layer_tokens: int = 0
+    prefill_layer_tokens_executed: int = 0
+    decode_tokens: int = 0
+    decode_layer_tokens: int = 0
+    decode_layer_tokens_executed: int = 0
+    decode_steps: int = 0
+    preemptions: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PrefillItem:
+    tokens: list[int]
+    depths: list[int]
+    slots: list[int]
+
+
+def batch_bucket(b: int) -> int:
+    """Decode batches are padded to a power of two (at least 8): a row then meets the same
+    matmul shapes whatever the number of live rows (the CUDA-graph bucket too)."""
+    return max(8, 1 << (b - 1).bit_length())
+
+
+class ModelRunner:
+    def __init__(self, model: OuroForCausalLM, kv: PagedKVCache, counters: WorkCounters, attn_chunk: int = 128,
+                 cuda_graphs: bool = False) -> None:
+        self.model, self.kv, self.counters = model, kv, counters
+        self.num_loops = model.num_loops
+        self.num_layers = len(model.model.layers)
+        self.attn_chunk = attn_chunk
+        use_graphs = cuda_graphs and kv.device.type == "cuda"
+        self.graphs: dict[tuple[int, int, int], CapturedDecodeStep] | None = {} if use_graphs else None
+        self.graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
+
+    @torch.no_grad()
+    def prefill(self, item: PrefillItem) -> torch.Tensor:
+        """Run one sequence at its depths and fill its KV planes; logits [V] at its last position.
+
+        One sequence per call: packing several would change the attention reduction
+        lengths, and so the rounding, of each (see paged_attention.py)."""
+        device = self.kv.device
+        ids = torch.tensor([item.tokens], dtype=torch.long, device=device)
+        depths = torch.tensor([item.depths], dtype=torch.long, device=device)
+        slots = torch.tensor(item.slots, dtype=torch.long, device=device)
+
+        def sink(loop: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+            self.kv.write(layer, loop - 1, slots, k[0], v[0])
+
+        logits = self.model(ids, depths=depths, kv_sink=sink)[0, -1]
+        n = len(item.tokens)
+        self.counters.prefill_tokens += n
+        self.counters.prefill_layer_tokens += sum(item.depths) * self.num_layers
+        self.counters.prefill_layer_tokens_executed += n * max(item.depths) * self.num_layers
+        return logits
+
+    @torch.no_grad()
+    def decode(self, tokens: list[int], positions: list[int], block_tables: list[list[int]],
+               policies: list[tuple[int, int, float, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row at `positions` (= cached length) -> (logits [B, V], depths [B])."""
+        b = len(tokens)
+        pad = batch_bucket(b) - b  # padding rows: token 0 at position 0 in the scratch slot, one loop
+        policies = policies + [(1, 1, float("inf"), 0)] * pad
+        inputs = self._inputs(tokens + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies)
+        max_loops = max(p[0] for p in policies)
+        if self.graphs is not None:
+            key = (b + pad, inputs.ctx_slots.shape[1], max_loops)
+            if key not in self.graphs:
+                self.graphs[key] = CapturedDecodeStep(self, *key)
+            logits, depth = self.graphs[key].run(inputs)
+            loops_run = max_loops
+        else:
+            exits = ExitState.start(inputs.stop_after, inputs.min_loops, inputs.tau, inputs.delay, max_loops=max_loops,
+                                    may_exit_early=any(math.isfinite(p[2]) for p in policies))
+            logits, depth, loops_run = self._step(inputs, exits, allow_sync=True)
+        self.counters.decode_tokens += b
+        self.counters.decode_steps += 1
+        self.counters.decode_layer_tokens_executed += (b + pad) * loops_run * self.num_layers
+        return logits[:b], depth[:b]
+
+    def _inputs(self, tokens: list[int], positions: list[int], block_tables: list[list[int]],
+                policies: list[tuple[int, int, float, int]]) -> DecodeInputs:
+        device = self.kv.device
+        lengths = [p + 1 for p in positions]
+        chunks = -(-max(lengths) // self.attn_chunk)
+        if self.graphs is not None:  # a power of two of chunks: few graph shapes (extra chunks are no-ops)
+            chunks = 1 << (chunks - 1).bit_length()
+        width = chunks * self.attn_chunk
+        ctx_slots, valid = self.kv.slot_table(block_tables, lengths, width)
+        stop, lo, tau, delay = zip(*policies, strict=True)
+        return DecodeInputs(
+            ids=torch.tensor(tokens, dtype=torch.long, device=device)[:, None],
+            pos=torch.tensor(positions, dtype=torch.long, device=device)[:, None],
+            ctx_slots=ctx_slots, valid=valid,
+            stop_after=torch.tensor(stop, dtype=torch.long, device=device),
+            min_loops=torch.tensor(lo, dtype=torch.long, device=device),
+            tau=torch.tensor(tau, dtype=torch.float32, device=device),
+            delay=torch.tensor(delay, dtype=torch.long, device=device))
+
+    def _step(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The decode step on padded device inputs -> (logits [B, V], depths [B], loops run).
+
+        Without `allow_sync` it never reads the device from the host (CUDA-graph capture)."""
+        model, kv = self.model, self.kv
+        new_slots = inputs.ctx_slots.gather(1, inputs.pos).squeeze(1)
+        h = model.embed(inputs.ids)
+        cos, sin = model.rope(inputs.pos, h.dtype)
+        plane = 0
+
+        def attend_for_layer(layer: int):
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                k, v = k[:, 0], v[:, 0]
+                if plane > 0:  # exited rows carry their last plane forward instead of new K/V
+                    keep = exits.active[:, None, None]
+                    k_prev, v_prev = kv.read(layer, plane - 1, new_slots)
+                    k, v = torch.where(keep, k, k_prev), torch.where(keep, v, v_prev)
+                kv.write(layer, plane, new_slots, k, v)
+                o = decode_attention(q[:, 0], *kv.plane(layer, plane), inputs.ctx_slots, inputs.valid,
+                                     self.attn_chunk)
+                return o[:, None]
+            return attend
+
+        loops_run = 0
+        for t in range(1, exits.max_loops + 1):
+            plane = t - 1
+            x = model.run_loop(h, cos, sin, attend_for_layer)
+            h = torch.where(exits.active[:, None, None], x, h)
+            exits.after_loop(t, model.exit_lambda(x[:, 0]))
+            loops_run = t
+            if allow_sync and exits.may_exit_early and t < exits.max_loops and not bool(exits.active.any()):
+                break  # everyone exited: skip the loops nobody needs
+        kv.copy_forward(new_slots, loops_run - 1)
+        return model.logits(h[:, 0]), exits.depth, loops_run
+
+
+@dataclass
+class DecodeInputs:
+    """Device inputs of one padded decode step (a captured graph keeps one static copy)."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    ctx_slots: torch.Tensor
+    valid: torch.Tensor
+    stop_after: torch.Tensor
+    min_loops: torch.Tensor
+    tau: torch.Tensor
+    delay: torch.Tensor
+
+
+class CapturedDecodeStep:
+    """One decode step captured as a CUDA graph for (bucket, context width, max loops).
+
+    The step runs all `max_loops` loops (exited rows are masked, as in eager mode, so
+    results are identical; it only skips the early break). Warm-up and capture use
+    inputs that point every row at the scratch slot, so they never touch a live
+    sequence's KV. Parameters and KV planes are updated in place elsewhere, so the
+    graph stays valid across weight publication. Outputs live in the graph's memory:
+    the caller consumes them before the next replay of any graph.
+    """
+
+    def __init__(self, runner: ModelRunner, batch: int, width: int, max_loops: int) -> None:
+        kv = runner.kv
+        device = kv.device
+        valid = torch.zeros(batch, width, dtype=torch.bool, device=device)
+        valid[:, 0] = True
+        self.inputs = DecodeInputs(
+            ids=torch.zeros(batch, 1, dtype=torch.long, device=device),
+            pos=torch.zeros(batch, 1, dtype=torch.long, device=device),
+            ctx_slots=torch.full((batch, width), kv.scratch_slot, dtype=torch.long, device=device), valid=valid,
+            stop_after=torch.full((batch,), max_loops, dtype=torch.long, device=device),
+            min_loops=torch.ones(batch, dtype=torch.long, device=device),
+            tau=torch.full((batch,), float("inf"), device=device),
+            delay=torch.zeros(batch, dtype=torch.long, device=device))
+
+        def body():
+            i = self.inputs
+            exits = ExitState.start(i.stop_after, i.min_loops, i.tau, i.delay, max_loops=max_loops, may_exit_early=False)
+            logits, depth, _ = runner._step(i, exits, allow_sync=False)
+            return logits, depth
+
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            body()  # warm-up outside capture (lazy inits, autotuning)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=runner.graph_pool):
+            self.logits, self.depth = body()
+
+    def run(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        for name in DecodeInputs.__dataclass_fields__:
+            getattr(self.inputs, name).copy_(getattr(inputs, name))
+        self.graph.replay()
+        return self.logits, self.depth

@@ -1,0 +1,146 @@
+"""Continuous batching: which sequences prefill, which decode, and who gives up KV blocks.
+
+Policy (deterministic: it depends only on request order, lengths and the block
+budget, never on timing):
+
+- Before each step every running sequence must own a slot for the token it feeds
+  next. When blocks run out, the most recently admitted running sequence is
+  preempted (its blocks freed, its generated tokens and depths kept) and put back at
+  the head of the queue; it is later recomputed by a prefill of prompt + generated
+  tokens at their recorded depths, so its outputs do not change.
+- Waiting sequences are admitted first come, first served (the head is never
+  skipped, so nobody starves) while there is room in the batch, in the prefill token
+  budget and in the free blocks; no admission in a step that had to preempt.
+- Nobody can deadlock: each request was checked at submission to fit the whole
+  cache on its own, and the oldest running sequence is never preempted by a younger
+  one, so it always advances.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from .contract import FinishReason, SamplingParams
+from .kv_cache import BlockAllocator, blocks_needed
+
+
+@dataclass
+class Sequence:
+    """One request's state. The cache holds K/V for `num_cached` tokens: the prompt, then
+    generated tokens 0..n-2; the newest generated token is the next decode input."""
+
+    index: int
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    max_kv_tokens: int
+    text_prompt: str | None = None
+    output: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    num_cached: int = 0
+    finish_reason: FinishReason | None = None
+
+    @property
+    def prefill_tokens(self) -> list[int]:
+        return self.prompt + self.output[:-1]
+
+    def prefill_depths(self, num_loops: int) -> list[int]:
+        return [num_loops] * len(self.prompt) + self.depths[1:]
+
+    @property
+    def is_fresh(self) -> bool:
+        return not self.output
+
+
+@dataclass
+class StepPlan:
+    prefill: list[Sequence]
+    decode: list[Sequence]
+    preempted: list[Sequence]
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int,
+                 max_prefill_tokens: int) -> None:
+        self.allocator, self.block_size = allocator, block_size
+        self.max_num_seqs, self.max_prefill_tokens = max_num_seqs, max_prefill_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> StepPlan:
+        decode, preempted = self._reserve_decode_slots()
+        prefill = [] if preempted else self._admit()
+        return StepPlan(prefill=prefill, decode=decode, preempted=preempted)
+
+    def finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.blocks)
+        seq.blocks = []
+
+    def drain(self) -> list[Sequence]:
+        """Remove every sequence (running and waiting), freeing their blocks."""
+        seqs = sorted([*self.running, *self.waiting], key=lambda s: s.index)
+        for seq in self.running:
+            self.allocator.free(seq.blocks)
+            seq.blocks = []
+        self.running, self.waiting = [], deque()
+        return seqs
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        need = blocks_needed(num_tokens, self.block_size) - len(seq.blocks)
+        if need <= 0:
+            return True
+        if need > self.allocator.num_free:
+            return False
+        seq.blocks += self.allocator.allocate(need)
+        return True
+
+    def _reserve_decode_slots(self) -> tuple[list[Sequence], list[Sequence]]:
+        decode: list[Sequence] = []
+        preempted: list[Sequence] = []
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            if self._grow(seq, seq.num_cached + 1):
+                decode.append(seq)
+                i += 1
+                continue
+            victim = self.running[-1]  # youngest first; may be `seq` itself
+            self._preempt(victim)
+            preempted.append(victim)
+        for seq in preempted:  # youngest first, so the oldest ends up at the head
+            self.waiting.appendleft(seq)
+        return decode, preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.blocks)
+        seq.blocks, seq.num_cached = [], 0
+
+    def _admit(self) -> list[Sequence]:
+        admitted: list[Sequence] = []
+        budget = self.max_prefill_tokens
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = len(seq.prefill_tokens)
+            if admitted and n > budget:
+                break
+            if not self._grow(seq, min(n + 1, seq.max_kv_tokens)):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            admitted.append(seq)
+            budget -= n
+        return admitted

@@ -1,0 +1,63 @@
+"""The same guarantees on CUDA (skipped without a GPU): fp32 logprobs equal the replay,
+captured CUDA graphs give the eager results, batch size does not change outputs,
+published weights reach captured graphs, and a bf16 engine runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ouro_cli.engine import LLM, SamplingParams
+
+from .conftest import prompts, tiny_model
+from .test_replay import max_replay_error
+
+pytestmark = pytest.mark.gpu
+
+PARAMS = [SamplingParams(max_tokens=12, seed=s, logprobs=0, exit_threshold=0.5, exit_mode=m, ignore_eos=True)
+          for s, m in enumerate(["immediate", "delayed", "immediate", "delayed", "immediate"])]
+
+
+def _generate(model, n, graphs, params=PARAMS):
+    llm = LLM(model, max_num_seqs=n, kv_blocks=64, block_size=4, cuda_graphs=graphs)
+    try:
+        return llm.generate(prompts(5, seed=1), params)
+    finally:
+        llm.close()
+
+
+def _assert_same(a_outs, b_outs, tol=1e-6):
+    for a, b in zip(a_outs, b_outs, strict=True):
+        assert a.output_token_ids == b.output_token_ids and a.exit_depths == b.exit_depths
+        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) <= tol
+
+
+def test_cuda_fp32_matches_replay_graphs_and_batch_sizes():
+    model = tiny_model(0).cuda()
+    eager = _generate(model, 4, graphs=False)
+    assert len({d for o in eager for d in o.exit_depths[1:]}) >= 3
+    assert max_replay_error(model, eager, 1.0) <= 1e-5
+    for n in (1, 4):
+        graphed = _generate(model, n, graphs=True)
+        _assert_same(graphed, eager)
+        assert max_replay_error(model, graphed, 1.0) <= 1e-5
+
+
+def test_cuda_graphs_see_published_weights():
+    model = tiny_model(0).cuda()
+    llm = LLM(model, max_num_seqs=4, kv_blocks=64, block_size=4, cuda_graphs=True)
+    llm.generate(prompts(5, seed=1), PARAMS)  # captures graphs on the old weights
+    new = tiny_model(1).cuda()
+    llm.start_weight_update(1)
+    llm.update_weights([(n, p.detach()) for n, p in new.named_parameters()])
+    llm.finish_weight_update()
+    after = llm.generate(prompts(5, seed=1), PARAMS)
+    _assert_same(after, _generate(new, 4, graphs=False))
+
+
+def test_cuda_bf16_runs():
+    model = tiny_model(0)
+    llm = LLM(model, device="cuda", dtype=torch.bfloat16, max_num_seqs=4, kv_blocks=64, block_size=4)
+    outs = llm.generate(prompts(4, seed=1), SamplingParams(max_tokens=10, seed=0, logprobs=0, max_loops=3))
+    assert all(o.exit_depths[0] == 4 and all(d == 3 for d in o.exit_depths[1:]) for o in outs)
+    assert all(lp <= 0.0 for o in outs for lp in o.log_probs)

@@ -1,0 +1,101 @@
+"""Unit checks of the engine's parts: sampler distribution and transforms, block
+allocator, slot mapping and the last-exited plane copy, scheduler preemption order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ouro_cli.engine import SamplingParams
+from ouro_cli.engine.kv_cache import BlockAllocator, PagedKVCache
+from ouro_cli.engine.sampling import SamplingBatch, processed_logprobs, sample
+from ouro_cli.engine.scheduler import Scheduler, Sequence
+
+
+def _batch(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0):
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(n)]
+    return SamplingBatch([temperature] * n, [top_k] * n, [top_p] * n, gens, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.6, -1, 1.0), (1.3, 5, 1.0), (0.9, -1, 0.7)])
+def test_sampler_follows_the_processed_distribution(temperature, top_k, top_p):
+    logits = torch.randn(16, generator=torch.Generator().manual_seed(1)) * 2
+    n = 20000
+    batch = _batch(n, temperature, top_k, top_p)
+    lp = processed_logprobs(logits.expand(n, 16), batch)
+    tokens = sample(lp, batch)
+    freq = torch.bincount(tokens, minlength=16).double() / n
+    # independent fp64 reference of the processed distribution
+    x = logits.double() / temperature
+    order = torch.argsort(x, descending=True)
+    keep = order[: top_k if top_k > 0 else 16]
+    p = torch.softmax(x[keep], 0)
+    keep = keep[(torch.cumsum(p, 0) - p) < top_p]
+    ref = torch.zeros(16, dtype=torch.float64)
+    ref[keep] = torch.softmax(x[keep], 0)
+    assert torch.allclose(lp[0].double().exp(), ref, atol=1e-6)
+    assert float((freq - ref).abs().sum()) < 0.05
+    assert set(tokens.tolist()) <= set(keep.tolist())
+
+
+def test_sampler_rows_use_only_their_own_generator():
+    logits = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    together = sample(processed_logprobs(logits, _batch(3, seed=10)), _batch(3, seed=10))
+    alone = [int(sample(processed_logprobs(logits[i:i + 1], b := SamplingBatch([1.0], [-1], [1.0],
+             [torch.Generator().manual_seed(10 + i)], torch.device("cpu"))), b)) for i in range(3)]
+    assert together.tolist() == alone
+
+
+def test_allocator():
+    alloc = BlockAllocator(4)
+    a = alloc.allocate(3)
+    assert a == [0, 1, 2] and alloc.num_free == 1
+    with pytest.raises(RuntimeError):
+        alloc.allocate(2)
+    alloc.free(a[:1])
+    with pytest.raises(RuntimeError, match="twice"):
+        alloc.free(a[:1])
+    assert sorted(alloc.allocate(2)) == [0, 3]
+
+
+def test_slots_and_last_exited_copy():
+    kv = PagedKVCache(num_layers=2, num_loops=4, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=2,
+                      dtype=torch.float32, device="cpu")
+    assert kv.slots([3, 1], 0, 4) == [6, 7, 2, 3]
+    slots, valid = kv.slot_table([[3, 1]], [3], width=4)
+    assert slots.tolist() == [[6, 7, 2, kv.scratch_slot]] and valid.tolist() == [[True, True, True, False]]
+    s = torch.tensor([7])
+    for plane in range(2):
+        for layer in range(2):
+            kv.write(layer, plane, s, torch.full((1, 1, 2), 10.0 * layer + plane), torch.full((1, 1, 2), -1.0 - plane))
+    kv.copy_forward(s, last_plane=1)  # the token ran 2 loops: planes 3 and 4 hold plane 2
+    assert kv.read(1, 3, s)[0].flatten().tolist() == [11.0, 11.0]
+    assert [float(kv.read(1, p, s)[0][0, 0, 0]) for p in range(4)] == [10.0, 11.0, 11.0, 11.0]
+    assert [float(kv.read(0, p, s)[1][0, 0, 0]) for p in range(4)] == [-1.0, -2.0, -2.0, -2.0]
+
+
+def _seq(i, prompt_len, max_tokens):
+    p = SamplingParams(max_tokens=max_tokens).resolved(4, 0)
+    return Sequence(index=i, request_id=str(i), prompt=[1] * prompt_len, params=p, generator=torch.Generator(),
+                    max_kv_tokens=prompt_len + max_tokens - 1)
+
+
+def test_scheduler_preempts_the_youngest_and_requeues_in_order():
+    alloc = BlockAllocator(6)
+    sched = Scheduler(alloc, block_size=2, max_num_seqs=3, max_prefill_tokens=100)
+    seqs = [_seq(i, 3, 10) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    plan = sched.schedule()
+    assert plan.prefill == seqs and not plan.decode  # 2 blocks each (3 tokens + next input)
+    for s in seqs:  # pretend each prefilled, sampled, decoded once: 4 cached, a third block needed
+        s.num_cached, s.output, s.depths = 4, [5, 6], [4, 4]
+    plan = sched.schedule()
+    assert plan.decode == seqs[:2] and plan.preempted == [seqs[2]] and not plan.prefill
+    assert list(sched.waiting) == [seqs[2]] and seqs[2].blocks == [] and seqs[2].num_cached == 0
+    for s in seqs[:2]:
+        s.num_cached = 6  # a fourth block each, none free: the younger gives way
+    plan = sched.schedule()
+    assert plan.decode == [seqs[0]] and plan.preempted == [seqs[1]]
+    assert list(sched.waiting) == [seqs[1], seqs[2]]  # oldest first
+    assert len(seqs[0].blocks) == 4 and alloc.num_free == 2
