@@ -2,23 +2,29 @@
 
 megatron-core calls CUDA unconditionally: `torch.cuda.current_device()` for DDP grad
 buffers, `torch.cuda.synchronize()` around dist-checkpoint saves, CUDA RNG state in its
-RNG tracker, `device="cuda"` factories and `.cuda()` in the optimizers, and
+RNG tracker, `device="cuda"` factories and `.cuda()` in the optimizers and clipping, and
 `param.type() == "torch.cuda.FloatTensor"` checks. Inside `megatron_on_cpu()` those
 calls are answered by CPU equivalents:
 
 - `torch.cuda.current_device/synchronize/stream/...` are replaced while the block runs;
 - the "CUDA" RNG is a dedicated CPU `torch.Generator` (so the tracker can save and
-  restore it without touching the CPU RNG that the rest of the program uses);
+  restore it without touching the CPU RNG that the rest of the program uses). Megatron's
+  tracker sets it through `torch.cuda._lazy_call`, which on a CPU-only build queues the
+  call forever, so `megatron.core.tensor_parallel.random`'s get/set helpers are replaced
+  too;
 - a `TorchFunctionMode` maps `device="cuda[:n]"` (and int device ids) to CPU, makes
   `.cuda()` a no-op and reports CPU float tensor types under their `torch.cuda.*` names.
 
-On a process that has CUDA the context manager does nothing at all (tested), so GPU
-runs execute megatron-core unmodified. Everything is restored on exit.
+Scope it to Megatron calls (DDP construction and grad sync, optimizer step, dist
+checkpointing): the mode also makes `tensor.is_cuda` answer True. On a process that has
+CUDA the context manager does nothing at all unless forced (tested), so GPU runs execute
+megatron-core unmodified. Everything patched is recorded and restored on exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 from collections.abc import Iterator
 
@@ -28,9 +34,12 @@ from torch.overrides import TorchFunctionMode
 _FAKE_CUDA_RNG = torch.Generator()
 _lock = threading.RLock()
 _depth = 0
+_MISSING = object()
 
 
 def _is_cuda_device(device: object) -> bool:
+    if isinstance(device, bool):
+        return False
     if isinstance(device, int):
         return True
     if isinstance(device, str):
@@ -47,12 +56,12 @@ class _CudaToCpu(TorchFunctionMode):
             return args[0]
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)
-            return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
         if func is torch.Tensor.is_cuda.__get__:
             return True
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             kwargs["device"] = "cpu"
-        if func in (torch.Tensor.to,) and len(args) > 1 and _is_cuda_device(args[1]):
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
             args = (args[0], "cpu", *args[2:])
         return func(*args, **kwargs)
 
@@ -80,17 +89,29 @@ class _DummyStream:
         pass
 
 
-def _replacements() -> dict[str, object]:
-    def get_rng_state(device="cuda"):
-        return _FAKE_CUDA_RNG.get_state()
+def _get_rng_state(device="cuda"):
+    return _FAKE_CUDA_RNG.get_state()
 
-    def set_rng_state(state, device="cuda"):
-        _FAKE_CUDA_RNG.set_state(state)
 
-    def manual_seed(seed):
-        _FAKE_CUDA_RNG.manual_seed(int(seed))
+def _set_rng_state(state, device="cuda"):
+    _FAKE_CUDA_RNG.set_state(state)
 
-    return {
+
+def _manual_seed(seed):
+    _FAKE_CUDA_RNG.manual_seed(int(seed))
+
+
+def _megatron_get_cuda_rng_state(device="cuda", clone=False, graph_safe=False):
+    return _FAKE_CUDA_RNG.get_state()
+
+
+def _megatron_set_cuda_rng_state(new_state, device=-1, graph_safe=False):
+    _FAKE_CUDA_RNG.set_state(new_state)
+
+
+def _patches() -> list[tuple[object, str, object]]:
+    """(owner, attribute, replacement) for everything the block replaces."""
+    cuda = {
         "current_device": lambda: 0,
         "device_count": lambda: 1,
         "set_device": lambda device: None,
@@ -100,12 +121,22 @@ def _replacements() -> dict[str, object]:
         "default_stream": lambda device=None: _DummyStream(),
         "stream": lambda s=None: contextlib.nullcontext(),
         "Stream": _DummyStream,
-        "get_rng_state": get_rng_state,
-        "set_rng_state": set_rng_state,
-        "manual_seed": manual_seed,
-        "manual_seed_all": manual_seed,
+        "get_rng_state": _get_rng_state,
+        "set_rng_state": _set_rng_state,
+        "manual_seed": _manual_seed,
+        "manual_seed_all": _manual_seed,
         "default_generators": (_FAKE_CUDA_RNG,),
     }
+    patches: list[tuple[object, str, object]] = [(torch.cuda, k, v) for k, v in cuda.items()]
+    patches += [(torch.cuda.random, "get_rng_state", _get_rng_state), (torch.cuda.random, "set_rng_state", _set_rng_state)]
+    try:
+        mrandom = importlib.import_module("megatron.core.tensor_parallel.random")
+    except ImportError:  # megatron-core not installed: nothing of it can run
+        mrandom = None
+    if mrandom is not None:
+        patches += [(mrandom, "_get_cuda_rng_state", _megatron_get_cuda_rng_state),
+                    (mrandom, "_set_cuda_rng_state", _megatron_set_cuda_rng_state)]
+    return patches
 
 
 def fake_cuda_rng() -> torch.Generator:
@@ -117,24 +148,22 @@ def fake_cuda_rng() -> torch.Generator:
 def megatron_on_cpu(enabled: bool | None = None) -> Iterator[None]:
     """Run the enclosed megatron-core calls on CPU. Inert when CUDA is available.
 
-    Re-entrant: nested uses patch once. `enabled` forces the decision (tests use it).
+    Re-entrant: nested uses patch once. `enabled` forces the decision (a CPU trainer on
+    a machine with a GPU passes True; tests pass False to check that nothing changes).
     """
     global _depth
     active = (not torch.cuda.is_available()) if enabled is None else enabled
     if not active:
         yield
         return
+    saved: list[tuple[object, str, object]] = []
+    mode = None
     with _lock:
         _depth += 1
-        saved: dict[str, object] = {}
-        mode = None
         if _depth == 1:
-            for name, value in _replacements().items():
-                saved[name] = getattr(torch.cuda, name, None)
-                setattr(torch.cuda, name, value)
-            for name in ("get_rng_state", "set_rng_state"):
-                saved["random." + name] = getattr(torch.cuda.random, name)
-                setattr(torch.cuda.random, name, getattr(torch.cuda, name))
+            for owner, name, value in _patches():
+                saved.append((owner, name, getattr(owner, name, _MISSING)))
+                setattr(owner, name, value)
             mode = _CudaToCpu()
             mode.__enter__()
     try:
@@ -143,13 +172,11 @@ def megatron_on_cpu(enabled: bool | None = None) -> Iterator[None]:
         with _lock:
             if mode is not None:
                 mode.__exit__(None, None, None)
-                for name, value in saved.items():
-                    if name.startswith("random."):
-                        setattr(torch.cuda.random, name[7:], value)
-                    elif value is None:
-                        delattr(torch.cuda, name)
+                for owner, name, value in reversed(saved):
+                    if value is _MISSING:
+                        delattr(owner, name)
                     else:
-                        setattr(torch.cuda, name, value)
+                        setattr(owner, name, value)
             _depth -= 1
 
 

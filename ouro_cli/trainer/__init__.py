@@ -1,0 +1,23 @@
+"""The Megatron-core GRPO trainer: parallel state, DDP, optimizer, GRPO loss, checkpoints.
+
+    from ouro_cli.trainer import Sample, Trainer, TrainerConfig
+
+`Trainer` (trainer.py) is the API; config.py holds every option; setup.py the process
+group; megatron_model.py the Megatron module under HF names; batching.py, loss.py and
+step.py one GRPO step; checkpointing.py and rng.py the saved training state.
+Importing this package does not import Megatron (the Trainer does, on first use).
+"""
+
+from .batching import Sample
+from .config import TrainerConfig
+
+
+def __getattr__(name):
+    if name == "Trainer":  # lazy: importing megatron.core costs seconds
+        from .trainer import Trainer
+
+        return Trainer
+    raise AttributeError(name)
+
+
+__all__ = ["Sample", "Trainer", "TrainerConfig"]

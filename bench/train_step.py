@@ -1,0 +1,156 @@
+"""Benchmark one GRPO training step of the Megatron-core trainer: tokens/s and model TFLOP/s.
+
+    python bench/train_step.py --shape tiny --device cpu
+    python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --recompute
+    torchrun --nproc-per-node 8 bench/train_step.py --shape 1.4b --device cuda   # per-rank batch
+
+Random weights at the chosen shape, random prompt/response tokens, and exit depths that
+are all T (`--depths full`, the reference setting) or drawn uniformly from 1..T
+(`--depths random`). Each timed step is a full `Trainer.train_step`: replay forward,
+GRPO loss, backward, DDP sync, clipping, Adam, LR schedule.
+
+FLOP accounting (per step, summed over ranks):
+- model FLOPs: 3 × the forward FLOPs the depths require (backward = 2 × forward):
+  per layer-token evaluation 2 × (matmul parameters of a layer) plus causal attention
+  4 × visible keys × q width, plus the LM head 2 × hidden × vocab at every position.
+  Padding, skipped-but-computed loops and recompute are not counted: this is the
+  number to compare with the reference (≈221 model TFLOP/s at 7,041 tok/s, DESIGN.md);
+- executed TFLOP/s (matmuls only) counts what the replay really ran (all loops up to the micro-batch's
+  deepest token on all positions incl. padding, and the recompute forward).
+Not a test: bench/ is outside pytest's testpaths. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def model_config(shape: str):
+    from ouro_cli.model import OuroConfig, tiny_config
+
+    return tiny_config() if shape == "tiny" else OuroConfig()  # OuroConfig defaults are Ouro-1.4B
+
+
+def layer_matmul_params(c) -> int:
+    d = c.dim_per_head
+    attn = c.hidden_size * d * (c.num_attention_heads * 2 + c.num_key_value_heads * 2)
+    return attn + 3 * c.hidden_size * c.intermediate_size
+
+
+def forward_flops(samples, c, *, executed: dict | None = None) -> float:
+    """Forward FLOPs the depths require (see module docstring)."""
+    per_layer_token = 2 * layer_matmul_params(c)
+    q_width = c.num_attention_heads * c.dim_per_head
+    total = 0.0
+    for s in samples:
+        depths = s.depths(c.num_loops)
+        for pos, d in enumerate(depths):
+            total += d * c.num_hidden_layers * (per_layer_token + 4 * (pos + 1) * q_width)
+        total += len(depths) * 2 * c.hidden_size * c.vocab_size
+    return total
+
+
+def make_samples(c, n, prompt_len, response_len, depths, rng):
+    from ouro_cli.trainer import Sample
+
+    T = c.num_loops
+    out = []
+    for _ in range(n):
+        prompt = [rng.randrange(3, c.vocab_size) for _ in range(prompt_len)]
+        response = [rng.randrange(3, c.vocab_size) for _ in range(response_len)]
+        exits = [T] + [T if depths == "full" else rng.randint(1, T) for _ in range(response_len - 1)]
+        logprobs = [-rng.uniform(0.5, 4.0) for _ in range(response_len)]
+        out.append(Sample(prompt, response, exits, logprobs, rng.uniform(-1, 1)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=["tiny", "1.4b"], default="tiny")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    parser.add_argument("--samples", type=int, default=16, help="samples per rank per step")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--response-len", type=int, default=96)
+    parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--pack-length", type=int, default=None)
+    parser.add_argument("--no-pack", action="store_true")
+    parser.add_argument("--recompute", action="store_true")
+    parser.add_argument("--depths", choices=["full", "random"], default="full")
+    parser.add_argument("--distributed-optimizer", action="store_true")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+
+    from ouro_cli.model import build
+    from ouro_cli.trainer import Trainer, TrainerConfig
+
+    c = model_config(args.shape)
+    config = TrainerConfig(device=args.device, params_dtype=args.dtype, lr=1e-6,
+                           micro_batch_size=args.micro_batch_size, pack=not args.no_pack,
+                           pack_length=args.pack_length, recompute=args.recompute,
+                           use_distributed_optimizer=args.distributed_optimizer)
+    t0 = time.perf_counter()
+    # Build in the parameter dtype, directly on the device: a 1.4B fp32 copy on the host is slow.
+    model = build(c, dtype=config.torch_dtype, device=config.resolved_device, seed=0)
+    trainer = Trainer(model, config)
+    setup_s = time.perf_counter() - t0
+    rng = random.Random(trainer.context.rank)
+    batches = [make_samples(c, args.samples, args.prompt_len, args.response_len, args.depths, rng)
+               for _ in range(args.warmup + args.steps)]
+
+    def sync():
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for batch in batches[: args.warmup]:
+        trainer.train_step(batch)
+    sync()
+    if trainer.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, metrics = [], []
+    for batch in batches[args.warmup:]:
+        start = time.perf_counter()
+        metrics.append(trainer.train_step(batch))
+        sync()
+        times.append(time.perf_counter() - start)
+
+    world = trainer.context.world_size
+    step_s = sorted(times)[len(times) // 2]  # median
+    last = metrics[-1]
+    tokens = last["tokens"]  # summed over ranks
+    model_flops = 3 * forward_flops(batches[-1], c) * world
+    per_loop_layer_token = 2 * layer_matmul_params(c)
+    executed_flops = ((last["layer_tokens_executed"] * 3 + last["layer_tokens_recomputed"]) * per_loop_layer_token
+                      + 3 * last["padded_tokens"] * 2 * c.hidden_size * c.vocab_size)
+    result = {
+        "shape": args.shape, "device": trainer.device.type, "dtype": str(config.torch_dtype).removeprefix("torch."),
+        "world_size": world, "samples_per_rank": args.samples, "prompt_len": args.prompt_len,
+        "response_len": args.response_len, "depths": args.depths, "recompute": args.recompute,
+        "micro_batch_size": args.micro_batch_size, "pack": not args.no_pack,
+        "setup_s": round(setup_s, 2), "step_s_median": round(step_s, 4), "step_s_all": [round(t, 4) for t in times],
+        "tokens_per_step": tokens, "tokens_per_s": round(tokens / step_s, 1),
+        "model_tflops_per_s": round(model_flops / step_s / 1e12, 4),
+        "executed_tflops_per_s": round(executed_flops / step_s / 1e12, 4),
+        "executed_over_required_layer_tokens": round(last["layer_tokens_executed"] / last["layer_tokens_required"], 3),
+        "forward_backward_s": round(last["forward_backward_s"], 4), "optimizer_s": round(last["optimizer_s"], 4),
+    }
+    if trainer.device.type == "cuda":
+        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    trainer.close()
+    if trainer.context.rank == 0:
+        print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""From rollout samples to packed micro-batches, and the work they cost.
+
+A `Sample` is one rollout: prompt p (m tokens), response r (n tokens), the loops each
+response token was produced with (`exit_depths`, n entries, OURO.md §3), the rollout's
+log-probabilities of r and the sample's advantage. The trainer replays `p + r` with
+depths `[T]*m + exit_depths[1:] + [T]`; position m-1 scores r[0], position m+j-1
+scores r[j].
+
+Micro-batches: the local samples are cut, in order, into groups of `micro_batch_size`;
+each group becomes one forward/backward. With `pack` the group's samples are laid
+end to end in rows of at most `pack_length` tokens (default: the group's longest
+sample; first fit, in order), with
+`document_ids` so no sample attends to another and RoPE positions restart per sample;
+otherwise each sample gets its own right-padded row. Either way the loss is a sum of
+per-token terms with weights fixed by the *global* batch (token count or sample count
+over all ranks), so the gradient does not depend on how samples are grouped or packed.
+
+Work counter: Ouro's replay runs every loop t ≤ max(depth) on all positions of the
+micro-batch tensor (padding and shallow tokens included) and discards what a position
+does not need, so the layer-token evaluations executed are rows × row_length × layers
+per loop, and recompute runs them a second time in backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ouro_cli.errors import UserError
+
+
+@dataclass
+class Sample:
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    exit_depths: Sequence[int]
+    rollout_logprobs: Sequence[float]
+    advantage: float
+    temperature: float = 1.0
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def check(self, num_loops: int) -> None:
+        n = len(self.response_ids)
+        if not self.prompt_ids or n == 0:
+            raise UserError("a sample needs at least one prompt token and one response token")
+        if len(self.exit_depths) != n or len(self.rollout_logprobs) != n:
+            raise UserError(f"a sample with {n} response tokens needs {n} exit_depths and {n} rollout_logprobs, "
+                            f"got {len(self.exit_depths)} and {len(self.rollout_logprobs)}")
+        if any(not 1 <= int(d) <= num_loops for d in self.exit_depths):
+            raise UserError(f"exit_depths must lie in 1..{num_loops}")
+        if not self.temperature > 0:
+            raise UserError("temperature must be > 0")
+
+    def depths(self, num_loops: int) -> list[int]:
+        """Per input position: full depth over the prompt, then each response token's loops."""
+        return [num_loops] * len(self.prompt_ids) + [int(d) for d in self.exit_depths[1:]] + [num_loops]
+
+
+@dataclass
+class MicroBatch:
+    """Tensors for one forward/backward and, per scored token, what the loss needs."""
+
+    input_ids: torch.Tensor  # [R, S]
+    depths: torch.Tensor  # [R, S]
+    attention_mask: torch.Tensor | None  # [R, S] bool; None when no row is padded
+    document_ids: torch.Tensor | None  # [R, S]; None when no row holds two samples
+    score_rows: torch.Tensor  # [N] row of the position whose logits score each target
+    score_cols: torch.Tensor  # [N] its column
+    targets: torch.Tensor  # [N] the response token scored there
+    rollout_logprobs: torch.Tensor  # [N] fp32
+    advantages: torch.Tensor  # [N] fp32, the sample's advantage on each of its tokens
+    temperatures: torch.Tensor  # [N] fp32
+    weights: torch.Tensor  # [N] fp32, loss weight of each token (global normalisation)
+    num_samples: int
+    real_tokens: int
+
+    def to(self, device: torch.device) -> MicroBatch:
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        return MicroBatch(**moved)
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.input_ids.numel()
+
+
+@dataclass
+class WorkCounter:
+    """Layer-token evaluations: what Ouro's replay executed vs what the depths required."""
+
+    executed: int = 0  # forward: rows × row_length × layers, for every loop run
+    recomputed: int = 0  # backward re-runs of the forward (activation recompute)
+    required: int = 0  # layers × Σ depth over real positions: the work a per-token executor does
+    tokens: int = 0  # real (non-padding) positions
+    padded_tokens: int = 0  # positions in the micro-batch tensors, padding included
+
+    def add_micro_batch(self, mb: MicroBatch, num_layers: int, recompute: bool) -> None:
+        loops_run = int(mb.depths.max())
+        executed = mb.padded_tokens * num_layers * loops_run
+        self.executed += executed
+        self.recomputed += executed if recompute else 0
+        real = mb.attention_mask if mb.attention_mask is not None else torch.ones_like(mb.depths, dtype=torch.bool)
+        self.required += num_layers * int(mb.depths[real].sum())
+        self.tokens += mb.real_tokens
+        self.padded_tokens += mb.padded_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "layer_tokens_executed": self.executed,
+            "layer_tokens_recomputed": self.recomputed,
+            "layer_tokens_required": self.required,
+            "tokens": self.tokens,
+            "padded_tokens": self.padded_tokens,
+        }
+
+
+def loss_weights(samples: Sequence[Sample], aggregation: str, global_tokens: int, global_samples: int) -> list[list[float]]:
+    """Per response token of each sample, its weight in the global-batch loss.
+
+    token_mean: every response token of the global batch weighs 1 / (total response tokens);
+    sequence_mean: each sample's token mean, averaged over all samples (1 / (n_i · samples)).
+    """
+    if aggregation == "token_mean":
+        return [[1.0 / global_tokens] * len(s.response_ids) for s in samples]
+    if aggregation == "sequence_mean":
+        return [[1.0 / (len(s.response_ids) * global_samples)] * len(s.response_ids) for s in samples]
+    raise ValueError(f"unknown aggregation {aggregation!r}")
+
+
+def split(samples: Sequence[Sample], micro_batch_size: int | None) -> list[list[int]]:
+    """Indices of the samples of each micro-batch, in order."""
+    size = micro_batch_size or max(len(samples), 1)
+    return [list(range(i, min(i + size, len(samples)))) for i in range(0, len(samples), size)]
+
+
+def _rows(lengths: list[int], pack: bool, pack_length: int | None) -> list[list[int]]:
+    """Which samples go in which row: first fit in order, or one sample per row."""
+    if not pack:
+        return [[i] for i in range(len(lengths))]
+    # Default row width: the longest sample, so short samples share rows without making
+    # one giant row (dense attention over a row costs row_length²).
+    capacity = pack_length if pack_length is not None else max(lengths)
+    rows: list[list[int]] = []
+    used: list[int] = []
+    for i, n in enumerate(lengths):
+        if n > capacity:
+            raise UserError(f"a sample of {n} tokens does not fit pack_length={capacity}; raise pack_length")
+        for r, u in enumerate(used):
+            if u + n <= capacity:
+                rows[r].append(i)
+                used[r] += n
+                break
+        else:
+            rows.append([i])
+            used.append(n)
+    return rows
+
+
+def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int, *,
+                      pack: bool, pack_length: int | None, pad_id: int = 0) -> MicroBatch:
+    rows = _rows([s.length for s in samples], pack, pack_length)
+    width = max(sum(samples[i].length for i in row) for row in rows)
+    shape = (len(rows), width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    depths = torch.ones(shape, dtype=torch.long)  # padding: depth 1 (any valid value; never read)
+    valid = torch.zeros(shape, dtype=torch.bool)
+    docs = torch.full(shape, -1, dtype=torch.long)
+    score_rows, score_cols, targets, old, adv, temp, w = [], [], [], [], [], [], []
+    for r, row in enumerate(rows):
+        col = 0
+        for doc, i in enumerate(row):
+            s = samples[i]
+            m, n = len(s.prompt_ids), len(s.response_ids)
+            span = slice(col, col + m + n)
+            input_ids[r, span] = torch.tensor([*s.prompt_ids, *s.response_ids], dtype=torch.long)
+            depths[r, span] = torch.tensor(s.depths(num_loops), dtype=torch.long)
+            valid[r, span] = True
+            docs[r, span] = doc
+            score_rows += [r] * n
+            score_cols += range(col + m - 1, col + m + n - 1)
+            targets += [int(t) for t in s.response_ids]
+            old += [float(x) for x in s.rollout_logprobs]
+            adv += [float(s.advantage)] * n
+            temp += [float(s.temperature)] * n
+            w += list(weights[i])
+            col += m + n
+    packed = any(len(row) > 1 for row in rows)
+    padded = not bool(valid.all())
+    f32 = dict(dtype=torch.float32)
+    return MicroBatch(
+        input_ids=input_ids,
+        depths=depths,
+        attention_mask=valid if padded else None,
+        document_ids=docs.clamp(min=0) if packed else None,
+        score_rows=torch.tensor(score_rows, dtype=torch.long),
+        score_cols=torch.tensor(score_cols, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        rollout_logprobs=torch.tensor(old, **f32),
+        advantages=torch.tensor(adv, **f32),
+        temperatures=torch.tensor(temp, **f32),
+        weights=torch.tensor(w, **f32),
+        num_samples=len(samples),
+        real_tokens=int(valid.sum()),
+    )

@@ -1,0 +1,175 @@
+"""`Trainer`: the API the training loop calls.
+
+    trainer = Trainer("path/to/hf_or_mcore", TrainerConfig(lr=1e-6, micro_batch_size=8))
+    metrics = trainer.train_step(samples)        # this rank's samples of the global batch
+    trainer.save(run / "checkpoint", update, extra={"cursor": ...})
+    extra = trainer.load(run / "checkpoint")
+    engine.update_weights(trainer.named_weights_for_publication())
+    trainer.close()
+
+Under `torchrun` every rank builds a Trainer with the same config and model and passes
+its own share of the global batch; gradients are summed by Megatron DDP with the loss
+normalised over the global batch, so any split over ranks gives the same update.
+Megatron code runs inside `megatron_context` (the CPU compatibility layer on a CPU
+trainer, nothing on CUDA); the model's forward and backward run outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ouro_cli.model import OuroForCausalLM
+
+from . import checkpointing, setup
+from .batching import Sample, build_micro_batch, loss_weights, split
+from .config import TrainerConfig
+from .step import Stopwatch, forward_backward, optimizer_step
+
+
+class Trainer:
+    """GRPO on one Ouro model. A given `OuroForCausalLM` is adopted, not copied: it is moved
+    to the trainer's device and dtype and its parameters are the ones trained."""
+
+    def __init__(self, model: OuroForCausalLM | str | Path, config: TrainerConfig | None = None) -> None:
+        self.config = config or TrainerConfig()
+        self.context = setup.initialize(self.config)
+        self.device = self.context.device
+        dtype = self.config.torch_dtype
+        if isinstance(model, OuroForCausalLM):
+            hf = model.to(device=self.device, dtype=dtype)
+        else:
+            from ouro_cli.model import load
+
+            hf = load(model, dtype=dtype, device=self.device)
+        self.num_loops = hf.config.num_loops
+        self.num_layers = hf.config.num_hidden_layers
+        self.pad_id = hf.config.pad_token_id or 0
+
+        from .megatron_model import OuroMegatronModule, transformer_config, wrap_ddp
+        from .optimizer import build_optimizer, build_scheduler
+
+        with self._megatron():
+            self.module = OuroMegatronModule(hf, transformer_config(hf.config, dtype))
+            self.ddp = wrap_ddp(self.module, use_distributed_optimizer=self.config.use_distributed_optimizer,
+                                overlap_grad_reduce=self.config.overlap_grad_reduce)
+            # Every rank built or loaded the same weights; broadcasting rank 0's makes that a
+            # guarantee (one copy of the model over the network, once).
+            if self.context.world_size > 1:
+                self.ddp.broadcast_params()
+            self.optimizer = build_optimizer(self.config, self.ddp)
+            self.scheduler = build_scheduler(self.config, self.optimizer)
+        self.loaded_iteration: int | None = None  # set by load()
+
+    # ---- one GRPO update ------------------------------------------------------------
+
+    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Forward/backward over this rank's samples, sync, clip, Adam, LR schedule."""
+        metrics = self.forward_backward(samples)
+        metrics.update(self.optimizer_step())
+        return metrics
+
+    def forward_backward(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """Gradients of the global-batch GRPO loss, synced over ranks, in the grad buffers."""
+        watch = Stopwatch()
+        for s in samples:
+            s.check(self.num_loops)
+        with self._megatron():
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+        global_tokens, global_samples = self._global_counts(samples)
+        weights = loss_weights(samples, self.config.aggregation, global_tokens, global_samples)
+        micro_batches = [
+            build_micro_batch([samples[i] for i in group], [weights[i] for i in group], self.num_loops,
+                              pack=self.config.pack, pack_length=self.config.pack_length, pad_id=self.pad_id)
+            for group in split(samples, self.config.micro_batch_size)
+        ]
+        self.ddp.train()
+        metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers)
+        metrics["forward_backward_s"] = watch.lap()
+        with self._megatron():
+            self.ddp.finish_grad_sync()
+        metrics["grad_sync_s"] = watch.lap()
+        return metrics
+
+    def optimizer_step(self) -> dict[str, float]:
+        watch = Stopwatch()
+        with self._megatron():
+            metrics = optimizer_step(self.optimizer, self.scheduler)
+        metrics["optimizer_s"] = watch.lap()
+        return metrics
+
+    def _global_counts(self, samples: Sequence[Sample]) -> tuple[int, int]:
+        from megatron.core import parallel_state
+
+        counts = torch.tensor([sum(len(s.response_ids) for s in samples), len(samples)],
+                              dtype=torch.int64, device=self.device)
+        group = parallel_state.get_data_parallel_group()
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(counts, group=group)
+        tokens, n = (int(x) for x in counts.tolist())
+        if tokens == 0:
+            raise ValueError("the global batch holds no response tokens")
+        return tokens, n
+
+    # ---- state ----------------------------------------------------------------------
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """Trainable parameters' accumulated (synced) gradients in the fp32 grad buffer.
+
+        With the distributed optimizer each rank holds only its reduced shard of the buffer.
+        """
+        return {name: p.main_grad for name, p in self.module.named_parameters() if p.requires_grad}
+
+    def named_weights_for_publication(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every physical tensor under its HF name (frozen exit gate included), in model
+        dtype, for the engine's weight update. Tensors alias the live parameters: copy
+        them before the next step if they must outlive it."""
+        for name, tensor in self.module.state_dict(keep_vars=False).items():
+            yield name, tensor.detach()
+
+    @property
+    def steps_taken(self) -> int:
+        """Optimizer steps applied so far (restored by `load`)."""
+        return int(self.scheduler.num_steps)
+
+    @property
+    def model(self) -> OuroForCausalLM:
+        """The underlying OuroForCausalLM (shares parameters with the trainer)."""
+        return self.module.ouro
+
+    def save(self, root: str | Path, iteration: int, extra: dict | None = None, *,
+             before_commit: Callable[[Path], None] | None = None) -> Path:
+        with self._megatron():
+            return checkpointing.save(Path(root), iteration, module=self.module, optimizer=self.optimizer,
+                                      scheduler=self.scheduler, on_cuda=self._on_cuda, extra=extra,
+                                      keep_last=self.config.keep_last, before_commit=before_commit)
+
+    def load(self, root: str | Path) -> dict:
+        """Restore model, optimizer, scheduler and RNG from the latest iteration; returns `extra`."""
+        with self._megatron():
+            iteration, extra = checkpointing.load(Path(root), module=self.module, optimizer=self.optimizer,
+                                                  scheduler=self.scheduler, on_cuda=self._on_cuda)
+        self.loaded_iteration = iteration
+        return extra
+
+    def close(self) -> None:
+        setup.shutdown(self.context)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- internals ------------------------------------------------------------------
+
+    @property
+    def _on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def _megatron(self):
+        return setup.megatron_context(self.config)

@@ -1,0 +1,103 @@
+"""Packing layout, replay depths, loss weights, the clipped surrogate and config validation
+(no Megatron, no model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ouro_cli.errors import UserError
+from ouro_cli.trainer.batching import Sample, WorkCounter, build_micro_batch, loss_weights, split
+from ouro_cli.trainer.config import TrainerConfig
+from ouro_cli.trainer.loss import clipped_surrogate, entropy, token_logprobs
+
+T = 4
+
+
+def sample(m, n, adv=1.0, depth=2):
+    return Sample(list(range(10, 10 + m)), list(range(50, 50 + n)), [T] + [depth] * (n - 1), [-1.0] * n, adv)
+
+
+def test_depth_vector_follows_the_replay_contract():
+    s = Sample([1, 2, 3], [7, 8, 9], [4, 2, 3], [-1.0] * 3, 0.5)
+    assert s.depths(T) == [4, 4, 4, 2, 3, 4]  # [T]*m + exit_depths[1:] + [T]
+
+
+def test_packed_rows_restart_documents_and_score_the_right_positions():
+    samples = [sample(2, 3), sample(3, 2), sample(1, 4)]  # lengths 5, 5, 5
+    w = loss_weights(samples, "token_mean", global_tokens=9, global_samples=3)
+    mb = build_micro_batch(samples, w, T, pack=True, pack_length=10)
+    assert mb.input_ids.shape == (2, 10)  # first fit: [s0, s1] then [s2] padded
+    assert mb.document_ids[0].tolist() == [0] * 5 + [1] * 5
+    assert mb.attention_mask[1].tolist() == [True] * 5 + [False] * 5
+    # s1 starts at column 5 with prompt length 3: its first response token is scored at column 7.
+    assert mb.score_rows.tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1]
+    assert mb.score_cols.tolist() == [1, 2, 3, 7, 8, 0, 1, 2, 3]
+    assert mb.targets.tolist() == [50, 51, 52, 50, 51, 50, 51, 52, 53]
+    assert mb.depths[0].tolist() == [4, 4, 2, 2, 4, 4, 4, 4, 2, 4]
+    assert mb.weights.sum().item() == pytest.approx(1.0)
+    work = WorkCounter()
+    work.add_micro_batch(mb, num_layers=2, recompute=True)
+    assert work.executed == 2 * 10 * 2 * 4 and work.recomputed == work.executed
+    assert work.tokens == 15 and work.padded_tokens == 20
+    assert work.required == 2 * int(mb.depths[mb.attention_mask].sum())
+
+
+def test_unpacked_rows_are_padded_without_document_ids():
+    mb = build_micro_batch([sample(2, 3), sample(1, 1)], [[0.25] * 3, [0.25]], T, pack=False, pack_length=None)
+    assert mb.input_ids.shape == (2, 5) and mb.document_ids is None
+    assert mb.attention_mask[1].tolist() == [True, True, False, False, False]
+
+
+def test_too_long_sample_for_pack_length_is_a_user_error():
+    with pytest.raises(UserError, match="pack_length"):
+        build_micro_batch([sample(8, 8)], [[1 / 8] * 8], T, pack=True, pack_length=10)
+
+
+def test_sequence_mean_weights_and_split():
+    samples = [sample(1, 2), sample(1, 4)]
+    w = loss_weights(samples, "sequence_mean", global_tokens=6, global_samples=4)
+    assert w == [[1 / 8] * 2, [1 / 16] * 4]
+    assert split(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
+    assert split(list(range(5)), None) == [[0, 1, 2, 3, 4]]
+
+
+def test_sample_checks():
+    with pytest.raises(UserError):
+        Sample([1], [2, 3], [4], [-1.0, -1.0], 1.0).check(T)
+    with pytest.raises(UserError):
+        Sample([1], [2], [5], [-1.0], 1.0).check(T)
+
+
+def test_clipped_surrogate_branches():
+    new = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5, 1.1]))
+    old = torch.zeros(5)
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0])
+    terms = clipped_surrogate(new, old, adv, eps_low=0.2, eps_high=0.28)
+    expected = [-1.28, 1.5, -0.5, 0.8, -2.2]
+    assert terms.loss.tolist() == pytest.approx(expected, rel=1e-6)
+    assert terms.clipped.tolist() == [True, False, False, True, False]
+
+
+def test_token_logprobs_use_temperature_and_entropy_is_finite():
+    logits = torch.tensor([[2.0, 0.0, -1e4]])
+    lp, logp = token_logprobs(logits, torch.tensor([1]), torch.tensor([0.5]))
+    assert lp.item() == pytest.approx(-math.log1p(math.exp(4.0)), rel=1e-6)
+    assert torch.isfinite(entropy(logp)).all()
+
+
+@pytest.mark.parametrize("bad", [dict(tensor_parallel=2), dict(pipeline_parallel=2), dict(context_parallel=2),
+                                 dict(eps_low=1.0), dict(lr_schedule="cosine", decay_steps=None),
+                                 dict(micro_batch_size=0), dict(aggregation="sum")])
+def test_config_rejects_what_it_cannot_run(bad):
+    with pytest.raises(UserError):
+        TrainerConfig(**bad)
+
+
+def test_config_defaults_on_cpu():
+    cfg = TrainerConfig()
+    if not torch.cuda.is_available():
+        assert cfg.resolved_device == "cpu" and cfg.torch_dtype == torch.float32
+    assert (cfg.eps_low, cfg.eps_high, cfg.aggregation) == (0.2, 0.28, "token_mean")
