@@ -13,6 +13,17 @@ At Ouro-1.4B, K = 4 and 4.26e12 B/s this gives ≈ 420 tok/s at batch 1 and ≈ 
 batch 64 with ~200 tokens of context. Decode time is measured as the time of a run
 with `new_tokens + 1` tokens minus a run with 1 token (the prefill and first sample),
 so it holds `new_tokens` decode steps. Not part of the test run.
+
+    python bench/decode.py --compare async        # sync vs async scheduling, threshold exits
+    python bench/decode.py --compare speculative  # plain K = T vs self-speculation
+
+`--compare async` decodes with exit threshold τ (`--exit-threshold`) three ways: sync
+immediate exits, sync delayed exits, and `LLM(async_scheduling=True)` (delayed exits,
+the exit signal read one loop late); async against sync delayed isolates the cost of
+the per-loop host sync, since both run the same loops (eager steps: a CUDA graph
+runs every loop and never reads an exit signal on the host). `--compare speculative` decodes
+at K = T plainly and with `--speculative-tokens` drafts of `--draft-loops` loops, and
+prints the acceptance rate. Each line gives tok/s and the ratio to the first line.
 """
 
 from __future__ import annotations
@@ -55,12 +66,13 @@ def roofline_tokens_per_s(config: OuroConfig, k: int, batch: int, context: float
     return batch / (step_bytes / bandwidth)
 
 
-def measure(llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str) -> float:
+def measure(llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str,
+            **params_kw) -> float:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
 
     def run(n: int) -> float:
-        params = SamplingParams(max_tokens=n, max_loops=k, temperature=1.0, seed=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=n, max_loops=k, temperature=1.0, seed=0, ignore_eos=True, **params_kw)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -85,6 +97,11 @@ def main() -> None:
     ap.add_argument("--loops", "-K", type=int, default=4)
     ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes/s for the roofline (H200 copy: 4.26e12)")
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--compare", choices=["none", "async", "speculative"], default="none")
+    ap.add_argument("--exit-threshold", type=float, default=0.7, help="τ of --compare async")
+    ap.add_argument("--speculative-tokens", type=int, default=3)
+    ap.add_argument("--draft-loops", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="--compare: best of this many measurements")
     args = ap.parse_args()
 
     cuda = args.device.startswith("cuda")
@@ -96,6 +113,9 @@ def main() -> None:
     elem = torch.finfo(dtype).bits // 8
     print(f"model {shape} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, {dtype}) on {args.device}; "
           f"K={args.loops}, prompt {args.prompt}, {args.new_tokens} new tokens, bandwidth {args.bandwidth:.3g} B/s")
+    if args.compare != "none":
+        compare(args, model, config)
+        return
     for batch in args.batch:
         tokens_per_seq = args.prompt + args.new_tokens
         blocks = batch * -(-tokens_per_seq // args.block_size)
@@ -108,6 +128,42 @@ def main() -> None:
         roof = roofline_tokens_per_s(config, args.loops, batch, context, elem, args.bandwidth)
         print(f"batch {batch:4d}  context {context:6.0f}  K {args.loops}  decode {tok_s:10.1f} tok/s  "
               f"roofline {roof:10.1f} tok/s  ratio {tok_s / roof:.4f}")
+
+
+def compare(args, model: OuroForCausalLM, config: OuroConfig) -> None:
+    """Decode throughput of execution modes side by side (best of --repeats), ratio to the first."""
+    t = config.total_ut_steps
+    if args.compare == "async":
+        tau = dict(exit_threshold=args.exit_threshold)
+        eager = {"cuda_graphs": False}  # a captured step runs every loop: the host reads no exit signal there
+        modes = [("sync, immediate exits", eager, dict(tau, exit_mode="immediate")),
+                 ("sync, delayed exits", eager, dict(tau, exit_mode="delayed")),
+                 ("async (delayed exits)", {**eager, "async_scheduling": True}, dict(tau, exit_mode="immediate"))]
+        k = args.loops
+    else:
+        modes = [(f"plain K={t}", {}, {}),
+                 (f"speculative N={args.speculative_tokens} D={args.draft_loops}", {},
+                  dict(speculative_tokens=args.speculative_tokens, draft_loops=args.draft_loops))]
+        k = t
+    print(f"compare {args.compare}: K={k}" + (f", τ={args.exit_threshold}" if args.compare == "async" else ""))
+    for batch in args.batch:
+        blocks = batch * -(-(args.prompt + args.new_tokens + args.speculative_tokens) // args.block_size)
+        base = None
+        for name, engine_kw, params_kw in modes:
+            llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=args.block_size,
+                      max_prefill_tokens=batch * args.prompt, **engine_kw)
+            seconds = min(measure(llm, batch, args.prompt, args.new_tokens, k, config.vocab_size, args.device,
+                                  **params_kw) for _ in range(args.repeats))
+            c = llm.work_counters()
+            llm.close()
+            tok_s = batch * args.new_tokens / seconds
+            base = base or tok_s
+            extra = ""
+            if c["spec_draft_tokens"]:
+                extra = f"  acceptance {c['spec_accepted_tokens'] / c['spec_draft_tokens']:.3f}"
+            mean_depth = c["decode_layer_tokens"] / max(1, c["decode_tokens"]) / config.num_hidden_layers
+            print(f"batch {batch:4d}  {name:32s} decode {tok_s:10.1f} tok/s  x{tok_s / base:.3f}  "
+                  f"mean loops/row {mean_depth:.2f}{extra}")
 
 
 if __name__ == "__main__":

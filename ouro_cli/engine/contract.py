@@ -54,6 +54,11 @@ class SamplingParams:
     effect after loop t + 1 (exit depth min(t + 1, K)), as an asynchronous scheduler
     would see it. τ = 1 means exactly K loops. "trace" replays `exit_trace[j-1]` as the
     depth of generated token j (tokens past the trace run K loops); it exists for tests.
+
+    Self-speculation (`speculative_tokens` N > 0, speculative.py): each step drafts up to
+    N tokens at `draft_loops` loops and verifies them at full depth T; the emitted tokens
+    are distributed exactly as full-depth sampling and report depth T. It needs K = T
+    and no threshold exits (τ = 1, exit_mode "immediate").
     """
 
     max_tokens: int = 16
@@ -70,6 +75,8 @@ class SamplingParams:
     exit_threshold: float = 1.0
     exit_mode: ExitMode = "immediate"
     exit_trace: tuple[int, ...] | None = None
+    speculative_tokens: int = 0
+    draft_loops: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -99,6 +106,12 @@ class SamplingParams:
             raise ValueError(f"max_loops ({self.max_loops}) must be >= min_loops ({self.min_loops})")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must lie in [0, 2**63), got {self.seed}")
+        if self.speculative_tokens < 0 or self.draft_loops < 1:
+            raise ValueError(f"speculative_tokens must be >= 0 and draft_loops >= 1, got {self.speculative_tokens} "
+                             f"and {self.draft_loops}")
+        if self.speculative_tokens and (self.exit_threshold < 1.0 or self.exit_mode != "immediate"):
+            raise ValueError("speculative_tokens needs exit_threshold=1 and exit_mode='immediate': the draft is "
+                             "verified at full depth T, so threshold, delayed or traced exits cannot apply")
 
     def resolved(self, num_loops: int, seed: int) -> SamplingParams:
         """These params with K and the seed made explicit, checked against the model's T."""
@@ -109,6 +122,11 @@ class SamplingParams:
             raise ValueError(f"min_loops ({self.min_loops}) exceeds max_loops ({max_loops})")
         if self.exit_trace is not None and any(not 1 <= d <= num_loops for d in self.exit_trace):
             raise ValueError(f"exit_trace depths must lie in 1..{num_loops}")
+        if self.speculative_tokens and max_loops != num_loops:
+            raise ValueError(f"speculative_tokens needs max_loops = T = {num_loops} (verification runs every loop), "
+                             f"got max_loops={max_loops}")
+        if self.speculative_tokens and self.draft_loops > num_loops:
+            raise ValueError(f"draft_loops ({self.draft_loops}) exceeds the model's total_ut_steps ({num_loops})")
         return dataclasses.replace(self, max_loops=max_loops, seed=self.seed if self.seed is not None else seed)
 
 

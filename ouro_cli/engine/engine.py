@@ -7,7 +7,9 @@
 One `generate` call runs its requests to completion with continuous batching
 (scheduler.py) over a paged, per-loop KV cache (kv_cache.py); model execution is
 runner.py, exits exits.py, sampling sampling.py, weight updates publication.py.
-The engine is synchronous: `generate` returns when all its requests finished. Other
+Requests with `speculative_tokens` decode by self-speculation (speculative.py);
+`async_scheduling=True` reads exit signals one loop late and forces delayed exits
+(async_exits.py). `generate` itself blocks until all its requests finished. Other
 threads may pause it (requests held at a step boundary, or aborted) and publish
 weights once it is idle. Every step is a deterministic function of the requests,
 their seeds, the weights and the configuration — never of timing.
@@ -15,6 +17,7 @@ their seeds, the weights and the configuration — never of timing.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from collections.abc import Mapping
@@ -41,6 +44,7 @@ from .publication import WeightPublisher
 from .runner import ModelRunner, PrefillItem, WorkCounters
 from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample, token_logprobs
 from .scheduler import Scheduler, Sequence
+from .speculative import Speculator
 from .tokenizer import TextCodec
 
 DEFAULT_CONTEXT_PER_SEQ = 2048  # sizes the default KV cache: max_num_seqs sequences of this length
@@ -55,14 +59,16 @@ class LLM:
     unless `cuda_graphs=False`; `attn_chunk` is decode attention's chunk length. `seed`
     seeds the draw of per-request seeds for requests that give none (None: fresh
     entropy). `weight_version` names the loaded weights. A checkpoint's tokenizer.json
-    (or `tokenizer=`) enables text prompts and output text.
+    (or `tokenizer=`) enables text prompts and output text. `async_scheduling` queues each
+    decode loop before reading the previous loop's exit signal; threshold requests then
+    run the delayed exit policy (their effective params say so) and speculation is refused.
     """
 
     def __init__(self, model: str | Path | OuroForCausalLM, *, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None, max_num_seqs: int = 64, kv_blocks: int | None = None,
                  block_size: int = 16, max_model_len: int | None = None, max_prefill_tokens: int = 8192,
                  attn_chunk: int = 128, cuda_graphs: bool | None = None, seed: int | None = None,
-                 tokenizer=None, weight_version: int = 0) -> None:
+                 tokenizer=None, weight_version: int = 0, async_scheduling: bool = False) -> None:
         codec = TextCodec(tokenizer) if tokenizer is not None else None
         if isinstance(model, (str, Path)):
             from ouro_cli.checkpoint import open_checkpoint
@@ -92,8 +98,11 @@ class LLM:
                                block_size=block_size, num_kv_heads=cfg.num_key_value_heads,
                                head_dim=cfg.dim_per_head, dtype=self.dtype, device=self.device)
         self.counters = WorkCounters()
+        self.async_scheduling = async_scheduling
         self.runner = ModelRunner(model, self.kv, self.counters, attn_chunk,
-                                  cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs)
+                                  cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs,
+                                  async_exits=async_scheduling)
+        self.speculator = Speculator(self)
         self.publisher = WeightPublisher(model, weight_version)
         eos = cfg.eos_token_id
         self.eos_token_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
@@ -161,6 +170,12 @@ class LLM:
             self._sample(fresh, torch.stack(logits), [self.num_loops] * len(fresh), sched)
 
     def _decode(self, seqs: list[Sequence], sched: Scheduler) -> None:
+        speculative = [s for s in seqs if s.params.speculative_tokens]
+        if speculative:
+            self.speculator.step(speculative, sched)
+            seqs = [s for s in seqs if not s.params.speculative_tokens]
+            if not seqs:
+                return
         logits, depths = self.runner.decode([s.output[-1] for s in seqs], [s.num_cached for s in seqs],
                                             [s.blocks for s in seqs], [row_policy(s.params, len(s.output)) for s in seqs])
         for seq in seqs:
@@ -181,16 +196,22 @@ class LLM:
             use_raw = torch.tensor([p.logprobs_mode == "raw" for p in ps], device=chosen.device)
             chosen = torch.where(use_raw, raw, chosen)
         for seq, token, depth, lp in zip(seqs, tokens.tolist(), depths, chosen.tolist(), strict=True):
-            seq.output.append(token)
-            seq.depths.append(depth)
-            seq.logprobs.append(lp)
-            p = seq.params
-            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-                seq.finish_reason = "stop"
-            elif len(seq.output) >= p.max_tokens:
-                seq.finish_reason = "length"
-            if seq.finish_reason is not None:
-                sched.finish(seq)
+            self._emit(seq, token, depth, lp, sched)
+
+    def _emit(self, seq: Sequence, token: int, depth: int, logprob: float, sched: Scheduler) -> bool:
+        """Append one generated token; finish the sequence on a stop token or at max_tokens (-> True)."""
+        seq.output.append(token)
+        seq.depths.append(depth)
+        seq.logprobs.append(logprob)
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            seq.finish_reason = "stop"
+        elif len(seq.output) >= p.max_tokens:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            sched.finish(seq)
+            return True
+        return False
 
     def _make_sequences(self, prompts: Seq[Prompt], params) -> list[Sequence]:
         if isinstance(prompts, str) or not isinstance(prompts, Seq):
@@ -217,6 +238,8 @@ class LLM:
                 p = p.resolved(self.num_loops, self._seeds.randrange(2**63))
             except ValueError as err:
                 raise RequestRejected(f"request {i}: {err}") from err
+            if self.async_scheduling:
+                p = async_params(p, i)
             if len(ids) + p.max_tokens > self.max_model_len:
                 raise RequestRejected(
                     f"request {i}: prompt ({len(ids)}) + max_tokens ({p.max_tokens}) exceeds max_model_len "
@@ -312,3 +335,14 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def async_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The effective params of request `index` on an asynchronously scheduling engine: threshold
+    exits act one loop late ("delayed"); speculation, which needs synchronous steps, is refused."""
+    if params.speculative_tokens:
+        raise RequestRejected(f"request {index}: speculative_tokens needs synchronous scheduling; this engine was "
+                              "built with async_scheduling=True")
+    if params.exit_mode == "immediate" and params.exit_threshold < 1.0:
+        return dataclasses.replace(params, exit_mode="delayed")
+    return params

@@ -33,6 +33,7 @@ import torch
 
 from ouro_cli.model import OuroForCausalLM
 
+from .async_exits import LaggedExitProbe
 from .exits import ExitState
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
@@ -51,6 +52,9 @@ class WorkCounters:
     decode_layer_tokens_executed: int = 0
     decode_steps: int = 0
     preemptions: int = 0
+    spec_draft_tokens: int = 0      # self-speculation: tokens drafted,
+    spec_accepted_tokens: int = 0   # of which the target accepted,
+    spec_verify_rows: int = 0       # and full-depth verification rows run (rejected ones included)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -71,8 +75,9 @@ def batch_bucket(b: int) -> int:
 
 class ModelRunner:
     def __init__(self, model: OuroForCausalLM, kv: PagedKVCache, counters: WorkCounters, attn_chunk: int = 128,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, async_exits: bool = False) -> None:
         self.model, self.kv, self.counters = model, kv, counters
+        self.async_exits = async_exits  # read exit signals one loop late (async_exits.py)
         self.num_loops = model.num_loops
         self.num_layers = len(model.model.layers)
         self.attn_chunk = attn_chunk
@@ -168,13 +173,18 @@ class ModelRunner:
             return attend
 
         loops_run = 0
+        probe = LaggedExitProbe() if self.async_exits and allow_sync and exits.may_exit_early else None
         for t in range(1, exits.max_loops + 1):
             plane = t - 1
             x = model.run_loop(h, cos, sin, attend_for_layer)
             h = torch.where(exits.active[:, None, None], x, h)
             exits.after_loop(t, model.exit_lambda(x[:, 0]))
             loops_run = t
-            if allow_sync and exits.may_exit_early and t < exits.max_loops and not bool(exits.active.any()):
+            if probe is not None:  # loop t is queued; only now read what loop t-1 decided
+                if t < exits.max_loops and probe.everyone_done():
+                    break
+                probe.record(exits, t)
+            elif allow_sync and exits.may_exit_early and t < exits.max_loops and not bool(exits.active.any()):
                 break  # everyone exited: skip the loops nobody needs
         kv.copy_forward(new_slots, loops_run - 1)
         return model.logits(h[:, 0]), exits.depth, loops_run

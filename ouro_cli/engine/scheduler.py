@@ -4,7 +4,8 @@ Policy (deterministic: it depends only on request order, lengths and the block
 budget, never on timing):
 
 - Before each step every running sequence must own a slot for the token it feeds
-  next. When blocks run out, the most recently admitted running sequence is
+  next, plus one per draft token when it speculates (`Sequence.lookahead`). When
+  blocks run out, the most recently admitted running sequence is
   preempted (its blocks freed, its generated tokens and depths kept) and put back at
   the head of the queue; it is later recomputed by a prefill of prompt + generated
   tokens at their recorded depths, so its outputs do not change.
@@ -56,6 +57,12 @@ class Sequence:
     @property
     def is_fresh(self) -> bool:
         return not self.output
+
+    @property
+    def lookahead(self) -> int:
+        """Draft tokens of this sequence's next speculative step (0 without speculation): at most
+        N, and never more than the tokens it may still emit after the verified one."""
+        return max(0, min(self.params.speculative_tokens, self.params.max_tokens - len(self.output) - 1))
 
 
 @dataclass
@@ -113,7 +120,7 @@ class Scheduler:
         i = 0
         while i < len(self.running):
             seq = self.running[i]
-            if self._grow(seq, seq.num_cached + 1):
+            if self._grow(seq, seq.num_cached + 1 + seq.lookahead):
                 decode.append(seq)
                 i += 1
                 continue

@@ -63,17 +63,20 @@ class RolloutSample:
 
 
 def sampling_params(*, k: int, temperature: float, max_tokens: int, seed: int, exit_threshold: float,
-                    min_loops: int, stop_token_ids: Sequence[int]) -> SamplingParams:
+                    min_loops: int, stop_token_ids: Sequence[int], speculative_tokens: int = 0) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=0,
                           logprobs_mode="processed", stop_token_ids=tuple(stop_token_ids), min_loops=min(min_loops, k),
-                          max_loops=k, exit_threshold=exit_threshold)
+                          max_loops=k, exit_threshold=exit_threshold, speculative_tokens=speculative_tokens)
 
 
 def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], *, group_size: int, k: int,
                     num_loops: int, seed: int, update: int, rank: int, temperature: float, max_tokens: int,
                     exit_threshold: float, min_loops: int, stop_token_ids: Sequence[int],
-                    decode: Callable[[list[int]], str], purpose: str = "rollout") -> list[RolloutSample]:
-    """One request per (row, group member); returns checked samples in (row, member) order."""
+                    decode: Callable[[list[int]], str], purpose: str = "rollout", speculative_tokens: int = 0,
+                    async_scheduling: bool = False) -> list[RolloutSample]:
+    """One request per (row, group member); returns checked samples in (row, member) order.
+
+    `async_scheduling` says how the engine was built (it is part of the config hash)."""
     params, owners = [], []
     for i, row in enumerate(rows):
         for g in range(group_size):
@@ -81,7 +84,7 @@ def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]]
             params.append(sampling_params(k=k, temperature=temperature, max_tokens=max_tokens,
                                           seed=request_seed(seed, update, rank, index, purpose),
                                           exit_threshold=exit_threshold, min_loops=min_loops,
-                                          stop_token_ids=stop_token_ids))
+                                          stop_token_ids=stop_token_ids, speculative_tokens=speculative_tokens))
             owners.append((row, i, list(prompt_ids[i])))
     outputs = engine.generate([o[2] for o in owners], params)
     committed = engine.get_weight_version()
@@ -89,7 +92,8 @@ def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]]
     for (row, group, prompt), out in zip(owners, outputs, strict=True):
         eff = out.sampling_params
         _check_output(out, committed, num_loops, k)
-        settings = execution_settings(eff, prefill_depth=num_loops)
+        settings = execution_settings(eff, prefill_depth=num_loops, async_scheduling=async_scheduling,
+                                      speculative_tokens=eff.speculative_tokens)
         samples.append(RolloutSample(
             row=row, group=group, prompt_ids=prompt, response_ids=list(out.output_token_ids),
             exit_depths=list(out.exit_depths), logprobs=[float(x) for x in out.log_probs],
