@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import convert, eval, export, train, verify_resume
+from . import convert, eval, export, probe_ucx, train, verify_resume
 
 app = typer.Typer(
     name="ouro",
@@ -22,6 +22,7 @@ app.command(name="resume", epilog=train.RESUME_EPILOG)(train.resume)
 app.command(name="eval", epilog=eval.EPILOG)(eval.eval_command)
 app.command(name="verify-resume", epilog=verify_resume.EPILOG,
             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(verify_resume.verify_resume)
+app.command(name="probe-ucx", epilog=probe_ucx.EPILOG, context_settings={"allow_extra_args": True})(probe_ucx.probe_ucx)
 
 
 def main() -> None:

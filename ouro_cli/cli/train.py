@@ -17,7 +17,7 @@ from .common import JSON_OPTION, console, run_command
 
 TRAIN_EPILOG = """Examples:
 
-  ouro train --depths 2 3 4                       # bundled tiny model and data, 8 updates
+  ouro train --depths 2 3 4                       # bundled tiny model and data, 80 updates
 
   ouro train --model ./Ouro-1.4B --data train.jsonl --run-dir runs/grpo-1 --depths 2 3 4 --updates 200 \\
       --prompts-per-update 64 --group-size 8 --max-response-len 2048 --reward-function ouro_cli.rl.rewards.math_answer
@@ -46,7 +46,7 @@ def train(
     prompt_template: Annotated[str | None, _opt("--prompt-template", help="chatml (default), raw, or tokenizer (the model's chat template).", panel=P_DATA)] = None,
     reward_function: Annotated[str | None, _opt("--reward-function", "--ouro-reward-function", help="Dotted path of f(response, label) -> float (default: ouro_cli.rl.rewards.boxed_answer).", panel=P_DATA)] = None,
     depths: Annotated[list[int] | None, _opt("--depths", "--ouro-depths", help="Decode budget K per update, cycled: --depths 2 3 4.", panel=P_GRPO)] = None,
-    updates: Annotated[int | None, _opt("--updates", help="Number of GRPO updates (default: 8).", panel=P_GRPO)] = None,
+    updates: Annotated[int | None, _opt("--updates", help="Number of GRPO updates (default: 80).", panel=P_GRPO)] = None,
     prompts_per_update: Annotated[int | None, _opt("--prompts-per-update", help="Prompts per update (global) (default: 16).", panel=P_GRPO)] = None,
     group_size: Annotated[int | None, _opt("--group-size", help="Samples per prompt (default: 8).", panel=P_GRPO)] = None,
     temperature: Annotated[float | None, _opt("--temperature", help="Sampling temperature (default: 1.0).", panel=P_GRPO)] = None,
@@ -56,7 +56,7 @@ def train(
     exit_threshold: Annotated[float | None, _opt("--exit-threshold", "--ouro-exit-threshold", help="Native early exit at CDF >= threshold (1 = exactly K loops).", panel=P_GRPO)] = None,
     min_loops: Annotated[int | None, _opt("--min-loops", help="Fewest loops a decoded token runs (default: 1).", panel=P_GRPO)] = None,
     seed: Annotated[int | None, _opt("--seed", help="Run seed: data order, sampling, init (default: 1234).", panel=P_GRPO)] = None,
-    lr: Annotated[float | None, _opt("--lr", help="Learning rate (default: 2e-3, for the tiny model).", panel=P_OPT)] = None,
+    lr: Annotated[float | None, _opt("--lr", help="Learning rate (default: 1e-4, tuned for the bundled tiny model).", panel=P_OPT)] = None,
     lr_schedule: Annotated[str | None, _opt("--lr-schedule", help="constant or cosine.", panel=P_OPT)] = None,
     warmup_steps: Annotated[int | None, _opt("--warmup-steps", help="LR warmup updates.", panel=P_OPT)] = None,
     clip_grad: Annotated[float | None, _opt("--clip-grad", help="Gradient-norm clip (0 = off) (default: 1.0).", panel=P_OPT)] = None,
@@ -73,15 +73,15 @@ def train(
     kv_blocks: Annotated[int | None, _opt("--kv-blocks", "--ouro-kv-blocks", help="Paged KV blocks (each holds T planes per layer).", panel=P_ENGINE)] = None,
     block_size: Annotated[int | None, _opt("--block-size", help="Tokens per KV block (default: 16).", panel=P_ENGINE)] = None,
     cuda_graphs: Annotated[bool | None, _opt("--cuda-graphs", "--ouro-cuda-graphs", help="Capture decode in CUDA graphs (not supported yet).", panel=P_ENGINE)] = None,
-    async_scheduling: Annotated[bool | None, _opt("--async-scheduling", "--ouro-async-scheduling", help="Delayed-exit asynchronous scheduling (not supported yet).", panel=P_ENGINE)] = None,
-    speculative_tokens: Annotated[int | None, _opt("--speculative-tokens", "--ouro-speculative-tokens", help="Self-speculative draft tokens (not supported yet).", panel=P_ENGINE)] = None,
-    prefill_devices: Annotated[list[int] | None, _opt("--prefill-devices", "--ouro-prefill-devices", help="Prefill worker devices (not supported yet).", panel=P_ENGINE)] = None,
-    decode_devices: Annotated[list[int] | None, _opt("--decode-devices", "--ouro-decode-devices", help="Decode worker devices (not supported yet).", panel=P_ENGINE)] = None,
+    async_scheduling: Annotated[bool | None, _opt("--async-scheduling", "--ouro-async-scheduling", help="Queue each decode loop before reading the last exit signal (forces delayed exits).", panel=P_ENGINE)] = None,
+    speculative_tokens: Annotated[int | None, _opt("--speculative-tokens", "--ouro-speculative-tokens", help="Self-speculation: draft N tokens at 2 loops, verify at T (needs --depths T alone).", panel=P_ENGINE)] = None,
+    prefill_devices: Annotated[list[int] | None, _opt("--prefill-devices", "--ouro-prefill-devices", help="Prefill worker devices (PD disaggregation; CPU: worker processes).", panel=P_ENGINE)] = None,
+    decode_devices: Annotated[list[int] | None, _opt("--decode-devices", "--ouro-decode-devices", help="Decode worker devices (PD disaggregation).", panel=P_ENGINE)] = None,
     run_dir: Annotated[str | None, _opt("--run-dir", help="Run directory (default: runs/ouro-<timestamp>).", panel=P_RUN)] = None,
     save_interval: Annotated[int | None, _opt("--save-interval", help="Checkpoint every N updates (always at the end).", panel=P_RUN)] = None,
     keep_last: Annotated[int | None, _opt("--keep-last", help="Checkpoint iterations to keep (default: 2).", panel=P_RUN)] = None,
     eval_data: Annotated[str | None, _opt("--eval-data", "--ouro-eval-data", help="Held-out JSONL (default: bundled).", panel=P_RUN)] = None,
-    eval_prompts: Annotated[int | None, _opt("--eval-prompts", "--ouro-eval-prompts", help="Held-out prompts per evaluation (default: 64).", panel=P_RUN)] = None,
+    eval_prompts: Annotated[int | None, _opt("--eval-prompts", "--ouro-eval-prompts", help="Held-out prompts per evaluation (default: 200).", panel=P_RUN)] = None,
     eval_interval: Annotated[int | None, _opt("--eval-interval", "--ouro-eval-interval", help="Evaluate every N updates (always at start and end).", panel=P_RUN)] = None,
     eval_depths: Annotated[list[int] | None, _opt("--eval-depths", help="K values evaluated (default: 2 3 4).", panel=P_RUN)] = None,
     export_hf: Annotated[str | None, _opt("--export-hf", "--ouro-export-hf", help="Export the final model as an HF directory here.", panel=P_RUN)] = None,

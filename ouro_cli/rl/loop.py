@@ -152,6 +152,9 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     num_loops = config.num_loops
     validate_depths(options.depths, num_loops)
     validate_depths(options.eval_depths, num_loops)
+    if options.speculative_tokens and options.depths != [num_loops]:
+        raise UserError(f"--speculative-tokens needs --depths {num_loops} (the model's total_ut_steps T): drafts are "
+                        f"verified at full depth, got --depths {' '.join(map(str, options.depths))}")
     if options.max_position_embeddings not in (None, config.max_position_embeddings):
         raise UserError(f"--max-position-embeddings {options.max_position_embeddings} does not match the model's "
                         f"{config.max_position_embeddings}")
@@ -190,15 +193,24 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         start_update = int(extra["next_update"])
     weights = {name: t.detach().clone() for name, t in trainer.named_weights_for_publication()}
     engine_model = from_state_dict(config, weights, device=trainer.device)
-    engine = make_engine(options.engine, engine_model, max_num_seqs=options.max_num_seqs, kv_blocks=options.kv_blocks,
-                         block_size=options.block_size)
+    engine_options = dict(max_num_seqs=options.max_num_seqs, kv_blocks=options.kv_blocks, block_size=options.block_size)
+    if options.prefill_devices:  # prefill/decode disaggregation: spawned P and D workers behind the same contract
+        from ouro_cli.engine.pd import make_pd_engine
+
+        engine = make_pd_engine(engine_model, options.prefill_devices, options.decode_devices,
+                                device=options.device, **engine_options)
+        log(f"engine: PD, prefill {options.prefill_devices} decode {options.decode_devices}, "
+            f"KV transport {engine.transport}")
+    else:
+        engine = make_engine(options.engine, engine_model, **engine_options,
+                             **({"async_scheduling": True} if options.async_scheduling else {}))
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     session = Session(options=options, run=run, rows=rows, prompt_ids=prompt_ids, eval_rows=eval_rows,
                       eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, codec=codec,
                       stop_token_ids=_stop_tokens(config, codec), num_loops=num_loops, trainer=trainer, engine=engine,
                       cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
                       rollout_seed=options.seed + (1 if resume and options.test_break_resume else 0),
-                      devices={str(trainer.device)})
+                      devices={str(trainer.device), *getattr(engine, "devices", set)()})
     if session.is_main and not resume:
         from ouro_cli.checkpoint.megatron import write_hf_assets
 
@@ -221,7 +233,8 @@ def rollout_stage(s: Session, update: int, k: int) -> list[RolloutSample]:
             k=k, num_loops=s.num_loops, seed=s.rollout_seed, update=update, rank=s.rank,
             temperature=s.options.temperature, max_tokens=s.options.max_response_len,
             exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
-            stop_token_ids=s.stop_token_ids, decode=s.codec.decode)
+            stop_token_ids=s.stop_token_ids, decode=s.codec.decode, speculative_tokens=s.options.speculative_tokens,
+            async_scheduling=s.options.async_scheduling)
     except RolloutCheckFailed as err:
         raise CheckFailed(f"update {update}: {err}") from err
 
@@ -262,7 +275,8 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
                        num_loops=s.num_loops, reward_fn=s.reward_fn, seed=s.options.seed,
                        temperature=s.options.temperature, max_tokens=s.options.max_response_len,
                        exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
-                       stop_token_ids=s.stop_token_ids, decode=s.codec.decode)
+                       stop_token_ids=s.stop_token_ids, decode=s.codec.decode,
+                       speculative_tokens=s.options.speculative_tokens, async_scheduling=s.options.async_scheduling)
     if s.is_main:
         for r in results:
             append_jsonl(s.run.evaluations, {"update": update, "when": when,
@@ -298,6 +312,9 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     if s.options.eval_interval and (update + 1) % s.options.eval_interval == 0 and not last:
         evaluate_stage(s, update + 1, "interval")
     elapsed = time.perf_counter() - s.started
+    engine_delta = counter_delta(dict(s.engine.work_counters()), counters_before)
+    if engine_delta.get("spec_draft_tokens"):
+        engine_delta["spec_acceptance_rate"] = engine_delta["spec_accepted_tokens"] / engine_delta["spec_draft_tokens"]
     record = {
         "update": update, "k": k, "weight_version": samples[0].weight_version, "config_hash": samples[0].config_hash,
         "ranks": s.world, "state_sha256": digest, **rollout_summary([_Scored(r) for r in records]),
@@ -307,7 +324,8 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         "rollout_s": t_rollout - t0, "train_s": t_train - t_rollout, "publish_s": pub["publish_s"], "save_s": save_s,
         "step_s": time.perf_counter() - t0, "job_elapsed_s": elapsed,
         "device_hours": device_hours(elapsed, s.devices) * s.world,
-        **{f"engine_{key}": v for key, v in counter_delta(dict(s.engine.work_counters()), counters_before).items()},
+        "kv_transport": getattr(s.engine, "transport", None),
+        **{f"engine_{key}": v for key, v in engine_delta.items()},
     }
     if s.is_main:
         s.run.rollouts.mkdir(exist_ok=True)

@@ -6,7 +6,8 @@ the run's manifest, and the subset that defines the run's contract goes into
 `ouro-plan.json` (see plan.py), which `ouro resume` holds the run to.
 
 Options that belong to execution modes not built yet fail loudly instead of being
-ignored (`NOT_SUPPORTED_YET`).
+ignored (`NOT_SUPPORTED_YET`); combinations a mode cannot run (speculation with a depth
+schedule, threshold exits or async scheduling) fail just as loudly.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 # option -> the execution mode it would turn on; each must stay at its default for now
 NOT_SUPPORTED_YET = {
     "cuda_graphs": "CUDA-graph decoding",
-    "async_scheduling": "asynchronous delayed-exit scheduling",
-    "speculative_tokens": "self-speculative decoding",
-    "prefill_devices": "prefill/decode disaggregation",
-    "decode_devices": "prefill/decode disaggregation",
 }
 
 
@@ -40,7 +37,7 @@ class TrainOptions:
     reward_function: str = "ouro_cli.rl.rewards.boxed_answer"
 
     # ---- the GRPO update ---------------------------------------------------------
-    updates: int = 8
+    updates: int = 80
     depths: list[int] = field(default_factory=lambda: [2, 3, 4])
     prompts_per_update: int = 16
     group_size: int = 8
@@ -53,7 +50,7 @@ class TrainOptions:
     seed: int = 1234
 
     # ---- optimizer ---------------------------------------------------------------
-    lr: float = 2e-3
+    lr: float = 1e-4
     lr_schedule: str = "constant"
     warmup_steps: int = 0
     min_lr: float = 0.0
@@ -82,7 +79,7 @@ class TrainOptions:
     save_interval: int = 0  # 0: only at the end
     keep_last: int | None = 2
     eval_data: str | None = str(BUNDLED / "eval.jsonl")
-    eval_prompts: int = 64
+    eval_prompts: int = 200
     eval_interval: int = 0  # 0: before the first and after the last update only
     eval_depths: list[int] = field(default_factory=lambda: [2, 3, 4])
     export_hf: str | None = None
@@ -120,7 +117,45 @@ class TrainOptions:
             raise UserError("--dtype must be auto, fp32 or bf16")
         if self.keep_last is not None and self.keep_last < 1:
             raise UserError("--keep-last must be at least 1")
+        self._validate_speculation()
+        self._validate_disaggregation()
         return self
+
+    def _validate_disaggregation(self) -> None:
+        """`--prefill-devices/--decode-devices` run the PD engine (ouro_cli.engine.pd): both or
+        neither, each index once per role (CUDA indices; on CPU each index is a worker process)."""
+        if not (self.prefill_devices or self.decode_devices):
+            return
+        if not (self.prefill_devices and self.decode_devices):
+            raise UserError("--prefill-devices and --decode-devices go together: give both")
+        for flag, devices in (("--prefill-devices", self.prefill_devices), ("--decode-devices", self.decode_devices)):
+            if len(set(devices)) != len(devices) or min(devices) < 0:
+                raise UserError(f"{flag} must list distinct device indices >= 0, got {devices}")
+        if self.engine != TrainOptions().engine:
+            raise UserError("--prefill-devices/--decode-devices build the PD engine; drop --engine")
+        if self.speculative_tokens or self.async_scheduling:
+            raise UserError("--prefill-devices/--decode-devices do not run with --speculative-tokens or "
+                            "--async-scheduling yet")
+
+    def _validate_speculation(self) -> None:
+        """Speculation verifies every draft at full depth T: it needs `--depths T` alone (the loop
+        checks K = T once the model is known), no threshold exits, synchronous scheduling; held-out
+        evaluations then run at K = T only (`--eval-depths` left at its default is set to it)."""
+        if self.speculative_tokens < 0:
+            raise UserError(f"--speculative-tokens must be >= 0, got {self.speculative_tokens}")
+        if not self.speculative_tokens:
+            return
+        if self.async_scheduling:
+            raise UserError("--speculative-tokens needs synchronous scheduling; drop --async-scheduling")
+        if len(self.depths) != 1:
+            raise UserError(f"--speculative-tokens needs --depths T alone (the full depth, e.g. --depths 4), "
+                            f"got --depths {' '.join(map(str, self.depths))}")
+        if self.exit_threshold != 1:
+            raise UserError("--speculative-tokens needs --exit-threshold 1: drafts are verified at full depth")
+        if self.eval_depths not in (TrainOptions().eval_depths, self.depths):
+            raise UserError(f"--speculative-tokens evaluates at K = {self.depths[0]} only; drop --eval-depths or "
+                            f"pass --eval-depths {self.depths[0]}")
+        self.eval_depths = list(self.depths)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -139,5 +139,5 @@ def test_unknown_reward_path_is_named(tmp_path):
 
 
 def test_options_not_built_yet_fail_clearly(tmp_path):
-    proc = ouro("train", "--speculative-tokens", "3", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    proc = ouro("train", "--cuda-graphs", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2 and "not supported yet" in proc.stderr

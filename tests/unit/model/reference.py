@@ -38,28 +38,28 @@ def reference_logits(state: dict[str, torch.Tensor], cfg, tokens: list[int], dep
     hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     dh = cfg.hidden_size // hq if cfg.head_dim is None else cfg.head_dim
     eps, theta = cfg.rms_norm_eps, cfg.rope_theta
-    keys = {(t, l): [] for t in range(1, loops + 1) for l in range(n_layers)}
-    values = {(t, l): [] for t in range(1, loops + 1) for l in range(n_layers)}
+    keys = {(t, layer_i): [] for t in range(1, loops + 1) for layer_i in range(n_layers)}
+    values = {(t, layer_i): [] for t in range(1, loops + 1) for layer_i in range(n_layers)}
     out = []
     for j, tok in enumerate(tokens):
         h = w["model.embed_tokens.weight"][tok].clone()
         for t in range(1, depths[j] + 1):
-            for l in range(n_layers):
-                p = f"model.layers.{l}."
+            for layer_i in range(n_layers):
+                p = f"model.layers.{layer_i}."
                 x = _rms(h, w[p + "input_layernorm.weight"], eps)
                 q = (w[p + "self_attn.q_proj.weight"] @ x).view(hq, dh)
                 k = (w[p + "self_attn.k_proj.weight"] @ x).view(hkv, dh)
                 v = (w[p + "self_attn.v_proj.weight"] @ x).view(hkv, dh)
                 k = torch.stack([_rope(k[i], j, theta) for i in range(hkv)])
-                keys[(t, l)].append(k)
-                values[(t, l)].append(v)
+                keys[(t, layer_i)].append(k)
+                values[(t, layer_i)].append(v)
                 heads = []
                 for head in range(hq):
                     g = head // (hq // hkv)
                     qh = _rope(q[head], j, theta)
-                    scores = torch.tensor([float(qh @ keys[(t, l)][i][g]) / math.sqrt(dh) for i in range(j + 1)], dtype=torch.float64)
+                    scores = torch.tensor([float(qh @ keys[(t, layer_i)][i][g]) / math.sqrt(dh) for i in range(j + 1)], dtype=torch.float64)
                     probs = torch.softmax(scores, dim=0)
-                    heads.append(sum(probs[i] * values[(t, l)][i][g] for i in range(j + 1)))
+                    heads.append(sum(probs[i] * values[(t, layer_i)][i][g] for i in range(j + 1)))
                 attn = w[p + "self_attn.o_proj.weight"] @ torch.cat(heads)
                 h = h + _rms(attn, w[p + "input_layernorm_2.weight"], eps)
                 x2 = _rms(h, w[p + "post_attention_layernorm.weight"], eps)
@@ -68,9 +68,9 @@ def reference_logits(state: dict[str, torch.Tensor], cfg, tokens: list[int], dep
                 h = h + _rms(mlp, w[p + "post_attention_layernorm_2.weight"], eps)
             h = _rms(h, w["model.norm.weight"], eps)
         for t in range(depths[j] + 1, loops + 1):  # last-exited: copy the last real plane
-            for l in range(n_layers):
-                keys[(t, l)].append(keys[(depths[j], l)][j])
-                values[(t, l)].append(values[(depths[j], l)][j])
+            for layer_i in range(n_layers):
+                keys[(t, layer_i)].append(keys[(depths[j], layer_i)][j])
+                values[(t, layer_i)].append(values[(depths[j], layer_i)][j])
         out.append(w["lm_head.weight"] @ h)
     return torch.stack(out)
 

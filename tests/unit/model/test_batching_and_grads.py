@@ -85,8 +85,8 @@ def test_kv_sink_sees_last_exited_planes(model64):
     ids, _ = _seq(5, 12)
     depths = torch.tensor([[4, 2, 1, 3, 4]])
     planes = {}
-    model64(ids[None], depths=depths, kv_sink=lambda t, l, k, v: planes.__setitem__((t, l), (k.clone(), v.clone())))
-    assert set(planes) == {(t, l) for t in range(1, T + 1) for l in range(2)}
+    model64(ids[None], depths=depths, kv_sink=lambda t, li, k, v: planes.__setitem__((t, li), (k.clone(), v.clone())))
+    assert set(planes) == {(t, li) for t in range(1, T + 1) for li in range(2)}
     for pos, e in enumerate(depths[0].tolist()):
         for t in range(e + 1, T + 1):
             for layer in range(2):
