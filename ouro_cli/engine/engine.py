@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import threading
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -39,6 +38,7 @@ from .contract import (
     WeightChunk,
 )
 from .exits import row_policy
+from .frontend import GenerationControl, make_output, take_requests
 from .kv_cache import PagedKVCache, blocks_needed
 from .publication import WeightPublisher
 from .runner import ModelRunner, PrefillItem, WorkCounters
@@ -50,7 +50,7 @@ from .tokenizer import TextCodec
 DEFAULT_CONTEXT_PER_SEQ = 2048  # sizes the default KV cache: max_num_seqs sequences of this length
 
 
-class LLM:
+class LLM(GenerationControl):
     """The Ouro rollout engine. `model` is a checkpoint path or a loaded OuroForCausalLM.
 
     `kv_blocks` × `block_size` tokens of KV (each token T planes × L layers) are
@@ -107,33 +107,18 @@ class LLM:
         eos = cfg.eos_token_id
         self.eos_token_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
         self._seeds = random.Random(seed)
-        self._cond = threading.Condition()
-        self._generating = self._paused = self._abort = self._closed = False
+        self._init_control()
         self._next_request = 0
 
     # ---- generation ------------------------------------------------------------------
 
     def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
-        with self._cond:
-            self._check_open()
-            if self._generating:
-                raise EngineBusy("generate is already running on this engine")
-            if self.publisher.in_progress:
-                raise EngineBusy("a weight update is in progress; requests are not admitted")
-            if self._paused:
-                raise EngineBusy("generation is paused; call resume_generation() first")
-            self.publisher.check_usable()
-            self._generating = True
-        try:
+        with self._admitted():
             seqs = self._make_sequences(prompts, params)
             version = self.publisher.committed_version
             self._run(seqs)
             return [self._output(s, version) for s in seqs]
-        finally:
-            with self._cond:
-                self._generating = False
-                self._cond.notify_all()
 
     def _run(self, seqs: list[Sequence]) -> None:
         sched = Scheduler(self.kv.allocator, self.block_size, self.max_num_seqs, self.max_prefill_tokens)
@@ -214,87 +199,26 @@ class LLM:
         return False
 
     def _make_sequences(self, prompts: Seq[Prompt], params) -> list[Sequence]:
-        if isinstance(prompts, str) or not isinstance(prompts, Seq):
-            raise TypeError("prompts must be a list of token-id lists or strings")
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        vocab = self.model.config.vocab_size
-        capacity = self.kv.num_blocks * self.block_size
-        seqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            text = None
-            if isinstance(prompt, str):
-                if self.codec is None:
-                    raise RequestRejected(f"prompt {i} is text but the engine has no tokenizer; pass token ids")
-                text, prompt = prompt, self.codec.encode(prompt)
-            ids = [int(t) for t in prompt]
-            if not ids:
-                raise RequestRejected(f"prompt {i} is empty")
-            if min(ids) < 0 or max(ids) >= vocab:
-                raise RequestRejected(f"prompt {i} has token ids outside 0..{vocab - 1}")
-            try:
-                p = p.resolved(self.num_loops, self._seeds.randrange(2**63))
-            except ValueError as err:
-                raise RequestRejected(f"request {i}: {err}") from err
-            if self.async_scheduling:
-                p = async_params(p, i)
-            if len(ids) + p.max_tokens > self.max_model_len:
-                raise RequestRejected(
-                    f"request {i}: prompt ({len(ids)}) + max_tokens ({p.max_tokens}) exceeds max_model_len "
-                    f"({self.max_model_len})")
-            kv_tokens = len(ids) + p.max_tokens - 1
-            if blocks_needed(kv_tokens, self.block_size) > self.kv.num_blocks:
-                raise RequestRejected(
-                    f"request {i} can never fit: it needs KV for {kv_tokens} tokens "
-                    f"({blocks_needed(kv_tokens, self.block_size)} blocks of {self.block_size}) but the cache "
-                    f"holds {capacity} tokens ({self.kv.num_blocks} blocks); raise kv_blocks or lower max_tokens")
-            gen = torch.Generator(device=self.device).manual_seed(p.seed)
-            seqs.append(Sequence(index=i, request_id=str(self._next_request + i), prompt=ids, params=p,
-                                 generator=gen, max_kv_tokens=kv_tokens, text_prompt=text))
-        self._next_request += len(seqs)
-        return seqs
+        intake = take_requests(prompts, params, codec=self.codec, vocab_size=self.model.config.vocab_size,
+                               num_loops=self.num_loops, seeds=self._seeds, first_id=self._next_request,
+                               max_model_len=self.max_model_len, block_size=self.block_size,
+                               kv_blocks=self.kv.num_blocks,
+                               adjust=async_params if self.async_scheduling else None)
+        self._next_request += len(intake)
+        return [Sequence(index=r.index, request_id=r.request_id, prompt=r.ids, params=r.params,
+                         generator=torch.Generator(device=self.device).manual_seed(r.params.seed),
+                         max_kv_tokens=r.kv_tokens, text_prompt=r.text) for r in intake]
 
     def _output(self, seq: Sequence, version: int) -> RequestOutput:
-        text = self.codec.decode(seq.output) if self.codec is not None else None
-        return RequestOutput(
-            request_id=seq.request_id, prompt_token_ids=list(seq.prompt), output_token_ids=list(seq.output),
-            exit_depths=list(seq.depths), log_probs=list(seq.logprobs) if seq.params.logprobs is not None else None,
-            finish_reason=seq.finish_reason or "abort", weight_version=version, sampling_params=seq.params,
-            text=text, prompt=seq.text_prompt)
-
-    # ---- pausing ------------------------------------------------------------------------
-
-    def pause_generation(self, abort: bool = False) -> None:
-        """Hold in-flight requests at the next step boundary; with `abort`, end them
-        (finish_reason "abort", partial outputs returned) and wait until the engine is idle."""
-        with self._cond:
-            self._paused = True
-            self._abort = self._abort or abort
-            self._cond.notify_all()
-            if abort:
-                while self._generating:
-                    self._cond.wait()
-
-    def resume_generation(self) -> None:
-        with self._cond:
-            self._paused = self._abort = False
-            self._cond.notify_all()
-
-    def _hold_at_step_boundary(self) -> bool:
-        with self._cond:
-            while self._paused and not self._abort:
-                self._cond.wait()
-            return self._abort
+        return make_output(request_id=seq.request_id, prompt=seq.prompt, output=seq.output, depths=seq.depths,
+                           logprobs=seq.logprobs, finish_reason=seq.finish_reason, params=seq.params,
+                           version=version, codec=self.codec, text_prompt=seq.text_prompt)
 
     # ---- weight publication -------------------------------------------------------------
 
     def start_weight_update(self, version: int) -> None:
         with self._cond:
-            self._check_open()
-            if self._generating:
-                raise EngineBusy("weights can only be updated on an idle engine (generate is running)")
+            self._check_idle_for_update()
             self.publisher.start(version)
             self.kv.invalidate()  # cached KV belongs to the old weights
 
@@ -325,10 +249,6 @@ class LLM:
             self._closed = True
             self.runner.graphs, self.runner.graph_pool = None, None
             self.kv.k = self.kv.v = None  # release the cache memory now
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError("the engine is closed")
 
     def __enter__(self) -> LLM:
         return self

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import random
-import threading
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
@@ -48,6 +47,7 @@ from ouro_cli.engine.contract import (
     WeightChunk,
 )
 from ouro_cli.engine.engine import DEFAULT_CONTEXT_PER_SEQ
+from ouro_cli.engine.frontend import GenerationControl, make_output, take_requests
 from ouro_cli.engine.kv_cache import blocks_needed
 from ouro_cli.engine.publication import WeightPublisher, physical_name
 from ouro_cli.engine.tokenizer import TextCodec
@@ -100,7 +100,7 @@ class _Request:
         return self.p if self.state == "prefilling" else self.d
 
 
-class PDEngine:
+class PDEngine(GenerationControl):
     """Prefill/decode-disaggregated Ouro engine (implements contract.RolloutEngine).
 
     `prefill_devices` / `decode_devices` are device indices: CUDA devices when CUDA is
@@ -150,8 +150,7 @@ class PDEngine:
         use_cuda = torch.cuda.is_available() if device in (None, "auto") else str(device).startswith("cuda")
         self.publisher = WeightPublisher(model, weight_version)
         self._seeds = random.Random(seed)
-        self._cond = threading.Condition()
-        self._generating = self._paused = self._abort = self._closed = False
+        self._init_control()
         self._broken: str | None = None
         self._next_request = 0
         self.final_counters: dict[str, dict[str, Any]] | None = None
@@ -285,25 +284,11 @@ class PDEngine:
 
     def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
-        with self._cond:
-            self._check_open()
-            if self._generating:
-                raise EngineBusy("generate is already running on this engine")
-            if self.publisher.in_progress:
-                raise EngineBusy("a weight update is in progress; requests are not admitted")
-            if self._paused:
-                raise EngineBusy("generation is paused; call resume_generation() first")
-            self.publisher.check_usable()
-            self._generating = True
-        try:
+        with self._admitted():
             reqs = self._make_requests(prompts, params)
             version = self.publisher.committed_version
             self._run(reqs)
             return [self._output(r, version) for r in reqs]
-        finally:
-            with self._cond:
-                self._generating = False
-                self._cond.notify_all()
 
     def _run(self, reqs: list[_Request]) -> None:
         pending = list(reqs)
@@ -415,74 +400,24 @@ class PDEngine:
                 r.finish_reason = "abort"
 
     def _make_requests(self, prompts: Seq[Prompt], params) -> list[_Request]:
-        if isinstance(prompts, str) or not isinstance(prompts, Seq):
-            raise TypeError("prompts must be a list of token-id lists or strings")
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        reqs = []
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            text = None
-            if isinstance(prompt, str):
-                if self.codec is None:
-                    raise RequestRejected(f"prompt {i} is text but the engine has no tokenizer; pass token ids")
-                text, prompt = prompt, self.codec.encode(prompt)
-            ids = [int(t) for t in prompt]
-            if not ids:
-                raise RequestRejected(f"prompt {i} is empty")
-            if min(ids) < 0 or max(ids) >= self.vocab_size:
-                raise RequestRejected(f"prompt {i} has token ids outside 0..{self.vocab_size - 1}")
-            try:
-                p = p.resolved(self.num_loops, self._seeds.randrange(2**63))
-            except ValueError as err:
-                raise RequestRejected(f"request {i}: {err}") from err
-            if getattr(p, "speculative_tokens", 0):
-                raise RequestRejected(f"request {i}: the PD engine does not run self-speculation")
-            if len(ids) + p.max_tokens > self.max_model_len:
-                raise RequestRejected(f"request {i}: prompt ({len(ids)}) + max_tokens ({p.max_tokens}) exceeds "
-                                      f"max_model_len ({self.max_model_len})")
-            kv_tokens = len(ids) + p.max_tokens - 1
-            if blocks_needed(kv_tokens, self.block_size) > self.kv_blocks:
-                raise RequestRejected(
-                    f"request {i} can never fit: it needs KV for {kv_tokens} tokens but a decode worker's cache "
-                    f"holds {self.kv_blocks * self.block_size}; raise kv_blocks or lower max_tokens")
-            reqs.append(_Request(index=i, rid=str(self._next_request + i), prompt=ids, params=p,
-                                 max_kv_tokens=kv_tokens, text=text))
-        self._next_request += len(reqs)
-        return reqs
+        intake = take_requests(prompts, params, codec=self.codec, vocab_size=self.vocab_size, num_loops=self.num_loops,
+                               seeds=self._seeds, first_id=self._next_request, max_model_len=self.max_model_len,
+                               block_size=self.block_size, kv_blocks=self.kv_blocks,
+                               cache_name="a decode worker's cache", adjust=_no_speculation)
+        self._next_request += len(intake)
+        return [_Request(index=r.index, rid=r.request_id, prompt=r.ids, params=r.params, max_kv_tokens=r.kv_tokens,
+                         text=r.text) for r in intake]
 
     def _output(self, r: _Request, version: int) -> RequestOutput:
-        text = self.codec.decode(r.output) if self.codec is not None else None
-        return RequestOutput(
-            request_id=r.rid, prompt_token_ids=list(r.prompt), output_token_ids=list(r.output),
-            exit_depths=list(r.depths), log_probs=list(r.logprobs) if r.params.logprobs is not None else None,
-            finish_reason=r.finish_reason or "abort", weight_version=version, sampling_params=r.params,
-            text=text, prompt=r.text)
-
-    # ---- pausing --------------------------------------------------------------------------
-
-    def pause_generation(self, abort: bool = False) -> None:
-        with self._cond:
-            self._paused = True
-            self._abort = self._abort or abort
-            self._cond.notify_all()
-            if abort:
-                while self._generating:
-                    self._cond.wait()
-
-    def resume_generation(self) -> None:
-        with self._cond:
-            self._paused = self._abort = False
-            self._cond.notify_all()
+        return make_output(request_id=r.rid, prompt=r.prompt, output=r.output, depths=r.depths, logprobs=r.logprobs,
+                           finish_reason=r.finish_reason, params=r.params, version=version, codec=self.codec,
+                           text_prompt=r.text)
 
     # ---- weight publication ---------------------------------------------------------------
 
     def start_weight_update(self, version: int) -> None:
         with self._cond:
-            self._check_open()
-            if self._generating:
-                raise EngineBusy("weights can only be updated on an idle engine (generate is running)")
+            self._check_idle_for_update()
             self.publisher.start(version)  # version > every version ever attempted, checked here once
             self._broadcast((P.START_UPDATE, version), f"start of the update to version {version}")
 
@@ -587,11 +522,16 @@ class PDEngine:
     def _check_open(self) -> None:
         if self._broken is not None:
             raise WorkerFailed(f"PD engine failed earlier: {self._broken}")
-        if self._closed:
-            raise EngineError("the engine is closed")
+        super()._check_open()
 
     def __enter__(self) -> PDEngine:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _no_speculation(params: SamplingParams, index: int) -> SamplingParams:
+    if params.speculative_tokens:
+        raise RequestRejected(f"request {index}: the PD engine does not run self-speculation")
+    return params
