@@ -50,8 +50,15 @@ def run_command(body: Callable[[], dict[str, Any] | None], *, json_output: bool 
     except KeyboardInterrupt:
         _fail("interrupted", 130, json_output)
     else:
-        if json_output and result is not None:
+        if json_output and result is not None and _is_main_rank():
             emit_json({"ok": True, **result})
+
+
+def _is_main_rank() -> bool:
+    """Under torchrun only rank 0 prints the result document."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _fail(message: str, code: int, json_output: bool, result: dict[str, Any] | None = None) -> None:

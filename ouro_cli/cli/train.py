@@ -149,6 +149,10 @@ def resume(
 
 
 def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: bool, command: str) -> dict[str, Any]:
+    import os
+
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for the job
+        console.quiet = True
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ouro_cli.rl.loop import train as train_loop

@@ -317,7 +317,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         engine_delta["spec_acceptance_rate"] = engine_delta["spec_accepted_tokens"] / engine_delta["spec_draft_tokens"]
     record = {
         "update": update, "k": k, "weight_version": samples[0].weight_version, "config_hash": samples[0].config_hash,
-        "ranks": s.world, "state_sha256": digest, **rollout_summary([_Scored(r) for r in records]),
+        "ranks": s.world, "state_sha256": digest, **rollout_summary(records),
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),
@@ -334,16 +334,6 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
                 f.write(json.dumps(r, sort_keys=True) + "\n")
         append_jsonl(s.run.metrics, record)
     return record
-
-
-class _Scored:
-    """A gathered rollout record seen through the RolloutSample fields rollout_summary reads."""
-
-    def __init__(self, record: dict[str, Any]) -> None:
-        self.reward = record["reward"]
-        self.response_ids = record["response_ids"]
-        self.exit_depths = record["exit_depths"]
-        self.finish_reason = record["finish_reason"]
 
 
 # ---- the whole job -------------------------------------------------------------------

@@ -13,18 +13,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .rollout import RolloutSample
 
-
-def rollout_summary(samples: Sequence[RolloutSample]) -> dict[str, Any]:
-    rewards = [s.reward for s in samples]
-    decode_depths = [d for s in samples for d in s.exit_depths[1:]]
+def rollout_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Summary of an update's rollout records (`RolloutSample.record`, gathered over ranks)."""
+    rewards = [r["reward"] for r in records]
+    decode_depths = [d for r in records for d in r["exit_depths"][1:]]
     histogram = Counter(decode_depths)
     return {
         "reward_mean": sum(rewards) / len(rewards),
         "rewards": rewards,
-        "response_lengths": [len(s.response_ids) for s in samples],
-        "truncations": sum(s.finish_reason == "length" for s in samples),
+        "response_lengths": [len(r["response_ids"]) for r in records],
+        "truncations": sum(r["finish_reason"] == "length" for r in records),
         "exit_depth_histogram": {str(k): histogram[k] for k in sorted(histogram)},
         "mean_exit_depth": sum(decode_depths) / len(decode_depths) if decode_depths else None,
     }
