@@ -72,7 +72,7 @@ def train(
     max_num_seqs: Annotated[int | None, _opt("--max-num-seqs", "--ouro-max-num-seqs", help="Sequences decoded together (default: 32).", panel=P_ENGINE)] = None,
     kv_blocks: Annotated[int | None, _opt("--kv-blocks", "--ouro-kv-blocks", help="Paged KV blocks (each holds T planes per layer).", panel=P_ENGINE)] = None,
     block_size: Annotated[int | None, _opt("--block-size", help="Tokens per KV block (default: 16).", panel=P_ENGINE)] = None,
-    cuda_graphs: Annotated[bool | None, _opt("--cuda-graphs", "--ouro-cuda-graphs", help="Capture decode in CUDA graphs (not supported yet).", panel=P_ENGINE)] = None,
+    cuda_graphs: Annotated[bool | None, _opt("--cuda-graphs", "--ouro-cuda-graphs", help="Require CUDA-graph decode steps (on by default on CUDA; an error without a GPU).", panel=P_ENGINE)] = None,
     async_scheduling: Annotated[bool | None, _opt("--async-scheduling", "--ouro-async-scheduling", help="Queue each decode loop before reading the last exit signal (forces delayed exits).", panel=P_ENGINE)] = None,
     speculative_tokens: Annotated[int | None, _opt("--speculative-tokens", "--ouro-speculative-tokens", help="Self-speculation: draft N tokens at 2 loops, verify at T (needs --depths T alone).", panel=P_ENGINE)] = None,
     prefill_devices: Annotated[list[int] | None, _opt("--prefill-devices", "--ouro-prefill-devices", help="Prefill worker devices (PD disaggregation; CPU: worker processes).", panel=P_ENGINE)] = None,

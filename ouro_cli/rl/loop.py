@@ -194,6 +194,10 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     weights = {name: t.detach().clone() for name, t in trainer.named_weights_for_publication()}
     engine_model = from_state_dict(config, weights, device=trainer.device)
     engine_options = dict(max_num_seqs=options.max_num_seqs, kv_blocks=options.kv_blocks, block_size=options.block_size)
+    if options.cuda_graphs:
+        if trainer.device.type != "cuda":
+            raise UserError("--cuda-graphs needs a CUDA device (decode steps are captured as CUDA graphs)")
+        engine_options["cuda_graphs"] = True
     if options.prefill_devices:  # prefill/decode disaggregation: spawned P and D workers behind the same contract
         from ouro_cli.engine.pd import make_pd_engine
 

@@ -5,9 +5,8 @@ The CLI maps its flags onto these fields; a TOML `--config` file may set any of 
 the run's manifest, and the subset that defines the run's contract goes into
 `ouro-plan.json` (see plan.py), which `ouro resume` holds the run to.
 
-Options that belong to execution modes not built yet fail loudly instead of being
-ignored (`NOT_SUPPORTED_YET`); combinations a mode cannot run (speculation with a depth
-schedule, threshold exits or async scheduling) fail just as loudly.
+Combinations an execution mode cannot run (speculation with a depth schedule, threshold
+exits or async scheduling; CUDA graphs without CUDA) fail loudly instead of being ignored.
 """
 
 from __future__ import annotations
@@ -20,12 +19,6 @@ from typing import Any
 from ouro_cli.errors import UserError
 
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "tiny"
-
-# option -> the execution mode it would turn on; each must stay at its default for now
-NOT_SUPPORTED_YET = {
-    "cuda_graphs": "CUDA-graph decoding",
-}
-
 
 @dataclass
 class TrainOptions:
@@ -69,7 +62,7 @@ class TrainOptions:
     max_num_seqs: int = 32
     kv_blocks: int | None = None
     block_size: int = 16
-    cuda_graphs: bool = False
+    cuda_graphs: bool = False  # require CUDA-graph decode (the engine's default on CUDA anyway)
     async_scheduling: bool = False
     speculative_tokens: int = 0
     prefill_devices: list[int] = field(default_factory=list)
@@ -88,10 +81,8 @@ class TrainOptions:
     test_break_resume: bool = False  # test-only: reseed the sampler after a resume (must be caught)
 
     def validate(self) -> TrainOptions:
-        defaults = TrainOptions()
-        for name, what in NOT_SUPPORTED_YET.items():
-            if getattr(self, name) != getattr(defaults, name):
-                raise UserError(f"--{name.replace('_', '-')}: {what} is not supported yet")
+        if self.cuda_graphs and self.device == "cpu":
+            raise UserError("--cuda-graphs captures decode steps on a GPU; it cannot run with --device cpu")
         positive = ("updates", "prompts_per_update", "group_size", "max_response_len", "max_num_seqs",
                     "block_size", "eval_prompts")
         for name in positive:

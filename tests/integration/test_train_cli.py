@@ -138,6 +138,6 @@ def test_unknown_reward_path_is_named(tmp_path):
     assert "nowhere.rewards.score" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_options_not_built_yet_fail_clearly(tmp_path):
-    proc = ouro("train", "--cuda-graphs", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
-    assert proc.returncode == 2 and "not supported yet" in proc.stderr
+def test_cuda_graphs_without_a_gpu_fail_clearly(tmp_path):
+    proc = ouro("train", "--cuda-graphs", "--device", "cpu", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 2 and "--cuda-graphs" in proc.stderr and "Traceback" not in proc.stderr
