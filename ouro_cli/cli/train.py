@@ -78,7 +78,7 @@ def train(
     prefill_devices: Annotated[list[int] | None, _opt("--prefill-devices", "--ouro-prefill-devices", help="Prefill worker devices (PD disaggregation; CPU: worker processes).", panel=P_ENGINE)] = None,
     decode_devices: Annotated[list[int] | None, _opt("--decode-devices", "--ouro-decode-devices", help="Decode worker devices (PD disaggregation).", panel=P_ENGINE)] = None,
     run_dir: Annotated[str | None, _opt("--run-dir", help="Run directory (default: runs/ouro-<timestamp>).", panel=P_RUN)] = None,
-    save_interval: Annotated[int | None, _opt("--save-interval", help="Checkpoint every N updates (always at the end).", panel=P_RUN)] = None,
+    save_interval: Annotated[int | None, _opt("--save-interval", help="Checkpoint every N updates, and always at the end (default: 20; 0 = end only).", panel=P_RUN)] = None,
     keep_last: Annotated[int | None, _opt("--keep-last", help="Checkpoint iterations to keep (default: 2).", panel=P_RUN)] = None,
     eval_data: Annotated[str | None, _opt("--eval-data", "--ouro-eval-data", help="Held-out JSONL (default: bundled).", panel=P_RUN)] = None,
     eval_prompts: Annotated[int | None, _opt("--eval-prompts", "--ouro-eval-prompts", help="Held-out prompts per evaluation (default: 200).", panel=P_RUN)] = None,

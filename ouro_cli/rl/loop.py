@@ -34,7 +34,14 @@ from .cursor import DataCursor
 from .data import Row, data_sha256, load_dataset
 from .digest import state_digest
 from .evaluate import evaluate
-from .metrics import append_jsonl, counter_delta, device_hours, plot, rollout_summary
+from .metrics import (
+    append_jsonl,
+    counter_delta,
+    device_hours,
+    plot,
+    rollout_summary,
+    truncate_after,
+)
 from .options import TrainOptions
 from .publish import publish
 from .rewards import check_labels, load_reward
@@ -361,6 +368,12 @@ def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_
             write_manifest(run.root, command, options.to_dict(), [Path(options.data)])
         if session.start_update >= options.updates:
             raise UserError(f"the run already has {session.start_update} updates; ask for more with --updates")
+        if resume and session.is_main:  # updates logged after the checkpoint (a crash) run again
+            start = session.start_update
+            dropped = truncate_after(run.metrics, lambda r: r["update"] < start)
+            truncate_after(run.evaluations, lambda r: r["update"] <= start)
+            if dropped:
+                log(f"resume: {dropped} update(s) after the checkpoint at {start} will run again")
         evals_before = evaluate_stage(session, session.start_update, "start") if not resume else []
         records = []
         for update in range(session.start_update, options.updates):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -53,6 +54,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not Path(path).is_file():
         return []
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def truncate_after(path: Path, keep) -> int:
+    """Rewrite a JSONL log atomically with only the records `keep(record)` accepts; returns
+    how many were dropped. A resume uses it to forget updates that ran after the checkpoint
+    it continues from (they will run again, identically)."""
+    records = read_jsonl(path)
+    kept = [r for r in records if keep(r)]
+    if len(kept) != len(records):
+        tmp = Path(path).with_name(Path(path).name + ".tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in kept))
+        os.replace(tmp, path)
+    return len(records) - len(kept)
 
 
 def plot(metrics_path: Path, out: Path) -> Path | None:

@@ -69,7 +69,7 @@ class TrainOptions:
     decode_devices: list[int] = field(default_factory=list)
 
     # ---- saving, evaluation, export ---------------------------------------------
-    save_interval: int = 0  # 0: only at the end
+    save_interval: int = 20  # also always at the end; 0: only at the end
     keep_last: int | None = 2
     eval_data: str | None = str(BUNDLED / "eval.jsonl")
     eval_prompts: int = 200

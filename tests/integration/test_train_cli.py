@@ -141,3 +141,27 @@ def test_unknown_reward_path_is_named(tmp_path):
 def test_cuda_graphs_without_a_gpu_fail_clearly(tmp_path):
     proc = ouro("train", "--cuda-graphs", "--device", "cpu", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2 and "--cuda-graphs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_resume_after_a_crash_reruns_unsaved_updates_once(tmp_path):
+    """A crash after update 2 was logged but before it was saved: resume continues from the
+    checkpoint at 2, re-runs update 2 identically and logs every update exactly once."""
+    make_checkpoint(tmp_path)
+    run = tmp_path / "run"
+    proc = ouro("train", "--depths", "2", "3", "4", "--updates", "3", "--save-interval", "2", "--run-dir", str(run),
+                *small(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    before = _metrics(run)
+    rollout_2 = (run / "rollouts" / "update_000002.jsonl").read_text()
+    # what a crash between logging update 2 and its save leaves behind
+    import shutil
+
+    shutil.rmtree(run / "checkpoint" / "iter_0000003")
+    (run / "checkpoint" / "latest_checkpointed_iteration.txt").write_text("2\n")
+    (run / "COMPLETE").unlink()
+    proc = ouro("resume", str(run), "--updates", "4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    after = _metrics(run)
+    assert [m["update"] for m in after] == [0, 1, 2, 3]
+    assert after[2]["rewards"] == before[2]["rewards"] and after[2]["weight_version"] == 3
+    assert (run / "rollouts" / "update_000002.jsonl").read_text() == rollout_2
