@@ -8,11 +8,11 @@ are accepted. The built-in one is `ouro_cli.engine.factory:default_factory`.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 from ouro_cli.errors import UserError
+from ouro_cli.plugins import resolve_callable
 
 from .contract import RolloutEngine
 
@@ -29,25 +29,7 @@ def default_factory(model: Any, **options: Any) -> RolloutEngine:
 
 def load_factory(dotted: str) -> EngineFactory:
     """The callable named by `dotted`, or a UserError saying what is wrong with the path."""
-    if ":" in dotted:
-        module_name, _, attr = dotted.partition(":")
-    else:
-        module_name, _, attr = dotted.rpartition(".")
-    if not module_name or not attr:
-        raise UserError(f"--engine {dotted!r} is not a dotted path like 'package.module:factory'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise UserError(f"--engine {dotted!r}: cannot import {module_name!r} ({err})") from err
-    factory = module
-    for part in attr.split("."):
-        try:
-            factory = getattr(factory, part)
-        except AttributeError as err:
-            raise UserError(f"--engine {dotted!r}: {module_name!r} has no attribute {attr!r}") from err
-    if not callable(factory):
-        raise UserError(f"--engine {dotted!r} is not callable")
-    return factory
+    return resolve_callable(dotted, what="--engine", example=DEFAULT_FACTORY)
 
 
 def make_engine(dotted: str, model: Any, **options: Any) -> RolloutEngine:

@@ -18,12 +18,12 @@ names the path; sympy is imported only when the math grader first grades.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...errors import UserError
+from ...plugins import resolve_callable
 from .boxed import boxed_answer
 from .math_grader import math_answer
 
@@ -31,49 +31,16 @@ RewardFn = Callable[[str, Any], float]
 DEFAULT_REWARD = "ouro_cli.rl.rewards.math_answer"
 
 
-def _import_longest_prefix(path: str) -> tuple[Any, list[str]]:
-    """Import the longest importable module prefix of `path`; return it and the attribute names left."""
-    parts = path.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:cut])
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            # Only "this prefix does not exist" means try a shorter one; a module that
-            # exists but fails to import one of *its* dependencies is a real error.
-            if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-                continue
-            raise UserError(f"reward function {path!r}: importing {module_name!r} failed: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001 - a broken plugin module, reported in one line
-            raise UserError(f"reward function {path!r}: importing {module_name!r} failed: "
-                            f"{type(exc).__name__}: {exc}") from exc
-        return module, parts[cut:]
-    raise UserError(f"reward function {path!r}: no module named {parts[0]!r}; give a dotted path "
-                    f"such as {DEFAULT_REWARD}")
-
-
 def load_reward(path: str) -> RewardFn:
     """The callable named by `path` (`pkg.mod.func` or `pkg.mod:func`), checked to take (response, label)."""
-    if not isinstance(path, str) or not path.strip():
-        raise UserError(f"reward function must be a dotted path such as {DEFAULT_REWARD}, got {path!r}")
-    dotted = path.strip().replace(":", ".")
-    if "." not in dotted or any(not part.isidentifier() for part in dotted.split(".")):
-        raise UserError(f"reward function {path!r} is not a dotted path such as {DEFAULT_REWARD}")
-    obj, attributes = _import_longest_prefix(dotted)
-    for i, name in enumerate(attributes):
-        if not hasattr(obj, name):
-            owner = ".".join(dotted.split(".")[: len(dotted.split(".")) - len(attributes) + i])
-            raise UserError(f"reward function {path!r}: {owner!r} has no attribute {name!r}")
-        obj = getattr(obj, name)
-    if not callable(obj):
-        raise UserError(f"reward function {path!r} is not callable (it is a {type(obj).__name__}); name a function f(response, label)")
+    fn = resolve_callable(path, what="reward function", example=DEFAULT_REWARD)
     try:
-        inspect.signature(obj).bind("response", "label")
+        inspect.signature(fn).bind("response", "label")
     except TypeError as exc:
         raise UserError(f"reward function {path!r} cannot be called as f(response, label): {exc}") from exc
     except ValueError:
         pass  # no signature available (some builtins): trust it
-    return obj
+    return fn
 
 
 def check_labels(fn: RewardFn, path: str, labels: Iterable[tuple[str, Any]]) -> None:
