@@ -13,9 +13,10 @@ from typing import Any
 from ouro_cli.errors import UserError
 
 
-def _import_longest_prefix(path: str, what: str, example: str) -> tuple[Any, list[str]]:
-    """Import the longest importable module prefix of `path`; return it and the attribute names left."""
-    parts = path.split(".")
+def _import_longest_prefix(path: str, dotted: str, what: str, example: str) -> tuple[Any, list[str]]:
+    """Import the longest importable module prefix of `dotted`; return it and the attribute names left.
+    Messages quote `path` as the user wrote it."""
+    parts = dotted.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:cut])
         try:
@@ -39,7 +40,7 @@ def resolve_callable(path: str, *, what: str, example: str) -> Any:
     dotted = path.strip().replace(":", ".")
     if "." not in dotted or any(not part.isidentifier() for part in dotted.split(".")):
         raise UserError(f"{what} {path!r} is not a dotted path such as {example}")
-    obj, attributes = _import_longest_prefix(dotted, what, example)
+    obj, attributes = _import_longest_prefix(path, dotted, what, example)
     for i, name in enumerate(attributes):
         if not hasattr(obj, name):
             owner = ".".join(dotted.split(".")[: len(dotted.split(".")) - len(attributes) + i])

@@ -91,6 +91,10 @@ def _check_inputs(options: TrainOptions):
     check_labels(reward_fn, options.reward_function,
                  [(f"{options.data}:{r.line}", r.label) for r in rows]
                  + [(f"{options.eval_data}:{r.line}", r.label) for r in eval_rows])
+    if not options.prefill_devices:  # a bad --engine path is a usage error, found before any model loads
+        from ouro_cli.engine.factory import load_factory
+
+        load_factory(options.engine)
     template = get_template(options.prompt_template) if options.prompt_template != "tokenizer" else None
     if template is not None:
         template.check([(f"{options.data}:{r.line}", r.prompt) for r in rows])

@@ -138,6 +138,14 @@ def test_unknown_reward_path_is_named(tmp_path):
     assert "nowhere.rewards.score" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_unknown_engine_path_is_named_before_any_model_loads(tmp_path):
+    (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
+    proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"),
+                "--engine", "nowhere.engines:make", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--engine 'nowhere.engines:make'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_cuda_graphs_without_a_gpu_fail_clearly(tmp_path):
     proc = ouro("train", "--cuda-graphs", "--device", "cpu", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2 and "--cuda-graphs" in proc.stderr and "Traceback" not in proc.stderr
