@@ -66,7 +66,7 @@ def eval_command(
         from ouro_cli.mcore import single_process_group
         from ouro_cli.model import from_state_dict
         from ouro_cli.rl.evaluate import evaluate
-        from ouro_cli.rl.loop import _stop_tokens, _tokenize
+        from ouro_cli.rl.loop import stop_tokens_for, tokenize_prompts
         from ouro_cli.rl.metrics import append_jsonl
         from ouro_cli.rl.schedule import validate_depths
 
@@ -78,13 +78,13 @@ def eval_command(
             if codec is None:
                 raise UserError(f"{model} has no tokenizer.json")
             template = get_template(prompt_template)
-            prompt_ids = _tokenize(codec, template, rows, source.config.max_position_embeddings, max_response_len, data)
+            prompt_ids = tokenize_prompts(codec, template, rows, source.config.max_position_embeddings, max_response_len, data)
             net = from_state_dict(source.config, dict(source.iter_tensors()), device=dev)
         engine = LLM(net, max_num_seqs=max_num_seqs)
         start = time.perf_counter()
         results = evaluate(engine, rows, prompt_ids, ks=ks, num_loops=source.config.num_loops, reward_fn=reward_fn,
                            seed=seed, temperature=temperature, max_tokens=max_response_len,
-                           exit_threshold=exit_threshold, min_loops=1, stop_token_ids=_stop_tokens(source.config, codec),
+                           exit_threshold=exit_threshold, min_loops=1, stop_token_ids=stop_tokens_for(source.config, codec),
                            decode=codec.decode)
         engine.close()
         with artifacts.staged_output(target, overwrite=overwrite) as staging:

@@ -101,7 +101,7 @@ def _check_inputs(options: TrainOptions):
     return rows, eval_rows, reward_fn, template
 
 
-def _tokenize(codec, template, rows: list[Row], limit: int, max_response_len: int, where: str) -> list[list[int]]:
+def tokenize_prompts(codec, template, rows: list[Row], limit: int, max_response_len: int, where: str) -> list[list[int]]:
     ids = []
     for row in rows:
         tokens = codec.encode(template.render(row.prompt))
@@ -114,7 +114,7 @@ def _tokenize(codec, template, rows: list[Row], limit: int, max_response_len: in
     return ids
 
 
-def _stop_tokens(config, codec) -> list[int]:
+def stop_tokens_for(config, codec) -> list[int]:
     eos = config.eos_token_id
     stops = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     im_end = codec.tokenizer.token_to_id("<|im_end|>") if hasattr(codec.tokenizer, "token_to_id") else None
@@ -177,8 +177,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         from transformers import AutoTokenizer
 
         template = get_template("tokenizer", AutoTokenizer.from_pretrained(str(source.assets_dir)))
-    prompt_ids = _tokenize(codec, template, rows, limit, options.max_response_len, options.data)
-    eval_prompt_ids = _tokenize(codec, template, eval_rows, limit, options.max_response_len, options.eval_data or "")
+    prompt_ids = tokenize_prompts(codec, template, rows, limit, options.max_response_len, options.data)
+    eval_prompt_ids = tokenize_prompts(codec, template, eval_rows, limit, options.max_response_len, options.eval_data or "")
 
     contract = plans.build_contract(options, data_sha256=data_sha256(options.data), model_config=config.to_dict(),
                                     tokenizer_sha256=plans.file_sha256(source.assets_dir / "tokenizer.json"),
@@ -222,7 +222,7 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     session = Session(options=options, run=run, rows=rows, prompt_ids=prompt_ids, eval_rows=eval_rows,
                       eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, codec=codec,
-                      stop_token_ids=_stop_tokens(config, codec), num_loops=num_loops, trainer=trainer, engine=engine,
+                      stop_token_ids=stop_tokens_for(config, codec), num_loops=num_loops, trainer=trainer, engine=engine,
                       cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
                       rollout_seed=options.seed + (1 if resume and options.test_break_resume else 0),
                       devices={str(trainer.device), *getattr(engine, "devices", set)()})
