@@ -128,19 +128,32 @@ def mcore_to_hf(
 ) -> None:
     """Convert a Megatron dist checkpoint into a Hugging Face Ouro directory."""
 
-    def body() -> dict[str, Any]:
-        from ouro_cli.checkpoint import convert, open_checkpoint
+    def require_megatron(source) -> None:
         from ouro_cli.checkpoint.megatron import MegatronCheckpoint
         from ouro_cli.errors import UserError
 
-        shard_bytes = parse_max_shard_size(max_shard_size)
-        source = open_checkpoint(ckpt)
         if not isinstance(source, MegatronCheckpoint):
             raise UserError(f"{ckpt} is a Hugging Face directory, not a Megatron checkpoint; use hf-to-mcore")
-        options = {"ckpt": str(ckpt), "out": str(out), "max_shard_bytes": shard_bytes, "overwrite": overwrite}
-        with tensor_progress(len(source.specs), "mcore → hf") as on_tensor:
+
+    write_hf_command(ckpt, out, max_shard_size=max_shard_size, overwrite=overwrite, json_output=json_output,
+                     command="convert mcore-to-hf", source_key="ckpt", label="mcore → hf", check=require_megatron)
+
+
+def write_hf_command(path: Path, out: Path, *, max_shard_size: str, overwrite: bool, json_output: bool,
+                     command: str, source_key: str, label: str, check=None) -> None:
+    """The body shared by `convert mcore-to-hf` and `export`: any checkpoint to an HF directory."""
+
+    def body() -> dict[str, Any]:
+        from ouro_cli.checkpoint import convert, open_checkpoint
+
+        shard_bytes = parse_max_shard_size(max_shard_size)
+        source = open_checkpoint(path)
+        if check is not None:
+            check(source)
+        options = {source_key: str(path), "out": str(out), "max_shard_bytes": shard_bytes, "overwrite": overwrite}
+        with tensor_progress(len(source.specs), label) as on_tensor:
             result = convert.to_hf(source, out, max_shard_bytes=shard_bytes, overwrite=overwrite,
-                                   command="convert mcore-to-hf", options=options, on_tensor=on_tensor)
+                                   command=command, options=options, on_tensor=on_tensor)
         report(result, json_output)
         return result
 

@@ -9,12 +9,12 @@ read through `RUN/checkpoint/`, at its latest complete iteration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from .common import JSON_OPTION, OVERWRITE_OPTION, run_command
-from .convert import MaxShardSize, parse_max_shard_size, report, tensor_progress
+from .common import JSON_OPTION, OVERWRITE_OPTION
+from .convert import MaxShardSize, write_hf_command
 
 EPILOG = """Examples:
 
@@ -35,18 +35,5 @@ def export(
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Export a run or checkpoint as a Hugging Face Ouro directory (loads with the original remote code)."""
-
-    def body() -> dict[str, Any]:
-        from ouro_cli.checkpoint import convert, open_checkpoint
-
-        shard_bytes = parse_max_shard_size(max_shard_size)
-        source = open_checkpoint(ckpt_or_run)
-        options = {"ckpt_or_run": str(ckpt_or_run), "out": str(out), "max_shard_bytes": shard_bytes,
-                   "overwrite": overwrite}
-        with tensor_progress(len(source.specs), "export") as on_tensor:
-            result = convert.to_hf(source, out, max_shard_bytes=shard_bytes, overwrite=overwrite,
-                                   command="export", options=options, on_tensor=on_tensor)
-        report(result, json_output)
-        return result
-
-    run_command(body, json_output=json_output)
+    write_hf_command(ckpt_or_run, out, max_shard_size=max_shard_size, overwrite=overwrite, json_output=json_output,
+                     command="export", source_key="ckpt_or_run", label="export")
