@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from . import pointwise
 from .config import OuroConfig
 
 # attend(q [B,S,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,D]) -> o [B,S,Hq,D]
@@ -29,10 +29,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # At least fp32 (fp64 stays fp64, which lets tests compare against an fp64 reference).
-        wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return pointwise.rms_norm(x, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -54,14 +51,6 @@ class Rotary(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B,S,H,D]; cos/sin [B,S,D]."""
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class Attention(nn.Module):
     def __init__(self, config: OuroConfig) -> None:
         super().__init__()
@@ -79,7 +68,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = pointwise.rotary(q, k, cos, sin)
         o = attend(q, k, v)
         return self.o_proj(o.reshape(b, s, self.num_heads * self.head_dim))
 
@@ -93,7 +82,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(pointwise.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -109,7 +98,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm_2 = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm_2 = RMSNorm(config.hidden_size, eps)
+        self._eps = eps
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        h = h + self.input_layernorm_2(self.self_attn(self.input_layernorm(h), cos, sin, attend))
-        return h + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(h)))
+        # h + norm_2(attn(norm(h))), then h + norm_2(mlp(norm(h))); the attention block's
+        # closing add and the MLP's input norm run as one fused kernel on CUDA.
+        a = self.self_attn(self.input_layernorm(h), cos, sin, attend)
+        h, x = pointwise.add_rms_norm_then_norm(h, a, self.input_layernorm_2.weight,
+                                                self.post_attention_layernorm.weight, self._eps)
+        return pointwise.add_rms_norm(h, self.mlp(x), self.post_attention_layernorm_2.weight, self._eps)

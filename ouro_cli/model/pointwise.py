@@ -1,0 +1,103 @@
+"""The elementwise math of a layer (norms, RoPE, SwiGLU, residual adds), compiled on CUDA.
+
+In eager PyTorch each of these is a chain of small kernels with fp32 intermediates:
+an RMSNorm alone is six launches and three round trips through memory. Decoding one
+token per row through 24 layers × 4 loops is then bound by kernel launches, and the
+trainer spends a large share of each step re-reading activations. On CUDA the same
+functions run through `torch.compile`, which fuses each into one kernel (a residual
+add and the norm that follows it into one); weights are arguments, never captured, so
+one compiled kernel serves every layer.
+
+CPU (the tests' exact path, fp32/fp64 against independent references) always runs
+the plain eager functions, and `OURO_COMPILE=0` turns compilation off on CUDA too.
+Both the engine and the trainer call these same functions, so on a GPU they stay one
+forward pass; only the rounding of fused kernels differs from eager.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`w * (x_wide * rsqrt(mean(x_wide^2) + eps)).to(x.dtype)`, x_wide at least fp32 (OURO.md §2)."""
+    return _dispatch(_rms_norm, x)(x, weight, eps)
+
+
+def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`h + rms_norm(x)`: a sandwich norm closing a sublayer into the residual stream."""
+    return _dispatch(_add_rms_norm, x)(h, x, weight, eps)
+
+
+def add_rms_norm_then_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`h' = h + rms_norm(x, weight)`, `rms_norm(h', next_weight)`): the attention block's close and the
+    MLP's input norm in one pass."""
+    return _dispatch(_add_rms_norm_then_norm, x)(h, x, weight, next_weight, eps)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE (rotate-half) on q [B,S,Hq,D] and k [B,S,Hkv,D]; cos/sin [B,S,D]."""
+    return _dispatch(_rotary, q)(q, k, cos, sin)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _dispatch(_silu_mul, gate)(gate, up)
+
+
+# ---- the math, once ---------------------------------------------------------------
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # At least fp32 (fp64 stays fp64, which lets tests compare against an fp64 reference).
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def _add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return h + _rms_norm(x, weight, eps)
+
+
+def _add_rms_norm_then_norm(h, x, weight, next_weight, eps):
+    h = h + _rms_norm(x, weight, eps)
+    return h, _rms_norm(h, next_weight, eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _rotary(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+# ---- dispatch -----------------------------------------------------------------------
+
+def compile_enabled() -> bool:
+    return os.environ.get("OURO_COMPILE", "1") != "0"
+
+
+def _dispatch(fn: Callable, x: torch.Tensor) -> Callable:
+    if x.is_cuda and compile_enabled() and not torch.compiler.is_compiling():
+        return _compiled(fn)
+    return fn
+
+
+@functools.cache
+def _compiled(fn: Callable) -> Callable:
+    # dynamic=None: the first shape compiles static, a second one a shape-generic kernel,
+    # so decode buckets, prefill lengths and training shapes do not recompile without end.
+    return torch.compile(fn, fullgraph=True)
