@@ -21,7 +21,9 @@ and step shapes depend only on (bucket, context chunks, max loops); exits are de
 on the device (exits.ExitState). On CUDA the step is captured once per shape as a
 CUDA graph (CapturedDecodeStep): decoding is otherwise bound by kernel launches (about
 a hundred small kernels per layer and loop). Eager mode additionally stops early when
-every row has exited, its only host sync inside the step.
+every row has exited, its only host sync inside the step. On CUDA the KV write and
+the attention of a layer-loop run as two Triton kernels (kernels/, `attention=`); the
+torch code (paged_attention.py) stays the reference and the CPU path.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ouro_cli.model import OuroForCausalLM
 
 from .async_exits import LaggedExitProbe
 from .exits import ExitState
+from .kernels import resolve_attention
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
 
@@ -75,8 +78,12 @@ def batch_bucket(b: int) -> int:
 
 class ModelRunner:
     def __init__(self, model: OuroForCausalLM, kv: PagedKVCache, counters: WorkCounters, attn_chunk: int = 128,
-                 cuda_graphs: bool = False, async_exits: bool = False) -> None:
+                 cuda_graphs: bool = False, async_exits: bool = False, attention: str | None = None) -> None:
         self.model, self.kv, self.counters = model, kv, counters
+        self.attention = resolve_attention(attention, kv.device)  # "torch" | "triton" (kernels/__init__.py)
+        if self.attention == "triton":
+            from .kernels import decode_attention as triton_kernels
+            self.triton_kernels = triton_kernels
         self.async_exits = async_exits  # read exit signals one loop late (async_exits.py)
         self.num_loops = model.num_loops
         self.num_layers = len(model.model.layers)
@@ -158,10 +165,18 @@ class ModelRunner:
         h = model.embed(inputs.ids)
         cos, sin = model.rope(inputs.pos, h.dtype)
         plane = 0
+        if self.attention == "triton":
+            lengths = inputs.pos[:, 0] + 1  # `valid` is exactly the first `lengths` positions (kv.slot_table)
+            ops = self.triton_kernels
 
         def attend_for_layer(layer: int):
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 k, v = k[:, 0], v[:, 0]
+                if self.attention == "triton":
+                    k_plane, v_plane = kv.plane(layer, plane)
+                    prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
+                    ops.write_kv_with_carry(k_plane, v_plane, *prev, new_slots, k, v, exits.active)
+                    return ops.paged_decode_attention(q[:, 0], k_plane, v_plane, inputs.ctx_slots, lengths)[:, None]
                 if plane > 0:  # exited rows carry their last plane forward instead of new K/V
                     keep = exits.active[:, None, None]
                     k_prev, v_prev = kv.read(layer, plane - 1, new_slots)

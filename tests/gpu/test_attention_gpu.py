@@ -1,0 +1,32 @@
+"""The trainer's replay attention on CUDA runs fused kernels, packed rows included.
+
+Unpacked causal rows go to flash attention; packed rows (document masking) and padded
+rows carry a boolean mask, which SDPA serves with its fused memory-efficient kernel.
+Restricting SDPA to the fused backends makes a silent fallback to the unfused math
+path an error here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ouro_cli.model.attention import SequenceLayout, dense_attention
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_replay_attention_uses_fused_kernels(packed):
+    g = torch.Generator().manual_seed(0)
+    b, s, h, d = 2, 256, 4, 64
+    ids = torch.zeros(b, s, dtype=torch.long)
+    docs = (torch.arange(s) // 100).expand(b, s).contiguous() if packed else None
+    layout = SequenceLayout.build(ids.cuda(), document_ids=None if docs is None else docs.cuda())
+    q, k, v = (torch.randn(b, s, h, d, generator=g).cuda().bfloat16() for _ in range(3))
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        fused = dense_attention(q, k, v, layout.mask)
+    with sdpa_kernel([SDPBackend.MATH]):
+        reference = dense_attention(q.float(), k.float(), v.float(), layout.mask)
+    assert (fused.float() - reference).abs().max() < 2e-2

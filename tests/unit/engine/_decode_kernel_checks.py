@@ -1,0 +1,193 @@
+"""Checks of the Triton decode kernels (ouro_cli/engine/kernels), shared by the CPU tests
+(run here as a script under the Triton interpreter, in a process of its own) and the
+GPU tests (imported, on CUDA).
+
+Why a subprocess on CPU: TRITON_INTERPRET is read when a kernel is decorated, i.e. when
+the kernel module is first imported, so setting it inside pytest would turn the kernels
+of every later test in that process (the GPU ones included) into interpreted ones.
+
+    TRITON_INTERPRET=1 PYTHONPATH=. python tests/unit/engine/_decode_kernel_checks.py [attention ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ouro_cli.engine.kv_cache import PagedKVCache
+from ouro_cli.engine.paged_attention import decode_attention
+
+# (B, Hq, Hkv, D, lengths, tile): MHA and GQA, a group of 3, head_dim not a power of two,
+# length 1, lengths on and off tile boundaries, the default tile (None)
+ATTENTION_CASES = [
+    (1, 4, 4, 16, [1], 16),
+    (3, 8, 2, 32, [1, 17, 40], 16),
+    (4, 6, 2, 24, [5, 33, 64, 7], 32),
+    (2, 2, 1, 16, [65, 130], None),
+    (5, 4, 4, 16, [3, 1, 16, 48, 20], 16),
+]
+
+
+def _block(tile):
+    return {} if tile is None else {"block": tile}
+
+
+def paged_context(b: int, hkv: int, d: int, lengths: list[int], width: int, dtype, device, seed: int = 0):
+    """Random planes [Hkv, slots, D] and a slot table [B, width] holding each row's distinct,
+    randomly permuted slots, then the scratch slot (the last one), as kv.slot_table builds it."""
+    g = torch.Generator().manual_seed(seed)
+    num_slots = sum(lengths) + 7
+    k_plane = torch.randn(hkv, num_slots + 1, d, generator=g).to(device, dtype)
+    v_plane = torch.randn(hkv, num_slots + 1, d, generator=g).to(device, dtype)
+    perm = torch.randperm(num_slots, generator=g)
+    ctx = torch.full((b, width), num_slots, dtype=torch.long)
+    valid = torch.zeros(b, width, dtype=torch.bool)
+    used = 0
+    for row, n in enumerate(lengths):
+        ctx[row, :n] = perm[used:used + n]
+        valid[row, :n] = True
+        used += n
+    lengths_t = torch.tensor(lengths, dtype=torch.long)
+    return k_plane, v_plane, ctx.to(device), valid.to(device), lengths_t.to(device)
+
+
+def dense_reference(q, k_plane, v_plane, ctx, lengths) -> torch.Tensor:
+    """Plain per-row fp64 softmax attention over the row's first `length` slots."""
+    b, hq, d = q.shape
+    g = hq // k_plane.shape[0]
+    out = torch.empty(b, hq, d, dtype=torch.float64)
+    for row in range(b):
+        slots = ctx[row, :int(lengths[row])].cpu()
+        for h in range(hq):
+            k = k_plane[h // g].cpu().double()[slots]
+            v = v_plane[h // g].cpu().double()[slots]
+            w = torch.softmax(k @ q[row, h].cpu().double() * d**-0.5, dim=0)
+            out[row, h] = w @ v
+    return out
+
+
+def check_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
+    """The kernel equals the torch reference (and a dense fp64 one) to `tol`."""
+    from ouro_cli.engine.kernels.decode_attention import paged_decode_attention
+
+    for case, (b, hq, hkv, d, lengths, tile) in enumerate(ATTENTION_CASES):
+        width = -(-max(lengths) // 64) * 64
+        k_plane, v_plane, ctx, valid, lens = paged_context(b, hkv, d, lengths, width, dtype, device, seed=case)
+        q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(100 + case)).to(device, dtype)
+        got = paged_decode_attention(q, k_plane, v_plane, ctx, lens, **_block(tile))
+        assert got.shape == q.shape and got.dtype == dtype
+        ref = decode_attention(q, k_plane, v_plane, ctx, valid, 64)
+        err = (got.float() - ref.float()).abs().max().item()
+        assert err <= tol, f"case {case}: kernel vs decode_attention {err:.3g} > {tol}"
+        dense_err = (got.double().cpu() - dense_reference(q, k_plane, v_plane, ctx, lens)).abs().max().item()
+        assert dense_err <= tol, f"case {case}: kernel vs dense fp64 {dense_err:.3g} > {tol}"
+
+
+def check_batch_invariance(device="cpu", dtype=torch.float32) -> None:
+    """A row's output is the same bits alone (narrow slot table) or among longer rows (wide table)."""
+    from ouro_cli.engine.kernels.decode_attention import paged_decode_attention
+
+    hq, hkv, d = 8, 2, 32
+    lengths = [150, 37, 1, 300, 64]
+    k_plane, v_plane, ctx, _, lens = paged_context(len(lengths), hkv, d, lengths, 384, dtype, device)
+    q = torch.randn(len(lengths), hq, d, generator=torch.Generator().manual_seed(5)).to(device, dtype)
+    together = paged_decode_attention(q, k_plane, v_plane, ctx, lens)
+    for row, n in enumerate(lengths):
+        width = -(-n // 64) * 64
+        alone = paged_decode_attention(q[row:row + 1], k_plane, v_plane, ctx[row:row + 1, :width].contiguous(),
+                                       lens[row:row + 1])
+        assert torch.equal(alone[0], together[row]), f"row {row} (length {n}) changed with its batch-mates"
+    # the same rows in another order and with padding rows after them
+    order = [3, 1, 4, 0, 2]
+    pad = 3
+    q2 = torch.cat([q[order], q[:pad]])
+    ctx2 = torch.cat([ctx[order], ctx[:pad]])
+    lens2 = torch.cat([lens[order], torch.ones(pad, dtype=lens.dtype, device=device)])
+    shuffled = paged_decode_attention(q2, k_plane, v_plane, ctx2, lens2)
+    assert torch.equal(shuffled[:len(order)], together[order])
+
+
+def check_write_kv_with_carry(device="cpu", dtype=torch.float32) -> None:
+    """Plane t of the engine's cache after the kernel equals runner.py's torch write, bit for bit:
+    active rows write new K/V at their slot, exited rows copy plane t-1 (plane 0: always new)."""
+    from ouro_cli.engine.kernels.decode_attention import write_kv_with_carry
+
+    g = torch.Generator().manual_seed(3)
+    b, hkv, d, layers, loops = 6, 2, 24, 2, 3
+    kv = PagedKVCache(num_layers=layers, num_loops=loops, num_blocks=8, block_size=4, num_kv_heads=hkv,
+                      head_dim=d, dtype=dtype, device=device)
+    slots = torch.randperm(8 * 4, generator=g)[:b].to(device)
+    active = torch.tensor([True, False, True, False, False, True], device=device)
+    k_new = torch.randn(b, hkv, d, generator=g).to(device, dtype)
+    v_new = torch.randn(b, 1, hkv, d, generator=g).to(device, dtype)[:, 0]  # a strided view, as in the runner
+    for layer in range(layers):
+        for plane in range(loops):
+            kv.k.copy_(torch.randn(kv.k.shape, generator=g))  # plane t-1 at the slots differs from k_new
+            kv.v.copy_(torch.randn(kv.v.shape, generator=g))
+            ref_k, ref_v = kv.k.clone(), kv.v.clone()
+            k, v = k_new, v_new
+            if plane > 0:
+                keep = active[:, None, None]
+                k_prev, v_prev = kv.read(layer, plane - 1, slots)
+                k, v = torch.where(keep, k, k_prev), torch.where(keep, v, v_prev)
+            ref_k[layer, plane].index_copy_(1, slots, k.transpose(0, 1))
+            ref_v[layer, plane].index_copy_(1, slots, v.transpose(0, 1))
+            prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
+            write_kv_with_carry(*kv.plane(layer, plane), *prev, slots, k_new, v_new, active)
+            assert torch.equal(kv.k, ref_k) and torch.equal(kv.v, ref_v), (layer, plane)
+
+
+def check_engine(device="cpu") -> None:
+    """The engine with attention="triton" reports the torch path's logprobs (fp32) and still
+    equals the trainer's replay; exits are mixed so the carry-forward path runs."""
+    import os
+
+    from ouro_cli.engine import LLM, SamplingParams
+    from tests.unit.engine.conftest import prompts, tiny_model
+    from tests.unit.engine.test_replay import max_replay_error
+
+    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+              for s in range(3)]
+    model = tiny_model(0).to(device)
+    outs = {}
+    for mode in ("torch", "triton"):
+        os.environ["OURO_DECODE_ATTENTION"] = mode
+        llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
+        try:
+            assert llm.runner.attention == mode
+            outs[mode] = llm.generate(prompts(3, seed=1), params)
+        finally:
+            llm.close()
+    del os.environ["OURO_DECODE_ATTENTION"]
+    assert len({d for o in outs["triton"] for d in o.exit_depths[1:]}) >= 2
+    for a, b in zip(outs["torch"], outs["triton"], strict=True):
+        assert a.output_token_ids == b.output_token_ids and a.exit_depths == b.exit_depths
+        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) <= 1e-5
+    assert max_replay_error(model, outs["triton"], 1.0) <= 1e-5
+
+
+CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,
+          "write_kv_with_carry": check_write_kv_with_carry, "engine": check_engine}
+
+def main(names: list[str]) -> int:
+    """Run the named checks (all of them by default); one line `<name> ok|FAILED` each, then
+    the failures' tracebacks."""
+    import traceback
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    failures = []
+    for name in names or list(CHECKS):
+        try:
+            CHECKS[name]()
+            print(name, "ok", flush=True)
+        except Exception:
+            print(name, "FAILED", flush=True)
+            failures.append(traceback.format_exc())
+    print(*failures, sep="\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
