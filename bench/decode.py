@@ -66,21 +66,31 @@ def roofline_tokens_per_s(config: OuroConfig, k: int, batch: int, context: float
     return batch / (step_bytes / bandwidth)
 
 
+def make_prompts(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+
+
+def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: str, **params_kw) -> float:
+    """Seconds of one `generate` of `n` tokens per prompt at K = `k` (device synchronised)."""
+    params = SamplingParams(max_tokens=n, max_loops=k, temperature=1.0, seed=0, ignore_eos=True, **params_kw)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    assert all(len(o.output_token_ids) == n for o in outs)
+    return time.perf_counter() - start
+
+
 def measure(llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str,
             **params_kw) -> float:
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+    """Seconds of `new_tokens` decode steps: a run of new_tokens + 1 tokens minus a run of 1, after a warm-up."""
+    prompts = make_prompts(batch, prompt_len, vocab)
 
     def run(n: int) -> float:
-        params = SamplingParams(max_tokens=n, max_loops=k, temperature=1.0, seed=0, ignore_eos=True, **params_kw)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        assert all(len(o.output_token_ids) == n for o in outs)
-        return time.perf_counter() - start
+        return timed_generate(llm, prompts, n, k, device, **params_kw)
 
     run(2)  # warm-up
     return run(new_tokens + 1) - run(1)

@@ -72,6 +72,75 @@ def make_samples(c, n, prompt_len, response_len, depths, rng):
     return out
 
 
+def build_trainer(shape: str, device: str, dtype: str = "auto", *, micro_batch_size: int | None = None,
+                  pack: bool = True, pack_length: int | None = None, recompute: bool = False,
+                  distributed_optimizer: bool = False, model=None):
+    """A Trainer on a random model of `shape` (or on `model`, adopted). Returns (trainer, setup seconds)."""
+    from ouro_cli.model import build
+    from ouro_cli.trainer import Trainer, TrainerConfig
+
+    config = TrainerConfig(device=device, params_dtype=dtype, lr=1e-6, micro_batch_size=micro_batch_size, pack=pack,
+                           pack_length=pack_length, recompute=recompute,
+                           use_distributed_optimizer=distributed_optimizer)
+    t0 = time.perf_counter()
+    if model is None:
+        # Build in the parameter dtype, directly on the device: a 1.4B fp32 copy on the host is slow.
+        model = build(model_config(shape), dtype=config.torch_dtype, device=config.resolved_device, seed=0)
+    trainer = Trainer(model, config)
+    return trainer, time.perf_counter() - t0
+
+
+def measure_steps(trainer, shape: str, *, samples: int, prompt_len: int, response_len: int, depths: str = "full",
+                  steps: int = 5, warmup: int = 2) -> dict:
+    """Time `steps` full train steps after `warmup` ones on random samples; the result dict (see module docstring)."""
+    import torch
+
+    c = model_config(shape)
+    rng = random.Random(trainer.context.rank)
+    batches = [make_samples(c, samples, prompt_len, response_len, depths, rng) for _ in range(warmup + steps)]
+
+    def sync():
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for batch in batches[:warmup]:
+        trainer.train_step(batch)
+    sync()
+    if trainer.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, metrics = [], []
+    for batch in batches[warmup:]:
+        start = time.perf_counter()
+        metrics.append(trainer.train_step(batch))
+        sync()
+        times.append(time.perf_counter() - start)
+
+    world = trainer.context.world_size
+    step_s = sorted(times)[len(times) // 2]  # median
+    last = metrics[-1]
+    tokens = last["tokens"]  # summed over ranks
+    model_flops = 3 * forward_flops(batches[-1], c) * world
+    per_loop_layer_token = 2 * layer_matmul_params(c)
+    executed_flops = ((last["layer_tokens_executed"] * 3 + last["layer_tokens_recomputed"]) * per_loop_layer_token
+                      + 3 * last["padded_tokens"] * 2 * c.hidden_size * c.vocab_size)
+    config = trainer.config
+    result = {
+        "shape": shape, "device": trainer.device.type, "dtype": str(config.torch_dtype).removeprefix("torch."),
+        "world_size": world, "samples_per_rank": samples, "prompt_len": prompt_len,
+        "response_len": response_len, "depths": depths, "recompute": config.recompute,
+        "micro_batch_size": config.micro_batch_size, "pack": config.pack,
+        "step_s_median": round(step_s, 4), "step_s_all": [round(t, 4) for t in times],
+        "tokens_per_step": tokens, "tokens_per_s": round(tokens / step_s, 1),
+        "model_tflops_per_s": round(model_flops / step_s / 1e12, 4),
+        "executed_tflops_per_s": round(executed_flops / step_s / 1e12, 4),
+        "executed_over_required_layer_tokens": round(last["layer_tokens_executed"] / last["layer_tokens_required"], 3),
+        "forward_backward_s": round(last["forward_backward_s"], 4), "optimizer_s": round(last["optimizer_s"], 4),
+    }
+    if trainer.device.type == "cuda":
+        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=["tiny", "1.4b"], default="tiny")
@@ -90,63 +159,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
 
-    import torch
-
-    from ouro_cli.model import build
-    from ouro_cli.trainer import Trainer, TrainerConfig
-
-    c = model_config(args.shape)
-    config = TrainerConfig(device=args.device, params_dtype=args.dtype, lr=1e-6,
-                           micro_batch_size=args.micro_batch_size, pack=not args.no_pack,
-                           pack_length=args.pack_length, recompute=args.recompute,
-                           use_distributed_optimizer=args.distributed_optimizer)
-    t0 = time.perf_counter()
-    # Build in the parameter dtype, directly on the device: a 1.4B fp32 copy on the host is slow.
-    model = build(c, dtype=config.torch_dtype, device=config.resolved_device, seed=0)
-    trainer = Trainer(model, config)
-    setup_s = time.perf_counter() - t0
-    rng = random.Random(trainer.context.rank)
-    batches = [make_samples(c, args.samples, args.prompt_len, args.response_len, args.depths, rng)
-               for _ in range(args.warmup + args.steps)]
-
-    def sync():
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    for batch in batches[: args.warmup]:
-        trainer.train_step(batch)
-    sync()
-    if trainer.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times, metrics = [], []
-    for batch in batches[args.warmup:]:
-        start = time.perf_counter()
-        metrics.append(trainer.train_step(batch))
-        sync()
-        times.append(time.perf_counter() - start)
-
-    world = trainer.context.world_size
-    step_s = sorted(times)[len(times) // 2]  # median
-    last = metrics[-1]
-    tokens = last["tokens"]  # summed over ranks
-    model_flops = 3 * forward_flops(batches[-1], c) * world
-    per_loop_layer_token = 2 * layer_matmul_params(c)
-    executed_flops = ((last["layer_tokens_executed"] * 3 + last["layer_tokens_recomputed"]) * per_loop_layer_token
-                      + 3 * last["padded_tokens"] * 2 * c.hidden_size * c.vocab_size)
-    result = {
-        "shape": args.shape, "device": trainer.device.type, "dtype": str(config.torch_dtype).removeprefix("torch."),
-        "world_size": world, "samples_per_rank": args.samples, "prompt_len": args.prompt_len,
-        "response_len": args.response_len, "depths": args.depths, "recompute": args.recompute,
-        "micro_batch_size": args.micro_batch_size, "pack": not args.no_pack,
-        "setup_s": round(setup_s, 2), "step_s_median": round(step_s, 4), "step_s_all": [round(t, 4) for t in times],
-        "tokens_per_step": tokens, "tokens_per_s": round(tokens / step_s, 1),
-        "model_tflops_per_s": round(model_flops / step_s / 1e12, 4),
-        "executed_tflops_per_s": round(executed_flops / step_s / 1e12, 4),
-        "executed_over_required_layer_tokens": round(last["layer_tokens_executed"] / last["layer_tokens_required"], 3),
-        "forward_backward_s": round(last["forward_backward_s"], 4), "optimizer_s": round(last["optimizer_s"], 4),
-    }
-    if trainer.device.type == "cuda":
-        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    trainer, setup_s = build_trainer(args.shape, args.device, args.dtype, micro_batch_size=args.micro_batch_size,
+                                     pack=not args.no_pack, pack_length=args.pack_length, recompute=args.recompute,
+                                     distributed_optimizer=args.distributed_optimizer)
+    result = measure_steps(trainer, args.shape, samples=args.samples, prompt_len=args.prompt_len,
+                           response_len=args.response_len, depths=args.depths, steps=args.steps, warmup=args.warmup)
+    result["setup_s"] = round(setup_s, 2)
     trainer.close()
     if trainer.context.rank == 0:
         print(json.dumps(result, indent=2))

@@ -156,14 +156,17 @@ def test_partial_update_blocks_generation(setup):
 
 
 def test_update_invalidates_cached_kv(setup):
-    """Publishing the same weights again gives identical outputs (nothing stale survives),
-    and for the built-in engine the cache is empty and zeroed once an update starts."""
+    """Publishing the same weights again gives identical outputs (nothing stale survives).
+    For the built-in engine the cache is empty once an update starts, and its old contents
+    are never read: overwriting them with junk changes no output bit."""
     engine, model, _ = setup
     first = engine.generate(PROMPTS, PARAMS)
     engine.start_weight_update(1)
     kv = getattr(engine, "kv", None)
     if kv is not None:
-        assert kv.allocator.num_free == kv.num_blocks and not kv.k.any() and not kv.v.any()
+        assert kv.allocator.num_free == kv.num_blocks
+        kv.k.normal_(0, 50)
+        kv.v.normal_(0, 50)
     for chunk in chunks(snapshot(model)):
         engine.update_weights(chunk)
     engine.finish_weight_update()
