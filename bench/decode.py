@@ -86,13 +86,17 @@ def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: s
 
 def measure(llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str,
             **params_kw) -> float:
-    """Seconds of `new_tokens` decode steps: a run of new_tokens + 1 tokens minus a run of 1, after a warm-up."""
+    """Seconds of `new_tokens` decode steps: a run of new_tokens + 1 tokens minus a run of 1, after a warm-up.
+
+    The warm-up is a full-length run: CUDA graphs are captured per context-width bucket,
+    so a shorter warm-up would leave captures (and compilations) inside the timed run."""
     prompts = make_prompts(batch, prompt_len, vocab)
 
     def run(n: int) -> float:
         return timed_generate(llm, prompts, n, k, device, **params_kw)
 
-    run(2)  # warm-up
+    run(1)
+    run(new_tokens + 1)  # warm-up
     return run(new_tokens + 1) - run(1)
 
 

@@ -9,7 +9,8 @@ past a row's end is fully masked and its combine step is an exact no-op (scale 1
 contribution 0), and each chunk has the same shape whatever the batch. The result
 for a row is therefore the same bits whether it runs alone or with longer rows.
 
-Scores, softmax and the accumulator are fp32. With bf16 K/V on CUDA the two batched
+Scores, softmax and the accumulator are fp32; the scale multiplies the fp32 scores (as
+flash attention does), so q is never rounded after scaling. With bf16 K/V on CUDA the two batched
 matmuls read bf16 and write fp32 (`out_dtype`), with P rounded to bf16 for P·V as
 flash attention does; elsewhere K/V are upcast. The head-major cache layout makes a
 gathered chunk [Hkv, B, n, D], so GQA is a batched matmul over (Hkv, B) with the
@@ -40,7 +41,7 @@ def decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tens
     qg = q.view(b, hkv, g, d).transpose(0, 1).reshape(hkv * b, g, d)
     scale = d**-0.5
     kv_dtype = k_plane.dtype if q.is_cuda else torch.float32
-    qg = (qg.float() * scale).to(kv_dtype)
+    qg = qg.to(kv_dtype)
     m = torch.full((hkv * b, g, 1), -torch.inf, device=q.device)
     l_sum = torch.zeros_like(m)
     acc = torch.zeros(hkv * b, g, d, device=q.device)
@@ -51,7 +52,7 @@ def decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tens
         flat = slots.reshape(-1)
         k = k_plane.index_select(1, flat).view(hkv * b, n, d)
         v = v_plane.index_select(1, flat).view(hkv * b, n, d)
-        s = torch.where(mask, _bmm_fp32(qg, k.transpose(1, 2)), -torch.inf)  # [Hkv·B, G, n]
+        s = torch.where(mask, _bmm_fp32(qg, k.transpose(1, 2)) * scale, -torch.inf)  # [Hkv·B, G, n]
         m_c = s.amax(-1, keepdim=True)
         m_c_safe = torch.where(torch.isinf(m_c), torch.zeros_like(m_c), m_c)
         p = torch.exp(s - m_c_safe)

@@ -8,8 +8,9 @@ functions run through `torch.compile`, which fuses each into one kernel (a resid
 add and the norm that follows it into one); weights are arguments, never captured, so
 one compiled kernel serves every layer.
 
-CPU (the tests' exact path, fp32/fp64 against independent references) always runs
-the plain eager functions, and `OURO_COMPILE=0` turns compilation off on CUDA too.
+CPU (the tests' exact path, fp32/fp64 against independent references) runs the plain
+eager functions; `OURO_COMPILE=0` turns compilation off on CUDA too, `OURO_COMPILE=always`
+turns it on for CPU as well.
 Both the engine and the trainer call these same functions, so on a GPU they stay one
 forward pass; only the rounding of fused kernels differs from eager.
 """
@@ -86,18 +87,33 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 # ---- dispatch -----------------------------------------------------------------------
 
-def compile_enabled() -> bool:
-    return os.environ.get("OURO_COMPILE", "1") != "0"
+def compile_mode() -> str:
+    """OURO_COMPILE: "1" (default: compile on CUDA), "0" (never), "always" (CPU too: lets the
+    CPU tests exercise the compiled path)."""
+    return os.environ.get("OURO_COMPILE", "1")
 
 
 def _dispatch(fn: Callable, x: torch.Tensor) -> Callable:
-    if x.is_cuda and compile_enabled() and not torch.compiler.is_compiling():
+    mode = compile_mode()
+    if (mode == "always" or (x.is_cuda and mode != "0")) and not torch.compiler.is_compiling():
         return _compiled(fn)
     return fn
 
 
+# Each function meets a handful of variants: dtype (fp32/bf16), grad mode (training vs
+# rollout), and shapes whose size-1 dims dynamo specialises (decode [B,1,H], prefill
+# [1,S,H], training [B,S,H]). dynamo's default of 8 compiled variants per function is
+# too few for one process that trains and decodes, and with fullgraph=True running out
+# is an error, not a fallback.
+RECOMPILE_LIMIT = 64
+
+
 @functools.cache
 def _compiled(fn: Callable) -> Callable:
-    # dynamic=None: the first shape compiles static, a second one a shape-generic kernel,
-    # so decode buckets, prefill lengths and training shapes do not recompile without end.
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    # dynamic=None: the first shape compiles static, a second one a kernel generic in the
+    # dims that changed (batch, length), so decode buckets and prompt lengths reuse it.
     return torch.compile(fn, fullgraph=True)

@@ -1,9 +1,16 @@
-"""A per-update fingerprint of the training state, for bitwise resume verification.
+"""Per-update fingerprints of the training state.
 
-sha256 over the raw bytes of every model parameter and every tensor in the optimizer's
-state dict (fp32 main weights, both Adam moments, step counts), walked in a fixed order.
-Under data parallelism each rank hashes what it holds and the rank digests are hashed
-together, so the value is the same on every rank.
+`state_digest` (for bitwise resume verification, `--state-digest`): sha256 over the raw
+bytes of every model parameter and every tensor in the optimizer's state dict (fp32 main
+weights, both Adam moments, step counts), walked in a fixed order. Under data
+parallelism each rank hashes what it holds and the rank digests are hashed together, so
+the value is the same on every rank.
+
+`params_sha256` (the cross-rank check after every update): sha256 over the name, dtype,
+shape and raw bytes of every model tensor this rank holds, with no communication. Data-
+parallel replicas must agree on it bit for bit; the caller gathers and compares. The
+optimizer state is left out on purpose: with the distributed optimizer each rank holds
+a different shard of it.
 """
 
 from __future__ import annotations
@@ -31,11 +38,21 @@ def _feed(h: Any, value: Any) -> None:
         h.update(repr(value).encode())
 
 
-def state_digest(trainer) -> str:
-    h = hashlib.sha256()
+def _feed_params(h: Any, trainer) -> None:
     for name, tensor in trainer.named_weights_for_publication():
         h.update(name.encode())
         _feed(h, tensor)
+
+
+def params_sha256(trainer) -> str:
+    h = hashlib.sha256()
+    _feed_params(h, trainer)
+    return h.hexdigest()
+
+
+def state_digest(trainer) -> str:
+    h = hashlib.sha256()
+    _feed_params(h, trainer)
     with trainer._megatron():
         optimizer_state = trainer.optimizer.state_dict()
     _feed(h, optimizer_state)

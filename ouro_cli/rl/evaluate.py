@@ -22,7 +22,7 @@ def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], *, ks
     results = []
     for k in ks:
         samples = generate_groups(engine, rows, prompt_ids, group_size=1, k=k, num_loops=num_loops, seed=seed,
-                                  update=0, rank=0, temperature=temperature, max_tokens=max_tokens,
+                                  update=0, temperature=temperature, max_tokens=max_tokens,
                                   exit_threshold=exit_threshold, min_loops=min_loops, stop_token_ids=stop_token_ids,
                                   decode=decode, purpose="eval", speculative_tokens=speculative_tokens,
                                   async_scheduling=async_scheduling)

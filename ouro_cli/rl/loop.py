@@ -3,9 +3,17 @@
     setup        data + reward + template checked before any model loads; trainer
                  (Megatron-core) and colocated engine built; initial publication
     per update   K = depths[u % len]; prompts = cursor; rollout → rewards →
-                 group advantages → train step → publish (version + 1) → save →
-                 evaluate → one metrics line
+                 group advantages → train step → rank check → publish (version + 1)
+                 → save → evaluate → one metrics line
     end          final evaluation, optional HF export, metrics.png
+
+Data parallelism (torchrun): every rank runs this loop. The ranks check that they agree
+on the run's contract and on each update's (update, K, prompts) before sampling; rank r
+samples the prompts at global positions r, r + N, … with seeds that depend on the
+position only, so N ranks sample what one rank would. After each optimizer step every
+rank hashes its parameters and the ranks compare: replicas that differ by one bit stop
+the run (exit 1) naming the update, before anything is published or saved. The metrics
+line shows every rank (`rank_*` lists, `plan_agreed_ranks`, `params_identical_across_ranks`).
 
 Policy versions: the engine starts at version 0 with the checkpoint's weights; the
 trainer's weights are published as version `start + 1` before the first rollout, and
@@ -32,7 +40,7 @@ from . import plan as plans
 from .advantages import group_advantages
 from .cursor import DataCursor
 from .data import Row, data_sha256, load_dataset
-from .digest import state_digest
+from .digest import params_sha256, state_digest
 from .evaluate import evaluate
 from .metrics import (
     append_jsonl,
@@ -135,14 +143,32 @@ def _trainer_config(options: TrainOptions):
                          keep_last=options.keep_last)
 
 
-def _agree(value: Any, what: str) -> None:
-    """All ranks must hold the same `value` (the execution plan); a mismatch is an error."""
+def _all_gather(value: Any) -> list[Any]:
+    """`value` from every rank, in rank order ([value] without a process group)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return
+        return [value]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _agree(value: Any, what: str) -> int:
+    """All ranks must hold the same `value` (the execution plan); a mismatch is an error.
+    Returns how many ranks agreed (the world size)."""
+    gathered = _all_gather(value)
     if any(g != gathered[0] for g in gathered):
         raise CheckFailed(f"ranks disagree on the {what}: {gathered}")
+    return len(gathered)
+
+
+def check_rank_params(update: int, digests: list[str]) -> bool:
+    """Data-parallel replicas must hold bit-identical parameters after every step; a
+    divergence (a missed gradient sync, a non-deterministic optimizer) would silently
+    train N different models, so it stops the run before the weights are published."""
+    if len(set(digests)) > 1:
+        shown = ", ".join(f"rank {r} {d[:12]}" for r, d in enumerate(digests))
+        raise CheckFailed(f"update {update}: trainer parameters differ across data-parallel ranks ({shown})")
+    return True
 
 
 def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_scheduler: bool = False,
@@ -192,10 +218,16 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         plan = saved
     else:
         plan = plans.new_plan(options, contract, cursor.state_dict())
-    _agree(plans.contract_hash(contract), "execution plan")
 
     log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
     trainer = Trainer(str(source_path), _trainer_config(options))
+    # the process group exists from here on (the trainer creates or joins it)
+    contract_sha = plans.contract_hash(contract)
+    agreed = _agree(contract_sha, "execution plan")
+    log(f"execution plan {contract_sha[:12]}: agreed by {agreed} rank(s)")
+    if options.prompts_per_update < agreed:
+        raise UserError(f"--prompts-per-update {options.prompts_per_update} is less than the {agreed} data-parallel "
+                        "ranks; give every rank at least one prompt")
     start_update = 0
     if resume:
         extra = trainer.load(run.checkpoint)
@@ -238,18 +270,20 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
 
 # ---- one update, stage by stage ------------------------------------------------------
 
-def rollout_stage(s: Session, update: int, k: int) -> list[RolloutSample]:
+def rollout_stage(s: Session, update: int, k: int) -> tuple[list[RolloutSample], int]:
+    """This rank's samples, and how many ranks agreed on the update's plan."""
     batch = s.cursor.next_batch(s.options.prompts_per_update)
-    _agree((update, k, batch), "update plan (update, K, prompts)")
-    mine = batch[s.rank::s.world]
+    agreed = _agree((update, k, batch), "update plan (update, K, prompts)")
+    positions = range(s.rank, len(batch), s.world)
+    mine = [batch[p] for p in positions]
     try:
         return generate_groups(
             s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], group_size=s.options.group_size,
-            k=k, num_loops=s.num_loops, seed=s.rollout_seed, update=update, rank=s.rank,
+            k=k, num_loops=s.num_loops, seed=s.rollout_seed, update=update, positions=positions,
             temperature=s.options.temperature, max_tokens=s.options.max_response_len,
             exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
             stop_token_ids=s.stop_token_ids, decode=s.codec.decode, speculative_tokens=s.options.speculative_tokens,
-            async_scheduling=s.options.async_scheduling)
+            async_scheduling=s.options.async_scheduling), agreed
     except RolloutCheckFailed as err:
         raise CheckFailed(f"update {update}: {err}") from err
 
@@ -300,23 +334,28 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
 
 
 def _gather(samples: list[RolloutSample], update: int) -> list[dict[str, Any]]:
-    records = [x.record(update) for x in samples]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, records)
-        records = [r for part in gathered for r in part]
-    return records
+    """Every rank's records in global batch order (by `group`, the prompt's position; the
+    sort is stable, so members keep their order): the same file whatever the rank count."""
+    records = [r for part in _all_gather([x.record(update) for x in samples]) for r in part]
+    return sorted(records, key=lambda r: r["group"])
 
 
 def run_update(s: Session, update: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     k = depth_for_update(s.options.depths, update)
     counters_before = dict(s.engine.work_counters())
-    samples = rollout_stage(s, update, k)
+    samples, plan_agreed = rollout_stage(s, update, k)
     t_rollout = time.perf_counter()
     score_stage(s, samples)
     train = train_stage(s, samples)
     t_train = time.perf_counter()
+    # hashing copies every parameter to the host (~2 s at 1.4B): only worth it with replicas to compare
+    ranks = _all_gather({"param_sha256": params_sha256(s.trainer) if s.world > 1 else None, "samples": len(samples),
+                         "response_tokens": sum(len(x.response_ids) for x in samples),
+                         "rollout_s": t_rollout - t0, "train_s": t_train - t_rollout,
+                         "device": str(s.trainer.device)})
+    identical = check_rank_params(update, [r["param_sha256"] for r in ranks])
+    t_check = time.perf_counter()
     digest = state_digest(s.trainer) if s.options.state_digest else None
     pub = publish(s.engine, s.trainer.named_weights_for_publication(), version=update + 2)
     records = _gather(samples, update)
@@ -332,7 +371,9 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         engine_delta["spec_acceptance_rate"] = engine_delta["spec_accepted_tokens"] / engine_delta["spec_draft_tokens"]
     record = {
         "update": update, "k": k, "weight_version": samples[0].weight_version, "config_hash": samples[0].config_hash,
-        "ranks": s.world, "state_sha256": digest, **rollout_summary(records),
+        "ranks": s.world, "plan_agreed_ranks": plan_agreed, "params_identical_across_ranks": identical,
+        **{f"rank_{key}": [r[key] for r in ranks] for key in ranks[0]}, "rank_check_s": t_check - t_train,
+        "state_sha256": digest, **rollout_summary(records),
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),
@@ -391,7 +432,8 @@ def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_
 
                 to_hf(open_checkpoint(run.checkpoint), Path(options.export_hf), overwrite=True,
                       command=f"{command} --export-hf", options={"source": str(run.checkpoint)})
-            plot(run.metrics, run.plot)
+            if plot(run.metrics, run.plot) is None:
+                log(f"{run.plot.name} not written (matplotlib is not installed)")
             mark_complete(run.root)
         return {"run_dir": str(run.root), "updates": options.updates, "start_update": session.start_update,
                 "last_weight_version": session.engine.get_weight_version(),

@@ -70,11 +70,15 @@ def truncate_after(path: Path, keep) -> int:
 
 
 def plot(metrics_path: Path, out: Path) -> Path | None:
-    """Reward and mean exit depth per update (metrics.png)."""
+    """Reward and mean exit depth per update (metrics.png); None without records, or
+    without matplotlib (a bare GPU image may lack it: the run itself is not at fault)."""
     records = read_jsonl(metrics_path)
     if not records:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,7 +1,9 @@
 """The rollout stage of a GRPO update: prompts × group → engine outputs → checked samples.
 
-Every request gets its own seed derived from (run seed, update, rank, sample index), so a
-rollout replays bit for bit whatever the engine's batching. Each output is checked
+Every request gets its own seed derived from (run seed, update, sample index), the index
+counting over the update's global batch (prompt position × group size + member), so a
+rollout replays bit for bit whatever the engine's batching and whichever rank draws it:
+N data-parallel ranks sample exactly what one rank samples for the same global batch. Each output is checked
 against the contract before anything trains on it: the committed policy version,
 `exit_depths[0] == T`, depths within 1..K, and every GRPO group one prompt, one K, one
 version and one execution-config hash.
@@ -24,8 +26,9 @@ class RolloutCheckFailed(RuntimeError):
     """An engine output breaks the execution contract (version, depths, group)."""
 
 
-def request_seed(seed: int, update: int, rank: int, index: int, purpose: str = "rollout") -> int:
-    digest = hashlib.sha256(f"{purpose}:{seed}:{update}:{rank}:{index}".encode()).digest()
+def request_seed(seed: int, update: int, index: int, purpose: str = "rollout") -> int:
+    # The ":0:" held the drawing rank once; it stays so single-rank runs keep their seeds.
+    digest = hashlib.sha256(f"{purpose}:{seed}:{update}:0:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
@@ -70,22 +73,29 @@ def sampling_params(*, k: int, temperature: float, max_tokens: int, seed: int, e
 
 
 def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], *, group_size: int, k: int,
-                    num_loops: int, seed: int, update: int, rank: int, temperature: float, max_tokens: int,
+                    num_loops: int, seed: int, update: int, temperature: float, max_tokens: int,
                     exit_threshold: float, min_loops: int, stop_token_ids: Sequence[int],
-                    decode: Callable[[list[int]], str], purpose: str = "rollout", speculative_tokens: int = 0,
+                    decode: Callable[[list[int]], str], positions: Sequence[int] | None = None,
+                    purpose: str = "rollout", speculative_tokens: int = 0,
                     async_scheduling: bool = False) -> list[RolloutSample]:
     """One request per (row, group member); returns checked samples in (row, member) order.
 
-    `async_scheduling` says how the engine was built (it is part of the config hash)."""
+    `positions` are the rows' places in the update's global batch (default 0, 1, …): they
+    pick the seeds and become each sample's `group`, so records from several ranks sort
+    back into the global order. `async_scheduling` says how the engine was built (it is
+    part of the config hash)."""
+    positions = list(range(len(rows))) if positions is None else list(positions)
+    if len(positions) != len(rows):
+        raise ValueError(f"{len(rows)} rows but {len(positions)} batch positions")
     params, owners = [], []
     for i, row in enumerate(rows):
         for g in range(group_size):
-            index = i * group_size + g
+            index = positions[i] * group_size + g
             params.append(sampling_params(k=k, temperature=temperature, max_tokens=max_tokens,
-                                          seed=request_seed(seed, update, rank, index, purpose),
+                                          seed=request_seed(seed, update, index, purpose),
                                           exit_threshold=exit_threshold, min_loops=min_loops,
                                           stop_token_ids=stop_token_ids, speculative_tokens=speculative_tokens))
-            owners.append((row, i, list(prompt_ids[i])))
+            owners.append((row, positions[i], list(prompt_ids[i])))
     outputs = engine.generate([o[2] for o in owners], params)
     committed = engine.get_weight_version()
     samples = []

@@ -74,7 +74,9 @@ def _sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
 
 
-def _checkpoint_tensors(run: RunDir) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def checkpoint_tensors(run: RunDir) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Every tensor of the run's latest checkpoint (model under its HF names, and the optimizer's
+    `optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<name>`), and its trainer_state.json."""
     from megatron.core.dist_checkpointing.serialization import load_plain_tensors
 
     from ouro_cli.mcore import megatron_on_cpu, single_process_group
@@ -87,8 +89,8 @@ def _checkpoint_tensors(run: RunDir) -> tuple[dict[str, torch.Tensor], dict[str,
 
 
 def compare_checkpoints(a: RunDir, b: RunDir, report: Report) -> None:
-    tensors_a, state_a = _checkpoint_tensors(a)
-    tensors_b, state_b = _checkpoint_tensors(b)
+    tensors_a, state_a = checkpoint_tensors(a)
+    tensors_b, state_b = checkpoint_tensors(b)
     cat = Category("checkpoint tensors")
     for name in sorted(set(tensors_a) | set(tensors_b)):
         ta, tb = tensors_a.get(name), tensors_b.get(name)

@@ -9,8 +9,8 @@ the row's slot ids, and folds each tile into an fp32 online softmax. The loop bo
 the row's length, so a row computes the same bits whatever its batch-mates and whatever
 the width of the slot table (the batch-invariance the engine promises, OURO.md §4).
 
-Numerics follow the reference: q is scaled in fp32 and rounded to the KV dtype, Q·Kᵀ and
-P·V accumulate in fp32 with P rounded to the KV dtype (bf16 on the GPU, as flash
+Numerics follow the reference: Q·Kᵀ accumulates in fp32 and is scaled there (q is not
+rounded after scaling, as in flash attention), P·V accumulates in fp32 with P rounded to the KV dtype (bf16 on the GPU, as flash
 attention does); fp32 K/V use full-precision (IEEE, not TF32) dots. The group's G query
 heads are padded to 16 rows because tl.dot needs M >= 16; the padding rows load zeros and
 are never stored. Results match the reference to rounding, not bit for bit (the
@@ -46,7 +46,7 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
     gd_ok = (g < G)[:, None] & (d < D)[None, :]
     heads = h * G + g
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_ok, other=0.0)
-    q = (q.to(tl.float32) * scale).to(K.dtype.element_ty)
+    q = q.to(K.dtype.element_ty)
     length = tl.load(LENGTHS + b).to(tl.int32)
     m = tl.full([GP], float("-inf"), tl.float32)
     l_sum = tl.zeros([GP], tl.float32)
@@ -64,7 +64,7 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(n_ok[None, :], s, float("-inf"))  # [GP, BLOCK]; every tile holds >= 1 valid position
+        s = tl.where(n_ok[None, :], s * scale, float("-inf"))  # [GP, BLOCK]; every tile holds >= 1 valid position
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)  # exp(-inf) = 0 on the first tile
         p = tl.exp(s - m_new[:, None])
