@@ -11,9 +11,9 @@ still leaves its finished rows):
 
 - decode: tok/s of `LLM.generate` for K ∈ {2, 3, 4} × batch ∈ {1, 16, 64, 128}, 128-token
   prompts and 128 new tokens (the anchor's shape). One engine whose KV cache holds the
-  largest batch; per row bench/decode.py's `measure`: a 2-token warm-up run (captures the
-  CUDA graph of that batch bucket and K), then decode time = a 129-token run − a 1-token
-  run (prefill and first sample).
+  largest batch; per row bench/decode.py's `measure`: a full-length warm-up run (captures
+  the CUDA graphs of that batch bucket, K and every context width), then decode time = a
+  129-token run − a 1-token run (prefill and first sample).
   Roofline: bench/decode.py's bytes per step at the mean context (prompt + new/2).
 - publish: the RL loop's path, `rl.publish.publish(engine, trainer.named_weights_for_
   publication(), version)`, into a live engine built as the loop builds it (default

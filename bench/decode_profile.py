@@ -1,0 +1,97 @@
+"""Where a decode step's time goes: kernels per step, GPU-busy time, and the top kernels.
+
+    python bench/decode_profile.py --batch 1 16 64 --loops 4     # CUDA, Ouro-1.4B shape, random bf16
+
+For each batch: the step time with CUDA graphs (what decoding runs), then one eager
+step under torch.profiler: how many kernels it launches, the sum of their GPU times,
+and the kernels that take the most. Graph replay removes launch gaps but not kernels,
+so `graph step ≈ GPU-busy time + kernels × per-kernel floor`; comparing the two with
+the weight-read roofline says whether a step is bound by bytes or by kernel count.
+Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+import decode as decode_bench  # noqa: E402
+
+from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
+from ouro_cli.model import OuroConfig  # noqa: E402
+
+
+def step_time(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int) -> float:
+    """Seconds per decode step: (steps + 1)-token run minus a 1-token run, over `steps`."""
+    return decode_bench.measure(llm, batch, prompt, steps, k, vocab, "cuda") / steps
+
+
+def eager_profile(model, batch: int, prompt: int, k: int, vocab: int, top: int) -> None:
+    llm = LLM(model, max_num_seqs=batch, kv_blocks=batch * (-(-(prompt + 8) // 16)), block_size=16, cuda_graphs=False)
+    prompts = decode_bench.make_prompts(batch, prompt, vocab)
+    params = SamplingParams(max_tokens=4, max_loops=k, temperature=1.0, seed=0, ignore_eos=True)
+    llm.generate(prompts, params)  # compile and warm up
+    runner = llm.runner
+    calls = []
+    original = runner.decode
+
+    def timed(*args, **kw):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = original(*args, **kw)
+            torch.cuda.synchronize()
+        calls.append(prof)
+        return out
+
+    runner.decode = timed
+    llm.generate(prompts, params)
+    llm.close()
+    prof = calls[-1]
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.device_time for e in kernels)
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for e in kernels:
+        by_name[e.name[:70]].append(e.device_time)
+    print(f"  eager step: {len(kernels)} kernels ({len(kernels) / (k * len(model.model.layers)):.1f} per layer-loop), "
+          f"GPU busy {busy_us / 1e3:.2f} ms")
+    for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        print(f"    {sum(times) / 1e3:7.3f} ms  {len(times):5d} x  {name}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--loops", "-K", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=192, help="context of the profiled steps (mean of 128+128)")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--bandwidth", type=float, default=4.26e12)
+    args = ap.parse_args()
+    config = OuroConfig()
+    torch.manual_seed(0)
+    model = decode_bench.random_model(config, torch.bfloat16, "cuda")
+    weights_ms = args.loops * decode_bench.layer_weight_bytes(config, 2) / args.bandwidth * 1e3
+    print(f"1.4B bf16 K={args.loops}: layer weights alone take {weights_ms:.2f} ms per step at "
+          f"{args.bandwidth:.3g} B/s")
+    for batch in args.batch:
+        start = time.perf_counter()
+        blocks = batch * -(-(args.prompt + args.steps + 2) // 16)
+        llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=16)
+        seconds = step_time(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size)
+        llm.close()
+        roof = 1e3 / decode_bench.roofline_tokens_per_s(config, args.loops, batch, args.prompt, 2, args.bandwidth) * batch
+        print(f"batch {batch}: graph step {seconds * 1e3:.2f} ms ({batch / seconds:.0f} tok/s); roofline step "
+              f"{roof:.2f} ms")
+        eager_profile(model, batch, args.prompt, args.loops, config.vocab_size, args.top)
+        print(f"  ({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
