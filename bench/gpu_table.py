@@ -13,7 +13,7 @@ still leaves its finished rows):
   prompts and 128 new tokens (the anchor's shape). One engine whose KV cache holds the
   largest batch; per row bench/decode.py's `measure`: a full-length warm-up run (captures
   the CUDA graphs of that batch bucket, K and every context width), then decode time = a
-  129-token run − a 1-token run (prefill and first sample).
+  129-token run minus the time it spent in prefill (which samples the first token).
   Roofline: bench/decode.py's bytes per step at the mean context (prompt + new/2).
 - publish: the RL loop's path, `rl.publish.publish(engine, trainer.named_weights_for_
   publication(), version)`, into a live engine built as the loop builds it (default
@@ -260,7 +260,7 @@ def section_decode(b: Bench) -> None:
                 try:
                     start = time.perf_counter()
                     # warm-up run (captures this batch bucket's and K's CUDA graph), then
-                    # (new_tokens + 1)-token run minus 1-token run: bench/decode.py's measure
+                    # (new_tokens + 1)-token run minus its prefill time: bench/decode.py's measure
                     seconds = decode_bench.measure(llm, batch, a.prompt, a.new_tokens, k, config.vocab_size, b.device)
                     row_s = time.perf_counter() - start
                     tok_s = batch * a.new_tokens / seconds if seconds > 0 else None

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ouro_cli.model import OuroForCausalLM
+from ouro_cli.model import OuroForCausalLM, fuse_projections
 
 from .contract import (
     EngineBusy,
@@ -84,6 +84,8 @@ class LLM(GenerationControl):
         if max_num_seqs < 1 or block_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_num_seqs, block_size and max_prefill_tokens must be >= 1")
         model.eval()
+        if next(model.parameters()).is_cuda:
+            fuse_projections(model)  # fewer, wider GEMMs per decode loop (model/fusion.py)
         self.model = model
         self.codec = codec
         cfg = model.config

@@ -8,6 +8,7 @@
 
 from .config import ConfigError, OuroConfig, tiny_config
 from .exit_gate import exit_cdf, exit_distribution
+from .fusion import fuse_projections
 from .loading import build, from_state_dict, load
 from .ouro import OuroForCausalLM
 
@@ -19,6 +20,7 @@ __all__ = [
     "exit_cdf",
     "exit_distribution",
     "from_state_dict",
+    "fuse_projections",
     "load",
     "tiny_config",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import pointwise
@@ -62,12 +63,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
+        self.qkv_weight: torch.Tensor | None = None  # set by fusion.fuse_projections
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        if self.qkv_weight is not None:
+            q, k, v = F.linear(x, self.qkv_weight).split(
+                [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, s, self.num_heads, self.head_dim)
+        k = k.view(b, s, self.num_kv_heads, self.head_dim)
+        v = v.view(b, s, self.num_kv_heads, self.head_dim)
         q, k = pointwise.rotary(q, k, cos, sin)
         o = attend(q, k, v)
         return self.o_proj(o.reshape(b, s, self.num_heads * self.head_dim))
@@ -80,9 +87,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # set by fusion.fuse_projections
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(pointwise.silu_mul(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_weight is not None:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, -1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(pointwise.silu_mul(gate, up))
 
 
 class DecoderLayer(nn.Module):
