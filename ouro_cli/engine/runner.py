@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ouro_cli.model import OuroForCausalLM
+from ouro_cli.model import OuroForCausalLM, pointwise
 
 from .async_exits import LaggedExitProbe
 from .exits import ExitState
@@ -106,7 +106,8 @@ class ModelRunner:
         def sink(loop: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
             self.kv.write(layer, loop - 1, slots, k[0], v[0])
 
-        logits = self.model(ids, depths=depths, kv_sink=sink)[0, -1]
+        with pointwise.eager():  # host-bound: compiled calls would cost more than they save here
+            logits = self.model(ids, depths=depths, kv_sink=sink)[0, -1]
         n = len(item.tokens)
         self.counters.prefill_tokens += n
         self.counters.prefill_layer_tokens += sum(item.depths) * self.num_layers

@@ -41,3 +41,16 @@ def test_cpu_tensors_run_eager(monkeypatch):
     x, w = torch.randn(3, 8), torch.ones(8)
     expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(pointwise.rms_norm(x, w, 1e-6), expected, rtol=0, atol=0)
+
+
+def test_eager_block_never_compiles(monkeypatch):
+    monkeypatch.setenv("OURO_COMPILE", "always")
+    monkeypatch.setattr(pointwise, "_compiled", lambda fn: (_ for _ in ()).throw(AssertionError("compiled")))
+    x, w = torch.randn(3, 8), torch.ones(8)
+    with pointwise.eager():
+        pointwise.rms_norm(x, w, 1e-6)
+    try:
+        pointwise.rms_norm(x, w, 1e-6)
+    except AssertionError:
+        return
+    raise AssertionError("outside the block, OURO_COMPILE=always must compile")
