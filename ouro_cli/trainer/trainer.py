@@ -127,9 +127,11 @@ class Trainer:
     def named_weights_for_publication(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every physical tensor under its HF name (frozen exit gate included), in model
         dtype, for the engine's weight update. Tensors alias the live parameters: copy
-        them before the next step if they must outlive it."""
-        for name, tensor in self.module.state_dict(keep_vars=False).items():
-            yield name, tensor.detach()
+        them before the next step if they must outlive it. The parameters are the physical
+        tensors (the model has no buffers); walking them skips `state_dict`'s module
+        recursion and hooks, which cost milliseconds per publication at 1.4B."""
+        for name, param in self.module.named_parameters():
+            yield name, param.detach()
 
     @property
     def steps_taken(self) -> int:
