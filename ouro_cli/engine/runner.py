@@ -54,6 +54,8 @@ class WorkCounters:
     decode_layer_tokens: int = 0
     decode_layer_tokens_executed: int = 0
     decode_steps: int = 0
+    decode_steps_graphed: int = 0   # replayed from a captured CUDA graph,
+    decode_steps_eager: int = 0     # or run eagerly (CPU, graphs off: the fallback)
     preemptions: int = 0
     spec_draft_tokens: int = 0      # self-speculation: tokens drafted,
     spec_accepted_tokens: int = 0   # of which the target accepted,
@@ -129,10 +131,12 @@ class ModelRunner:
                 self.graphs[key] = CapturedDecodeStep(self, *key)
             logits, depth = self.graphs[key].run(inputs)
             loops_run = max_loops
+            self.counters.decode_steps_graphed += 1
         else:
             exits = ExitState.start(inputs.stop_after, inputs.min_loops, inputs.tau, inputs.delay, max_loops=max_loops,
                                     may_exit_early=any(math.isfinite(p[2]) for p in policies))
             logits, depth, loops_run = self._step(inputs, exits, allow_sync=True)
+            self.counters.decode_steps_eager += 1
         self.counters.decode_tokens += b
         self.counters.decode_steps += 1
         self.counters.decode_layer_tokens_executed += (b + pad) * loops_run * self.num_layers

@@ -53,6 +53,8 @@ def test_cuda_graphs_see_published_weights():
     llm.finish_weight_update()
     after = llm.generate(prompts(5, seed=1), PARAMS)
     _assert_same(after, _generate(new, 4, graphs=False))
+    counters = llm.work_counters()
+    assert counters["decode_steps_graphed"] == counters["decode_steps"] > 0 and counters["decode_steps_eager"] == 0
 
 
 def test_cuda_bf16_runs():

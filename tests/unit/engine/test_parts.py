@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ouro_cli.engine import SamplingParams
+from ouro_cli.engine import LLM, SamplingParams
 from ouro_cli.engine.kv_cache import BlockAllocator, PagedKVCache
 from ouro_cli.engine.sampling import SamplingBatch, processed_logprobs, sample
 from ouro_cli.engine.scheduler import Scheduler, Sequence
+
+from .conftest import prompts, tiny_model
 
 
 def _batch(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0):
@@ -99,3 +101,10 @@ def test_scheduler_preempts_the_youngest_and_requeues_in_order():
     assert plan.decode == [seqs[0]] and plan.preempted == [seqs[1]]
     assert list(sched.waiting) == [seqs[1], seqs[2]]  # oldest first
     assert len(seqs[0].blocks) == 4 and alloc.num_free == 2
+
+
+def test_decode_steps_are_counted_as_eager_without_graphs():
+    llm = LLM(tiny_model(0), max_num_seqs=2, kv_blocks=32, block_size=4)
+    llm.generate(prompts(2, seed=1), SamplingParams(max_tokens=5, seed=0, ignore_eos=True))
+    counters = llm.work_counters()
+    assert counters["decode_steps_eager"] == counters["decode_steps"] > 0 and counters["decode_steps_graphed"] == 0
