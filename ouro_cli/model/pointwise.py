@@ -12,7 +12,8 @@ CPU (the tests' exact path, fp32/fp64 against independent references) runs the p
 eager functions; `OURO_COMPILE=0` turns compilation off on CUDA too, `OURO_COMPILE=always`
 turns it on for CPU as well.
 Both the engine and the trainer call these same functions, so on a GPU they stay one
-forward pass; only the rounding of fused kernels differs from eager.
+forward pass; the compiled kernels keep eager's intermediate roundings (bf16 results on
+CPU are bit-identical to eager).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import threading
 from collections.abc import Callable
 
 import torch
+import torch._inductor.config
 import torch.nn.functional as F
 
 
@@ -139,4 +141,9 @@ def _compiled(fn: Callable) -> Callable:
             setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
     # dynamic=None: the first shape compiles static, a second one a kernel generic in the
     # dims that changed (batch, length), so decode buckets and prompt lengths reuse it.
-    return torch.compile(fn, fullgraph=True)
+    # emulate_precision_casts keeps the roundings the formulas spell out (the normed value
+    # is rounded to the activation dtype before the weight multiplies it, OURO.md §2);
+    # without it inductor computes the whole chain in fp32, which is not Ouro's function
+    # and differs from the eager path (the CPU tests, the engine's prefill) in bf16.
+    options = {"emulate_precision_casts": True} if hasattr(torch._inductor.config, "emulate_precision_casts") else {}
+    return torch.compile(fn, fullgraph=True, options=options)

@@ -54,3 +54,19 @@ def test_eager_block_never_compiles(monkeypatch):
     except AssertionError:
         return
     raise AssertionError("outside the block, OURO_COMPILE=always must compile")
+
+
+def test_compiled_bf16_keeps_eager_roundings():
+    """Compiled bf16 results equal eager bit for bit: the roundings of OURO.md §2's formulas
+    (normed value to the activation dtype, then times the weight) are kept, not fused away."""
+    g = torch.Generator().manual_seed(1)
+    h, x = (torch.randn(2, 5, 256, generator=g).bfloat16() * 3 for _ in range(2))
+    w1, w2 = ((torch.rand(256, generator=g) + 0.5).bfloat16() for _ in range(2))
+    q, k = (torch.randn(2, 5, 4, 32, generator=g).bfloat16() for _ in range(2))
+    cos, sin = (torch.randn(2, 5, 32, generator=g).bfloat16() for _ in range(2))
+    for fn, args in [(pointwise._add_rms_norm_then_norm, (h, x, w1, w2, 1e-6)), (pointwise._rotary, (q, k, cos, sin)),
+                     (pointwise._silu_mul, (h, x))]:
+        eager, compiled = fn(*args), pointwise._compiled(fn)(*args)
+        eager, compiled = (e if isinstance(e, tuple) else (e,) for e in (eager, compiled))
+        for a, b in zip(eager, compiled, strict=True):
+            assert torch.equal(a, b), fn.__name__
