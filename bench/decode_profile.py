@@ -69,16 +69,27 @@ def eager_profile(model, batch: int, prompt: int, k: int, vocab: int, top: int) 
 
 
 def host_profile(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, top: int) -> None:
-    """cProfile of a graph-mode generate: where the host spends a step's time (the GPU runs
-    the captured step; host time that is not hidden behind it adds to every step)."""
+    """cProfile of the decode steps of a graph-mode generate (prefill excluded): where the
+    host spends a step's time. The GPU runs the captured step; host time that is not
+    hidden behind it (input building, sampling, reading tokens back) adds to every step."""
     prompts = decode_bench.make_prompts(batch, prompt, vocab)
     params = SamplingParams(max_tokens=steps + 1, max_loops=k, temperature=1.0, seed=0, ignore_eos=True)
     llm.generate(prompts, params)
     prof = cProfile.Profile()
-    prof.enable()
-    llm.generate(prompts, params)
-    torch.cuda.synchronize()
-    prof.disable()
+    original = llm._decode
+
+    def profiled(*args, **kw):
+        prof.enable()
+        try:
+            return original(*args, **kw)
+        finally:
+            prof.disable()
+
+    llm._decode = profiled
+    try:
+        llm.generate(prompts, params)
+    finally:
+        del llm._decode
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
     lines = [x for x in text.getvalue().splitlines() if x.strip()]
