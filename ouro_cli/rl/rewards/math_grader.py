@@ -141,42 +141,37 @@ _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {")": "(", "]": "[", "}": "{"}
 
 
-def _closing(s: str, i: int) -> int | None:
-    """Index where the bracket group opened at `s[i]` closes (any bracket kind), or None."""
-    depth = 0
-    j = i
+def _scan(s: str, start: int = 0):
+    """(index, char, bracket depth after it) from `start` on; `\\{` / `\\}` count as one
+    bracket, reported at the brace."""
+    depth, j = 0, start
     while j < len(s):
         c = s[j]
         if c == "\\" and j + 1 < len(s) and s[j + 1] in "{}":
-            c = s[j + 1]
             j += 1
+            c = s[j]
         if c in _OPEN:
             depth += 1
         elif c in _CLOSE:
             depth -= 1
-            if depth == 0:
-                return j
-            if depth < 0:
-                return None
+        yield j, c, depth
         j += 1
+
+
+def _closing(s: str, i: int) -> int | None:
+    """Index where the bracket group opened at `s[i]` closes (any bracket kind), or None."""
+    for j, c, depth in _scan(s, i):
+        if c in _CLOSE and depth <= 0:
+            return j if depth == 0 else None
     return None
 
 
 def _split_top_level(s: str) -> list[str]:
-    items, depth, start, j = [], 0, 0, 0
-    while j < len(s):
-        c = s[j]
-        if c == "\\" and j + 1 < len(s) and s[j + 1] in "{}":
-            c = s[j + 1]
-            j += 1
-        if c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-        elif c == "," and depth == 0:
+    items, start = [], 0
+    for j, c, depth in _scan(s):
+        if c == "," and depth == 0:
             items.append(s[start:j])
             start = j + 1
-        j += 1
     items.append(s[start:])
     return items
 
