@@ -25,7 +25,6 @@ import threading
 from collections.abc import Callable
 
 import torch
-import torch._inductor.config
 import torch.nn.functional as F
 
 
@@ -145,5 +144,7 @@ def _compiled(fn: Callable) -> Callable:
     # is rounded to the activation dtype before the weight multiplies it, OURO.md §2);
     # without it inductor computes the whole chain in fp32, which is not Ouro's function
     # and differs from the eager path (the CPU tests, the engine's prefill) in bf16.
-    options = {"emulate_precision_casts": True} if hasattr(torch._inductor.config, "emulate_precision_casts") else {}
+    import torch._inductor.config as inductor_config  # only when compiling: importing inductor is slow
+
+    options = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
     return torch.compile(fn, fullgraph=True, options=options)
