@@ -1,0 +1,112 @@
+"""Where the engine and the trainer part ways in bf16: per-(loop, layer) divergence of one token.
+
+    python bench/agree_trace.py --device cuda                  # Ouro-1.4B shape, random bf16 weights
+    python bench/agree_trace.py --device cuda --sdpa math      # replay attention on SDPA's math kernel
+    python bench/agree_trace.py --device cuda --attention torch
+    python bench/agree_trace.py --device cpu --shape tiny      # smoke run
+
+The engine decodes one sequence at K = T eagerly (no CUDA graph, so forward hooks see
+every layer call) and records each decoder layer's output for the token of its last
+decode step, at every (loop, layer). A second model holding a copy of the same weights
+(unfused, as the trainer's is) replays the whole sequence the way the trainer does and
+records the same outputs at that position. Printed per loop: the relative max |Δ| at a
+few layers, then the two log-probabilities of the sampled token.
+
+Reading it: a difference at bf16 rounding level (~4e-3) from layer 0 of loop 1 that
+grows along the loops is rounding amplified by depth; a jump at one layer, or a large
+difference in the first layer, names an operation that differs (then vary `--sdpa`
+and `--attention`). Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+import decode as decode_bench  # noqa: E402
+
+from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
+from ouro_cli.model import OuroConfig, from_state_dict, tiny_config  # noqa: E402
+
+
+def record_layers(model, rows: list[torch.Tensor], pick) -> list:
+    """Forward hooks appending `pick(output)` of every decoder layer call to `rows`."""
+    return [layer.register_forward_hook(lambda _m, _a, out: rows.append(pick(out).float().cpu()))
+            for layer in model.model.layers]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--shape", choices=["tiny", "1.4b"], help="default: 1.4b on CUDA, tiny on CPU")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--sdpa", choices=["default", "math", "flash", "efficient", "cudnn"], default="default",
+                    help="SDPA backend of the replay's attention")
+    ap.add_argument("--attention", choices=["auto", "torch", "triton"], default="auto",
+                    help="the engine's decode attention (OURO_DECODE_ATTENTION)")
+    args = ap.parse_args()
+    os.environ["OURO_DECODE_ATTENTION"] = args.attention
+    cuda = args.device.startswith("cuda")
+    shape = args.shape or ("1.4b" if cuda else "tiny")
+    config = OuroConfig() if shape == "1.4b" else tiny_config()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    torch.manual_seed(0)
+    model = decode_bench.random_model(config, dtype, args.device)
+    replay_model = from_state_dict(config, {n: p.detach().clone() for n, p in model.named_parameters()},
+                                   device=args.device, dtype=dtype)
+    num_layers, loops = config.num_hidden_layers, config.total_ut_steps
+
+    llm = LLM(model, max_num_seqs=1, kv_blocks=-(-(args.prompt + args.new_tokens + 1) // 16), block_size=16,
+              cuda_graphs=False)
+    prompt = decode_bench.make_prompts(1, args.prompt, config.vocab_size)[0]
+    engine_rows: list[torch.Tensor] = []
+    hooks = record_layers(model, engine_rows, lambda out: out[0, -1])
+    out = llm.generate([prompt], SamplingParams(max_tokens=args.new_tokens, max_loops=loops, temperature=1.0, seed=0,
+                                                ignore_eos=True, logprobs=0))[0]
+    for h in hooks:
+        h.remove()
+    llm.close()
+    engine_rows = engine_rows[-num_layers * loops:]  # the last decode step's layer calls, loop-major
+
+    ids = torch.tensor([prompt + out.output_token_ids[:-1]], device=args.device)
+    replay_rows: list[torch.Tensor] = []
+    hooks = record_layers(replay_model, replay_rows, lambda out: out[0, -1])
+    backends = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                "cudnn": "CUDNN_ATTENTION"}
+    if args.sdpa == "default":
+        ctx = nullcontext()
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        ctx = sdpa_kernel([getattr(SDPBackend, backends[args.sdpa])])
+    with torch.no_grad(), ctx:
+        logits = replay_model(ids, depths=torch.full_like(ids, loops))
+    for h in hooks:
+        h.remove()
+    replay_lp = float(torch.log_softmax(logits[0, -1].float(), -1)[out.output_token_ids[-1]])
+
+    print(f"{shape} {args.dtype} on {args.device}; prompt {args.prompt}, {args.new_tokens} new tokens, K = {loops}; "
+          f"engine attention {args.attention}, replay SDPA {args.sdpa}")
+    picks = sorted({0, 1, num_layers // 2, num_layers - 1})
+    print("loop  " + "  ".join(f"layer {i:>2}" for i in picks) + "   max over layers   (relative max |Δ|)")
+    for t in range(loops):
+        rel = []
+        for i in range(num_layers):
+            a, b = engine_rows[t * num_layers + i], replay_rows[t * num_layers + i]
+            rel.append(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)))
+        print(f"{t + 1:>4}  " + "  ".join(f"{rel[i]:8.2e}" for i in picks) + f"   {max(rel):8.2e}")
+    engine_lp = out.log_probs[-1]
+    print(f"last token logprob: engine {engine_lp:.5f}, replay {replay_lp:.5f}, |Δ| {abs(engine_lp - replay_lp):.3g}")
+
+
+if __name__ == "__main__":
+    main()
