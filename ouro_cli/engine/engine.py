@@ -144,11 +144,24 @@ class LLM(GenerationControl):
             sched.drain()  # on any error, give every block back
 
     def _prefill(self, seqs: list[Sequence], sched: Scheduler) -> None:
+        """Prefill the admitted sequences, each computed once per distinct (tokens, depths).
+
+        A GRPO group submits its prompt G times; the copies admitted in one step share one
+        prefill, and the others receive its K/V (every layer and plane) by a slot copy.
+        Prefill is deterministic, so this gives the bits a separate prefill would."""
         fresh, logits = [], []
+        done: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], torch.Tensor]] = {}
         for seq in seqs:
-            tokens = seq.prefill_tokens
-            item = PrefillItem(tokens, seq.prefill_depths(self.num_loops), self.kv.slots(seq.blocks, 0, len(tokens)))
-            last = self.runner.prefill(item)
+            tokens, depths = seq.prefill_tokens, seq.prefill_depths(self.num_loops)
+            slots = self.kv.slots(seq.blocks, 0, len(tokens))
+            key = (tuple(tokens), tuple(depths))
+            if key in done:
+                source_slots, last = done[key]
+                self.kv.copy_slots(source_slots, slots)
+                self.counters.prefill_tokens_shared += len(tokens)
+            else:
+                last = self.runner.prefill(PrefillItem(tokens, depths, slots))
+                done[key] = (slots, last)
             seq.num_cached = len(tokens)
             if seq.is_fresh:  # a recomputed sequence already holds its next input token
                 fresh.append(seq)

@@ -113,6 +113,13 @@ class PagedKVCache:
         """The K and V planes of (layer, plane): [Hkv, slots, D] views."""
         return self.k[layer, plane], self.v[layer, plane]
 
+    def copy_slots(self, source: list[int], dest: list[int]) -> None:
+        """K/V of every layer and plane at slots `source` copied to slots `dest`."""
+        src = torch.tensor(source, dtype=torch.long, device=self.device)
+        dst = torch.tensor(dest, dtype=torch.long, device=self.device)
+        self.k.index_copy_(3, dst, self.k.index_select(3, src))
+        self.v.index_copy_(3, dst, self.v.index_select(3, src))
+
     def copy_forward(self, slots: torch.Tensor, last_plane: int) -> None:
         """Planes last_plane+1.. := plane last_plane at `slots`, in every layer (last-exited layout)."""
         for plane in range(last_plane + 1, self.num_loops):

@@ -48,6 +48,7 @@ class WorkCounters:
     layers); `*_executed` count what ran, incl. rows kept in a batch after they exited."""
 
     prefill_tokens: int = 0
+    prefill_tokens_shared: int = 0  # prefilled by copying an identical sequence's K/V in the same step
     prefill_layer_tokens: int = 0
     prefill_layer_tokens_executed: int = 0
     decode_tokens: int = 0

@@ -108,3 +108,22 @@ def test_decode_steps_are_counted_as_eager_without_graphs():
     llm.generate(prompts(2, seed=1), SamplingParams(max_tokens=5, seed=0, ignore_eos=True))
     counters = llm.work_counters()
     assert counters["decode_steps_eager"] == counters["decode_steps"] > 0 and counters["decode_steps_graphed"] == 0
+
+
+def test_identical_prompts_share_one_prefill_bit_for_bit():
+    """A GRPO group's copies of one prompt, admitted together, run one prefill; the others get
+    its K/V by copy. Outputs equal those of sequences prefilled one by one (max_num_seqs 1)."""
+    model = tiny_model(0)
+    p, q = prompts(2, seed=3)
+    batch = [p, p, q, p, q]
+    params = [SamplingParams(max_tokens=8, seed=s, temperature=1.0, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+              for s in range(len(batch))]
+    runs = {}
+    for n in (1, 5):
+        llm = LLM(model, max_num_seqs=n, kv_blocks=64, block_size=4)
+        runs[n] = (llm.generate(batch, params), llm.work_counters())
+    (alone, c1), (shared, c5) = runs[1], runs[5]
+    assert c1["prefill_tokens_shared"] == 0 and c5["prefill_tokens_shared"] == 2 * len(p) + len(q)
+    assert c5["prefill_tokens"] == len(p) + len(q)
+    for a, b in zip(alone, shared, strict=True):
+        assert (a.output_token_ids, a.exit_depths, a.log_probs) == (b.output_token_ids, b.exit_depths, b.log_probs)
