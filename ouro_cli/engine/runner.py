@@ -19,8 +19,9 @@ Decode batches are padded to a bucket size and attention runs in fixed chunks, s
 row's arithmetic does not depend on its batch-mates (determinism across max_num_seqs),
 and step shapes depend only on (bucket, context chunks, max loops); exits are decided
 on the device (exits.ExitState). On CUDA the step is captured once per shape as a
-CUDA graph (CapturedDecodeStep): decoding is otherwise bound by kernel launches (about
-a hundred small kernels per layer and loop). Eager mode additionally stops early when
+CUDA graph (CapturedDecodeStep): decoding is otherwise bound by kernel launches (13
+per layer and loop on the H200 at 1.4B, with the Triton kernels, fused weights and
+compiled elementwise math; ~100 in plain torch). Eager mode additionally stops early when
 every row has exited, its only host sync inside the step. On CUDA the KV write and
 the attention of a layer-loop run as two Triton kernels (kernels/, `attention=`); the
 torch code (paged_attention.py) stays the reference and the CPU path.
