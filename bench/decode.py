@@ -71,14 +71,11 @@ def make_prompts(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
 
 
-def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: str, **params_kw) -> float:
-    """Seconds of one `generate` of `n` tokens per prompt at K = `k` (device synchronised)."""
-    return _timed(llm, prompts, n, k, device, **params_kw)[0]
-
-
-def _timed(llm: LLM, prompts: list[list[int]], n: int, k: int, device: str, **params_kw) -> tuple[float, float]:
-    """(seconds of one `generate`, seconds of it spent in prefill). Prefill ends with a sampled
-    token read on the host, so its wall time is device-complete without an extra sync."""
+def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: str, **params_kw
+                   ) -> tuple[float, float]:
+    """(seconds of one `generate` of `n` tokens per prompt at K = `k`, device synchronised;
+    seconds of it spent in prefill). Prefill ends with a sampled token read on the host,
+    so its wall time is device-complete without an extra sync."""
     params = SamplingParams(max_tokens=n, max_loops=k, temperature=1.0, seed=0, ignore_eos=True, **params_kw)
     prefill_s = 0.0
     original = llm._prefill
@@ -115,8 +112,8 @@ def measure(llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, voca
     estimated by a second run. The warm-up is a full-length run: CUDA graphs are captured
     per context-width bucket, so a shorter warm-up would leave captures in the timed run."""
     prompts = make_prompts(batch, prompt_len, vocab)
-    _timed(llm, prompts, new_tokens + 1, k, device, **params_kw)  # warm-up
-    total, prefill = _timed(llm, prompts, new_tokens + 1, k, device, **params_kw)
+    timed_generate(llm, prompts, new_tokens + 1, k, device, **params_kw)  # warm-up
+    total, prefill = timed_generate(llm, prompts, new_tokens + 1, k, device, **params_kw)
     return total - prefill
 
 

@@ -53,11 +53,7 @@ def copy_into(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
         d.append(dst)
         s.append(src)
     for d, s in groups.values():
-        if len(d) == 1 or not hasattr(torch, "_foreach_copy_"):
-            for dst, src in zip(d, s, strict=True):
-                dst.copy_(src)
-        else:
-            torch._foreach_copy_(d, s)
+        torch._foreach_copy_(d, s)
 
 
 class WeightPublisher:
