@@ -88,17 +88,15 @@ class PagedKVCache:
         bs = self.block_size
         return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
-    def slot_table(self, block_tables: list[list[int]], lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slot ids [B, width] of positions 0..width-1 per row and the mask of positions < length
-        (positions past a row's length point at the scratch slot)."""
-        nb = blocks_needed(width, self.block_size)
-        table = torch.tensor([bt[:nb] + [self.num_blocks] * (nb - len(bt[:nb])) for bt in block_tables],
-                             dtype=torch.long)
-        pos = torch.arange(width)
-        slots = table[:, pos // self.block_size] * self.block_size + pos % self.block_size
-        valid = pos[None, :] < torch.tensor(lengths)[:, None]
-        slots = torch.where(valid, slots, torch.full_like(slots, self.scratch_slot))
-        return slots.to(self.device, non_blocking=True), valid.to(self.device, non_blocking=True)
+    def slot_table(self, block_table: torch.Tensor, lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot ids [B, width] of positions 0..width-1 per row and the mask of positions < length,
+        from `block_table` [B, >= width/bs] (padded with the scratch block id `num_blocks`) and
+        `lengths` [B]; positions past a row's length point at the scratch slot. Runs on the
+        tensors' device without reading them (a captured decode step computes it)."""
+        pos = torch.arange(width, device=block_table.device)
+        slots = block_table[:, pos // self.block_size] * self.block_size + pos % self.block_size
+        valid = pos[None, :] < lengths[:, None]
+        return torch.where(valid, slots, torch.full_like(slots, self.scratch_slot)), valid
 
     def write(self, layer: int, plane: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [N, Hkv, D] into `slots` [N] of (layer, plane)."""

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ouro_cli.model import OuroForCausalLM, pointwise
+from ouro_cli.model import OuroForCausalLM, matmul, pointwise
 
 from .async_exits import LaggedExitProbe
 from .exits import ExitState
-from .kernels import resolve_attention
+from .kernels import resolve_attention, resolve_gemv
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
 
@@ -74,6 +74,9 @@ class PrefillItem:
     slots: list[int]
 
 
+MAX_GEMV_ROWS = 64  # kernels/gemv.py: decode batches up to this use the small-batch matmul
+
+
 def batch_bucket(b: int) -> int:
     """Decode batches are padded to a power of two (at least 8): a row then meets the same
     matmul shapes whatever the number of live rows (the CUDA-graph bucket too)."""
@@ -88,6 +91,7 @@ class ModelRunner:
         if self.attention == "triton":
             from .kernels import decode_attention as triton_kernels
             self.triton_kernels = triton_kernels
+        self.gemv = resolve_gemv(None, kv.device)  # the projections' small-batch kernel (None: F.linear)
         self.async_exits = async_exits  # read exit signals one loop late (async_exits.py)
         self.num_loops = model.num_loops
         self.num_layers = len(model.model.layers)
@@ -128,15 +132,14 @@ class ModelRunner:
         inputs = self._inputs(tokens + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies)
         max_loops = max(p[0] for p in policies)
         if self.graphs is not None:
-            key = (b + pad, inputs.ctx_slots.shape[1], max_loops)
+            key = (b + pad, inputs.width, max_loops)
             if key not in self.graphs:
                 self.graphs[key] = CapturedDecodeStep(self, *key)
             logits, depth = self.graphs[key].run(inputs)
             loops_run = max_loops
             self.counters.decode_steps_graphed += 1
         else:
-            exits = ExitState.start(inputs.stop_after, inputs.min_loops, inputs.tau, inputs.delay, max_loops=max_loops,
-                                    may_exit_early=any(math.isfinite(p[2]) for p in policies))
+            exits = inputs.exit_state(max_loops, may_exit_early=any(math.isfinite(p[2]) for p in policies))
             logits, depth, loops_run = self._step(inputs, exits, allow_sync=True)
             self.counters.decode_steps_eager += 1
         self.counters.decode_tokens += b
@@ -146,34 +149,41 @@ class ModelRunner:
 
     def _inputs(self, tokens: list[int], positions: list[int], block_tables: list[list[int]],
                 policies: list[tuple[int, int, float, int]]) -> DecodeInputs:
-        device = self.kv.device
-        lengths = [p + 1 for p in positions]
-        chunks = -(-max(lengths) // self.attn_chunk)
+        """The step's host inputs packed into two tensors: one host-to-device copy each (and
+        one copy each into a captured graph's inputs), whatever the batch size."""
+        chunks = -(-(max(positions) + 1) // self.attn_chunk)
         if self.graphs is not None:  # a power of two of chunks: few graph shapes (extra chunks are no-ops)
             chunks = 1 << (chunks - 1).bit_length()
         width = chunks * self.attn_chunk
-        ctx_slots, valid = self.kv.slot_table(block_tables, lengths, width)
-        stop, lo, tau, delay = zip(*policies, strict=True)
+        nb = -(-width // self.kv.block_size)
+        scratch_block = self.kv.num_blocks
+        ints: list[int] = []
+        for token, pos, table, (stop, lo, _tau, delay) in zip(tokens, positions, block_tables, policies, strict=True):
+            table = table[:nb]
+            ints += [token, pos, stop, lo, delay, *table] + [scratch_block] * (nb - len(table))
+        device = self.kv.device
         return DecodeInputs(
-            ids=torch.tensor(tokens, dtype=torch.long, device=device)[:, None],
-            pos=torch.tensor(positions, dtype=torch.long, device=device)[:, None],
-            ctx_slots=ctx_slots, valid=valid,
-            stop_after=torch.tensor(stop, dtype=torch.long, device=device),
-            min_loops=torch.tensor(lo, dtype=torch.long, device=device),
-            tau=torch.tensor(tau, dtype=torch.float32, device=device),
-            delay=torch.tensor(delay, dtype=torch.long, device=device))
+            ints=torch.tensor(ints, dtype=torch.long).view(len(tokens), DecodeInputs.TABLE + nb).to(device, non_blocking=True),
+            tau=torch.tensor([p[2] for p in policies], dtype=torch.float32).to(device, non_blocking=True),
+            width=width)
 
     def _step(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The decode step on padded device inputs -> (logits [B, V], depths [B], loops run).
 
         Without `allow_sync` it never reads the device from the host (CUDA-graph capture)."""
+        with matmul.use_small_batch(self.gemv, MAX_GEMV_ROWS):
+            return self._step_body(inputs, exits, allow_sync)
+
+    def _step_body(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         model, kv = self.model, self.kv
-        new_slots = inputs.ctx_slots.gather(1, inputs.pos).squeeze(1)
-        h = model.embed(inputs.ids)
-        cos, sin = model.rope(inputs.pos, h.dtype)
+        pos = inputs.column(DecodeInputs.POS)[:, None]
+        lengths = pos[:, 0] + 1  # `valid` is exactly the first `lengths` positions (kv.slot_table)
+        ctx_slots, valid = kv.slot_table(inputs.ints[:, DecodeInputs.TABLE:], lengths, inputs.width)
+        new_slots = ctx_slots.gather(1, pos).squeeze(1)
+        h = model.embed(inputs.column(DecodeInputs.IDS)[:, None])
+        cos, sin = model.rope(pos, h.dtype)
         plane = 0
         if self.attention == "triton":
-            lengths = inputs.pos[:, 0] + 1  # `valid` is exactly the first `lengths` positions (kv.slot_table)
             ops = self.triton_kernels
 
         def attend_for_layer(layer: int):
@@ -183,14 +193,13 @@ class ModelRunner:
                     k_plane, v_plane = kv.plane(layer, plane)
                     prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
                     ops.write_kv_with_carry(k_plane, v_plane, *prev, new_slots, k, v, exits.active)
-                    return ops.paged_decode_attention(q[:, 0], k_plane, v_plane, inputs.ctx_slots, lengths)[:, None]
+                    return ops.paged_decode_attention(q[:, 0], k_plane, v_plane, ctx_slots, lengths)[:, None]
                 if plane > 0:  # exited rows carry their last plane forward instead of new K/V
                     keep = exits.active[:, None, None]
                     k_prev, v_prev = kv.read(layer, plane - 1, new_slots)
                     k, v = torch.where(keep, k, k_prev), torch.where(keep, v, v_prev)
                 kv.write(layer, plane, new_slots, k, v)
-                o = decode_attention(q[:, 0], *kv.plane(layer, plane), inputs.ctx_slots, inputs.valid,
-                                     self.attn_chunk)
+                o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
                 return o[:, None]
             return attend
 
@@ -214,16 +223,24 @@ class ModelRunner:
 
 @dataclass
 class DecodeInputs:
-    """Device inputs of one padded decode step (a captured graph keeps one static copy)."""
+    """Device inputs of one padded decode step (a captured graph keeps one static copy).
 
-    ids: torch.Tensor
-    pos: torch.Tensor
-    ctx_slots: torch.Tensor
-    valid: torch.Tensor
-    stop_after: torch.Tensor
-    min_loops: torch.Tensor
+    `ints` [B, TABLE + blocks]: per row the input token, its position (= cached length),
+    its exit policy (stop after, min loops, delay) and its block table padded with the
+    scratch block; `tau` [B] the exit thresholds; `width` the attended context length."""
+
+    IDS, POS, STOP_AFTER, MIN_LOOPS, DELAY, TABLE = range(6)
+
+    ints: torch.Tensor
     tau: torch.Tensor
-    delay: torch.Tensor
+    width: int
+
+    def column(self, i: int) -> torch.Tensor:
+        return self.ints[:, i]
+
+    def exit_state(self, max_loops: int, may_exit_early: bool) -> ExitState:
+        return ExitState.start(self.column(self.STOP_AFTER), self.column(self.MIN_LOOPS), self.tau,
+                               self.column(self.DELAY), max_loops=max_loops, may_exit_early=may_exit_early)
 
 
 class CapturedDecodeStep:
@@ -240,21 +257,15 @@ class CapturedDecodeStep:
     def __init__(self, runner: ModelRunner, batch: int, width: int, max_loops: int) -> None:
         kv = runner.kv
         device = kv.device
-        valid = torch.zeros(batch, width, dtype=torch.bool, device=device)
-        valid[:, 0] = True
-        self.inputs = DecodeInputs(
-            ids=torch.zeros(batch, 1, dtype=torch.long, device=device),
-            pos=torch.zeros(batch, 1, dtype=torch.long, device=device),
-            ctx_slots=torch.full((batch, width), kv.scratch_slot, dtype=torch.long, device=device), valid=valid,
-            stop_after=torch.full((batch,), max_loops, dtype=torch.long, device=device),
-            min_loops=torch.ones(batch, dtype=torch.long, device=device),
-            tau=torch.full((batch,), float("inf"), device=device),
-            delay=torch.zeros(batch, dtype=torch.long, device=device))
+        ints = torch.zeros(batch, DecodeInputs.TABLE + -(-width // kv.block_size), dtype=torch.long, device=device)
+        ints[:, DecodeInputs.STOP_AFTER] = max_loops  # position 0 of the scratch block: the scratch slot
+        ints[:, DecodeInputs.MIN_LOOPS] = 1
+        ints[:, DecodeInputs.TABLE:] = kv.num_blocks
+        self.inputs = DecodeInputs(ints=ints, tau=torch.full((batch,), float("inf"), device=device), width=width)
 
         def body():
-            i = self.inputs
-            exits = ExitState.start(i.stop_after, i.min_loops, i.tau, i.delay, max_loops=max_loops, may_exit_early=False)
-            logits, depth, _ = runner._step(i, exits, allow_sync=False)
+            exits = self.inputs.exit_state(max_loops, may_exit_early=False)
+            logits, depth, _ = runner._step(self.inputs, exits, allow_sync=False)
             return logits, depth
 
         stream = torch.cuda.Stream(device)
@@ -267,7 +278,7 @@ class CapturedDecodeStep:
             self.logits, self.depth = body()
 
     def run(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        for name in DecodeInputs.__dataclass_fields__:
-            getattr(self.inputs, name).copy_(getattr(inputs, name))
+        self.inputs.ints.copy_(inputs.ints)
+        self.inputs.tau.copy_(inputs.tau)
         self.graph.replay()
         return self.logits, self.depth

@@ -8,6 +8,7 @@ import torch
 
 from ouro_cli.engine import LLM, SamplingParams
 from ouro_cli.engine.kv_cache import BlockAllocator, PagedKVCache
+from ouro_cli.engine.request_rng import RequestRng, reference_uniform, uniform
 from ouro_cli.engine.sampling import SamplingBatch, processed_logprobs, sample
 from ouro_cli.engine.scheduler import Scheduler, Sequence
 
@@ -15,8 +16,8 @@ from .conftest import prompts, tiny_model
 
 
 def _batch(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0):
-    gens = [torch.Generator().manual_seed(seed + i) for i in range(n)]
-    return SamplingBatch([temperature] * n, [top_k] * n, [top_p] * n, gens, torch.device("cpu"))
+    rngs = [RequestRng(seed + i) for i in range(n)]
+    return SamplingBatch([temperature] * n, [top_k] * n, [top_p] * n, rngs, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.6, -1, 1.0), (1.3, 5, 1.0), (0.9, -1, 0.7)])
@@ -40,12 +41,28 @@ def test_sampler_follows_the_processed_distribution(temperature, top_k, top_p):
     assert set(tokens.tolist()) <= set(keep.tolist())
 
 
-def test_sampler_rows_use_only_their_own_generator():
+def test_sampler_rows_use_only_their_own_stream():
     logits = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
     together = sample(processed_logprobs(logits, _batch(3, seed=10)), _batch(3, seed=10))
     alone = [int(sample(processed_logprobs(logits[i:i + 1], b := SamplingBatch([1.0], [-1], [1.0],
-             [torch.Generator().manual_seed(10 + i)], torch.device("cpu"))), b)) for i in range(3)]
+             [RequestRng(10 + i)], torch.device("cpu"))), b)) for i in range(3)]
     assert together.tolist() == alone
+
+
+def test_request_rng_is_a_pure_function_of_seed_and_draw():
+    a, b = RequestRng(7), RequestRng(7)
+    keys = [a.next_key() for _ in range(3)]
+    assert keys == [b.next_key() for _ in range(3)] and len(set(keys)) == 3 and a.draws == 3
+    assert RequestRng(8).next_key() not in keys
+    u = uniform(keys, 5000, "cpu")
+    # the vectorized int64 hash equals the pure-Python one (wrap-around, logical shifts)
+    assert [float(u[i, j]) for i in range(3) for j in (0, 1, 4999)] == \
+        [reference_uniform(k, j) for k in keys for j in (0, 1, 4999)]
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    # uniform on (0, 1): mean 1/2, variance 1/12, deciles near 1/10 each, draws uncorrelated
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
+    assert float((torch.histc(u, bins=10, min=0, max=1) / u.numel() - 0.1).abs().max()) < 0.01
+    assert abs(float(torch.corrcoef(u[:2])[0, 1])) < 0.05
 
 
 def test_allocator():
@@ -64,7 +81,7 @@ def test_slots_and_last_exited_copy():
     kv = PagedKVCache(num_layers=2, num_loops=4, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=2,
                       dtype=torch.float32, device="cpu")
     assert kv.slots([3, 1], 0, 4) == [6, 7, 2, 3]
-    slots, valid = kv.slot_table([[3, 1]], [3], width=4)
+    slots, valid = kv.slot_table(torch.tensor([[3, 1]]), torch.tensor([3]), width=4)
     assert slots.tolist() == [[6, 7, 2, kv.scratch_slot]] and valid.tolist() == [[True, True, True, False]]
     s = torch.tensor([7])
     for plane in range(2):
@@ -78,7 +95,7 @@ def test_slots_and_last_exited_copy():
 
 def _seq(i, prompt_len, max_tokens):
     p = SamplingParams(max_tokens=max_tokens).resolved(4, 0)
-    return Sequence(index=i, request_id=str(i), prompt=[1] * prompt_len, params=p, generator=torch.Generator(),
+    return Sequence(index=i, request_id=str(i), prompt=[1] * prompt_len, params=p, rng=RequestRng(0),
                     max_kv_tokens=prompt_len + max_tokens - 1)
 
 
