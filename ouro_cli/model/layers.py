@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import pointwise
 from .config import OuroConfig
+from .matmul import linear
 
 # attend(q [B,S,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,D]) -> o [B,S,Hq,D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -68,16 +68,16 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         b, s, _ = x.shape
         if self.qkv_weight is not None:
-            q, k, v = F.linear(x, self.qkv_weight).split(
+            q, k, v = linear(x, self.qkv_weight).split(
                 [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = linear(x, self.q_proj.weight), linear(x, self.k_proj.weight), linear(x, self.v_proj.weight)
         q = q.view(b, s, self.num_heads, self.head_dim)
         k = k.view(b, s, self.num_kv_heads, self.head_dim)
         v = v.view(b, s, self.num_kv_heads, self.head_dim)
         q, k = pointwise.rotary(q, k, cos, sin)
         o = attend(q, k, v)
-        return self.o_proj(o.reshape(b, s, self.num_heads * self.head_dim))
+        return linear(o.reshape(b, s, self.num_heads * self.head_dim), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -91,10 +91,10 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, -1)
+            gate, up = linear(x, self.gate_up_weight).chunk(2, -1)
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(pointwise.silu_mul(gate, up))
+            gate, up = linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)
+        return linear(pointwise.silu_mul(gate, up), self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):

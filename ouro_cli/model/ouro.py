@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import SequenceLayout, dense_attention
 from .config import OuroConfig
 from .layers import Attend, DecoderLayer, RMSNorm, Rotary
+from .matmul import linear
 
 
 class OuroModel(nn.Module):
@@ -72,7 +73,7 @@ class OuroForCausalLM(nn.Module):
         return self.model.norm(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)
+        return linear(h, self.lm_head.weight)
 
     def exit_lambda(self, h: torch.Tensor) -> torch.Tensor:
         """λ_t = sigmoid(gate(h_t)) in fp32, shape h.shape[:-1]."""

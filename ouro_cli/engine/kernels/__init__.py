@@ -9,6 +9,13 @@ that importing the engine never needs triton.
 `attention` is "torch", "triton" or "auto" (triton on CUDA when it imports); None reads
 OURO_DECODE_ATTENTION (default "auto"). "triton" off CUDA runs only under the Triton
 interpreter (TRITON_INTERPRET=1), which the CPU tests use.
+
+`gemv.py` holds a small-batch matmul for the decode step's projections, opt-in with
+OURO_DECODE_GEMV=triton (default "cublas": F.linear). On the H200 (bench/gemv.py) it
+equals cuBLAS's speed within ±10 % at 8-16 rows, loses at 64 (x0.42-0.81), and
+reproduces the trainer's cuBLAS bits on every 1.4B shape, where cuBLAS at 8 rows does
+not for down_proj (it splits K); the engine-vs-trainer bf16 agreement did not change
+measurably with it (0.046 both ways), so speed decides the default.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import torch
 
 ATTENTION_MODES = ("auto", "torch", "triton")
+GEMV_MODES = ("cublas", "triton")
 
 
 def triton_available() -> bool:
@@ -38,3 +46,17 @@ def resolve_attention(attention: str | None, device: torch.device) -> str:
     if mode == "triton" and not triton_available():
         raise RuntimeError("decode attention 'triton' needs the triton package (pip install triton)")
     return mode
+
+
+def resolve_gemv(mode: str | None, device: torch.device):
+    """The decode step's small-batch matmul kernel on `device` (engine/kernels/gemv.py), or
+    None for F.linear (cuBLAS on CUDA)."""
+    mode = mode or os.environ.get("OURO_DECODE_GEMV", "cublas")
+    if mode not in GEMV_MODES:
+        raise ValueError(f"decode GEMV must be one of {', '.join(GEMV_MODES)}, got {mode!r}")
+    if mode == "cublas":
+        return None
+    if not triton_available():
+        raise RuntimeError("decode GEMV 'triton' needs the triton package (pip install triton)")
+    from .gemv import small_m_linear
+    return small_m_linear

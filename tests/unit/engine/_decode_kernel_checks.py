@@ -139,8 +139,9 @@ def check_write_kv_with_carry(device="cpu", dtype=torch.float32) -> None:
 
 
 def check_engine(device="cpu") -> None:
-    """The engine with attention="triton" reports the torch path's logprobs (fp32) and still
-    equals the trainer's replay; exits are mixed so the carry-forward path runs."""
+    """The engine with attention="triton", and then also the projections on the small-batch
+    matmul (gemv="triton"), reports the torch path's logprobs (fp32) and still equals the
+    trainer's replay; exits are mixed so the carry-forward path runs."""
     import os
 
     from ouro_cli.engine import LLM, SamplingParams
@@ -151,20 +152,22 @@ def check_engine(device="cpu") -> None:
               for s in range(3)]
     model = tiny_model(0).to(device)
     outs = {}
-    for mode in ("torch", "triton"):
-        os.environ["OURO_DECODE_ATTENTION"] = mode
+    for attention, gemv in (("torch", "cublas"), ("triton", "cublas"), ("triton", "triton")):
+        os.environ["OURO_DECODE_ATTENTION"], os.environ["OURO_DECODE_GEMV"] = attention, gemv
         llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
         try:
-            assert llm.runner.attention == mode
-            outs[mode] = llm.generate(prompts(3, seed=1), params)
+            assert llm.runner.attention == attention and (llm.runner.gemv is None) == (gemv == "cublas")
+            outs[attention, gemv] = llm.generate(prompts(3, seed=1), params)
         finally:
             llm.close()
-    del os.environ["OURO_DECODE_ATTENTION"]
-    assert len({d for o in outs["triton"] for d in o.exit_depths[1:]}) >= 2
-    for a, b in zip(outs["torch"], outs["triton"], strict=True):
-        assert a.output_token_ids == b.output_token_ids and a.exit_depths == b.exit_depths
-        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) <= 1e-5
-    assert max_replay_error(model, outs["triton"], 1.0) <= 1e-5
+    del os.environ["OURO_DECODE_ATTENTION"], os.environ["OURO_DECODE_GEMV"]
+    reference = outs.pop(("torch", "cublas"))
+    for out in outs.values():
+        assert len({d for o in out for d in o.exit_depths[1:]}) >= 2
+        for a, b in zip(reference, out, strict=True):
+            assert a.output_token_ids == b.output_token_ids and a.exit_depths == b.exit_depths
+            assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) <= 1e-5
+        assert max_replay_error(model, out, 1.0) <= 1e-5
 
 
 CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,

@@ -1,0 +1,137 @@
+"""A small-M linear layer, y = x @ W.T, for the decode step's projections (opt-in; bitwise = the trainer's GEMMs).
+
+A decode step multiplies a padded batch of M = 8..64 activation rows by every weight of
+the model: qkv [6144, 2048], o_proj [2048, 2048], gate_up [11264, 2048], down [2048, 5632]
+and lm_head [49152, 2048] at Ouro-1.4B. At such M the work is reading W once. Here a
+program owns BLOCK_N output columns and all M rows: the grid is cdiv(N, BLOCK_N) (>= 2
+programs per SM where N allows), each program streams its BLOCK_N rows of W through a
+num_stages-deep pipeline of BLOCK_K tiles, and x (small, L2-resident) is re-read by every
+program.
+
+Measured on the H200 (bench/gemv.py, HBM-cold weights, in CUDA graphs): cuBLAS reads
+these weights at 1.4-4.1 TB/s and this kernel at the same speed within ±10 % for M <= 16
+(best tiles per shape), slower at M = 64 (x0.42-0.81: every program re-reads x). Its
+value is numerical: its bits equal the trainer's cuBLAS GEMMs (M = 96) on all five
+shapes, where cuBLAS at M = 8 differs on down_proj (a split-K kernel). The engine uses
+it only when asked (OURO_DECODE_GEMV=triton, kernels/__init__.py).
+
+Determinism and batch invariance (the engine needs graph replay == eager bit for bit, and
+a row's bits independent of its batch-mates, OURO.md §4): there is no split-K and no atomic;
+every output element is one fp32 accumulator that walks K in ascending order, 16 at a time
+through the tensor cores (the dot accumulates in place, `tl.dot(x, wᵀ, acc)`), whatever the
+tiles. What could still change a row's bits with M is the instruction: on Hopper, Triton
+lowers a dot of 64 rows to wgmma and one of 16 or 32 rows to mma.sync (seen in the sm_90
+PTX of Triton 3.9), which need not round alike. So a dot never holds more than 32 rows:
+M <= 16 uses one 16-row tile, M <= 32 one 32-row tile, 33..64 two 32-row tiles sharing
+each W tile, and every M runs mma.sync m16n8k16. The default tiles are a function of (N, K, dtype), never of M. fp32 inputs use
+IEEE dots (no TF32), so the interpreter and the GPU agree with fp32 math.
+
+The engine uses this only on CUDA; the CPU tests run it under the Triton interpreter
+(TRITON_INTERPRET=1). Importing this module needs triton; nothing else in the package
+imports it at import time (see kernels/__init__.py). CUDA-graph capturable: no host reads,
+and the grid depends only on shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_M = 64
+H200_SMS = 132
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _small_m_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
+                           ROWS: tl.constexpr, ROW_TILES: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, WIDEN: tl.constexpr):
+    pid = tl.program_id(0)
+    rm = tl.arange(0, ROWS)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m0_ok = rm < M
+    m1_ok = rm + ROWS < M
+    n_ok = rn < N
+    x0 = X + rm[:, None] * stride_xm
+    x1 = X + (rm + ROWS)[:, None] * stride_xm
+    w_rows = W + rn.to(tl.int64)[:, None] * stride_wn
+    acc0 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + rk
+        w_ok, x0_ok, x1_ok = n_ok[:, None], m0_ok[:, None], m1_ok[:, None]
+        if not EVEN_K:  # the K tail; the 1.4B shapes have none, and their loads carry only the row masks
+            k_ok = (k < K)[None, :]
+            w_ok, x0_ok, x1_ok = w_ok & k_ok, x0_ok & k_ok, x1_ok & k_ok
+        wt = tl.trans(tl.load(w_rows + k[None, :], mask=w_ok, other=0.0))
+        xt = tl.load(x0 + k[None, :], mask=x0_ok, other=0.0)
+        if WIDEN:
+            wt, xt = wt.to(tl.float32), xt.to(tl.float32)
+        if IEEE:
+            acc0 = tl.dot(xt, wt, acc0, input_precision="ieee")
+        else:
+            acc0 = tl.dot(xt, wt, acc0)
+        if ROW_TILES == 2:
+            xt = tl.load(x1 + k[None, :], mask=x1_ok, other=0.0)
+            if WIDEN:
+                xt = xt.to(tl.float32)
+            if IEEE:
+                acc1 = tl.dot(xt, wt, acc1, input_precision="ieee")
+            else:
+                acc1 = tl.dot(xt, wt, acc1)
+    y = Y + rm[:, None] * stride_ym + rn[None, :]
+    tl.store(y, acc0.to(Y.dtype.element_ty), mask=m0_ok[:, None] & n_ok[None, :])
+    if ROW_TILES == 2:
+        tl.store(y + ROWS * stride_ym, acc1.to(Y.dtype.element_ty), mask=m1_ok[:, None] & n_ok[None, :])
+
+
+def default_config(n: int, k: int, dtype: torch.dtype) -> dict[str, int]:
+    """Tiles for W [n, k]: the widest BLOCK_N of 64, 32, 16 that still gives >= 2 programs per
+    SM of an H200 (16 when none does: o_proj and down get 128 programs); BLOCK_K of 512 bytes
+    of a row (256 bf16, 128 fp32; less when k is smaller); 4 warps; 4 stages (3 at BLOCK_N 64).
+    Triton buffers stages - 1 tiles of x and of W, (stages - 1)·(64 + BLOCK_N)·BLOCK_K·2 bytes
+    at M = 64: 120, 144 and 128 KB of the 227 KB a CTA may have (48, 72, 80 KB at M <= 16).
+    Never a function of M: the same tiles at every batch size."""
+    block_n = next((b for b in (64, 32, 16) if triton.cdiv(n, b) >= 2 * H200_SMS), 16)
+    block_k = min(512 // dtype.itemsize, max(16, triton.next_power_of_2(k)))
+    return {"block_n": block_n, "block_k": block_k, "num_warps": 4, "num_stages": 3 if block_n == 64 else 4}
+
+
+def small_m_linear(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = None, block_k: int | None = None,
+                   num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """x [M, K] (1 <= M <= 64), w [N, K] (nn.Linear layout, unit stride along K), one dtype of
+    bf16, fp16, fp32 -> x @ w.T [M, N] in that dtype, accumulated in fp32. Row m's bits depend
+    only on x[m], w and the tiles; the keyword overrides (None: default_config) are for
+    benchmark sweeps. Raises ValueError on shapes or dtypes it does not take."""
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"small_m_linear takes x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k:
+        raise ValueError(f"x has K = {k} but w [N, K] has K = {w.shape[1]}")
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"small_m_linear takes 1..{MAX_M} rows, got M = {m}; use torch.nn.functional.linear")
+    if x.dtype != w.dtype or x.dtype not in DTYPES:
+        raise ValueError(f"x and w must share a dtype of bf16, fp16, fp32; got {x.dtype} and {w.dtype}")
+    if x.device != w.device:
+        raise ValueError(f"x is on {x.device} but w on {w.device}")
+    if w.stride(1) != 1:
+        raise ValueError("w must have unit stride along K (a copy would cost more than the product)")
+    x = x if x.stride(1) == 1 else x.contiguous()
+    config = default_config(n, k, x.dtype)
+    block_n = block_n or config["block_n"]
+    block_k = block_k or config["block_k"]
+    rows = max(16, min(32, triton.next_power_of_2(m)))  # see the module docstring: <= 32 rows per dot
+    # the Triton interpreter keeps bf16 as raw uint16 and its tl.dot multiplies those integers;
+    # off CUDA (only the interpreter runs there) bf16 tiles are widened to fp32 first, which is
+    # exact, so it still computes the fp32 sum of the exact products
+    widen = x.dtype == torch.bfloat16 and x.device.type != "cuda"
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
+        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        ROWS=rows, ROW_TILES=triton.cdiv(m, rows), BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+        IEEE=x.dtype == torch.float32 or widen, WIDEN=widen, num_warps=num_warps or config["num_warps"],
+        num_stages=num_stages or config["num_stages"])
+    return y

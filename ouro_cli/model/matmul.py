@@ -1,0 +1,46 @@
+"""The model's projections, with a hook for the engine's small-batch matmul kernel.
+
+Every weight multiplication of the model goes through `linear(x, w)` (= F.linear). A
+caller may install, for the duration of a `with use_small_batch(kernel, max_rows)`
+block, a kernel that takes over products whose input has at most `max_rows` rows. The
+engine's decode step installs its Triton small-batch kernel there when asked
+(OURO_DECODE_GEMV=triton, engine/kernels/gemv.py: it reproduces the trainer's cuBLAS
+bits where cuBLAS at a few rows does not). Everything else (the trainer, the engine's
+prefill, CPU) keeps F.linear. The model package does not import the kernel; the caller
+hands it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [M, K], w [N, K]) -> [M, N]
+
+_small: tuple[Kernel, int] | None = None
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T -> [..., N]."""
+    if _small is not None:
+        kernel, max_rows = _small
+        rows = x.numel() // x.shape[-1]
+        if rows <= max_rows:
+            return kernel(x.reshape(rows, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], w.shape[0])
+    return F.linear(x, w)
+
+
+@contextmanager
+def use_small_batch(kernel: Kernel | None, max_rows: int) -> Iterator[None]:
+    """Route products of inputs with <= `max_rows` rows to `kernel` inside the block
+    (None: no change). Not thread-safe: one generating thread per process."""
+    global _small
+    previous = _small
+    _small = (kernel, max_rows) if kernel is not None else previous
+    try:
+        yield
+    finally:
+        _small = previous

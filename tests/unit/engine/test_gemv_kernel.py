@@ -1,0 +1,39 @@
+"""The small-M linear kernel (ouro_cli/engine/kernels/gemv.py) on CPU, under the Triton
+interpreter: it equals a dense fp64 x @ w.T to 1e-5 in fp32 and to 1 ulp in bf16 (M of 1,
+3, 8, 16 and 40, the last in two row tiles; N and K on and off the tiles; default and small
+tiles); a row's output is bitwise the same alone, among the first rows of a batch of up to
+64 and in reversed order; and shapes or dtypes it does not take raise ValueError. (bf16
+runs widened to fp32 in the interpreter, whose tl.dot mishandles bf16: see gemv.py.)
+
+The checks live in _gemv_kernel_checks.py (shared with tests/gpu) and run in one
+subprocess with TRITON_INTERPRET=1, which must be set before the kernel is imported and
+would otherwise leak into every later test of this process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+REPO = Path(__file__).resolve().parents[3]
+CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_invariance_bf16", "bad_input"]
+
+
+@pytest.fixture(scope="module")
+def report() -> tuple[dict[str, str], str]:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_gemv_kernel_checks.py")), *CHECKS],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    status = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0] in CHECKS)
+    return status, proc.stdout[-6000:] + proc.stderr[-6000:]
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_gemv_kernel_under_the_interpreter(report, check):
+    status, log = report
+    assert status.get(check) == "ok", log
