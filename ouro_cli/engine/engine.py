@@ -41,6 +41,7 @@ from .exits import row_policy
 from .frontend import GenerationControl, make_output, take_requests
 from .kv_cache import PagedKVCache, blocks_needed
 from .publication import WeightPublisher
+from .request_rng import RequestRng
 from .runner import ModelRunner, PrefillItem, WorkCounters
 from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample, token_logprobs
 from .scheduler import Scheduler, Sequence
@@ -180,14 +181,16 @@ class LLM(GenerationControl):
                                             [s.blocks for s in seqs], [row_policy(s.params, len(s.output)) for s in seqs])
         for seq in seqs:
             seq.num_cached += 1
-        depths = depths.tolist()
+        depths = self._sample(seqs, logits, depths, sched)
         self.counters.decode_layer_tokens += sum(depths) * self.runner.num_layers
-        self._sample(seqs, logits, depths, sched)
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, depths: list[int], sched: Scheduler) -> None:
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, depths: torch.Tensor | list[int],
+                sched: Scheduler) -> list[int]:
+        """Sample each row's next token and emit it; `depths` [B] may still be on the device
+        (a decode step's): it comes back with the tokens in one transfer. -> the depths."""
         ps = [s.params for s in seqs]
         batch = SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
-                              [s.generator for s in seqs], self.device)
+                              [s.rng for s in seqs], self.device)
         processed = processed_logprobs(logits, batch)
         tokens = sample(processed, batch)
         chosen = token_logprobs(processed, tokens, batch)
@@ -195,8 +198,13 @@ class LLM(GenerationControl):
             raw = raw_logprobs(logits).gather(1, tokens[:, None]).squeeze(1)
             use_raw = torch.tensor([p.logprobs_mode == "raw" for p in ps], device=chosen.device)
             chosen = torch.where(use_raw, raw, chosen)
-        for seq, token, depth, lp in zip(seqs, tokens.tolist(), depths, chosen.tolist(), strict=True):
-            self._emit(seq, token, depth, lp, sched)
+        on_device = isinstance(depths, torch.Tensor)
+        rows = [tokens.double(), chosen.double()] + ([depths.double()] if on_device else [])
+        host = torch.stack(rows).tolist()  # the step's one device-to-host wait
+        depths = [int(d) for d in host[2]] if on_device else depths
+        for seq, token, depth, lp in zip(seqs, host[0], depths, host[1], strict=True):
+            self._emit(seq, int(token), depth, lp, sched)
+        return depths
 
     def _emit(self, seq: Sequence, token: int, depth: int, logprob: float, sched: Scheduler) -> bool:
         """Append one generated token; finish the sequence on a stop token or at max_tokens (-> True)."""
@@ -221,7 +229,7 @@ class LLM(GenerationControl):
                                adjust=async_params if self.async_scheduling else None)
         self._next_request += len(intake)
         return [Sequence(index=r.index, request_id=r.request_id, prompt=r.ids, params=r.params,
-                         generator=torch.Generator(device=self.device).manual_seed(r.params.seed),
+                         rng=RequestRng(r.params.seed),
                          max_kv_tokens=r.kv_tokens, text_prompt=r.text) for r in intake]
 
     def _output(self, seq: Sequence, version: int) -> RequestOutput:

@@ -6,9 +6,9 @@ and its processed log-probability is what the trainer recomputes as
 `log_softmax(logits / temperature)` when top_k = -1 and top_p = 1.
 raw = fp32 log_softmax of the unscaled logits.
 
-Each request owns a seeded `torch.Generator`; a row's draw uses only its own
-generator and its own logits (Gumbel-max via exponential noise: argmax p / E), so
-a request samples the same tokens whatever it is batched with. Temperature 0 is
+Each request owns a seeded `RequestRng` (request_rng.py); a row's draw uses only its
+own stream and its own logits (Gumbel-max via exponential noise: argmax p / E), so a
+request samples the same tokens whatever it is batched with. Temperature 0 is
 greedy, and its processed distribution is the point mass on the argmax (logprob 0).
 """
 
@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import torch
 
+from .request_rng import RequestRng, exponential
+
 
 class SamplingBatch:
     """Per-row sampling settings of one step, as device tensors plus host-side flags
     (so that deciding which transforms to run never waits on the device)."""
 
     def __init__(self, temperatures: list[float], top_ks: list[int], top_ps: list[float],
-                 generators: list[torch.Generator], device: torch.device) -> None:
+                 rngs: list[RequestRng], device: torch.device) -> None:
         self.greedy = [t <= 0 for t in temperatures]
-        self.generators = generators
+        self.rngs = rngs
         self.temperature = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32, device=device)
         self.top_k = torch.tensor(top_ks, dtype=torch.long, device=device)
         self.top_p = torch.tensor(top_ps, dtype=torch.float32, device=device)
@@ -57,12 +59,9 @@ def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
 def sample(logprobs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """One token per row from the processed distribution `logprobs` [B,V] -> [B] (long).
 
-    Greedy rows take the argmax and draw nothing from their generator."""
-    noise = torch.ones_like(logprobs)
-    for i, gen in enumerate(batch.generators):
-        if not batch.greedy[i]:
-            noise[i].exponential_(generator=gen)
-    scores = logprobs.exp() / noise
+    Greedy rows take the argmax and draw nothing from their stream."""
+    keys = [0 if greedy else rng.next_key() for rng, greedy in zip(batch.rngs, batch.greedy, strict=True)]
+    scores = logprobs.exp() / exponential(keys, logprobs.shape[-1], logprobs.device)
     if any(batch.greedy):
         greedy = torch.tensor(batch.greedy, device=logprobs.device)
         scores = torch.where(greedy[:, None], logprobs, scores)

@@ -22,10 +22,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from .contract import FinishReason, SamplingParams
 from .kv_cache import BlockAllocator, blocks_needed
+from .request_rng import RequestRng
 
 
 @dataclass
@@ -37,7 +36,7 @@ class Sequence:
     request_id: str
     prompt: list[int]
     params: SamplingParams
-    generator: torch.Generator
+    rng: RequestRng
     max_kv_tokens: int
     text_prompt: str | None = None
     output: list[int] = field(default_factory=list)

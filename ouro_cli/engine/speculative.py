@@ -6,7 +6,7 @@ newest token x_0 sits at position p (the cache holds positions < p, all at depth
 
 1. Draft: n = `Sequence.lookahead` (≤ N) single-token decode steps at D loops feed
    x_0, d_1, …, d_{n-1} and sample d_i ~ q_i, the draft's processed distribution at the
-   request's temperature (top-k / top-p included), from the request's own generator.
+   request's temperature (top-k / top-p included), from the request's own stream.
    Their K/V land at positions p..p+n-1 (depth D, last-exited layout).
 2. Verify: one batched decode call runs x_0, d_1, …, d_n at positions p..p+n through
    all T loops. Each row attends over its own prefix; inside a layer every row writes
@@ -17,7 +17,7 @@ newest token x_0 sits at position p (the cache holds positions < p, all at depth
    depths all T). Rows are batch-invariant (runner/paged_attention), so row i computes
    what a single-token step at p+i would. Its logits give p_{i+1}, the target.
 3. Accept (Leviathan et al. / Chen et al. speculative sampling): d_i is accepted with
-   probability min(1, p_i(d_i) / q_i(d_i)) (one uniform from the request's generator);
+   probability min(1, p_i(d_i) / q_i(d_i)) (one uniform from the request's stream);
    at the first rejection the token is drawn from normalize(max(0, p_i − q_i)) and the
    step ends; if all n are accepted a bonus token is drawn from p_{n+1}. The emitted
    tokens are then distributed exactly as sampling from the target, token by token.
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .request_rng import RequestRng, exponential, uniform
 from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample
 from .scheduler import Scheduler, Sequence
 
@@ -45,14 +46,14 @@ if TYPE_CHECKING:
     from .engine import LLM
 
 
-def accept_draft(target_lp: torch.Tensor, draft_lp: torch.Tensor, token: int, generator: torch.Generator) -> bool:
+def accept_draft(target_lp: torch.Tensor, draft_lp: torch.Tensor, token: int, rng: RequestRng) -> bool:
     """Accept draft `token` with probability min(1, p(token) / q(token)) (log-probabilities [V])."""
-    u = torch.rand((), generator=generator, device=target_lp.device)
+    u = uniform([rng.next_key()], 1, target_lp.device)[0, 0]
     ratio = torch.exp(target_lp[token] - draft_lp[token])
     return bool(u < ratio)
 
 
-def residual_token(target_lp: torch.Tensor, draft_lp: torch.Tensor, generator: torch.Generator) -> int:
+def residual_token(target_lp: torch.Tensor, draft_lp: torch.Tensor, rng: RequestRng) -> int:
     """A draw from normalize(max(0, p − q)): the correction after a rejected draft.
 
     Exponential-race sampling (argmax r / E, as sampling.sample) needs no normalisation.
@@ -61,14 +62,14 @@ def residual_token(target_lp: torch.Tensor, draft_lp: torch.Tensor, generator: t
     resid = (target_lp.exp() - draft_lp.exp()).clamp_min(0.0)
     if not bool(resid.sum() > 0):
         resid = target_lp.exp()
-    noise = torch.empty_like(resid).exponential_(generator=generator)
+    noise = exponential([rng.next_key()], resid.shape[-1], resid.device)[0]
     return int(torch.argmax(resid / noise))
 
 
 def _batch(seqs: list[Sequence], device: torch.device) -> SamplingBatch:
     ps = [s.params for s in seqs]
     return SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
-                         [s.generator for s in seqs], device)
+                         [s.rng for s in seqs], device)
 
 
 class Speculator:
@@ -118,11 +119,11 @@ class Speculator:
             emitted: list[tuple[int, int]] = []  # (token, verify row that scored it)
             for i, d in enumerate(drafts):
                 ok = int(p_rows[i].argmax()) == d if greedy else accept_draft(p_rows[i], draft_lp[id(s)][i], d,
-                                                                                 s.generator)
+                                                                                 s.rng)
                 if ok:
                     emitted.append((d, i))
                     continue
-                c = int(p_rows[i].argmax()) if greedy else residual_token(p_rows[i], draft_lp[id(s)][i], s.generator)
+                c = int(p_rows[i].argmax()) if greedy else residual_token(p_rows[i], draft_lp[id(s)][i], s.rng)
                 emitted.append((c, i))
                 break
             else:

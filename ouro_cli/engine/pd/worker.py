@@ -9,7 +9,7 @@ computes; only who runs which part of a request differs:
   planes of every prompt position and the last position's logits into the decode
   worker's reserved slots and landing row (transport/), and notifies.
 - D reserves blocks, activates a request once the notification arrived, samples
-  token 0 from the landed logits with the request's own seeded generator, then runs
+  token 0 from the landed logits with the request's own seeded stream, then runs
   the local engine's continuous batching (Scheduler, decode steps, preemption with a
   local recompute) and streams new tokens after every step.
 
@@ -306,6 +306,7 @@ class DecodeWorker(_Worker):
         self.conn.send((P.RESERVED, rid, kv.slots(blocks, 0, n_prompt), row))
 
     def activate(self, rid: str, index: int, prompt: list[int], params: Any, max_kv_tokens: int) -> None:
+        from ouro_cli.engine.request_rng import RequestRng
         from ouro_cli.engine.scheduler import Sequence
 
         deadline = time.monotonic() + 30.0
@@ -320,8 +321,7 @@ class DecodeWorker(_Worker):
         self.notified.discard(rid)
         blocks, row, n_prompt = self.reserved.pop(rid)
         llm = self.llm
-        gen = torch.Generator(device=llm.device).manual_seed(params.seed)
-        seq = Sequence(index=index, request_id=rid, prompt=list(prompt), params=params, generator=gen,
+        seq = Sequence(index=index, request_id=rid, prompt=list(prompt), params=params, rng=RequestRng(params.seed),
                        max_kv_tokens=max_kv_tokens, blocks=blocks, num_cached=n_prompt)
         self.sched.running.append(seq)
         self.conn.send((P.ACTIVATED, rid))

@@ -20,7 +20,7 @@ T = 4
 
 
 def threshold_params(mode: str, n: int = 6) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=12 + i % 3, temperature=0.9, seed=20 + i, logprobs=0, exit_threshold=0.5,
+    return [SamplingParams(max_tokens=12 + i % 3, temperature=0.9, seed=40 + i, logprobs=0, exit_threshold=0.5,
                            exit_mode=mode, min_loops=1 + i % 2, ignore_eos=True) for i in range(n)]
 
 
