@@ -1,8 +1,8 @@
 """Compare two `ouro train` runs of one job placed differently: 1 vs N data-parallel ranks,
 one GPU vs prefill/decode workers, CPU vs GPU.
 
-    python tools/compare_runs.py RUN_A RUN_B [--atol X] [--rtol R] [--min-identical F]
-                                 [--max-update-diff D] [--json FILE]
+    python tools/compare_runs.py RUN_A RUN_B [--atol X] [--rtol R] [--weights-atol W]
+                                 [--min-identical F] [--max-update-diff D] [--json FILE]
 
 `ouro verify-resume --compare` asks for bit identity; this asks whether two placements
 computed the same job within a stated tolerance, and shows where they part:
@@ -20,7 +20,10 @@ computed the same job within a stated tolerance, and shows where they part:
   train_grad_norm within atol + rtol·|g| (a loss normalised per rank instead of over
   the global batch changes the gradient norm even where Adam hides it in the weights).
 - weights: per tensor of the final checkpoints max |Δ| and mean |Δ|; every element
-  must satisfy |Δ| <= atol + rtol·|w_A|.
+  must satisfy |Δ| <= weights_atol + rtol·|w_A| (weights_atol defaults to atol). Adam
+  divides each gradient element by its own running scale, so an element whose gradient
+  is at summation-noise level can move by up to ~lr per update in either run: for fp32
+  runs that train with Adam, a weights_atol of the learning rate is the honest bound.
 - training update: ‖w_B − w_A‖ / ‖w_A − w_0‖ over the fp32 main weights (the model's
   own where the optimizer keeps none), w_0 the starting model: the share of what run A
   learned that run B did not learn alike. It must not exceed --max-update-diff. In bf16
@@ -222,10 +225,11 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def report(a: Path, b: Path, atol: float, rtol: float, min_identical: float,
-           max_update_diff: float) -> dict[str, Any]:
+           max_update_diff: float, weights_atol: float | None = None) -> dict[str, Any]:
     run_a, run_b = Run(a), Run(b)
+    weights_atol = atol if weights_atol is None else weights_atol
     updates = compare_updates(run_a, run_b, atol, rtol)
-    weights, agreement = compare_weights(run_a, run_b, atol, rtol)
+    weights, agreement = compare_weights(run_a, run_b, weights_atol, rtol)
     samples = sum(u.get("samples", 0) for u in updates)
     identical = sum(u.get("identical", 0) for u in updates)
     fraction = identical / samples if samples else 0.0
@@ -236,7 +240,8 @@ def report(a: Path, b: Path, atol: float, rtol: float, min_identical: float,
         "weights": bool(weights) and all(w["ok"] for w in weights),
         "training_update": agreement["rel_diff"] is not None and agreement["rel_diff"] <= max_update_diff,
     }
-    return {"run_a": str(a), "run_b": str(b), "atol": atol, "rtol": rtol, "min_identical": min_identical,
+    return {"run_a": str(a), "run_b": str(b), "atol": atol, "rtol": rtol, "weights_atol": weights_atol,
+            "min_identical": min_identical,
             "max_update_diff": max_update_diff, "training_update": agreement,
             "ok": all(checks.values()), "checks": checks, "samples": samples, "identical_samples": identical,
             "identical_fraction": fraction, "updates": updates, "weights": weights,
@@ -247,6 +252,7 @@ def report(a: Path, b: Path, atol: float, rtol: float, min_identical: float,
 
 def print_report(doc: dict[str, Any]) -> None:
     print(f"A = {doc['run_a']}\nB = {doc['run_b']}\natol {doc['atol']:g}, rtol {doc['rtol']:g}, "
+          f"weights atol {doc['weights_atol']:g}, "
           f"min identical {doc['min_identical']:g}, max update diff {doc['max_update_diff']:g}\n")
     rows = []
     for u in doc["updates"]:
@@ -300,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtol", type=float, default=0.0,
                         help="relative tolerance for weights and the gradient norm, |Δ| <= atol + rtol·|w| "
                              "(bf16: 2^-7 = 0.0078125, one rounding step)")
+    parser.add_argument("--weights-atol", type=float,
+                        help="absolute tolerance of the weights alone (default: --atol); fp32 Adam runs: "
+                             "the learning rate (see above)")
     parser.add_argument("--min-identical", type=float, default=1.0,
                         help="fraction of rollout samples whose tokens must be identical (default 1)")
     parser.add_argument("--max-update-diff", type=float, default=1e-3,
@@ -315,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     from ouro_cli.errors import UserError
 
     try:
-        doc = report(args.run_a, args.run_b, args.atol, args.rtol, args.min_identical, args.max_update_diff)
+        doc = report(args.run_a, args.run_b, args.atol, args.rtol, args.min_identical, args.max_update_diff,
+                     args.weights_atol)
     except (UserError, CheckpointError) as err:  # an unreadable checkpoint: bad input, one line
         return _usage(str(err))
     print_report(doc)
