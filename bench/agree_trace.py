@@ -106,6 +106,26 @@ def main() -> None:
         print(f"{t + 1:>4}  " + "  ".join(f"{rel[i]:8.2e}" for i in picks) + f"   {max(rel):8.2e}")
     engine_lp = out.log_probs[-1]
     print(f"last token logprob: engine {engine_lp:.5f}, replay {replay_lp:.5f}, |Δ| {abs(engine_lp - replay_lp):.3g}")
+    response = torch.tensor(out.output_token_ids, device=args.device)
+    replay_all = token_logprobs(logits[0], response, args.prompt)
+    engine_all = torch.tensor(out.log_probs, device=args.device)
+    print(f"all {len(response)} response tokens, engine vs replay: mean |Δ| {(engine_all - replay_all).abs().mean():.4g}, "
+          f"max {(engine_all - replay_all).abs().max():.4g}")
+    # The replay against itself with a shorter input: same function, other matmul shapes (M). The
+    # difference is bf16 rounding noise alone, a floor for any two kernels that are not batch-invariant.
+    cut = max(1, len(response) // 2)
+    with torch.no_grad(), ctx:
+        short = replay_model(ids[:, :-cut], depths=torch.full_like(ids[:, :-cut], loops))
+    n = len(response) - cut
+    floor = (token_logprobs(short[0], response[:n], args.prompt) - replay_all[:n]).abs()
+    print(f"replay vs replay of the input {cut} tokens shorter ({n} common tokens): mean |Δ| {floor.mean():.4g}, "
+          f"max {floor.max():.4g}")
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, prompt: int) -> torch.Tensor:
+    """Log-probabilities of `tokens` (the response) from replay logits [L, V] of prompt + response[:-1]."""
+    scoring = logits[prompt - 1:prompt - 1 + len(tokens)].float()
+    return torch.log_softmax(scoring, -1).gather(1, tokens[:, None]).squeeze(1)
 
 
 if __name__ == "__main__":
