@@ -39,6 +39,7 @@ from .contract import (
 )
 from .exits import row_policy
 from .frontend import GenerationControl, make_output, take_requests
+from .host_to_device import to_device
 from .kv_cache import PagedKVCache, blocks_needed
 from .publication import WeightPublisher
 from .request_rng import RequestRng
@@ -196,7 +197,7 @@ class LLM(GenerationControl):
         chosen = token_logprobs(processed, tokens, batch)
         if any(p.logprobs_mode == "raw" for p in ps):
             raw = raw_logprobs(logits).gather(1, tokens[:, None]).squeeze(1)
-            use_raw = torch.tensor([p.logprobs_mode == "raw" for p in ps], device=chosen.device)
+            use_raw = to_device([p.logprobs_mode == "raw" for p in ps], torch.bool, chosen.device)
             chosen = torch.where(use_raw, raw, chosen)
         on_device = isinstance(depths, torch.Tensor)
         rows = [tokens.double(), chosen.double()] + ([depths.double()] if on_device else [])

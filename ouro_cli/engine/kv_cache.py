@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from .host_to_device import to_device
+
 
 class OutOfBlocks(RuntimeError):
     """The allocator has fewer free blocks than asked for (the scheduler prevents this)."""
@@ -113,8 +115,8 @@ class PagedKVCache:
 
     def copy_slots(self, source: list[int], dest: list[int]) -> None:
         """K/V of every layer and plane at slots `source` copied to slots `dest`."""
-        src = torch.tensor(source, dtype=torch.long, device=self.device)
-        dst = torch.tensor(dest, dtype=torch.long, device=self.device)
+        src = to_device(source, torch.long, self.device)
+        dst = to_device(dest, torch.long, self.device)
         self.k.index_copy_(3, dst, self.k.index_select(3, src))
         self.v.index_copy_(3, dst, self.v.index_select(3, src))
 

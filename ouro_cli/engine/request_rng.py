@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .host_to_device import to_device
+
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -55,7 +57,7 @@ def _shift_right(z: torch.Tensor, s: int) -> torch.Tensor:
 
 def uniform(keys: list[int], n: int, device: torch.device | str) -> torch.Tensor:
     """[len(keys), n] fp32 uniforms in (0, 1); row i expands draw key `keys[i]`."""
-    k = torch.tensor([_signed(x) for x in keys], dtype=torch.long).to(device, non_blocking=True)
+    k = to_device([_signed(x) for x in keys], torch.long, device)
     z = k[:, None] + torch.arange(1, n + 1, dtype=torch.long, device=device) * _signed(_GAMMA)  # wraps mod 2^64
     z = (z ^ _shift_right(z, 30)) * _signed(_M1)
     z = (z ^ _shift_right(z, 27)) * _signed(_M2)

@@ -38,6 +38,7 @@ from ouro_cli.model import OuroForCausalLM, matmul, pointwise
 
 from .async_exits import LaggedExitProbe
 from .exits import ExitState
+from .host_to_device import to_device
 from .kernels import resolve_attention, resolve_gemv
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
@@ -107,9 +108,9 @@ class ModelRunner:
         One sequence per call: packing several would change the attention reduction
         lengths, and so the rounding, of each (see paged_attention.py)."""
         device = self.kv.device
-        ids = torch.tensor([item.tokens], dtype=torch.long, device=device)
-        depths = torch.tensor([item.depths], dtype=torch.long, device=device)
-        slots = torch.tensor(item.slots, dtype=torch.long, device=device)
+        ids = to_device([item.tokens], torch.long, device)
+        depths = to_device([item.depths], torch.long, device)
+        slots = to_device(item.slots, torch.long, device)
 
         def sink(loop: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
             self.kv.write(layer, loop - 1, slots, k[0], v[0])
@@ -163,8 +164,8 @@ class ModelRunner:
             ints += [token, pos, stop, lo, delay, *table] + [scratch_block] * (nb - len(table))
         device = self.kv.device
         return DecodeInputs(
-            ints=torch.tensor(ints, dtype=torch.long).view(len(tokens), DecodeInputs.TABLE + nb).to(device, non_blocking=True),
-            tau=torch.tensor([p[2] for p in policies], dtype=torch.float32).to(device, non_blocking=True),
+            ints=to_device(ints, torch.long, device).view(len(tokens), DecodeInputs.TABLE + nb),
+            tau=to_device([p[2] for p in policies], torch.float32, device),
             width=width)
 
     def _step(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:

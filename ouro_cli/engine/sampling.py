@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .host_to_device import to_device
 from .request_rng import RequestRng, exponential
 
 
@@ -27,9 +28,9 @@ class SamplingBatch:
                  rngs: list[RequestRng], device: torch.device) -> None:
         self.greedy = [t <= 0 for t in temperatures]
         self.rngs = rngs
-        self.temperature = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32, device=device)
-        self.top_k = torch.tensor(top_ks, dtype=torch.long, device=device)
-        self.top_p = torch.tensor(top_ps, dtype=torch.float32, device=device)
+        self.temperature = to_device([t if t > 0 else 1.0 for t in temperatures], torch.float32, device)
+        self.top_k = to_device(top_ks, torch.long, device)
+        self.top_p = to_device(top_ps, torch.float32, device)
         self.any_top_k = any(k > 0 for k in top_ks)
         self.any_top_p = any(p < 1.0 for p in top_ps)
 
@@ -63,7 +64,7 @@ def sample(logprobs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     keys = [0 if greedy else rng.next_key() for rng, greedy in zip(batch.rngs, batch.greedy, strict=True)]
     scores = logprobs.exp() / exponential(keys, logprobs.shape[-1], logprobs.device)
     if any(batch.greedy):
-        greedy = torch.tensor(batch.greedy, device=logprobs.device)
+        greedy = to_device(batch.greedy, torch.bool, logprobs.device)
         scores = torch.where(greedy[:, None], logprobs, scores)
     return torch.argmax(scores, dim=-1)
 
@@ -72,5 +73,5 @@ def token_logprobs(logprobs: torch.Tensor, tokens: torch.Tensor, batch: Sampling
     """Log-probability of each row's sampled token; a greedy row sampled a point mass (0)."""
     picked = logprobs.gather(1, tokens[:, None]).squeeze(1)
     if any(batch.greedy):
-        picked = torch.where(torch.tensor(batch.greedy, device=picked.device), torch.zeros_like(picked), picked)
+        picked = torch.where(to_device(batch.greedy, torch.bool, picked.device), torch.zeros_like(picked), picked)
     return picked
