@@ -17,6 +17,7 @@ import torch
 
 from ouro_cli.engine.kv_cache import PagedKVCache
 from ouro_cli.engine.paged_attention import decode_attention
+from tests.unit.engine._interpreted import run_checks
 
 # (B, Hq, Hkv, D, lengths, tile): MHA and GQA, a group of 3, head_dim not a power of two,
 # length 1, lengths on and off tile boundaries, the default tile (None)
@@ -173,24 +174,5 @@ def check_engine(device="cpu") -> None:
 CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,
           "write_kv_with_carry": check_write_kv_with_carry, "engine": check_engine}
 
-def main(names: list[str]) -> int:
-    """Run the named checks (all of them by default); one line `<name> ok|FAILED` each, then
-    the failures' tracebacks."""
-    import traceback
-
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    failures = []
-    for name in names or list(CHECKS):
-        try:
-            CHECKS[name]()
-            print(name, "ok", flush=True)
-        except Exception:
-            print(name, "FAILED", flush=True)
-            failures.append(traceback.format_exc())
-    print(*failures, sep="\n")
-    return 1 if failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_checks(CHECKS, sys.argv[1:]))

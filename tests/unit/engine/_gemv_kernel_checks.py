@@ -14,6 +14,8 @@ import sys
 
 import torch
 
+from tests.unit.engine._interpreted import run_checks
+
 # (N, K): N off the 16/32-column tiles (40) and on them (64); K off the default tile (96:
 # one masked tile) and on it (256)
 SHAPES = [(40, 96), (64, 256), (40, 256), (64, 96)]
@@ -107,23 +109,5 @@ CHECKS = {"reference_fp32": check_reference,
           "bad_input": check_bad_input}
 
 
-def main(names: list[str]) -> int:
-    """Run the named checks (all of them by default); one line `<name> ok|FAILED` each, then
-    the failures' tracebacks."""
-    import traceback
-
-    torch.set_num_threads(1)
-    failures = []
-    for name in names or list(CHECKS):
-        try:
-            CHECKS[name]()
-            print(name, "ok", flush=True)
-        except Exception:
-            print(name, "FAILED", flush=True)
-            failures.append(traceback.format_exc())
-    print(*failures, sep="\n")
-    return 1 if failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_checks(CHECKS, sys.argv[1:]))

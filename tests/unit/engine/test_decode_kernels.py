@@ -11,28 +11,20 @@ and would otherwise leak into every later test of this process."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from ._interpreted import interpreter_report
+
 pytest.importorskip("triton")
 
-REPO = Path(__file__).resolve().parents[3]
 CHECKS = ["attention", "batch_invariance", "write_kv_with_carry", "engine"]
 
 
 @pytest.fixture(scope="module")
 def report() -> tuple[dict[str, str], str]:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.pop("OURO_DECODE_ATTENTION", None)
-    env.pop("OURO_DECODE_GEMV", None)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_decode_kernel_checks.py")), *CHECKS],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    status = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0] in CHECKS)
-    return status, proc.stdout[-6000:] + proc.stderr[-6000:]
+    return interpreter_report(Path(__file__).with_name("_decode_kernel_checks.py"), CHECKS)
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -1,0 +1,49 @@
+"""Running kernel checks under the Triton CPU interpreter, shared by the kernel test files.
+
+A check module (`_decode_kernel_checks.py`, `_gemv_kernel_checks.py`) is a script whose
+`main` runs named checks through `run_checks`; the test file runs it in a subprocess
+with TRITON_INTERPRET=1 (`interpreter_report`), since the variable must be set before
+the kernels are imported and would otherwise leak into every later test of the process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def run_checks(checks: dict[str, Callable[[], None]], names: list[str]) -> int:
+    """Run the named checks (all by default); one line `<name> ok|FAILED` each, then the
+    failures' tracebacks. -> exit status."""
+    import traceback
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    failures = []
+    for name in names or list(checks):
+        try:
+            checks[name]()
+            print(name, "ok", flush=True)
+        except Exception:
+            print(name, "FAILED", flush=True)
+            failures.append(traceback.format_exc())
+    print(*failures, sep="\n")
+    return 1 if failures else 0
+
+
+def interpreter_report(script: Path, names: list[str]) -> tuple[dict[str, str], str]:
+    """Run `script` with `names` under the interpreter -> ({name: "ok"|"FAILED"}, log tail)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    for knob in ("OURO_DECODE_ATTENTION", "OURO_DECODE_GEMV"):  # the checks choose their own paths
+        env.pop(knob, None)
+    proc = subprocess.run([sys.executable, str(script), *names], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    status = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0] in names)
+    return status, proc.stdout[-6000:] + proc.stderr[-6000:]
