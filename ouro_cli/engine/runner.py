@@ -259,9 +259,9 @@ class CapturedDecodeStep:
         kv = runner.kv
         device = kv.device
         ints = torch.zeros(batch, DecodeInputs.TABLE + -(-width // kv.block_size), dtype=torch.long, device=device)
-        ints[:, DecodeInputs.STOP_AFTER] = max_loops  # position 0 of the scratch block: the scratch slot
+        ints[:, DecodeInputs.STOP_AFTER] = max_loops
         ints[:, DecodeInputs.MIN_LOOPS] = 1
-        ints[:, DecodeInputs.TABLE:] = kv.num_blocks
+        ints[:, DecodeInputs.TABLE:] = kv.num_blocks  # position 0 of the scratch block: the scratch slot
         self.inputs = DecodeInputs(ints=ints, tau=torch.full((batch,), float("inf"), device=device), width=width)
 
         def body():

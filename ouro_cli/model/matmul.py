@@ -12,6 +12,7 @@ hands it in.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -20,13 +21,14 @@ import torch.nn.functional as F
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [M, K], w [N, K]) -> [M, N]
 
-_small: tuple[Kernel, int] | None = None
+_local = threading.local()  # .small: (kernel, max_rows) installed in this thread, or absent
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ w[N, K].T -> [..., N]."""
-    if _small is not None:
-        kernel, max_rows = _small
+    small = getattr(_local, "small", None)
+    if small is not None:
+        kernel, max_rows = small
         rows = x.numel() // x.shape[-1]
         if rows <= max_rows:
             return kernel(x.reshape(rows, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], w.shape[0])
@@ -36,11 +38,11 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @contextmanager
 def use_small_batch(kernel: Kernel | None, max_rows: int) -> Iterator[None]:
     """Route products of inputs with <= `max_rows` rows to `kernel` inside the block
-    (None: no change). Not thread-safe: one generating thread per process."""
-    global _small
-    previous = _small
-    _small = (kernel, max_rows) if kernel is not None else previous
+    (None: no change). Per thread: a trainer thread running beside a decoding engine keeps
+    F.linear."""
+    previous = getattr(_local, "small", None)
+    _local.small = (kernel, max_rows) if kernel is not None else previous
     try:
         yield
     finally:
-        _small = previous
+        _local.small = previous
