@@ -12,9 +12,10 @@ interpreter (TRITON_INTERPRET=1), which the CPU tests use.
 
 `gemv.py` holds a small-batch matmul for the decode step's projections, opt-in with
 OURO_DECODE_GEMV=triton (default "cublas": F.linear). On the H200 (bench/gemv.py) it
-equals cuBLAS's speed within ±10 % at 8-16 rows, loses at 64 (x0.42-0.81), and
-reproduces the trainer's cuBLAS bits on every 1.4B shape, where cuBLAS at 8 rows does
-not for down_proj (it splits K); the engine-vs-trainer bf16 agreement did not change
+runs at x0.85-1.02 of cuBLAS at 8-16 rows (x1.00-1.10 with the best tiles per shape),
+loses at 64 (x0.42-0.81), and
+reproduces cuBLAS's bits at the replay's many rows on every 1.4B shape (same weights),
+where cuBLAS at 8 rows does not for down_proj (it splits K); the engine-vs-trainer bf16 agreement did not change
 measurably with it (0.046 both ways), so speed decides the default.
 """
 

@@ -1,4 +1,4 @@
-"""A small-M linear layer, y = x @ W.T, for the decode step's projections (opt-in; bitwise = the trainer's GEMMs).
+"""A small-M linear layer, y = x @ W.T, for the decode step's projections (opt-in; bitwise = cuBLAS at many rows).
 
 A decode step multiplies a padded batch of M = 8..64 activation rows by every weight of
 the model: qkv [6144, 2048], o_proj [2048, 2048], gate_up [11264, 2048], down [2048, 5632]
@@ -11,7 +11,7 @@ program.
 Measured on the H200 (bench/gemv.py, HBM-cold weights, in CUDA graphs): cuBLAS reads
 these weights at 1.4-4.1 TB/s and this kernel at the same speed within ±10 % for M <= 16
 (best tiles per shape), slower at M = 64 (x0.42-0.81: every program re-reads x). Its
-value is numerical: its bits equal the trainer's cuBLAS GEMMs (M = 96) on all five
+value is numerical: its bits equal cuBLAS's at M = 96 (the replay's shape) on all five
 shapes, where cuBLAS at M = 8 differs on down_proj (a split-K kernel). The engine uses
 it only when asked (OURO_DECODE_GEMV=triton, kernels/__init__.py).
 
