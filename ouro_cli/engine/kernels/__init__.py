@@ -11,12 +11,12 @@ OURO_DECODE_ATTENTION (default "auto"). "triton" off CUDA runs only under the Tr
 interpreter (TRITON_INTERPRET=1), which the CPU tests use.
 
 `gemv.py` holds a small-batch matmul for the decode step's projections, opt-in with
-OURO_DECODE_GEMV=triton (default "cublas": F.linear). On the H200 (bench/gemv.py) it
-runs at x0.85-1.02 of cuBLAS at 8-16 rows (x1.00-1.10 with the best tiles per shape),
-loses at 64 (x0.42-0.81), and
-reproduces cuBLAS's bits at the replay's many rows on every 1.4B shape (same weights),
-where cuBLAS at 8 rows does not for down_proj (it splits K); the engine-vs-trainer bf16 agreement did not change
-measurably with it (0.046 both ways), so speed decides the default.
+OURO_DECODE_GEMV=triton (default "cublas": F.linear). On the H200 (bench/gemv.py) it runs
+at x0.85-1.02 of cuBLAS at 8-16 rows (x1.00-1.10 with the best tiles per shape) and loses
+at 64 (x0.42-0.81). Its rows have the bits cuBLAS gives at the replay's many rows on every
+1.4B shape (same weights), which cuBLAS at 8 rows does not for down_proj (it splits K);
+the engine-vs-trainer bf16 agreement did not change measurably with it (0.046 both
+ways), so speed decides the default.
 """
 
 from __future__ import annotations
