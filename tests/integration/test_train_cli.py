@@ -130,20 +130,16 @@ def test_malformed_data_fails_before_any_model_loads(tmp_path, content, where):
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
-def test_unknown_reward_path_is_named(tmp_path):
+@pytest.mark.parametrize("flag,value,named", [
+    ("--reward-function", "nowhere.rewards.score", "nowhere.rewards.score"),
+    ("--engine", "nowhere.engines:make", "--engine 'nowhere.engines:make'"),
+], ids=["reward", "engine"])
+def test_unknown_plugin_path_is_named_before_any_model_loads(tmp_path, flag, value, named):
     (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
     proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"),
-                "--reward-function", "nowhere.rewards.score", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+                flag, value, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2
-    assert "nowhere.rewards.score" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_unknown_engine_path_is_named_before_any_model_loads(tmp_path):
-    (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
-    proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"),
-                "--engine", "nowhere.engines:make", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "--engine 'nowhere.engines:make'" in proc.stderr and "Traceback" not in proc.stderr
+    assert named in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_cuda_graphs_without_a_gpu_fail_clearly(tmp_path):
