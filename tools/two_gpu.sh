@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 11 on a 2-GPU machine, on the bundled tiny Ouro (examples/tiny), bf16 on CUDA:
 #   a. data parallel: `ouro train` on 1 GPU (run A) and under torchrun on 2 GPUs (run B),
-#      same seed and global batch; tools/compare_runs.py A B; both ranks in B's metrics
+#      same seed and global batch; tools/compare_runs.py A B; both ranks in B's metrics.
+#      The control: run A2 is A on 1 GPU with two micro-batches (another gradient summation
+#      order, nothing else changed); compare_runs A A2 is the floor that A B is read against
 #   b. prefill/decode: local `ouro train --max-num-seqs 1` on GPU 0 (run D) and
 #      `--prefill-devices 0 --decode-devices 1` (run C); `ouro verify-resume --compare D C`
 #      (bit for bit) and compare_runs D C (tolerance)
@@ -13,8 +15,9 @@
 #   DEVICE=cpu bash tools/two_gpu.sh                       # dry run here: gloo ranks, CPU PD workers
 #   DEVICE=cpu DTYPE=bf16 bash tools/two_gpu.sh            # dry run with the bf16 tolerances
 #
-# Environment: OUT (default /tmp/two_gpu_out; at most 8 files land there: summary.txt,
-# dp.log, pd.log, probe.log, compare_ab.json, compare_dc.json, verify_dc.json, metrics.jsonl),
+# Environment: OUT (default /tmp/two_gpu_out; at most 6 files land there: summary.txt,
+# dp.log, pd.log, probe.log, metrics.jsonl, reports.tar.gz with compare_{ab,aa2,dc}.json and
+# verify_dc.json),
 # WORK (run directories, wiped first, default /tmp/two_gpu_runs), PYTHON, DTYPE, UPDATES,
 # PROMPTS, GROUP, PD_PROMPTS, PD_GROUP, RESP, BUDGET (seconds for the whole script, default
 # 470: each step gets at most what is left, so later steps are skipped, never overrun).
@@ -48,8 +51,9 @@ if [ "$DTYPE" = bf16 ]; then TOL=(--atol 1e-3 --rtol 0.0078125 --min-identical 0
 else TOL=(--atol 1e-5 --rtol 0 --min-identical 1 --max-update-diff 1e-3); fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
-rm -f "$OUT"/{summary.txt,dp.log,pd.log,probe.log,compare_ab.json,compare_dc.json,verify_dc.json,metrics.jsonl}
-ENV_LOG="$WORK/env.txt" STEPS="$WORK/steps.tsv"
+rm -f "$OUT"/{summary.txt,dp.log,pd.log,probe.log,metrics.jsonl,reports.tar.gz}
+ENV_LOG="$WORK/env.txt" STEPS="$WORK/steps.tsv" REPORTS="$WORK/reports"
+mkdir -p "$REPORTS"
 : > "$STEPS"
 
 if [ "$DEVICE" = cuda ] && ls .whl/*.whl >/dev/null 2>&1; then  # as tools/gpu_check.sh
@@ -109,8 +113,12 @@ step A-1rank "$OUT/dp.log" 120 - env CUDA_VISIBLE_DEVICES=0 "${OURO[@]}" train "
   --run-dir "$WORK/A"
 step B-2ranks "$OUT/dp.log" 150 - env CUDA_VISIBLE_DEVICES=0,1 "${TORCHRUN[@]}" -m ouro_cli.cli.app train \
   "${COMMON[@]}" "${DP[@]}" --run-dir "$WORK/B"
-RESERVE=0 step compare-A-B "$WORK/compare_ab.txt" 60 - "${COMPARE[@]}" "$WORK/A" "$WORK/B" --json "$OUT/compare_ab.json"
-cat "$WORK/compare_ab.txt" >> "$OUT/dp.log"
+step A2-1rank-2mb "$OUT/dp.log" 120 - env CUDA_VISIBLE_DEVICES=0 "${OURO[@]}" train "${COMMON[@]}" "${DP[@]}" \
+  --micro-batch-size $((PROMPTS * GROUP / 2)) --run-dir "$WORK/A2"
+RESERVE=0 step compare-A-B "$WORK/compare_ab.txt" 60 - "${COMPARE[@]}" "$WORK/A" "$WORK/B" --json "$REPORTS/compare_ab.json"
+RESERVE=0 step compare-A-A2 "$WORK/compare_aa2.txt" 60 - "${COMPARE[@]}" "$WORK/A" "$WORK/A2" \
+  --json "$REPORTS/compare_aa2.json"
+cat "$WORK/compare_ab.txt" "$WORK/compare_aa2.txt" >> "$OUT/dp.log"
 
 # ---- b + c. prefill/decode on two GPUs vs the local engine, UCX probe first -----------------
 PD=(--prompts-per-update "$PD_PROMPTS" --group-size "$PD_GROUP" --max-num-seqs 1 --state-digest)
@@ -126,16 +134,17 @@ echo "UCX_TLS for the PD run: ${UCX_CHOICE:-(unset)}" | tee -a "$OUT/pd.log"
 if [ -n "$UCX_CHOICE" ]; then UCX_ENV=(UCX_TLS="$UCX_CHOICE"); else UCX_ENV=(); fi
 step C-pd "$OUT/pd.log" 150 - env CUDA_VISIBLE_DEVICES=0,1 ${UCX_ENV[@]+"${UCX_ENV[@]}"} "${OURO[@]}" train "${COMMON[@]}" "${PD[@]}" \
   --prefill-devices 0 --decode-devices 1 --run-dir "$WORK/C"
-RESERVE=0 step verify-D-C "$OUT/pd.log" 60 "$OUT/verify_dc.json" "${OURO[@]}" verify-resume --compare "$WORK/D" "$WORK/C" --json
-RESERVE=0 step compare-D-C "$WORK/compare_dc.txt" 60 - "${COMPARE[@]}" "$WORK/D" "$WORK/C" --json "$OUT/compare_dc.json"
+RESERVE=0 step verify-D-C "$OUT/pd.log" 60 "$REPORTS/verify_dc.json" "${OURO[@]}" verify-resume --compare "$WORK/D" "$WORK/C" --json
+RESERVE=0 step compare-D-C "$WORK/compare_dc.txt" 60 - "${COMPARE[@]}" "$WORK/D" "$WORK/C" --json "$REPORTS/compare_dc.json"
 cat "$WORK/compare_dc.txt" >> "$OUT/pd.log"
+tar -czf "$OUT/reports.tar.gz" -C "$REPORTS" .
 
 # ---- d. summary -------------------------------------------------------------------------------
 "$PYTHON" - "$WORK" "$OUT" "$ENV_LOG" "$STEPS" "${UCX_CHOICE:-}" "${TOL[*]}" <<'EOF' 2>&1 | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
 
-work, out, env_log, steps, ucx, tol = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), sys.argv[5], sys.argv[6]
+work, reports, env_log, steps, ucx, tol = Path(sys.argv[1]), Path(sys.argv[1]) / "reports", Path(sys.argv[3]), Path(sys.argv[4]), sys.argv[5], sys.argv[6]
 sys.path.insert(0, "tools")
 from compare_runs import Run, throughput  # noqa: E402
 
@@ -164,8 +173,8 @@ for line in steps.read_text().splitlines():
     status = {"0": "ok", "skipped": "skipped", "124": "TIMED OUT", "137": "TIMED OUT"}.get(rc, f"FAILED {rc}")
     print(f"  {name:16s} {status:>10s}  {secs:>4s} s")
 
-with open(out / "metrics.jsonl", "w") as f:
-    for run in "ABCD":
+with open(Path(sys.argv[2]) / "metrics.jsonl", "w") as f:
+    for run in ("A", "A2", "B", "C", "D"):
         for m in metrics(run):
             f.write(json.dumps({"run": run, **m}, sort_keys=True) + "\n")
 
@@ -174,8 +183,11 @@ for m in metrics("B"):
     print(f"  update {m['update']}: ranks {m['ranks']}, plan agreed by {m.get('plan_agreed_ranks')}, params identical "
           f"{m.get('params_identical_across_ranks')}, rank sha256 {[h[:12] for h in m.get('rank_param_sha256', [])]}, "
           f"devices {m.get('rank_device')}, samples {m.get('rank_samples')}, rank check {m.get('rank_check_s', 0):.3f} s")
-for label, name in (("A vs B (1 vs 2 ranks)", "compare_ab.json"), ("D vs C (local vs PD)", "compare_dc.json")):
-    doc = load(out / name)
+COMPARISONS = (("A vs B (1 vs 2 ranks)", "compare_ab.json"),
+               ("A vs A2 (1 rank, 1 vs 2 micro-batches: the summation-order floor)", "compare_aa2.json"),
+               ("D vs C (local vs PD)", "compare_dc.json"))
+for label, name in COMPARISONS:
+    doc = load(reports / name)
     print(f"\n== compare_runs {label}, {tol}")
     if doc is None:
         print("  no report (the step failed or was skipped)")
@@ -193,12 +205,24 @@ for label, name in (("A vs B (1 vs 2 ranks)", "compare_ab.json"), ("D vs C (loca
               f"|Δgrad_norm| {g(u['train_grad_norm_diff'])}, reward {u['reward_mean_a']:.4f}/{u['reward_mean_b']:.4f}"
               f"{'' if u['ok'] else '  BEYOND TOLERANCE'}")
 
+ab, aa2 = load(reports / "compare_ab.json"), load(reports / "compare_aa2.json")
+if ab and aa2:
+    def worst(doc):
+        return max((u.get("logprob_max_diff") or 0.0) for u in doc["updates"])
+    print("\n== A vs B read against the floor A vs A2 (what another summation order alone does on one GPU)")
+    for what, x, y in (("identical rollouts", ab["identical_fraction"], aa2["identical_fraction"]),
+                       ("weights max|Δ|", ab["weights_max_abs_diff"], aa2["weights_max_abs_diff"]),
+                       ("training-update diff", ab["training_update"]["rel_diff"], aa2["training_update"]["rel_diff"]),
+                       ("max|Δlogp| (identical samples)", worst(ab), worst(aa2))):
+        ratio = f"{x / y:.2f}x the floor" if y else ("equal" if x == y else "floor is 0")
+        print(f"  {what:32s} A-B {g(x, '.4g'):>10s}   A-A2 {g(y, '.4g'):>10s}   {ratio}")
+
 print("\n== b. prefill/decode")
 for m in metrics("C"):
     print(f"  update {m['update']}: kv_transport {m.get('kv_transport')}, transfers {m.get('engine_kv_transfers')}, "
           f"bytes {m.get('engine_kv_transfer_bytes')}, logprob mismatch max {g(m.get('logprob_mismatch_max'))}")
 print(f"  UCX_TLS used: {ucx or '(unset)'}")
-verify = load(out / "verify_dc.json")
+verify = load(reports / "verify_dc.json")
 if verify is None:
     print("  verify-resume --compare D C: no report")
 else:

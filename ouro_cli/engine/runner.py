@@ -269,17 +269,21 @@ class CapturedDecodeStep:
             logits, depth, _ = runner._step(self.inputs, exits, allow_sync=False)
             return logits, depth
 
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            body()  # warm-up outside capture (lazy inits, autotuning)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=runner.graph_pool):
-            self.logits, self.depth = body()
+        # `torch.cuda.graph` captures on the *current* device's stream: an engine on cuda:1 in a
+        # process whose current device is cuda:0 would launch its kernels outside the capture.
+        with torch.cuda.device(device):
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                body()  # warm-up outside capture (lazy inits, autotuning)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=runner.graph_pool):
+                self.logits, self.depth = body()
 
     def run(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         self.inputs.ints.copy_(inputs.ints)
         self.inputs.tau.copy_(inputs.tau)
-        self.graph.replay()
+        with torch.cuda.device(self.inputs.ints.device):  # replay launches on the current device's stream
+            self.graph.replay()
         return self.logits, self.depth

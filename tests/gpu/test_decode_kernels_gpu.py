@@ -104,3 +104,22 @@ def test_engine_bf16_triton_graphs_equal_eager_and_track_torch(monkeypatch):
             assert abs(la - lb) <= 5e-2
             compared += 1
     assert compared >= 20
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_engine_on_second_gpu_captures_its_graphs_there(monkeypatch):
+    """An engine on cuda:1 in a process whose current device is cuda:0 (a PD decode
+    worker's situation before it set its device): its CUDA graphs capture and replay on
+    cuda:1 and give what the same engine gives on cuda:0."""
+    monkeypatch.setenv("OURO_DECODE_ATTENTION", "triton")
+    torch.cuda.set_device(0)
+    outs = {}
+    for device in ("cuda:0", "cuda:1"):
+        llm = LLM(tiny_model(0), device=device, max_num_seqs=4, kv_blocks=64, block_size=4, cuda_graphs=True)
+        try:
+            outs[device] = llm.generate(prompts(5, seed=1), PARAMS)
+            assert llm.runner.graphs, "no decode step was captured"
+        finally:
+            llm.close()
+    assert torch.cuda.current_device() == 0
+    _assert_identical(outs["cuda:1"], outs["cuda:0"])

@@ -95,6 +95,8 @@ class _Worker:
 
         self.spec, self.conn, self.peers = spec, conn, peers
         self.name = spec.name
+        if str(spec.device).startswith("cuda"):
+            torch.cuda.set_device(spec.device)  # this process drives one GPU: streams, graphs, NIXL default to it
         weights = {n: t.to(spec.device, copy=True) for n, t in spec.weights.items()}  # own memory, not the spawner's
         spec.weights = {}
         model = from_state_dict(spec.config, weights, device=spec.device)
