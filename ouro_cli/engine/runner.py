@@ -269,8 +269,10 @@ class CapturedDecodeStep:
             logits, depth, _ = runner._step(self.inputs, exits, allow_sync=False)
             return logits, depth
 
-        # `torch.cuda.graph` captures on the *current* device's stream: an engine on cuda:1 in a
-        # process whose current device is cuda:0 would launch its kernels outside the capture.
+        # Warm-up and capture on a stream of the engine's own device. `torch.cuda.graph`'s
+        # default capture stream is one per process, made on whichever device was current
+        # at its first use: an engine on cuda:1 beside one on cuda:0 (or in a process whose
+        # current device is cuda:0) would have its kernels launched from the wrong device.
         with torch.cuda.device(device):
             stream = torch.cuda.Stream(device)
             stream.wait_stream(torch.cuda.current_stream(device))
@@ -278,7 +280,7 @@ class CapturedDecodeStep:
                 body()  # warm-up outside capture (lazy inits, autotuning)
             torch.cuda.current_stream(device).wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=runner.graph_pool):
+            with torch.cuda.graph(self.graph, pool=runner.graph_pool, stream=stream):
                 self.logits, self.depth = body()
 
     def run(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:

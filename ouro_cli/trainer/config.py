@@ -28,6 +28,7 @@ class TrainerConfig:
     pipeline_parallel: int = 1
     context_parallel: int = 1
     seed: int = 1234
+    deterministic: bool = True  # CUDA: deterministic kernels in forward/backward (determinism.py)
 
     # ---- GRPO loss ----------------------------------------------------------------
     eps_low: float = 0.2

@@ -10,6 +10,8 @@ global weights (batching.loss_weights), and DDP sums across ranks
 (`calculate_per_token_loss`), so the accumulated gradient is exactly the gradient of
 the global-batch loss however the batch is split over ranks and micro-batches.
 Statistics are reduced over data-parallel ranks so every rank reports the same numbers.
+On CUDA the forward and backward run with deterministic kernels (determinism.py), so a
+step is a function of its inputs and a resumed run repeats the continuous one bit for bit.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch.distributed as dist
 
 from .batching import MicroBatch, WorkCounter
 from .config import TrainerConfig
+from .determinism import deterministic_kernels
 from .loss import clipped_surrogate, entropy, token_logprobs
 
 # Indices into the summed statistics vector.
@@ -42,7 +45,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
         # Only the last backward may launch gradient reduction (matters with overlap_grad_reduce).
         sync = contextlib.nullcontext() if last else ddp_model.no_sync()
         mb = mb.to(device)
-        with sync:
+        with sync, deterministic_kernels(device, config.deterministic):
             logits = ddp_model(
                 mb.input_ids, mb.depths,
                 attention_mask=mb.attention_mask, document_ids=mb.document_ids, recompute=config.recompute,

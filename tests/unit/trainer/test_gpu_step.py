@@ -49,3 +49,23 @@ def test_cuda_step_matches_cpu_and_checkpoints(tmp_path):
             assert v.dtype == torch.bfloat16 and torch.equal(v, saved[k]), k
         main = [p for opt in torch_optimizers(fresh.optimizer) for group in opt.param_groups for p in group["params"]]
         assert all(torch.equal(a, b) for a, b in zip(main, saved_main, strict=True))
+
+
+def _cuda_gradients(model, samples, deterministic: bool) -> dict[str, torch.Tensor]:
+    from ouro_cli.trainer import Trainer, TrainerConfig
+
+    config = TrainerConfig(device="cuda", lr=1e-3, micro_batch_size=16, deterministic=deterministic)
+    with Trainer(copy.deepcopy(model), config) as trainer:
+        trainer.forward_backward(samples)
+        return {k: v.detach().clone() for k, v in trainer.gradients().items()}
+
+
+def test_cuda_gradients_repeat_bit_for_bit():
+    """Two trainers, same weights and samples: the same gradient bits (determinism.py).
+    Packed rows with document masks take SDPA's memory-efficient backward, whose default
+    accumulation order changes between runs; the long responses give it many blocks."""
+    model = build(tiny_config(), seed=3)
+    samples = make_samples(model, 48, seed=11, max_prompt=40, max_response=120)
+    first, second = (_cuda_gradients(model, samples, deterministic=True) for _ in range(2))
+    for name, grad in first.items():
+        assert torch.equal(grad, second[name]), name
