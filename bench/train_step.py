@@ -74,14 +74,14 @@ def make_samples(c, n, prompt_len, response_len, depths, rng):
 
 def build_trainer(shape: str, device: str, dtype: str = "auto", *, micro_batch_size: int | None = None,
                   pack: bool = True, pack_length: int | None = None, recompute: bool = False,
-                  distributed_optimizer: bool = False, model=None):
+                  distributed_optimizer: bool = False, deterministic: bool = True, model=None):
     """A Trainer on a random model of `shape` (or on `model`, adopted). Returns (trainer, setup seconds)."""
     from ouro_cli.model import build
     from ouro_cli.trainer import Trainer, TrainerConfig
 
     config = TrainerConfig(device=device, params_dtype=dtype, lr=1e-6, micro_batch_size=micro_batch_size, pack=pack,
                            pack_length=pack_length, recompute=recompute,
-                           use_distributed_optimizer=distributed_optimizer)
+                           use_distributed_optimizer=distributed_optimizer, deterministic=deterministic)
     t0 = time.perf_counter()
     if model is None:
         # Build in the parameter dtype, directly on the device: a 1.4B fp32 copy on the host is slow.
@@ -155,13 +155,16 @@ def main() -> None:
     parser.add_argument("--recompute", action="store_true")
     parser.add_argument("--depths", choices=["full", "random"], default="full")
     parser.add_argument("--distributed-optimizer", action="store_true")
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="CUDA: PyTorch's default kernels instead of the deterministic ones the trainer uses")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
 
     trainer, setup_s = build_trainer(args.shape, args.device, args.dtype, micro_batch_size=args.micro_batch_size,
                                      pack=not args.no_pack, pack_length=args.pack_length, recompute=args.recompute,
-                                     distributed_optimizer=args.distributed_optimizer)
+                                     distributed_optimizer=args.distributed_optimizer,
+                                     deterministic=not args.nondeterministic)
     result = measure_steps(trainer, args.shape, samples=args.samples, prompt_len=args.prompt_len,
                            response_len=args.response_len, depths=args.depths, steps=args.steps, warmup=args.warmup)
     result["setup_s"] = round(setup_s, 2)
