@@ -37,8 +37,9 @@ from ouro_cli.model import OuroConfig, from_state_dict, tiny_config  # noqa: E40
 
 
 def record_layers(model, rows: list[torch.Tensor], pick) -> list:
-    """Forward hooks appending `pick(output)` of every decoder layer call to `rows`."""
-    return [layer.register_forward_hook(lambda _m, _a, out: rows.append(pick(out).float().cpu()))
+    """Forward hooks appending `pick(h')` of every decoder layer call to `rows` (a layer returns
+    (h', the next norm of h'))."""
+    return [layer.register_forward_hook(lambda _m, _a, out: rows.append(pick(out[0]).float().cpu()))
             for layer in model.model.layers]
 
 

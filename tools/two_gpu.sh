@@ -34,6 +34,10 @@
 # now and then and the sample parts from there. A CPU bf16 dry run measured 381/384
 # identical samples, weights max |Δ| 4.9e-4 (one ulp), update difference 0.028, max
 # |Δlogp| 0.07 against a tolerance of 0.16. fp32: 1e-5, 0, 1, 1e-3.
+# On two H200s these elementwise bf16 tolerances fail for the control A vs A2 as much as for
+# A vs B (update difference 0.18 and 0.20, max |Δlogp| 0.30 and 0.22): a GPU's bf16 kernels
+# amplify a different summation order more than the CPU does. So the verdict on data
+# parallelism is B against that floor (the summary's last part of a.), not these tolerances.
 set -u
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}

@@ -112,10 +112,22 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm_2 = RMSNorm(config.hidden_size, eps)
         self._eps = eps
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        # h + norm_2(attn(norm(h))), then h + norm_2(mlp(norm(h))); the attention block's
-        # closing add and the MLP's input norm run as one fused kernel on CUDA.
-        a = self.self_attn(self.input_layernorm(h), cos, sin, attend)
+    def forward(self, h: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+                next_norm_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer given `x = input_layernorm(h)`, which the caller computed (in a stack: the
+        previous layer's closing kernel). Returns (h', rms_norm(h', next_norm_weight)): the next
+        layer's input norm, or `model.norm` after the last layer, comes out of the same fused
+        kernel as the closing add. Without `next_norm_weight` the second value is None.
+
+        h + norm_2(attn(norm(h))), then h + norm_2(mlp(norm(h))); each closing add runs fused
+        with the norm that follows it, so a layer is four elementwise kernels on CUDA (two
+        add-and-norms, RoPE, SwiGLU), where a separate input norm made five.
+        """
+        a = self.self_attn(x, cos, sin, attend)
         h, x = pointwise.add_rms_norm_then_norm(h, a, self.input_layernorm_2.weight,
                                                 self.post_attention_layernorm.weight, self._eps)
-        return pointwise.add_rms_norm(h, self.mlp(x), self.post_attention_layernorm_2.weight, self._eps)
+        m = self.mlp(x)
+        if next_norm_weight is None:
+            return pointwise.add_rms_norm(h, m, self.post_attention_layernorm_2.weight, self._eps), None
+        return pointwise.add_rms_norm_then_norm(h, m, self.post_attention_layernorm_2.weight, next_norm_weight,
+                                                self._eps)

@@ -68,9 +68,16 @@ class OuroForCausalLM(nn.Module):
         attend_for_layer: Callable[[int], Attend],
     ) -> torch.Tensor:
         """One pass through the layer stack, closed by `model.norm` (the loop's exit state)."""
-        for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, attend_for_layer(i))
-        return self.model.norm(h)
+        x = self.model.layers[0].input_layernorm(h)
+        for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
+            h, x = layer(h, x, cos, sin, attend_for_layer(i), closing)
+        return x
+
+    def closing_norms(self) -> list[torch.Tensor]:
+        """The norm weight each layer's closing kernel applies after its residual add: the next
+        layer's input norm, and `model.norm` after the last layer (DecoderLayer.forward)."""
+        layers = self.model.layers
+        return [layer.input_layernorm.weight for layer in layers[1:]] + [self.model.norm.weight]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return linear(h, self.lm_head.weight)
@@ -91,6 +98,7 @@ class OuroForCausalLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         recompute: bool = False,
         kv_sink: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+        state_sink: Callable[[int, torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
         """input_ids [B,S] -> logits [B,S,V].
 
@@ -101,6 +109,10 @@ class OuroForCausalLM(nn.Module):
         backward pass instead of keeping its activations. `kv_sink(loop, layer, k, v)`
         receives the K/V every position holds at each (loop, layer) — its last-exited
         version — which is what the engine writes into its KV planes after prefill.
+        `state_sink(loop, h)` receives loop t's exit state `model.norm(...)` [B,S,H] for every
+        position (exited ones included, before they are masked out): what the exit gate reads.
+        (`model.norm` runs fused into the last layer's closing kernel, so a module hook on it
+        would never fire.)
         """
         layout = SequenceLayout.build(input_ids, attention_mask, document_ids, position_ids)
         h = self.embed(input_ids)
@@ -112,16 +124,18 @@ class OuroForCausalLM(nn.Module):
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
         for t in range(1, num_loops + 1):
             active = None if depths is None or bool((depths >= t).all()) else (depths >= t)
-            x = h
-            for i, layer in enumerate(self.model.layers):
-                step = _LayerStep(layer, layout.mask)
-                args = (x, cos, sin, active, *(prev_kv[i] or (None, None)))
-                x, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
+            x, normed = h, self.model.layers[0].input_layernorm(h)
+            for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
+                step = _LayerStep(layer, layout.mask, closing)
+                args = (x, normed, cos, sin, active, *(prev_kv[i] or (None, None)))
+                x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
                 prev_kv[i] = (k, v)
                 if kv_sink is not None:
                     kv_sink(t, i, k, v)
-            x = self.model.norm(x)
-            h = x if active is None else torch.where(active[..., None], x, h)
+            # `normed` is now model.norm(x): the loop's exit state
+            if state_sink is not None:
+                state_sink(t, normed)
+            h = normed if active is None else torch.where(active[..., None], normed, h)
         if kv_sink is not None:
             for t in range(num_loops + 1, self.num_loops + 1):  # planes past everyone's depth
                 for i, kv in enumerate(prev_kv):
@@ -134,13 +148,14 @@ class _LayerStep:
 
     A position inactive at loop t contributes the K/V it produced at its own last loop
     (`prev_k`, `prev_v` already hold that version); its own hidden state is discarded
-    by the caller. Returns the layer output and the K/V actually attended to.
+    by the caller. Returns the layer output, its closing norm (DecoderLayer.forward) and the
+    K/V actually attended to.
     """
 
-    def __init__(self, layer: DecoderLayer, mask: torch.Tensor | None) -> None:
-        self.layer, self.mask = layer, mask
+    def __init__(self, layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.Tensor) -> None:
+        self.layer, self.mask, self.closing = layer, mask, closing
 
-    def __call__(self, x, cos, sin, active, prev_k, prev_v):
+    def __call__(self, x, normed, cos, sin, active, prev_k, prev_v):
         used: dict[str, torch.Tensor] = {}
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -150,8 +165,8 @@ class _LayerStep:
             used["k"], used["v"] = k, v
             return dense_attention(q, k, v, self.mask)
 
-        out = self.layer(x, cos, sin, attend)
-        return out, used["k"], used["v"]
+        out, out_normed = self.layer(x, normed, cos, sin, attend, self.closing)
+        return out, out_normed, used["k"], used["v"]
 
 
 def _check_depths(depths: torch.Tensor, shape: torch.Size, num_loops: int) -> torch.Tensor:

@@ -105,12 +105,10 @@ def test_exit_depths_follow_the_gate(make_engine, model):
         m, r = len(out.prompt_token_ids), out.output_token_ids
         for j in range(1, len(r)):
             states: list[torch.Tensor] = []
-            hook = model.model.norm.register_forward_hook(lambda mod, inp, o, states=states: states.append(o[0, -1]))
             ids = torch.tensor([out.prompt_token_ids + r[:j]])
             depths = torch.tensor([[T] * m + out.exit_depths[1:j] + [T]])
             with torch.no_grad():
-                model(ids, depths=depths)
-            hook.remove()
+                model(ids, depths=depths, state_sink=lambda t, h, states=states: states.append(h[0, -1]))
             with torch.no_grad():
                 lam = torch.stack([model.exit_lambda(h) for h in states])  # [T]
             survive, cdf, expected = 1.0, 0.0, T
