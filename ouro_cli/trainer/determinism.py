@@ -3,10 +3,13 @@ PyTorch's deterministic algorithms.
 
 Without them a CUDA step is not a function of its inputs. Two runs of the bundled tiny
 model on one H200, same weights and the same rollouts bit for bit, reported grad norms
-0.8587996 and 0.8588036 at the first update: the attention backward (SDPA's
-memory-efficient kernel, which the masked packed replay uses) accumulates with atomics in
-an order that changes from run to run. A fresh-process resume, or a prefill/decode run
-compared with a local one (`ouro verify-resume --compare`), then cannot match bit for bit.
+0.8587996 and 0.8588036 at the first update; two trainers on the same 48 packed samples
+got other bits in 24 of 25 gradient tensors, and 0 of 25 with this switch
+(tests/unit/trainer/test_gpu_step.py). Some CUDA backward kernels accumulate with atomics
+in an order that changes from run to run; SDPA's memory-efficient backward, which the
+masked packed replay uses, is the likely one (not isolated further). A fresh-process
+resume, or a prefill/decode run compared with a local one (`ouro verify-resume
+--compare`), then cannot match bit for bit.
 
 The switch is scoped to the trainer's step, not set for the process: the engine shares
 the process and its CUDA-graph capture must not meet the deterministic variants of
