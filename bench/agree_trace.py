@@ -3,6 +3,9 @@
     python bench/agree_trace.py --device cuda                  # Ouro-1.4B shape, random bf16 weights
     python bench/agree_trace.py --device cuda --sdpa math      # replay attention on SDPA's math kernel
     python bench/agree_trace.py --device cuda --attention torch
+    OURO_REPLAY_ATTENTION=paged OURO_DECODE_GEMV=triton python bench/agree_trace.py --device cuda
+                                                               # replay attention in the decode kernel's order,
+                                                               # projections with many-row bits (exactness mode)
     python bench/agree_trace.py --device cpu --shape tiny      # smoke run
 
 The engine decodes one sequence at K = T eagerly (no CUDA graph, so forward hooks see
@@ -14,8 +17,8 @@ few layers, then the two log-probabilities of the sampled token.
 
 Reading it: a difference at bf16 rounding level (~4e-3) from layer 0 of loop 1 that
 grows along the loops is rounding amplified by depth; a jump at one layer, or a large
-difference in the first layer, names an operation that differs (then vary `--sdpa`
-and `--attention`). Not part of the test run.
+difference in the first layer, names an operation that differs (then vary `--sdpa`,
+`--attention`, OURO_REPLAY_ATTENTION and OURO_DECODE_GEMV). Not part of the test run.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ def main() -> None:
     replay_lp = float(torch.log_softmax(logits[0, -1].float(), -1)[out.output_token_ids[-1]])
 
     print(f"{shape} {args.dtype} on {args.device}; prompt {args.prompt}, {args.new_tokens} new tokens, K = {loops}; "
-          f"engine attention {args.attention}, replay SDPA {args.sdpa}")
+          f"engine attention {args.attention}, replay attention {os.environ.get('OURO_REPLAY_ATTENTION', 'sdpa')} "
+          f"(SDPA backend {args.sdpa}), projections {os.environ.get('OURO_DECODE_GEMV', 'cublas')}")
     picks = sorted({0, 1, num_layers // 2, num_layers - 1})
     print("loop  " + "  ".join(f"layer {i:>2}" for i in picks) + "   max over layers   (relative max |Δ|)")
     for t in range(loops):

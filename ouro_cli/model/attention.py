@@ -7,6 +7,7 @@ would turn softmax into NaN and poison gradients through `torch.where`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -63,8 +64,33 @@ def _positions_within_documents(docs: torch.Tensor, valid: torch.Tensor) -> torc
     return torch.where(valid, idx - start_idx, torch.zeros_like(idx))
 
 
+REPLAY_ATTENTION_MODES = ("sdpa", "paged")
+
+
+def replay_attention_mode() -> str:
+    """OURO_REPLAY_ATTENTION: "sdpa" (default) or "paged": every query through the engine's
+    decode attention kernel, in its reduction order (engine/kernels/replay_attention.py)."""
+    mode = os.environ.get("OURO_REPLAY_ATTENTION", "sdpa")
+    if mode not in REPLAY_ATTENTION_MODES:
+        raise ValueError(f"OURO_REPLAY_ATTENTION must be one of {', '.join(REPLAY_ATTENTION_MODES)}, got {mode!r}")
+    return mode
+
+
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D]; scale head_dim**-0.5; GQA by head groups."""
+    if replay_attention_mode() == "paged":
+        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("OURO_REPLAY_ATTENTION=paged runs a Triton kernel: it needs CUDA "
+                               "(or the Triton interpreter, TRITON_INTERPRET=1)")
+        # the kernel lives with the engine's: this mode exists to give the engine's bits
+        from ouro_cli.engine.kernels.replay_attention import paged_replay_attention
+
+        return paged_replay_attention(q, k, v, mask, sdpa_attention)
+    return sdpa_attention(q, k, v, mask)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """dense_attention through PyTorch's scaled_dot_product_attention (the default)."""
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     gqa = q.shape[1] != k.shape[1]
     if mask is None:

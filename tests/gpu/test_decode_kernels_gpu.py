@@ -21,6 +21,7 @@ from ouro_cli.engine import LLM, SamplingParams
 from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
+    check_replay_attention,
     check_write_kv_with_carry,
 )
 from tests.unit.engine.conftest import prompts, tiny_model
@@ -51,6 +52,11 @@ def test_attention_matches_reference(dtype):
 @DTYPES
 def test_attention_is_batch_invariant(dtype):
     check_batch_invariance("cuda", dtype)
+
+
+@DTYPES
+def test_replay_attention_in_decode_order(dtype):
+    check_replay_attention("cuda", dtype, TOL[dtype])
 
 
 @DTYPES

@@ -171,8 +171,88 @@ def check_engine(device="cpu") -> None:
         assert max_replay_error(model, out, 1.0) <= 1e-5
 
 
+def _packed_layout(device):
+    """Rows with packed documents, left and right padding: SequenceLayout's mask."""
+    from ouro_cli.model.attention import SequenceLayout
+
+    ids = torch.zeros(3, 21, dtype=torch.long)
+    valid = torch.ones(3, 21, dtype=torch.long)
+    valid[1, :4] = 0  # left padding
+    valid[2, 17:] = 0  # right padding
+    docs = torch.tensor([[0] * 21, [0] * 9 + [1] * 12, [0] * 5 + [1] * 1 + [2] * 15])
+    return SequenceLayout.build(ids.to(device), valid.to(device), docs.to(device))
+
+
+def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
+    """OURO_REPLAY_ATTENTION=paged (kernels/replay_attention.py): equals SDPA to `tol` under
+    packed, padded and plain causal layouts; every query's output is bitwise the decode
+    kernel's for that query alone over its context; gradients are SDPA's, bit for bit; a
+    mask that is not a contiguous run is refused."""
+    from ouro_cli.engine.kernels.decode_attention import paged_decode_attention
+    from ouro_cli.engine.kernels.replay_attention import paged_forward, paged_replay_attention, visible_runs
+    from ouro_cli.model.attention import sdpa_attention
+
+    g = torch.Generator().manual_seed(5)
+    b, s, hq, hkv, d = 3, 21, 4, 2, 16
+    q, k, v = (torch.randn(b, s, h, d, generator=g).to(device, dtype) for h in (hq, hkv, hkv))
+    for mask in (_packed_layout(device).mask, None):
+        out = paged_forward(q, k, v, mask)
+        assert (out.double() - sdpa_attention(q, k, v, mask).double()).abs().max() <= tol
+        start, length = visible_runs(mask, b, s, q.device)
+        for row, i in ((0, 0), (0, 20), (1, 3), (1, 12), (2, 5), (2, 16), (2, 20)):
+            lo, n = int(start[row, i]), int(length[row, i])
+            planes = [x[row, lo:lo + n].transpose(0, 1).contiguous() for x in (k, v)]
+            ctx = torch.arange(n + 5, device=q.device).clamp(max=n - 1)[None]  # another table width
+            alone = paged_decode_attention(q[row, i][None], *planes, ctx, torch.tensor([n], device=q.device))
+            assert torch.equal(alone[0], out[row, i]), (row, i)
+    mask = _packed_layout(device).mask
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    grad_out = torch.randn(b, s, hq, d, generator=g).to(device, dtype)
+    got = torch.autograd.grad(paged_replay_attention(*leaves, mask, sdpa_attention), leaves, grad_out)
+    want = torch.autograd.grad(sdpa_attention(*ref_leaves, mask), ref_leaves, grad_out)
+    assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+    holes = mask.clone()
+    holes[0, 0, 10, 3] = False  # a gap inside a query's run
+    try:
+        paged_forward(q, k, v, holes)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a non-contiguous mask was accepted")
+
+
+def check_replay_mode_engine(device="cpu") -> None:
+    """The tiny model's engine (triton decode attention) against its replay with the replay's
+    attention in the decode kernel's order, and with SDPA: both within 1e-5 (fp32)."""
+    import os
+
+    from ouro_cli.engine import LLM, SamplingParams
+    from tests.unit.engine.conftest import prompts, tiny_model
+    from tests.unit.engine.test_replay import max_replay_error
+
+    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+              for s in range(3)]
+    model = tiny_model(0).to(device)
+    os.environ["OURO_DECODE_ATTENTION"] = "triton"
+    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
+    try:
+        outs = llm.generate(prompts(3, seed=1), params)  # prefill runs the replay path too (sdpa here)
+    finally:
+        llm.close()
+        del os.environ["OURO_DECODE_ATTENTION"]
+    errors = {}
+    for mode in ("sdpa", "paged"):
+        os.environ["OURO_REPLAY_ATTENTION"] = mode
+        errors[mode] = max_replay_error(model, outs, 1.0)
+    del os.environ["OURO_REPLAY_ATTENTION"]
+    print("max |Δ logprob| of the engine vs its replay, by replay attention:", errors)
+    assert max(errors.values()) <= 1e-5
+
+
 CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,
-          "write_kv_with_carry": check_write_kv_with_carry, "engine": check_engine}
+          "write_kv_with_carry": check_write_kv_with_carry, "engine": check_engine,
+          "replay_attention": check_replay_attention, "replay_mode_engine": check_replay_mode_engine}
 
 if __name__ == "__main__":
     sys.exit(run_checks(CHECKS, sys.argv[1:]))

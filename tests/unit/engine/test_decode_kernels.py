@@ -3,7 +3,9 @@ reference (paged_attention.decode_attention) and a dense fp64 one to 1e-5 in fp3
 length 1, lengths off the tile grid, permuted slots); a row's output is bitwise the same
 alone or among longer rows; the fused KV write equals runner.py's torch write exactly; and
 an engine running them (and the small-batch matmul, kernels/gemv.py) reports the torch
-path's logprobs and still equals the replay.
+path's logprobs and still equals the replay. The replay's attention through the decode
+kernel (OURO_REPLAY_ATTENTION=paged) equals SDPA, gives each query the decode kernel's
+bits for it alone, backpropagates SDPA's gradients, and keeps the engine's agreement.
 
 The checks live in _decode_kernel_checks.py (shared with tests/gpu) and run in one
 subprocess with TRITON_INTERPRET=1, which must be set before the kernels are imported
@@ -19,7 +21,7 @@ from ._interpreted import interpreter_report
 
 pytest.importorskip("triton")
 
-CHECKS = ["attention", "batch_invariance", "write_kv_with_carry", "engine"]
+CHECKS = ["attention", "batch_invariance", "write_kv_with_carry", "engine", "replay_attention", "replay_mode_engine"]
 
 
 @pytest.fixture(scope="module")

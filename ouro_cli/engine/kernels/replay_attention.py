@@ -1,0 +1,95 @@
+"""The whole-sequence forward's attention in the decode kernel's reduction order
+(OURO_REPLAY_ATTENTION=paged; model/attention.py dispatches here).
+
+Why: on a GPU the engine's decode attention (decode_attention.py) and the trainer's SDPA
+reduce the same softmax in different tile orders, so their bf16 logprobs part from the
+first layer on (bench/agree_trace.py on the H200), even where the projections match bit
+for bit (kernels/gemv.py). Here every query of the replay runs the decode kernel itself
+over its own visible keys: tiles of BLOCK positions at the same offsets from its
+document's start, the same fp32 online softmax, P rounded the same way. The kernel's
+batch invariance (a row's bits do not depend on its batch-mates or the table's width)
+makes a query's output the bits a decode step computes for that token over the same K/V.
+
+The backward is SDPA's gradient of the same attention, recomputed: this mode changes how
+the forward rounds, not the function that is differentiated.
+
+Cost: no query shares its K/V reads with its neighbours (O(S²) reads per head) and
+G = Hq/Hkv heads fill a 16-row MMA tile. This is an exactness mode to measure and use
+where agreement matters more than training speed, not the default.
+
+Visible keys must be one contiguous run ending at the query, as SequenceLayout builds
+them (causal, documents contiguous in a row, padding on the edges): other masks are
+refused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .decode_attention import paged_decode_attention
+
+
+_checked: list = [None, None]  # (mask, runs) of the last call: one forward's layers share their mask
+
+
+def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(start [B, S], length [B, S]) of each query's visible keys: keys start..start+length-1,
+    the last being the query itself. mask: None (causal) or bool [B, 1, S, S]."""
+    idx = torch.arange(s, device=device)
+    if mask is None:
+        return torch.zeros(b, s, dtype=torch.long, device=device), (idx + 1).expand(b, s)
+    if _checked[0] is mask:
+        return _checked[1]
+    m = mask[:, 0]
+    length = m.sum(-1)
+    start = idx - length + 1
+    # a contiguous run ending at the query: every key in start..i is visible, none outside
+    inside = (idx[None, None, :] >= start[..., None]) & (idx[None, None, :] <= idx[None, :, None])
+    if not bool(torch.equal(inside, m)):
+        raise ValueError("OURO_REPLAY_ATTENTION=paged needs each query's visible keys to be one contiguous "
+                         "run ending at the query (causal, contiguous documents, edge padding)")
+    _checked[:] = [mask, (start, length)]
+    return start, length
+
+
+def paged_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D] through the decode kernel, one query per row."""
+    b, s, hq, d = q.shape
+    hkv = k.shape[2]
+    start, length = visible_runs(mask, b, s, q.device)
+    # one plane per kv head over all B·S positions; query (b, i) reads slots b·S + start .. b·S + i
+    k_plane = k.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
+    v_plane = v.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
+    row_base = (torch.arange(b, device=q.device) * s)[:, None] + start  # [B, S]
+    slots = row_base.reshape(-1, 1) + torch.arange(s, device=q.device)[None, :]
+    slots = slots.clamp(max=b * s - 1)  # past a query's length the kernel masks its loads
+    o = paged_decode_attention(q.reshape(b * s, hq, d), k_plane, v_plane, slots, length.reshape(-1))
+    return o.view(b, s, hq, d)
+
+
+class _PagedReplayAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, reference):
+        ctx.save_for_backward(q, k, v)
+        ctx.mask, ctx.reference = mask, reference
+        return paged_forward(q, k, v, mask)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+            o = ctx.reference(*leaves, ctx.mask)
+            wanted = [t for t in leaves if t.requires_grad]
+            grads = iter(torch.autograd.grad(o, wanted, grad))
+        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None)
+
+
+def paged_replay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                           reference) -> torch.Tensor:
+    """The forward in the decode kernel's order; gradients from `reference(q, k, v, mask)`
+    (the SDPA attention of model/attention.py)."""
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v)):
+        return paged_forward(q, k, v, mask)
+    return _PagedReplayAttention.apply(q, k, v, mask, reference)
