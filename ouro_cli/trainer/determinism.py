@@ -15,7 +15,10 @@ The switch is scoped to the trainer's step, not set for the process: the engine 
 the process and its CUDA-graph capture must not meet the deterministic variants of
 indexing ops (some synchronise). `fill_uninitialized_memory` stays off: filling every
 `torch.empty` with NaN costs time and changes no result. CPU steps are deterministic
-already and run unchanged.
+already and run unchanged. The flag itself is process-wide: `ouro train` samples and
+trains in turn, but an engine decoding in another thread while a step runs would see it
+too (where an op has a deterministic variant its bits may differ, and a CUDA-graph
+capture could meet it); give such a trainer `TrainerConfig(deterministic=False)`.
 """
 
 from __future__ import annotations
