@@ -2,6 +2,8 @@
 
 `UserError`: bad usage or input (exit 2) — one line saying what is wrong and how to fix it.
 `CheckFailed`: the command ran and a check it exists for failed (exit 1).
+`SettingError` is the UserError of a bad OURO_* environment switch (also a ValueError,
+for library callers).
 """
 
 
@@ -11,3 +13,7 @@ class UserError(Exception):
 
 class CheckFailed(Exception):
     exit_code = 1
+
+
+class SettingError(UserError, ValueError):
+    pass

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ouro_cli.errors import SettingError
+
 
 @dataclass
 class SequenceLayout:
@@ -65,6 +67,8 @@ def _positions_within_documents(docs: torch.Tensor, valid: torch.Tensor) -> torc
 
 
 REPLAY_ATTENTION_MODES = ("sdpa", "paged")
+PAGED_NEEDS_CUDA = ("OURO_REPLAY_ATTENTION=paged runs a Triton kernel: it needs CUDA (or the Triton "
+                    "interpreter, TRITON_INTERPRET=1)")
 
 
 def replay_attention_mode() -> str:
@@ -72,7 +76,7 @@ def replay_attention_mode() -> str:
     decode attention kernel, in its reduction order (engine/kernels/replay_attention.py)."""
     mode = os.environ.get("OURO_REPLAY_ATTENTION", "sdpa")
     if mode not in REPLAY_ATTENTION_MODES:
-        raise ValueError(f"OURO_REPLAY_ATTENTION must be one of {', '.join(REPLAY_ATTENTION_MODES)}, got {mode!r}")
+        raise SettingError(f"OURO_REPLAY_ATTENTION must be one of {', '.join(REPLAY_ATTENTION_MODES)}, got {mode!r}")
     return mode
 
 
@@ -80,8 +84,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D]; scale head_dim**-0.5; GQA by head groups."""
     if replay_attention_mode() == "paged":
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError("OURO_REPLAY_ATTENTION=paged runs a Triton kernel: it needs CUDA "
-                               "(or the Triton interpreter, TRITON_INTERPRET=1)")
+            raise SettingError(PAGED_NEEDS_CUDA)
         # the kernel lives with the engine's: this mode exists to give the engine's bits
         from ouro_cli.engine.kernels.replay_attention import paged_replay_attention
 

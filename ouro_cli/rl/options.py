@@ -110,7 +110,17 @@ class TrainOptions:
             raise UserError("--keep-last must be at least 1")
         self._validate_speculation()
         self._validate_disaggregation()
+        self._validate_kernel_settings()
         return self
+
+    def _validate_kernel_settings(self) -> None:
+        """OURO_DECODE_ATTENTION / OURO_DECODE_GEMV / OURO_REPLAY_ATTENTION, before anything runs."""
+        import torch
+
+        from ouro_cli.engine.kernels import check_settings
+
+        cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
+        check_settings(torch.device("cuda" if cuda else "cpu"))
 
     def _validate_disaggregation(self) -> None:
         """`--prefill-devices/--decode-devices` run the PD engine (ouro_cli.engine.pd): both or

@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 T = 4
 
 
-def ouro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+def ouro(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -140,6 +140,20 @@ def test_unknown_plugin_path_is_named_before_any_model_loads(tmp_path, flag, val
                 flag, value, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert proc.returncode == 2
     assert named in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("knob,value,named", [
+    ("OURO_REPLAY_ATTENTION", "bogus", "OURO_REPLAY_ATTENTION must be one of"),
+    ("OURO_REPLAY_ATTENTION", "paged", "OURO_REPLAY_ATTENTION=paged runs a Triton kernel"),
+    ("OURO_DECODE_GEMV", "magic", "OURO_DECODE_GEMV) must be one of"),
+], ids=["replay-value", "replay-on-cpu", "gemv-value"])
+def test_bad_kernel_switch_fails_before_anything_runs(tmp_path, knob, value, named):
+    (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
+    proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"), "--device", "cpu",
+                "--run-dir", str(tmp_path / "run"), cwd=tmp_path, env={knob: value, "TRITON_INTERPRET": "0"})
+    assert proc.returncode == 2
+    assert named in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_cuda_graphs_without_a_gpu_fail_clearly(tmp_path):

@@ -25,6 +25,8 @@ import os
 
 import torch
 
+from ouro_cli.errors import SettingError
+
 ATTENTION_MODES = ("auto", "torch", "triton")
 GEMV_MODES = ("cublas", "triton")
 
@@ -41,11 +43,12 @@ def resolve_attention(attention: str | None, device: torch.device) -> str:
     """The decode attention path to use on `device`: "torch" or "triton"."""
     mode = attention or os.environ.get("OURO_DECODE_ATTENTION", "auto")
     if mode not in ATTENTION_MODES:
-        raise ValueError(f"decode attention must be one of {', '.join(ATTENTION_MODES)}, got {mode!r}")
+        raise SettingError(f"decode attention (OURO_DECODE_ATTENTION) must be one of {', '.join(ATTENTION_MODES)}, "
+                           f"got {mode!r}")
     if mode == "auto":
         return "triton" if device.type == "cuda" and triton_available() else "torch"
     if mode == "triton" and not triton_available():
-        raise RuntimeError("decode attention 'triton' needs the triton package (pip install triton)")
+        raise SettingError("decode attention 'triton' needs the triton package (pip install triton)")
     return mode
 
 
@@ -54,10 +57,24 @@ def resolve_gemv(mode: str | None, device: torch.device):
     None for F.linear (cuBLAS on CUDA)."""
     mode = mode or os.environ.get("OURO_DECODE_GEMV", "cublas")
     if mode not in GEMV_MODES:
-        raise ValueError(f"decode GEMV must be one of {', '.join(GEMV_MODES)}, got {mode!r}")
+        raise SettingError(f"decode GEMV (OURO_DECODE_GEMV) must be one of {', '.join(GEMV_MODES)}, got {mode!r}")
     if mode == "cublas":
         return None
     if not triton_available():
-        raise RuntimeError("decode GEMV 'triton' needs the triton package (pip install triton)")
+        raise SettingError("decode GEMV 'triton' needs the triton package (pip install triton)")
     from .gemv import small_m_linear
     return small_m_linear
+
+
+def check_settings(device: torch.device) -> None:
+    """The OURO_* kernel switches, read where they are used, checked up front for a run on
+    `device`: a bad value is one SettingError before any model loads, not a failure midway."""
+    from ouro_cli.model.attention import PAGED_NEEDS_CUDA, replay_attention_mode
+
+    no_kernel_device = device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+    if resolve_attention(None, device) == "triton" and no_kernel_device:
+        raise SettingError("OURO_DECODE_ATTENTION=triton needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)")
+    if resolve_gemv(None, device) is not None and no_kernel_device:
+        raise SettingError("OURO_DECODE_GEMV=triton needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)")
+    if replay_attention_mode() == "paged" and no_kernel_device:
+        raise SettingError(PAGED_NEEDS_CUDA)
