@@ -28,7 +28,6 @@ import torch
 
 from .decode_attention import paged_decode_attention
 
-
 _checked: list = [None, None]  # (mask, runs) of the last call: one forward's layers share their mask
 
 

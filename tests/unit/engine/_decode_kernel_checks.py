@@ -189,7 +189,11 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
     kernel's for that query alone over its context; gradients are SDPA's, bit for bit; a
     mask that is not a contiguous run is refused."""
     from ouro_cli.engine.kernels.decode_attention import paged_decode_attention
-    from ouro_cli.engine.kernels.replay_attention import paged_forward, paged_replay_attention, visible_runs
+    from ouro_cli.engine.kernels.replay_attention import (
+        paged_forward,
+        paged_replay_attention,
+        visible_runs,
+    )
     from ouro_cli.model.attention import sdpa_attention
 
     g = torch.Generator().manual_seed(5)
