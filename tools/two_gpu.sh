@@ -278,6 +278,16 @@ for run, (what, t) in rows.items():
           f"{g(t['train_tok_s'], '12.1f')}   {ratios}")
 if "C" in rows and "D" in rows and rows["D"][1]["rollout_tok_s"]:
     print(f"  C vs D rollout tokens/s: {rows['C'][1]['rollout_tok_s'] / rows['D'][1]['rollout_tok_s']:.2f}x")
+# The averages above include each K's first compile (torch.compile, graph capture), which
+# dominates on the tiny model; the last update is the closest to a steady state.
+print("\n  last update alone (slowest rank): rollout s, train s")
+for run in ("A", "A2", "B", "D", "C"):
+    m = metrics(run)
+    if m:
+        last = m[-1]
+        rollout = max(last.get("rank_rollout_s") or [last["rollout_s"]])
+        train = max(last.get("rank_train_s") or [last["train_s"]])
+        print(f"  {run:3s} update {last['update']}: rollout {rollout:.3f} s, train {train:.3f} s")
 EOF
 ls -la "$OUT"
 echo "total $SECONDS s"
