@@ -20,10 +20,11 @@ row's arithmetic does not depend on its batch-mates (determinism across max_num_
 and step shapes depend only on (bucket, context chunks, max loops); exits are decided
 on the device (exits.ExitState). On CUDA the step is captured once per shape as a
 CUDA graph (CapturedDecodeStep): decoding is otherwise bound by kernel launches (13
-per layer and loop on the H200 at 1.4B, with the Triton kernels, fused weights and
-compiled elementwise math; ~100 in plain torch). Eager mode additionally stops early when
-every row has exited, its only host sync inside the step. On CUDA the KV write and
-the attention of a layer-loop run as two Triton kernels (kernels/, `attention=`); the
+per layer and loop profiled on the H200 at 1.4B, with the Triton kernels, fused weights
+and compiled elementwise math; 11 since the input norm and the KV write were fused into
+neighbouring kernels, by count; ~100 in plain torch). Eager mode additionally stops early
+when every row has exited, its only host sync inside the step. On CUDA the KV write and
+the attention of a layer-loop run as one Triton kernel (kernels/, `attention=`); the
 torch code (paged_attention.py) stays the reference and the CPU path.
 """
 
@@ -193,8 +194,8 @@ class ModelRunner:
                 if self.attention == "triton":
                     k_plane, v_plane = kv.plane(layer, plane)
                     prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
-                    ops.write_kv_with_carry(k_plane, v_plane, *prev, new_slots, k, v, exits.active)
-                    return ops.paged_decode_attention(q[:, 0], k_plane, v_plane, ctx_slots, lengths)[:, None]
+                    return ops.write_kv_and_attend(q[:, 0], k_plane, v_plane, *prev, new_slots, k, v, exits.active,
+                                                   ctx_slots, lengths)[:, None]
                 if plane > 0:  # exited rows carry their last plane forward instead of new K/V
                     keep = exits.active[:, None, None]
                     k_prev, v_prev = kv.read(layer, plane - 1, new_slots)

@@ -4,7 +4,8 @@ Kernel level (the checks of tests/unit/engine/_decode_kernel_checks.py, compiled
 time): attention equals the torch reference (paged_attention.decode_attention) and a
 dense fp64 one to 1e-5 in fp32 and to 2e-2 absolute in bf16 (outputs are O(1); bf16
 has 8 bits of mantissa and P is rounded to bf16 for P·V); a row's output is bitwise the
-same alone or among longer rows; the fused KV write equals the torch write exactly.
+same alone or among longer rows; the KV write fused into the attention kernel equals the
+torch write exactly, and its output the attention kernel's over the written planes.
 
 Engine level, on the tiny model: attention="triton" under CUDA graphs gives the eager
 results bit for bit; in fp32 it reports the torch path's tokens, depths and logprobs
@@ -22,7 +23,7 @@ from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
     check_replay_attention,
-    check_write_kv_with_carry,
+    check_write_and_attend,
 )
 from tests.unit.engine.conftest import prompts, tiny_model
 from tests.unit.engine.test_replay import max_replay_error
@@ -60,8 +61,8 @@ def test_replay_attention_in_decode_order(dtype):
 
 
 @DTYPES
-def test_write_kv_with_carry_matches_torch(dtype):
-    check_write_kv_with_carry("cuda", dtype)
+def test_write_and_attend_matches_the_two_steps(dtype):
+    check_write_and_attend("cuda", dtype)
 
 
 def _generate(model, monkeypatch, attention, graphs, n=4, dtype=None, params=PARAMS):

@@ -109,17 +109,26 @@ def check_batch_invariance(device="cpu", dtype=torch.float32) -> None:
     assert torch.equal(shuffled[:len(order)], together[order])
 
 
-def check_write_kv_with_carry(device="cpu", dtype=torch.float32) -> None:
-    """Plane t of the engine's cache after the kernel equals runner.py's torch write, bit for bit:
-    active rows write new K/V at their slot, exited rows copy plane t-1 (plane 0: always new)."""
-    from ouro_cli.engine.kernels.decode_attention import write_kv_with_carry
+def check_write_and_attend(device="cpu", dtype=torch.float32) -> None:
+    """The fused write-and-attend kernel leaves plane t of the engine's cache exactly as runner.py's
+    torch write does (active rows write new K/V at their slot, exited rows copy plane t-1; plane
+    0: always new), and its output is, bit for bit, the attention kernel's over those planes."""
+    from ouro_cli.engine.kernels.decode_attention import paged_decode_attention, write_kv_and_attend
 
     g = torch.Generator().manual_seed(3)
-    b, hkv, d, layers, loops = 6, 2, 24, 2, 3
-    kv = PagedKVCache(num_layers=layers, num_loops=loops, num_blocks=8, block_size=4, num_kv_heads=hkv,
+    b, hq, hkv, d, layers, loops = 6, 4, 2, 24, 2, 3
+    kv = PagedKVCache(num_layers=layers, num_loops=loops, num_blocks=16, block_size=4, num_kv_heads=hkv,
                       head_dim=d, dtype=dtype, device=device)
-    slots = torch.randperm(8 * 4, generator=g)[:b].to(device)
+    perm = torch.randperm(16 * 4, generator=g)
+    slots, others = perm[:b].to(device), perm[b:]
     active = torch.tensor([True, False, True, False, False, True], device=device)
+    lengths = [1, 17, 33, 2, 40, 9]  # each row's new slot is its last position; the rest read-only slots
+    ctx = torch.zeros(b, 48, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ctx[row, :n - 1] = others[torch.randperm(len(others), generator=g)[:n - 1]]
+        ctx[row, n - 1:] = slots[row]
+    ctx, lens = ctx.to(device), torch.tensor(lengths, device=device)
+    q = torch.randn(b, hq, d, generator=g).to(device, dtype)
     k_new = torch.randn(b, hkv, d, generator=g).to(device, dtype)
     v_new = torch.randn(b, 1, hkv, d, generator=g).to(device, dtype)[:, 0]  # a strided view, as in the runner
     for layer in range(layers):
@@ -135,8 +144,11 @@ def check_write_kv_with_carry(device="cpu", dtype=torch.float32) -> None:
             ref_k[layer, plane].index_copy_(1, slots, k.transpose(0, 1))
             ref_v[layer, plane].index_copy_(1, slots, v.transpose(0, 1))
             prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
-            write_kv_with_carry(*kv.plane(layer, plane), *prev, slots, k_new, v_new, active)
+            out = write_kv_and_attend(q, *kv.plane(layer, plane), *prev, slots, k_new, v_new, active, ctx, lens,
+                                      block=16)
             assert torch.equal(kv.k, ref_k) and torch.equal(kv.v, ref_v), (layer, plane)
+            apart = paged_decode_attention(q, ref_k[layer, plane], ref_v[layer, plane], ctx, lens, block=16)
+            assert torch.equal(out, apart), (layer, plane)
 
 
 def check_engine(device="cpu") -> None:
@@ -255,7 +267,7 @@ def check_replay_mode_engine(device="cpu") -> None:
 
 
 CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,
-          "write_kv_with_carry": check_write_kv_with_carry, "engine": check_engine,
+          "write_and_attend": check_write_and_attend, "engine": check_engine,
           "replay_attention": check_replay_attention, "replay_mode_engine": check_replay_mode_engine}
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The Triton decode kernels on CPU, under the Triton interpreter: attention equals the torch
 reference (paged_attention.decode_attention) and a dense fp64 one to 1e-5 in fp32 (MHA, GQA,
 length 1, lengths off the tile grid, permuted slots); a row's output is bitwise the same
-alone or among longer rows; the fused KV write equals runner.py's torch write exactly; and
+alone or among longer rows; the KV write fused into the attention kernel equals runner.py's
+torch write exactly (and its output the unfused kernel's, bit for bit); and
 an engine running them (and the small-batch matmul, kernels/gemv.py) reports the torch
 path's logprobs and still equals the replay. The replay's attention through the decode
 kernel (OURO_REPLAY_ATTENTION=paged) equals SDPA, gives each query the decode kernel's
@@ -21,7 +22,7 @@ from ._interpreted import interpreter_report
 
 pytest.importorskip("triton")
 
-CHECKS = ["attention", "batch_invariance", "write_kv_with_carry", "engine", "replay_attention", "replay_mode_engine"]
+CHECKS = ["attention", "batch_invariance", "write_and_attend", "engine", "replay_attention", "replay_mode_engine"]
 
 
 @pytest.fixture(scope="module")
