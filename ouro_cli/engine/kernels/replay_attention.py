@@ -28,8 +28,6 @@ import torch
 
 from .decode_attention import paged_decode_attention
 
-_checked: list = [None, None]  # (mask, runs) of the last call: one forward's layers share their mask
-
 
 def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,8 +36,6 @@ def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
     idx = torch.arange(s, device=device)
     if mask is None:
         return torch.zeros(b, s, dtype=torch.long, device=device), (idx + 1).expand(b, s)
-    if _checked[0] is mask:
-        return _checked[1]
     m = mask[:, 0]
     length = m.sum(-1)
     start = idx - length + 1
@@ -48,22 +44,37 @@ def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
     if not bool(torch.equal(inside, m)):
         raise ValueError("OURO_REPLAY_ATTENTION=paged needs each query's visible keys to be one contiguous "
                          "run ending at the query (causal, contiguous documents, edge padding)")
-    _checked[:] = [mask, (start, length)]
     return start, length
+
+
+# The slot table of the last layout: every layer and loop of one forward shares its mask, so
+# the check and the [B·S, S] table are built once per forward, not once per layer call.
+_last_layout: list = [None, None, None]  # mask, (B, S, device), (slots, lengths)
+
+
+def _slot_table(mask: torch.Tensor | None, b: int, s: int, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slots [B·S, S], lengths [B·S]): query (b, i) reads slots b·S + start .. b·S + i."""
+    shape = (b, s, device)
+    if _last_layout[0] is mask and _last_layout[1] == shape:
+        return _last_layout[2]
+    start, length = visible_runs(mask, b, s, device)
+    row_base = (torch.arange(b, device=device) * s)[:, None] + start  # [B, S]
+    slots = row_base.reshape(-1, 1) + torch.arange(s, device=device)[None, :]
+    slots = slots.clamp(max=b * s - 1)  # past a query's length the kernel masks its loads
+    _last_layout[:] = [mask, shape, (slots, length.reshape(-1))]
+    return _last_layout[2]
 
 
 def paged_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D] through the decode kernel, one query per row."""
     b, s, hq, d = q.shape
     hkv = k.shape[2]
-    start, length = visible_runs(mask, b, s, q.device)
-    # one plane per kv head over all B·S positions; query (b, i) reads slots b·S + start .. b·S + i
+    slots, lengths = _slot_table(mask, b, s, q.device)
+    # one plane per kv head over all B·S positions
     k_plane = k.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
     v_plane = v.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
-    row_base = (torch.arange(b, device=q.device) * s)[:, None] + start  # [B, S]
-    slots = row_base.reshape(-1, 1) + torch.arange(s, device=q.device)[None, :]
-    slots = slots.clamp(max=b * s - 1)  # past a query's length the kernel masks its loads
-    o = paged_decode_attention(q.reshape(b * s, hq, d), k_plane, v_plane, slots, length.reshape(-1))
+    o = paged_decode_attention(q.reshape(b * s, hq, d), k_plane, v_plane, slots, lengths)
     return o.view(b, s, hq, d)
 
 
