@@ -241,10 +241,11 @@ def section_decode(b: Bench) -> None:
     per_seq = -(-(a.prompt + a.new_tokens + 1) // block)  # +1 token of slack: the last sampled token
     kv_blocks = max_batch * per_seq
     llm = LLM(model, max_num_seqs=max_batch, kv_blocks=kv_blocks, block_size=block,
-              max_prefill_tokens=max_batch * a.prompt)
+              max_prefill_tokens=max_batch * a.prompt, overlap=not a.no_overlap)
     kv_gib = llm.kv.k.numel() * 2 * elem / 2**30
     print(f"  engine: max_num_seqs {max_batch}, {kv_blocks} KV blocks of {block} tokens ({kv_gib:.1f} GiB), "
-          f"graphs {'on' if llm.runner.graphs is not None else 'off'}", flush=True)
+          f"graphs {'on' if llm.runner.graphs is not None else 'off'}, overlap {'on' if llm.overlap else 'off'}",
+          flush=True)
     context = a.prompt + a.new_tokens / 2  # mean cached tokens over the decode steps
     try:
         for batch in a.batches:
@@ -515,6 +516,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--prompt", type=int, default=128)
     g.add_argument("--new-tokens", type=int, default=128)
     g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--no-overlap", action="store_true",
+                   help="decode one step at a time (LLM(overlap=False)): the host's per-step work between steps")
     g.add_argument("--decode-budget-s", type=float,
                    help="decode rows not yet started once the run is this old are skipped, reported "
                         "(default 330; tiny: 60)")

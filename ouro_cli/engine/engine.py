@@ -21,6 +21,7 @@ import dataclasses
 import random
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ from .contract import (
 )
 from .exits import row_policy
 from .frontend import GenerationControl, make_output, take_requests
-from .host_to_device import to_device
+from .host_to_device import HostCopy, to_device
 from .kv_cache import PagedKVCache, blocks_needed
 from .publication import WeightPublisher
 from .request_rng import RequestRng
@@ -50,6 +51,17 @@ from .speculative import Speculator
 from .tokenizer import TextCodec
 
 DEFAULT_CONTEXT_PER_SEQ = 2048  # sizes the default KV cache: max_num_seqs sequences of this length
+
+
+@dataclass
+class _Step:
+    """A queued step's sampled tokens: `tokens` [B] on the device (the next step's inputs),
+    `host` their copy with logprobs and depths on the way back; `depths` when already known."""
+
+    seqs: list[Sequence]
+    tokens: torch.Tensor
+    host: HostCopy
+    depths: list[int] | None
 
 
 class LLM(GenerationControl):
@@ -64,13 +76,16 @@ class LLM(GenerationControl):
     (or `tokenizer=`) enables text prompts and output text. `async_scheduling` queues each
     decode loop before reading the previous loop's exit signal; threshold requests then
     run the delayed exit policy (their effective params say so) and speculation is refused.
+    `overlap` (default: on CUDA) queues decode step n + 1 before reading step n's tokens
+    while the batch stays the same (`_decode`); outputs are those of stepping one at a time.
     """
 
     def __init__(self, model: str | Path | OuroForCausalLM, *, device: str | torch.device | None = None,
                  dtype: torch.dtype | None = None, max_num_seqs: int = 64, kv_blocks: int | None = None,
                  block_size: int = 16, max_model_len: int | None = None, max_prefill_tokens: int = 8192,
                  attn_chunk: int = 128, cuda_graphs: bool | None = None, seed: int | None = None,
-                 tokenizer=None, weight_version: int = 0, async_scheduling: bool = False) -> None:
+                 tokenizer=None, weight_version: int = 0, async_scheduling: bool = False,
+                 overlap: bool | None = None) -> None:
         codec = TextCodec(tokenizer) if tokenizer is not None else None
         if isinstance(model, (str, Path)):
             from ouro_cli.checkpoint import open_checkpoint
@@ -103,6 +118,7 @@ class LLM(GenerationControl):
                                head_dim=cfg.dim_per_head, dtype=self.dtype, device=self.device)
         self.counters = WorkCounters()
         self.async_scheduling = async_scheduling
+        self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self.runner = ModelRunner(model, self.kv, self.counters, attn_chunk,
                                   cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs,
                                   async_exits=async_scheduling)
@@ -141,7 +157,7 @@ class LLM(GenerationControl):
                 if plan.prefill:
                     self._prefill(plan.prefill, sched)
                 if plan.decode:
-                    self._decode(plan.decode, sched)
+                    self._decode(plan.decode, sched, overlap=self.overlap)
         finally:
             sched.drain()  # on any error, give every block back
 
@@ -171,24 +187,66 @@ class LLM(GenerationControl):
         if fresh:
             self._sample(fresh, torch.stack(logits), [self.num_loops] * len(fresh), sched)
 
-    def _decode(self, seqs: list[Sequence], sched: Scheduler) -> None:
+    def _decode(self, seqs: list[Sequence], sched: Scheduler, overlap: bool = False) -> None:
+        """Decode one token for each of `seqs`. With `overlap`, keep decoding while the batch
+        stays as it is, queueing step n + 1 (fed the device's sampled tokens) before reading
+        step n's tokens back: the host's per-step work (emitting, scheduling, building the
+        next inputs) runs while the device computes, instead of between two steps. A
+        sequence that ends at step n (a stop token) has then also run step n + 1: that row
+        is discarded (`decode_rows_discarded`); it computed with its own KV blocks and
+        seed stream only, so no other row sees it. Returns with no step in flight."""
         speculative = [s for s in seqs if s.params.speculative_tokens]
         if speculative:
             self.speculator.step(speculative, sched)
             seqs = [s for s in seqs if not s.params.speculative_tokens]
             if not seqs:
                 return
-        logits, depths = self.runner.decode([s.output[-1] for s in seqs], [s.num_cached for s in seqs],
-                                            [s.blocks for s in seqs], [row_policy(s.params, len(s.output)) for s in seqs])
+            overlap = False  # the speculating sequences wait for the next schedule
+        step = self._launch_decode(seqs)
+        while step is not None:
+            follow = None
+            try:
+                follow = self._follow_on(step, sched) if overlap else None
+            finally:
+                self._finish_step(step, sched)
+            step = follow
+
+    def _launch_decode(self, seqs: list[Sequence], fed: _Step | None = None) -> _Step:
+        """Queue a decode step of `seqs` and its sampling. Inputs are each row's last token,
+        or with `fed` the tokens `fed` sampled (not yet emitted: one token ahead)."""
+        ahead = 0 if fed is None else 1
+        if fed is None:
+            tokens: list[int] | tuple[torch.Tensor, list[int]] = [s.output[-1] for s in seqs]
+        else:
+            row = {id(s): i for i, s in enumerate(fed.seqs)}
+            tokens = (fed.tokens, [row[id(s)] for s in seqs])
+            self.counters.decode_steps_overlapped += 1
+        logits, depths = self.runner.decode(tokens, [s.num_cached for s in seqs], [s.blocks for s in seqs],
+                                            [row_policy(s.params, len(s.output) + ahead) for s in seqs])
         for seq in seqs:
             seq.num_cached += 1
-        depths = self._sample(seqs, logits, depths, sched)
-        self.counters.decode_layer_tokens += sum(depths) * self.runner.num_layers
+        return self._launch_sample(seqs, logits, depths)
+
+    def _follow_on(self, step: _Step, sched: Scheduler) -> _Step | None:
+        """Queue the step after `step` (whose tokens are not yet read) when the batch would not
+        change: nothing waits to be admitted (or the batch is full), no pause is asked for,
+        and every continuing row gets its KV slot without preempting anyone. Rows that end
+        at `step` by length are left out; rows that end on a stop token cannot be known yet."""
+        if (sched.waiting and len(sched.running) < sched.max_num_seqs) or self._pause_requested():
+            return None
+        seqs = [s for s in step.seqs if s.finish_reason is None and len(s.output) + 1 < s.params.max_tokens]
+        if not seqs or not sched.reserve_decode_slots(seqs):
+            return None
+        return self._launch_decode(seqs, fed=step)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, depths: torch.Tensor | list[int],
                 sched: Scheduler) -> list[int]:
         """Sample each row's next token and emit it; `depths` [B] may still be on the device
         (a decode step's): it comes back with the tokens in one transfer. -> the depths."""
+        return self._finish_step(self._launch_sample(seqs, logits, depths), sched)
+
+    def _launch_sample(self, seqs: list[Sequence], logits: torch.Tensor, depths: torch.Tensor | list[int]) -> _Step:
+        """Queue the sampling of each row's next token and its copy to the host."""
         ps = [s.params for s in seqs]
         batch = SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
                               [s.rng for s in seqs], self.device)
@@ -201,10 +259,23 @@ class LLM(GenerationControl):
             chosen = torch.where(use_raw, raw, chosen)
         on_device = isinstance(depths, torch.Tensor)
         rows = [tokens.double(), chosen.double()] + ([depths.double()] if on_device else [])
-        host = torch.stack(rows).tolist()  # the step's one device-to-host wait
-        depths = [int(d) for d in host[2]] if on_device else depths
-        for seq, token, depth, lp in zip(seqs, host[0], depths, host[1], strict=True):
+        return _Step(seqs, tokens, HostCopy(torch.stack(rows)), None if on_device else list(depths))
+
+    def _finish_step(self, step: _Step, sched: Scheduler) -> list[int]:
+        """Wait for `step`'s tokens (the step's one device-to-host wait) and emit them; rows
+        of sequences that already ended are discarded. -> the depths."""
+        host = step.host.values()
+        depths = [int(d) for d in host[2]] if step.depths is None else step.depths
+        emitted = 0
+        for seq, token, depth, lp in zip(step.seqs, host[0], depths, host[1], strict=True):
+            if seq.finish_reason is not None:  # ended at the step before (overlap): run, not emitted
+                self.counters.decode_rows_discarded += 1
+                self.counters.decode_tokens -= 1
+                continue
             self._emit(seq, int(token), depth, lp, sched)
+            emitted += depth
+        if step.depths is None:
+            self.counters.decode_layer_tokens += emitted * self.runner.num_layers
         return depths
 
     def _emit(self, seq: Sequence, token: int, depth: int, logprob: float, sched: Scheduler) -> bool:

@@ -80,6 +80,11 @@ class GenerationControl:
             self._paused = self._abort = False
             self._cond.notify_all()
 
+    def _pause_requested(self) -> bool:
+        """Whether a pause (or abort) waits for the next step boundary; never blocks."""
+        with self._cond:
+            return self._paused or self._abort
+
     def _hold_at_step_boundary(self) -> bool:
         """Block while paused; True when the in-flight requests must be aborted."""
         with self._cond:

@@ -60,6 +60,8 @@ class WorkCounters:
     decode_steps: int = 0
     decode_steps_graphed: int = 0   # replayed from a captured CUDA graph,
     decode_steps_eager: int = 0     # or run eagerly (CPU, graphs off: the fallback)
+    decode_steps_overlapped: int = 0  # queued before the previous step's tokens were read (engine overlap)
+    decode_rows_discarded: int = 0    # such steps' rows for a sequence that had ended a step before
     preemptions: int = 0
     spec_draft_tokens: int = 0      # self-speculation: tokens drafted,
     spec_accepted_tokens: int = 0   # of which the target accepted,
@@ -125,13 +127,21 @@ class ModelRunner:
         return logits
 
     @torch.no_grad()
-    def decode(self, tokens: list[int], positions: list[int], block_tables: list[list[int]],
-               policies: list[tuple[int, int, float, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token per row at `positions` (= cached length) -> (logits [B, V], depths [B])."""
-        b = len(tokens)
+    def decode(self, tokens: list[int] | tuple[torch.Tensor, list[int]], positions: list[int],
+               block_tables: list[list[int]], policies: list[tuple[int, int, float, int]]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row at `positions` (= cached length) -> (logits [B, V], depths [B]).
+
+        `tokens` are the input ids, or (ids on the device, row of each input in them): the
+        previous step's sampled tokens, read without a trip through the host."""
+        b = len(positions)
         pad = batch_bucket(b) - b  # padding rows: token 0 at position 0 in the scratch slot, one loop
         policies = policies + [(1, 1, float("inf"), 0)] * pad
-        inputs = self._inputs(tokens + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies)
+        host_ids = tokens if isinstance(tokens, list) else [0] * b
+        inputs = self._inputs(host_ids + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies)
+        if not isinstance(tokens, list):
+            ids, rows = tokens
+            inputs.ints[:b, DecodeInputs.IDS] = ids[to_device(rows, torch.long, ids.device)]
         max_loops = max(p[0] for p in policies)
         if self.graphs is not None:
             key = (b + pad, inputs.width, max_loops)

@@ -104,6 +104,12 @@ class Scheduler:
         self.running, self.waiting = [], deque()
         return seqs
 
+    def reserve_decode_slots(self, seqs: list[Sequence]) -> bool:
+        """Give each of `seqs` (running, not speculating) a slot for its next input token if the
+        free blocks allow it without preempting anyone -> whether all got one. (Blocks granted
+        before a refusal stay with their sequence, as `schedule` would grant them too.)"""
+        return all(self._grow(seq, seq.num_cached + 1) for seq in seqs)
+
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         need = blocks_needed(num_tokens, self.block_size) - len(seq.blocks)
         if need <= 0:

@@ -130,3 +130,17 @@ def test_engine_on_second_gpu_captures_its_graphs_there(monkeypatch):
             llm.close()
     assert torch.cuda.current_device() == 0
     _assert_identical(outs["cuda:1"], outs["cuda:0"])
+
+
+@DTYPES
+def test_overlapped_decode_equals_one_step_at_a_time(dtype):
+    """Overlap (the CUDA default) under CUDA graphs: step n + 1 queued on the device's
+    sampled tokens before step n is read, rows of ended sequences discarded; the outputs
+    are bitwise those of stepping one at a time."""
+    from tests.unit.engine.test_overlap import run
+
+    options = dict(device="cuda", dtype=dtype, cuda_graphs=True)
+    serial, _ = run(tiny_model(0), 8, overlap=False, **options)
+    overlapped, c = run(tiny_model(0), 8, overlap=True, **options)
+    _assert_identical(overlapped, serial)
+    assert c["decode_steps_overlapped"] > 0 and c["decode_rows_discarded"] > 0 and c["decode_steps_eager"] == 0

@@ -1,0 +1,53 @@
+"""Overlapped decoding (LLM(overlap=True), the CUDA default) queues step n + 1 before it
+reads step n's tokens. It must give the outputs of stepping one at a time: a sequence
+that ends on a stop token has run one step too many, which is discarded, and the batch
+around it must not notice."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ouro_cli.engine import LLM
+
+from .conftest import prompts
+from .test_scheduling import assert_same, params_mix
+
+STOPS = tuple(range(0, 96, 9))  # ~1 token in 9 of the tiny vocabulary: most requests end early
+
+
+def run(model, n: int, *, overlap: bool, stops: bool = True, **options):
+    params = [dataclasses.replace(p, stop_token_ids=STOPS if stops and i % 3 else (), max_tokens=p.max_tokens + 6)
+              for i, p in enumerate(params_mix(n))]
+    llm = LLM(model, overlap=overlap, **{"max_num_seqs": 8, "kv_blocks": 128, "block_size": 4, **options})
+    try:
+        return llm.generate(prompts(n, seed=3), params), llm.work_counters()
+    finally:
+        llm.close()
+
+
+def test_overlap_gives_the_outputs_of_one_step_at_a_time(model):
+    serial, c_serial = run(model, 8, overlap=False)
+    overlapped, c = run(model, 8, overlap=True)
+    assert_same(serial, overlapped)
+    assert {o.finish_reason for o in serial} == {"stop", "length"}
+    assert c_serial["decode_steps_overlapped"] == 0 and c["decode_steps_overlapped"] > 0
+    assert c["decode_rows_discarded"] > 0  # stop tokens were met with a step in flight
+    for key in ("decode_tokens", "decode_layer_tokens"):  # discarded rows are not counted as work done
+        assert c[key] == c_serial[key], key
+
+
+def test_overlap_with_a_queue_and_preemption(model):
+    ample, _ = run(model, 7, overlap=False, max_num_seqs=4)
+    queued, c = run(model, 7, overlap=True, max_num_seqs=4)
+    assert_same(ample, queued)
+    assert c["decode_steps_overlapped"] > 0
+    tight, c = run(model, 7, overlap=True, max_num_seqs=4, kv_blocks=9)
+    assert c["preemptions"] > 0
+    assert_same(ample, tight, logprob_tol=1e-5)
+
+
+def test_length_limits_end_a_run_without_a_discarded_step(model):
+    serial, _ = run(model, 4, overlap=False, stops=False)
+    overlapped, c = run(model, 4, overlap=True, stops=False)
+    assert_same(serial, overlapped)
+    assert c["decode_steps_overlapped"] > 0 and c["decode_rows_discarded"] == 0
