@@ -2,7 +2,8 @@
 
     python bench/decode_profile.py --batch 1 16 64 --loops 4     # CUDA, Ouro-1.4B shape, random bf16
 
-For each batch: the step time with CUDA graphs (what decoding runs), then one eager
+For each batch: the step time with CUDA graphs (what decoding runs), the widest captured
+graph replayed alone (the step minus that is host time the overlap did not hide), then one eager
 step under torch.profiler: how many kernels it launches, the sum of their GPU times,
 and the kernels that take the most. Graph replay removes launch gaps but not kernels,
 so `graph step ≈ GPU-busy time + kernels × per-kernel floor`; comparing the two with
@@ -29,12 +30,31 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import decode as decode_bench  # noqa: E402
 
 from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
+from ouro_cli.engine.runner import batch_bucket  # noqa: E402
 from ouro_cli.model import OuroConfig  # noqa: E402
 
 
 def step_time(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int) -> float:
     """Seconds per decode step: (steps + 1)-token run minus a 1-token run, over `steps`."""
     return decode_bench.measure(llm, batch, prompt, steps, k, vocab, "cuda") / steps
+
+
+def replay_time(llm: LLM, batch: int, repeats: int = 20) -> tuple[float, tuple[int, int, int]] | None:
+    """Seconds of one replay of this batch's widest captured decode graph, back to back with
+    nothing between: the GPU's share of a step. The step time minus this is what the host
+    adds (sampling, reading tokens back, emitting, the next step's inputs) that overlap
+    does not hide."""
+    graphs = llm.runner.graphs or {}
+    keys = [key for key in graphs if key[0] == batch_bucket(batch)]
+    if not keys:
+        return None
+    key = max(keys, key=lambda k: k[1])
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        graphs[key].graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats, key
 
 
 def eager_profile(model, batch: int, prompt: int, k: int, vocab: int, top: int) -> None:
@@ -108,6 +128,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=4.26e12)
     ap.add_argument("--host-profile", action="store_true", help="also cProfile a graph-mode generate")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager kernel profile")
+    ap.add_argument("--no-overlap", action="store_true", help="decode one step at a time (LLM(overlap=False))")
     args = ap.parse_args()
     config = OuroConfig()
     torch.manual_seed(0)
@@ -118,14 +139,18 @@ def main() -> None:
     for batch in args.batch:
         start = time.perf_counter()
         blocks = batch * -(-(args.prompt + args.steps + 2) // 16)
-        llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=16)
+        llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=16, overlap=not args.no_overlap)
         seconds = step_time(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size)
+        replay = replay_time(llm, batch)
         if args.host_profile:
             host_profile(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size, args.top)
         llm.close()
         roof = 1e3 / decode_bench.roofline_tokens_per_s(config, args.loops, batch, args.prompt, 2, args.bandwidth) * batch
         print(f"batch {batch}: graph step {seconds * 1e3:.2f} ms ({batch / seconds:.0f} tok/s); roofline step "
               f"{roof:.2f} ms")
+        if replay is not None:
+            print(f"  graph {replay[1]} replayed alone: {replay[0] * 1e3:.2f} ms; the host adds "
+                  f"{(seconds - replay[0]) * 1e3:.2f} ms per step (overlap {'on' if llm.overlap else 'off'})")
         if not args.no_eager:
             eager_profile(model, batch, args.prompt, args.loops, config.vocab_size, args.top)
         print(f"  ({time.perf_counter() - start:.0f} s)")

@@ -9,9 +9,10 @@ One `generate` call runs its requests to completion with continuous batching
 runner.py, exits exits.py, sampling sampling.py, weight updates publication.py.
 Requests with `speculative_tokens` decode by self-speculation (speculative.py);
 `async_scheduling=True` reads exit signals one loop late and forces delayed exits
-(async_exits.py). `generate` itself blocks until all its requests finished. Other
-threads may pause it (requests held at a step boundary, or aborted) and publish
-weights once it is idle. Every step is a deterministic function of the requests,
+(async_exits.py). On CUDA decode steps overlap (`overlap`): step n + 1 is queued on
+the device's sampled tokens before step n is read back. `generate` itself blocks
+until all its requests finished. Other threads may pause it (requests held at a step
+boundary, or aborted) and publish weights once it is idle. Every step is a deterministic function of the requests,
 their seeds, the weights and the configuration — never of timing.
 """
 

@@ -187,8 +187,12 @@ def test_work_counters(make_engine, model):
     engine.close()
 
 
-def test_pause_abort_and_idle_publication(model):
-    engine = LLM(model, max_num_seqs=2, kv_blocks=64, block_size=4)
+OVERLAP = pytest.mark.parametrize("overlap", [False, True], ids=["stepwise", "overlap"])
+
+
+@OVERLAP
+def test_pause_abort_and_idle_publication(model, overlap):
+    engine = LLM(model, max_num_seqs=2, kv_blocks=64, block_size=4, overlap=overlap)
     params = SamplingParams(max_tokens=150, seed=0, ignore_eos=True)
     result: dict = {}
     worker = threading.Thread(target=lambda: result.setdefault("outs", engine.generate([[1, 2, 3], [4, 5]], params)))
@@ -214,8 +218,9 @@ def test_pause_abort_and_idle_publication(model):
     assert engine.kv.allocator.num_free == engine.kv.num_blocks  # aborted requests gave their blocks back
 
 
-def test_pause_holds_and_resume_continues(model):
-    engine = LLM(model, max_num_seqs=2, kv_blocks=64, block_size=4)
+@OVERLAP
+def test_pause_holds_and_resume_continues(model, overlap):
+    engine = LLM(model, max_num_seqs=2, kv_blocks=64, block_size=4, overlap=overlap)
     params = SamplingParams(max_tokens=40, seed=0, ignore_eos=True)
     (expected,) = engine.generate([[1, 2, 3]], params)
     result: dict = {}
