@@ -23,6 +23,8 @@ from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
     check_replay_attention,
+    check_rope_engine,
+    check_rope_in_kernel,
     check_write_and_attend,
 )
 from tests.unit.engine.conftest import prompts, tiny_model
@@ -144,3 +146,12 @@ def test_overlapped_decode_equals_one_step_at_a_time(dtype):
     overlapped, c = run(tiny_model(0), 8, overlap=True, **options)
     _assert_identical(overlapped, serial)
     assert c["decode_steps_overlapped"] > 0 and c["decode_rows_discarded"] > 0 and c["decode_steps_eager"] == 0
+
+
+@DTYPES
+def test_rope_in_the_kernel_matches_pointwise_rotary(dtype):
+    """OURO_DECODE_ROPE=kernel: bf16 bit for bit (kernel and engine under CUDA graphs); fp32
+    to 1e-6 at the kernel and 1e-5 in logprobs, since the compiler may fuse x·cos + rot·sin."""
+    bf16 = dtype == torch.bfloat16
+    check_rope_in_kernel("cuda", dtype, exact=bf16)
+    check_rope_engine("cuda", dtype, tol=0.0 if bf16 else 1e-5)

@@ -17,6 +17,10 @@ at 64 (x0.42-0.81). Its rows have the bits cuBLAS gives at the replay's many row
 1.4B shape (same weights), which cuBLAS at 8 rows does not for down_proj (it splits K);
 the engine-vs-trainer bf16 agreement did not change measurably with it (0.046 both
 ways), so speed decides the default.
+
+OURO_DECODE_ROPE=kernel (default "torch") lets the decode attention kernel apply RoPE to
+q and the new k itself, with pointwise.rotary's roundings, instead of a separate
+elementwise kernel before it; only with the Triton attention.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ouro_cli.errors import SettingError
 
 ATTENTION_MODES = ("auto", "torch", "triton")
 GEMV_MODES = ("cublas", "triton")
+ROPE_MODES = ("torch", "kernel")
 
 
 def triton_available() -> bool:
@@ -66,13 +71,28 @@ def resolve_gemv(mode: str | None, device: torch.device):
     return small_m_linear
 
 
+def resolve_rope(mode: str | None, attention: str) -> bool:
+    """Whether the decode kernel rotates q and k itself (OURO_DECODE_ROPE=kernel: one kernel
+    fewer per layer-loop) instead of pointwise.rotary before it (default "torch").
+    `attention` is the resolved decode attention path; "kernel" needs "triton"."""
+    mode = mode or os.environ.get("OURO_DECODE_ROPE", "torch")
+    if mode not in ROPE_MODES:
+        raise SettingError(f"decode RoPE (OURO_DECODE_ROPE) must be one of {', '.join(ROPE_MODES)}, got {mode!r}")
+    if mode == "kernel" and attention != "triton":
+        raise SettingError("OURO_DECODE_ROPE=kernel needs the Triton decode attention (OURO_DECODE_ATTENTION=triton, "
+                           "or auto on CUDA)")
+    return mode == "kernel"
+
+
 def check_settings(device: torch.device) -> None:
     """The OURO_* kernel switches, read where they are used, checked up front for a run on
     `device`: a bad value is one SettingError before any model loads, not a failure midway."""
     from ouro_cli.model.attention import PAGED_NEEDS_CUDA, replay_attention_mode
 
     no_kernel_device = device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-    if resolve_attention(None, device) == "triton" and no_kernel_device:
+    attention = resolve_attention(None, device)
+    resolve_rope(None, attention)
+    if attention == "triton" and no_kernel_device:
         raise SettingError("OURO_DECODE_ATTENTION=triton needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)")
     if resolve_gemv(None, device) is not None and no_kernel_device:
         raise SettingError("OURO_DECODE_GEMV=triton needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)")
