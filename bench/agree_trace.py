@@ -13,7 +13,9 @@ every layer call) and records each decoder layer's output for the token of its l
 decode step, at every (loop, layer). A second model holding a copy of the same weights
 (unfused, as the trainer's is) replays the whole sequence the way the trainer does and
 records the same outputs at that position. Printed per loop: the relative max |Δ| at a
-few layers, then the two log-probabilities of the sampled token.
+few layers; then, for the first layer call whose output differs, its attention input,
+q and k after RoPE, attention output, MLP input and output (which operation parts
+first); then the two log-probabilities of the sampled token.
 
 Reading it: a difference at bf16 rounding level (~4e-3) from layer 0 of loop 1 that
 grows along the loops is rounding amplified by depth; a jump at one layer, or a large
@@ -46,6 +48,49 @@ def record_layers(model, rows: list[torch.Tensor], pick) -> list:
             for layer in model.model.layers]
 
 
+TAPS = ("attention in", "q rotated", "k rotated", "attention out", "MLP in", "MLP out")
+
+
+class _Removable:
+    def __init__(self, undo) -> None:
+        self.remove = undo
+
+
+def record_sublayers(model, taps: dict[str, list], pick) -> list:
+    """Hooks appending `pick(...)` of each layer's attention and MLP inputs and outputs, and of
+    q and k after RoPE, to `taps` (one list per name in TAPS, one entry per layer call).
+    q and k come from wrapping pointwise.rotary (undone by the last returned hook's remove);
+    an engine that rotates inside its attention kernel (OURO_DECODE_ROPE=kernel) records none."""
+    from ouro_cli.model import pointwise
+
+    def keep(name, which):
+        return lambda _m, args, *out: taps[name].append(pick(out[0] if which == "out" else args[0]).float().cpu())
+
+    hooks = []
+    for layer in model.model.layers:
+        hooks += [layer.self_attn.register_forward_pre_hook(keep("attention in", "in")),
+                  layer.self_attn.register_forward_hook(keep("attention out", "out")),
+                  layer.mlp.register_forward_pre_hook(keep("MLP in", "in")),
+                  layer.mlp.register_forward_hook(keep("MLP out", "out"))]
+    rotary = pointwise.rotary
+
+    def recording_rotary(q, k, cos, sin):
+        q, k = rotary(q, k, cos, sin)
+        taps["q rotated"].append(pick(q).float().cpu())
+        taps["k rotated"].append(pick(k).float().cpu())
+        return q, k
+
+    pointwise.rotary = recording_rotary
+
+    def undo() -> None:
+        pointwise.rotary = rotary
+    return hooks + [_Removable(undo)]
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -73,17 +118,22 @@ def main() -> None:
               cuda_graphs=False)
     prompt = decode_bench.make_prompts(1, args.prompt, config.vocab_size)[0]
     engine_rows: list[torch.Tensor] = []
+    engine_taps: dict[str, list] = {name: [] for name in TAPS}
     hooks = record_layers(model, engine_rows, lambda out: out[0, -1])
+    hooks += record_sublayers(model, engine_taps, lambda out: out[0, -1])
     out = llm.generate([prompt], SamplingParams(max_tokens=args.new_tokens, max_loops=loops, temperature=1.0, seed=0,
                                                 ignore_eos=True, logprobs=0))[0]
     for h in hooks:
         h.remove()
     llm.close()
     engine_rows = engine_rows[-num_layers * loops:]  # the last decode step's layer calls, loop-major
+    engine_taps = {name: rows[-num_layers * loops:] for name, rows in engine_taps.items()}
 
     ids = torch.tensor([prompt + out.output_token_ids[:-1]], device=args.device)
     replay_rows: list[torch.Tensor] = []
+    replay_taps: dict[str, list] = {name: [] for name in TAPS}
     hooks = record_layers(replay_model, replay_rows, lambda out: out[0, -1])
+    hooks += record_sublayers(replay_model, replay_taps, lambda out: out[0, -1])
     backends = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                 "cudnn": "CUDNN_ATTENTION"}
     if args.sdpa == "default":
@@ -104,11 +154,19 @@ def main() -> None:
     picks = sorted({0, 1, num_layers // 2, num_layers - 1})
     print("loop  " + "  ".join(f"layer {i:>2}" for i in picks) + "   max over layers   (relative max |Δ|)")
     for t in range(loops):
-        rel = []
-        for i in range(num_layers):
-            a, b = engine_rows[t * num_layers + i], replay_rows[t * num_layers + i]
-            rel.append(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)))
+        rel = [relative(engine_rows[t * num_layers + i], replay_rows[t * num_layers + i]) for i in range(num_layers)]
         print(f"{t + 1:>4}  " + "  ".join(f"{rel[i]:8.2e}" for i in picks) + f"   {max(rel):8.2e}")
+    # inside the first layer call whose output differs: which sublayer's input or output first does
+    calls = [(c, relative(engine_rows[c], replay_rows[c])) for c in range(num_layers * loops)]
+    first = next((c for c, r in calls if r > 0), None)
+    if first is None:
+        print("every layer call's output is bitwise the same")
+    else:
+        steps = [(name, relative(engine_taps[name][first], replay_taps[name][first])) for name in TAPS
+                 if len(engine_taps[name]) == len(replay_taps[name]) == num_layers * loops]
+        steps.append(("layer out", calls[first][1]))
+        print(f"first differing layer call: loop {first // num_layers + 1}, layer {first % num_layers}; "
+              + ", ".join(f"{name} {r:.2e}" for name, r in steps))
     engine_lp = out.log_probs[-1]
     print(f"last token logprob: engine {engine_lp:.5f}, replay {replay_lp:.5f}, |Δ| {abs(engine_lp - replay_lp):.3g}")
     response = torch.tensor(out.output_token_ids, device=args.device)
