@@ -11,6 +11,8 @@ Engine level, on the tiny model: attention="triton" under CUDA graphs gives the 
 results bit for bit; in fp32 it reports the torch path's tokens, depths and logprobs
 (to 1e-5) and equals the trainer's replay (to 1e-5); in bf16, at a fixed depth, the
 logprobs of the tokens both paths agree on stay within 5e-2 of the torch path's.
+Overlapped decoding gives the outputs of stepping one at a time, bit for bit; RoPE inside
+the kernel (OURO_DECODE_ROPE=kernel) gives pointwise.rotary's bits in bf16.
 """
 
 from __future__ import annotations
