@@ -12,8 +12,9 @@ Requests with `speculative_tokens` decode by self-speculation (speculative.py);
 (async_exits.py). On CUDA decode steps overlap (`overlap`): step n + 1 is queued on
 the device's sampled tokens before step n is read back. `generate` itself blocks
 until all its requests finished. Other threads may pause it (requests held at a step
-boundary, or aborted) and publish weights once it is idle. Every step is a deterministic function of the requests,
-their seeds, the weights and the configuration — never of timing.
+boundary, or aborted) and publish weights once it is idle. Every step is a
+deterministic function of the requests, their seeds, the weights and the
+configuration — never of timing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import dataclasses
 import random
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -54,7 +54,7 @@ from .tokenizer import TextCodec
 DEFAULT_CONTEXT_PER_SEQ = 2048  # sizes the default KV cache: max_num_seqs sequences of this length
 
 
-@dataclass
+@dataclasses.dataclass
 class _Step:
     """A queued step's sampled tokens: `tokens` [B] on the device (the next step's inputs),
     `host` their copy with logprobs and depths on the way back; `depths` when already known."""

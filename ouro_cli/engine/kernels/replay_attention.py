@@ -13,6 +13,11 @@ makes a query's output the bits a decode step computes for that token over the s
 The backward is SDPA's gradient of the same attention, recomputed: this mode changes how
 the forward rounds, not the function that is differentiated.
 
+Measured on the H200 (1.4B shape, bf16, with OURO_DECODE_GEMV=triton, bench/agree_trace.py):
+it did not narrow the agreement there (mean |Δ logprob| over 32 tokens 0.0656, against
+0.0659 with SDPA; still 3e-3 relative after loop 1, layer 0), so the divergence starts in
+another operation. On CPU under the Triton interpreter it makes them bitwise equal.
+
 Cost: no query shares its K/V reads with its neighbours (O(S²) reads per head) and
 G = Hq/Hkv heads fill a 16-row MMA tile. This is an exactness mode to measure and use
 where agreement matters more than training speed, not the default.
