@@ -19,7 +19,6 @@ import io
 import pstats
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 import decode as decode_bench  # noqa: E402
+from kernel_table import cuda_kernels, print_kernel_table  # noqa: E402
 
 from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
 from ouro_cli.engine.runner import batch_bucket  # noqa: E402
@@ -77,15 +77,11 @@ def eager_profile(model, batch: int, prompt: int, k: int, vocab: int, top: int) 
     llm.generate(prompts, params)
     llm.close()
     prof = calls[-1]
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = cuda_kernels(prof)
     busy_us = sum(e.device_time for e in kernels)
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for e in kernels:
-        by_name[e.name[:70]].append(e.device_time)
     print(f"  eager step: {len(kernels)} kernels ({len(kernels) / (k * len(model.model.layers)):.1f} per layer-loop), "
           f"GPU busy {busy_us / 1e3:.2f} ms")
-    for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]:
-        print(f"    {sum(times) / 1e3:7.3f} ms  {len(times):5d} x  {name}")
+    print_kernel_table(kernels, top, indent="    ")
 
 
 def host_profile(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, top: int) -> None:

@@ -2,6 +2,7 @@
 
     python bench/train_step.py --shape tiny --device cpu
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --recompute
+    python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --profile 25
     torchrun --nproc-per-node 8 bench/train_step.py --shape 1.4b --device cuda   # per-rank batch
 
 Random weights at the chosen shape, random prompt/response tokens, and exit depths that
@@ -159,7 +160,16 @@ def main() -> None:
                         help="CUDA: PyTorch's default kernels instead of the deterministic ones the trainer uses")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--blas", choices=["default", "cublas", "cublaslt"], default="default",
+                        help="CUDA: torch.backends.cuda.preferred_blas_library for the run")
+    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
+                        help="after timing, profile one more step (torch.profiler) and print GPU-busy time per kernel "
+                             "family and the TOP kernels")
     args = parser.parse_args()
+    if args.blas != "default":
+        import torch
+
+        torch.backends.cuda.preferred_blas_library(args.blas)
 
     trainer, setup_s = build_trainer(args.shape, args.device, args.dtype, micro_batch_size=args.micro_batch_size,
                                      pack=not args.no_pack, pack_length=args.pack_length, recompute=args.recompute,
@@ -168,9 +178,40 @@ def main() -> None:
     result = measure_steps(trainer, args.shape, samples=args.samples, prompt_len=args.prompt_len,
                            response_len=args.response_len, depths=args.depths, steps=args.steps, warmup=args.warmup)
     result["setup_s"] = round(setup_s, 2)
-    trainer.close()
     if trainer.context.rank == 0:
         print(json.dumps(result, indent=2))
+    if args.profile:
+        profile_step(trainer, args.shape, args.samples, args.prompt_len, args.response_len, args.depths, args.profile)
+    trainer.close()
+
+
+def profile_step(trainer, shape: str, samples: int, prompt_len: int, response_len: int, depths: str, top: int) -> None:
+    """One more train step under torch.profiler: wall time against GPU-busy time (their gap is
+    host or synchronisation time), busy time per kernel family, and the `top` kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kernel_table import cuda_kernels, print_kernel_table
+
+    batch = make_samples(model_config(shape), samples, prompt_len, response_len, depths, random.Random(99))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        metrics = trainer.train_step(batch)
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = cuda_kernels(prof)
+    if trainer.context.rank != 0:
+        return
+    print(f"profiled step: {wall * 1e3:.1f} ms wall (forward+backward {metrics['forward_backward_s'] * 1e3:.1f} ms, "
+          f"optimizer {metrics['optimizer_s'] * 1e3:.1f} ms), {len(kernels)} kernels")
+    busy = print_kernel_table(kernels, top)
+    print(f"  GPU busy {busy / 1e3:.1f} ms = {busy / 1e6 / wall:.1%} of the wall time")
+    print("  host: operators by self CPU time (what keeps the GPU waiting when busy is low)")
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
+    print("\n".join("    " + line for line in table.splitlines()))
 
 
 if __name__ == "__main__":

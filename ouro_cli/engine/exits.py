@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ouro_cli.model import pointwise
 from ouro_cli.model.exit_gate import cdf_step
 
 from .contract import SamplingParams
@@ -71,11 +72,19 @@ class ExitState:
         )
 
     def after_loop(self, t: int, lam: torch.Tensor) -> None:
-        """Account loop t (1-based) that just ran on the active rows; `lam` [B] is λ_t in fp32."""
-        self.depth += self.active.long()
-        cdf, survive = cdf_step(self.cdf, self.survive, lam)
-        self.cdf = torch.where(self.active, cdf, self.cdf)
-        self.survive = torch.where(self.active, survive, self.survive)
-        fire = self.active & (self.min_loops <= t) & (self.cdf >= self.tau)
-        self.stop_after = torch.where(fire, torch.minimum(self.stop_after, t + self.delay), self.stop_after)
-        self.active = self.active & (self.stop_after > t)
+        """Account loop t (1-based) that just ran on the active rows; `lam` [B] is λ_t in fp32.
+        One fused kernel where pointwise.py compiles (CUDA) instead of ~16 small ones per loop."""
+        self.active, self.depth, self.cdf, self.survive, self.stop_after = pointwise.fused(_advance, lam)(
+            t, lam, self.active, self.depth, self.cdf, self.survive, self.stop_after, self.min_loops, self.tau,
+            self.delay)
+
+
+def _advance(t: int, lam, active, depth, cdf, survive, stop_after, min_loops, tau, delay):
+    """ExitState.after_loop's update as a function of tensors -> (active, depth, cdf, survive, stop_after)."""
+    depth = depth + active.long()
+    new_cdf, new_survive = cdf_step(cdf, survive, lam)
+    cdf = torch.where(active, new_cdf, cdf)
+    survive = torch.where(active, new_survive, survive)
+    fire = active & (min_loops <= t) & (cdf >= tau)
+    stop_after = torch.where(fire, torch.minimum(stop_after, t + delay), stop_after)
+    return active & (stop_after > t), depth, cdf, survive, stop_after

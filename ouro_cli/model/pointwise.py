@@ -55,6 +55,13 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _dispatch(_silu_mul, gate)(gate, up)
 
 
+def fused(fn: Callable, x: torch.Tensor) -> Callable:
+    """`fn` (a function of tensors, elementwise work only) as these functions run: compiled
+    into fused kernels where x's device compiles (CUDA unless OURO_COMPILE=0), else itself.
+    For elementwise bookkeeping outside the layers (the engine's exit state)."""
+    return _dispatch(fn, x)
+
+
 # ---- the math, once ---------------------------------------------------------------
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -10,17 +10,20 @@ that importing the engine never needs triton.
 OURO_DECODE_ATTENTION (default "auto"). "triton" off CUDA runs only under the Triton
 interpreter (TRITON_INTERPRET=1), which the CPU tests use.
 
-`gemv.py` holds a small-batch matmul for the decode step's projections, opt-in with
-OURO_DECODE_GEMV=triton (default "cublas": F.linear). On the H200 (bench/gemv.py) it runs
-at x0.85-1.02 of cuBLAS at 8-16 rows (x1.00-1.10 with the best tiles per shape) and loses
-at 64 (x0.42-0.81). Its rows have the bits cuBLAS gives at the replay's many rows on every
-1.4B shape (same weights), which cuBLAS at 8 rows does not for down_proj (it splits K);
-the engine-vs-trainer bf16 agreement did not change measurably with it (0.046 both
-ways), so speed decides the default.
+`gemv.py` holds a small-batch matmul for the decode step's projections. OURO_DECODE_GEMV:
+"auto" (default) runs it where bench/gemv.py measured it faster than cuBLAS on the H200 (up
+to 16 rows on qkv, o_proj and down, with the tiles the sweep chose: x1.03-1.10), F.linear
+elsewhere; "triton" on every product of up to 64 rows; "cublas" never. End to end (1.4B,
+K = 4, bench/gpu_table.py) "auto" took batch 1 from 164.7 to 173.6 tok/s and batch 16 from
+2,434 to 2,579. Its rows have the bits cuBLAS gives at the replay's many rows on every 1.4B
+shape (same weights), which cuBLAS at 8 rows does not for down_proj (it splits K); the
+engine-vs-trainer bf16 agreement did not change measurably with it (0.046 both ways).
 
-OURO_DECODE_ROPE=kernel (default "torch") lets the decode attention kernel apply RoPE to
-q and the new k itself, with pointwise.rotary's roundings, instead of a separate
-elementwise kernel before it; only with the Triton attention.
+OURO_DECODE_ROPE=kernel (opt-in; default "torch") lets the decode attention kernel apply
+RoPE to q and the new k itself, instead of a separate elementwise kernel before it: x1.005-
+1.017 on the same table. It stays opt-in because its bf16 results are not yet shown equal to
+pointwise.rotary's on the H200 (tests/gpu: the bf16 check fails there, cause not found;
+fp32 agrees to rounding).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import torch
 from ouro_cli.errors import SettingError
 
 ATTENTION_MODES = ("auto", "torch", "triton")
-GEMV_MODES = ("cublas", "triton")
+GEMV_MODES = ("auto", "cublas", "triton")
 ROPE_MODES = ("torch", "kernel")
+DEFAULT_GEMV = "auto"
 
 
 def triton_available() -> bool:
@@ -59,16 +63,17 @@ def resolve_attention(attention: str | None, device: torch.device) -> str:
 
 def resolve_gemv(mode: str | None, device: torch.device):
     """The decode step's small-batch matmul kernel on `device` (engine/kernels/gemv.py), or
-    None for F.linear (cuBLAS on CUDA)."""
-    mode = mode or os.environ.get("OURO_DECODE_GEMV", "cublas")
+    None for F.linear (cuBLAS on CUDA). "auto": the kernel on the shapes where it was
+    measured faster, on CUDA with triton; "triton": on every product of <= 64 rows."""
+    mode = mode or os.environ.get("OURO_DECODE_GEMV", DEFAULT_GEMV)
     if mode not in GEMV_MODES:
         raise SettingError(f"decode GEMV (OURO_DECODE_GEMV) must be one of {', '.join(GEMV_MODES)}, got {mode!r}")
-    if mode == "cublas":
+    if mode == "cublas" or (mode == "auto" and (device.type != "cuda" or not triton_available())):
         return None
     if not triton_available():
         raise SettingError("decode GEMV 'triton' needs the triton package (pip install triton)")
-    from .gemv import small_m_linear
-    return small_m_linear
+    from .gemv import small_m_linear, small_m_linear_where_faster
+    return small_m_linear if mode == "triton" else small_m_linear_where_faster
 
 
 def resolve_rope(mode: str | None, attention: str) -> bool:

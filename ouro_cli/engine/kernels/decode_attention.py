@@ -34,6 +34,14 @@ import torch
 import triton
 import triton.language as tl
 
+# Positions per tile and warps per program; both set the kernel's summation order, so the
+# trainer's paged replay (replay_attention.py) uses the same defaults, and one choice serves
+# every batch (a row's bits must not depend on its batch-mates). bench/decode_attention.py on
+# the H200 (1.4B heads, 192 positions): 64 x 4 is the best at 64 rows (32.4 µs); at 8 rows
+# 128 x 4 takes 7.0 µs against 8.3, at 16 rows 64 x 8 9.1 against 10.6.
+BLOCK = 64
+NUM_WARPS = 4
+
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
@@ -127,7 +135,7 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
              mask=gd_ok)
 
 
-def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, write=None, rope=None) -> torch.Tensor:
+def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None, rope=None) -> torch.Tensor:
     b, hq, d = q.shape
     hkv = k_plane.shape[0]
     assert hq % hkv == 0 and k_plane.shape == v_plane.shape and k_plane.stride() == v_plane.stride()
@@ -157,22 +165,22 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, write=None, rope=Non
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), cos.stride(0),
         G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK=block, IEEE=k_plane.dtype == torch.float32, WRITE=write is not None, HAS_PREV=has_prev,
-        ROPE=rope is not None, num_warps=4)
+        ROPE=rope is not None, num_warps=num_warps)
     return o
 
 
 def paged_decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor,
-                           lengths: torch.Tensor, block: int = 64) -> torch.Tensor:
+                           lengths: torch.Tensor, block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """q [B, Hq, D] (one new token per row); k_plane/v_plane [Hkv, slots, D] (one plane of one
     layer); ctx_slots [B, W] slot ids of positions 0..W-1; lengths [B] (1 <= length <= W: a row
     attends to its first `length` positions) -> o [B, Hq, D] in q's dtype. Scale head_dim**-0.5."""
-    return _attend(q, k_plane, v_plane, ctx_slots, lengths, block)
+    return _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps)
 
 
 def write_kv_and_attend(q: torch.Tensor, k_plane_t: torch.Tensor, v_plane_t: torch.Tensor,
                         k_prev_plane: torch.Tensor | None, v_prev_plane: torch.Tensor | None, new_slots: torch.Tensor,
                         k_new: torch.Tensor, v_new: torch.Tensor, active: torch.Tensor, ctx_slots: torch.Tensor,
-                        lengths: torch.Tensor, block: int = 64,
+                        lengths: torch.Tensor, block: int = BLOCK, num_warps: int = NUM_WARPS,
                         rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """runner.py's KV write of a loop and the attention over plane t, in one kernel: row b
     writes its new K/V [B, Hkv, D] at new_slots[b] of plane t when active (always on plane 0),
@@ -183,5 +191,5 @@ def write_kv_and_attend(q: torch.Tensor, k_plane_t: torch.Tensor, v_plane_t: tor
     With `rope` = (cos, sin) [B, D] (the rows' RoPE tables in q's dtype), q and k_new come
     unrotated and the kernel rotates them as pointwise.rotary would, before it stores k and
     attends: one kernel fewer per layer-loop (opt-in, OURO_DECODE_ROPE=kernel)."""
-    return _attend(q, k_plane_t, v_plane_t, ctx_slots, lengths, block,
+    return _attend(q, k_plane_t, v_plane_t, ctx_slots, lengths, block, num_warps,
                    write=(k_prev_plane, v_prev_plane, new_slots, k_new, v_new, active), rope=rope)

@@ -88,15 +88,36 @@ def _small_m_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
 
 
 def default_config(n: int, k: int, dtype: torch.dtype) -> dict[str, int]:
-    """Tiles for W [n, k]: the widest BLOCK_N of 64, 32, 16 that still gives >= 2 programs per
-    SM of an H200 (16 when none does: o_proj and down get 128 programs); BLOCK_K of 512 bytes
-    of a row (256 bf16, 128 fp32; less when k is smaller); 4 warps; 4 stages (3 at BLOCK_N 64).
-    Triton buffers stages - 1 tiles of x and of W, (stages - 1)·(64 + BLOCK_N)·BLOCK_K·2 bytes
-    at M = 64: 120, 144 and 128 KB of the 227 KB a CTA may have (48, 72, 80 KB at M <= 16).
-    Never a function of M: the same tiles at every batch size."""
-    block_n = next((b for b in (64, 32, 16) if triton.cdiv(n, b) >= 2 * H200_SMS), 16)
-    block_k = min(512 // dtype.itemsize, max(16, triton.next_power_of_2(k)))
-    return {"block_n": block_n, "block_k": block_k, "num_warps": 4, "num_stages": 3 if block_n == 64 else 4}
+    """Tiles for W [n, k], never a function of M (the same tiles, so the same bits, at every
+    batch size). The two sweeps of bench/gemv.py on the H200 (bf16, M = 8 and 16, 36 tiles)
+    chose, per weight:
+    - n <= 4096 (o_proj, down at 1.4B): BLOCK_N 16, BLOCK_K of 1 KB of a row (512 bf16):
+      o_proj 5.6 µs against cuBLAS's 5.8-6.1, down 9.8-10.1 against 10.3-10.5;
+    - 4096 < n <= 8192 (qkv): BLOCK_N 64, BLOCK_K 512 bytes: 8.6 µs against 9.2-9.3.
+    Wider weights (gate_up, lm_head: not swept) keep the first rule's BLOCK_N: the widest of
+    64, 32, 16 that gives >= 2 programs per SM, with BLOCK_K of 512 bytes. 4 warps; 4 stages,
+    fewer where x's and W's buffered tiles would not fit in shared memory (`stages_that_fit`;
+    the stages only pipeline the loads, they do not change the sums)."""
+    if n <= 4096:
+        block_n, row_bytes = 16, 1024
+    elif n <= 8192:
+        block_n, row_bytes = 64, 512
+    else:
+        block_n, row_bytes = next((b for b in (64, 32, 16) if triton.cdiv(n, b) >= 2 * H200_SMS), 16), 512
+    block_k = min(row_bytes // dtype.itemsize, max(16, triton.next_power_of_2(k)))
+    return {"block_n": block_n, "block_k": block_k, "num_warps": 4, "num_stages": 4}
+
+
+SHARED_MEMORY = 200 * 1024  # of the 227 KB a CTA may have on an H200, with room for the compiler's own
+
+
+def stages_that_fit(rows: int, row_tiles: int, block_n: int, block_k: int, itemsize: int, stages: int) -> int:
+    """The most pipeline stages (<= `stages`, >= 2) whose buffered tiles fit: Triton keeps
+    stages - 1 tiles of x (rows·row_tiles × BLOCK_K) and of W (BLOCK_N × BLOCK_K)."""
+    per_stage = (rows * row_tiles + block_n) * block_k * itemsize
+    while stages > 2 and (stages - 1) * per_stage > SHARED_MEMORY:
+        stages -= 1
+    return stages
 
 
 def small_m_linear(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = None, block_k: int | None = None,
@@ -124,6 +145,8 @@ def small_m_linear(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = No
     block_n = block_n or config["block_n"]
     block_k = block_k or config["block_k"]
     rows = max(16, min(32, triton.next_power_of_2(m)))  # see the module docstring: <= 32 rows per dot
+    row_tiles = triton.cdiv(m, rows)
+    stages = num_stages or stages_that_fit(rows, row_tiles, block_n, block_k, x.dtype.itemsize, config["num_stages"])
     # the Triton interpreter keeps bf16 as raw uint16 and its tl.dot multiplies those integers;
     # off CUDA (only the interpreter runs there) bf16 tiles are widened to fp32 first, which is
     # exact, so it still computes the fp32 sum of the exact products
@@ -131,7 +154,21 @@ def small_m_linear(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = No
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        ROWS=rows, ROW_TILES=triton.cdiv(m, rows), BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
+        ROWS=rows, ROW_TILES=row_tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or widen, WIDEN=widen, num_warps=num_warps or config["num_warps"],
-        num_stages=num_stages or config["num_stages"])
+        num_stages=stages)
     return y
+
+
+AUTO_MAX_ROWS = 16
+AUTO_MAX_N = 8192
+
+
+def small_m_linear_where_faster(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """OURO_DECODE_GEMV=auto: this kernel where bench/gemv.py measured it faster than cuBLAS
+    on the H200 (M <= 16 rows, W up to 8192 outputs: qkv, o_proj, down at 1.4B), F.linear
+    elsewhere (gate_up and lm_head, where cuBLAS reads at ~80 % of bandwidth, and M > 16,
+    where this kernel loses). Which one runs depends on the shapes only."""
+    if x.shape[0] <= AUTO_MAX_ROWS and w.shape[0] <= AUTO_MAX_N:
+        return small_m_linear(x, w)
+    return torch.nn.functional.linear(x, w)

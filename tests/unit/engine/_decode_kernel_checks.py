@@ -172,10 +172,14 @@ def check_rope_in_kernel(device="cpu", dtype=torch.float32, exact=True) -> None:
         kv.v.copy_(torch.randn(kv.v.shape, generator=torch.Generator().manual_seed(7)))
         caches.append(kv)
     lengths = [1, 9, 30, 4, 17]
+    # each row's new slot is its own and its last position; the rest read-only slots (two rows
+    # writing one slot, or one reading another's new slot, would race on a GPU)
     perm = torch.randperm(64, generator=g)
-    ctx = torch.stack([perm[torch.randperm(64, generator=g)[:32]] for _ in lengths]).to(device)
-    lens = torch.tensor(lengths, device=device)
-    new_slots = ctx.gather(1, (lens - 1)[:, None]).squeeze(1)
+    new_slots, others = perm[:b].to(device), perm[b:]
+    ctx = torch.stack([others[torch.randperm(len(others), generator=g)[:32]] for _ in lengths])
+    for row, n in enumerate(lengths):
+        ctx[row, n - 1] = new_slots[row]
+    ctx, lens = ctx.to(device), torch.tensor(lengths, device=device)
     active = torch.tensor([True, False, True, True, False], device=device)
     qkv = torch.randn(b, 1, (hq + 2 * hkv) * d, generator=g).to(device, dtype)  # strided views, as in the runner
     q, k, v = (x.view(b, 1, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], -1))

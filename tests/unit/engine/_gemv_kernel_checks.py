@@ -102,11 +102,28 @@ def check_bad_input(device="cpu") -> None:
         raise AssertionError(f"{what}: no ValueError")
 
 
+def check_auto_routing(device="cpu") -> None:
+    """OURO_DECODE_GEMV=auto: the kernel's bits where the shapes are its own (M <= 16, N <=
+    8192), F.linear's elsewhere; and the pipeline stages shrink until the tiles fit."""
+    import torch.nn.functional as F
+
+    from ouro_cli.engine.kernels import gemv
+
+    for m, n, k, kernel in [(1, 64, 96, True), (16, 40, 256, True), (17, 64, 96, False), (3, 8193, 16, False)]:
+        x, w = operands(m, n, k, torch.float32, device)
+        expected = gemv.small_m_linear(x, w) if kernel else F.linear(x, w)
+        assert torch.equal(gemv.small_m_linear_where_faster(x, w), expected), (m, n, k)
+    assert gemv.stages_that_fit(16, 1, 16, 512, 2, 4) == 4  # 3 x 32 KB
+    assert gemv.stages_that_fit(32, 2, 16, 512, 2, 4) == 3  # 3 x 80 KB does not fit, 2 x 80 KB does
+    assert gemv.stages_that_fit(32, 2, 64, 1024, 2, 4) == 2  # never fewer than 2
+
+
 CHECKS = {"reference_fp32": check_reference,
           "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
           "batch_invariance_fp32": check_batch_invariance,
           "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
-          "bad_input": check_bad_input}
+          "bad_input": check_bad_input,
+          "auto_routing": check_auto_routing}
 
 
 if __name__ == "__main__":

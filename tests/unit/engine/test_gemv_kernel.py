@@ -2,7 +2,8 @@
 interpreter: it equals a dense fp64 x @ w.T to 1e-5 in fp32 and to 1 ulp in bf16 (M of 1,
 3, 8, 16 and 40, the last in two row tiles; N and K on and off the tiles; default and small
 tiles); a row's output is bitwise the same alone, among the first rows of a batch of up to
-64 and in reversed order; and shapes or dtypes it does not take raise ValueError. (bf16
+64 and in reversed order; shapes or dtypes it does not take raise ValueError; and
+OURO_DECODE_GEMV=auto routes each product by its shape. (bf16
 runs widened to fp32 in the interpreter, whose tl.dot mishandles bf16: see gemv.py.)
 
 The checks live in _gemv_kernel_checks.py (shared with tests/gpu) and run in one
@@ -19,7 +20,8 @@ from ._interpreted import interpreter_report
 
 pytest.importorskip("triton")
 
-CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_invariance_bf16", "bad_input"]
+CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_invariance_bf16", "bad_input",
+          "auto_routing"]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,96 @@
+"""The decode write-and-attend kernel's tile (BLOCK positions) and warps, timed on CUDA.
+
+    python bench/decode_attention.py                        # 1.4B heads, rows 8 16 64, 192 positions
+
+For each number of rows and each (BLOCK, num_warps): µs per call of
+kernels/decode_attention.write_kv_and_attend (bf16, RoPE in the kernel, plane t > 0 so
+the carry-forward reads run), captured 20 calls to a CUDA graph and replayed, over a paged
+plane of random slots, with the KV bytes read and the ratio to the default tile. A row's
+bits depend on BLOCK and num_warps, so a change of default changes the engine's and the
+paged replay's numbers together (they share the constants). Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ouro_cli.engine.kernels import decode_attention as kernels  # noqa: E402
+
+CALLS = 20
+
+
+def time_calls(call, reps: int) -> float:
+    """µs per call, 20 calls captured in one CUDA graph."""
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * CALLS)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[8, 16, 64])
+    ap.add_argument("--positions", type=int, default=192, help="context length of every row")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--blocks", type=int, nargs="+", default=[32, 64, 128, 256])
+    ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/decode_attention.py needs a CUDA GPU", file=sys.stderr)
+        sys.exit(2)
+    for rows in args.rows:
+        bench_rows(rows, args)
+
+
+def bench_rows(rows: int, args) -> None:
+    dev, dt = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(rows)
+    hkv, d = args.kv_heads, args.head_dim
+    slots = rows * args.positions * 2  # half the plane unused: slots are scattered as in a real cache
+    k_planes = torch.randn(2, hkv, slots + 1, d, device=dev, dtype=dt, generator=g)
+    v_planes = torch.randn(2, hkv, slots + 1, d, device=dev, dtype=dt, generator=g)
+    ctx = torch.randperm(slots, device=dev, generator=g)[:rows * args.positions].view(rows, args.positions)
+    lengths = torch.full((rows,), args.positions, device=dev)
+    new = [torch.randn(rows, n, d, device=dev, dtype=dt, generator=g) for n in (args.heads, hkv, hkv)]
+    cos, sin = (torch.randn(rows, d, device=dev, dtype=dt, generator=g) for _ in range(2))
+    inputs = (new[0], k_planes[1], v_planes[1], k_planes[0], v_planes[0], ctx[:, -1].contiguous(), new[1], new[2],
+              torch.ones(rows, dtype=torch.bool, device=dev), ctx, lengths)
+    kv_bytes = 2 * rows * hkv * args.positions * d * dt.itemsize
+    base = None
+    print(f"rows {rows}, {args.positions} positions, {hkv} kv heads x {d}: {kv_bytes / 1e6:.1f} MB of K/V per call")
+    for block, warps in itertools.product(args.blocks, args.warps):
+        call = functools.partial(kernels.write_kv_and_attend, *inputs, block=block, num_warps=warps, rope=(cos, sin))
+        try:
+            us = time_calls(call, args.reps)
+        except Exception as e:  # tiles that do not fit
+            print(f"  BLOCK {block:3d} warps {warps}: {type(e).__name__}: {str(e)[:100]}")
+            continue
+        if (block, warps) == (kernels.BLOCK, kernels.NUM_WARPS):
+            base = us
+        ratio = f"  x{base / us:.2f} of the default" if base else ""
+        print(f"  BLOCK {block:3d} warps {warps}: {us:6.1f} µs  {kv_bytes / us / 1e3:6.0f} GB/s{ratio}", flush=True)
+
+if __name__ == "__main__":
+    main()
