@@ -26,13 +26,17 @@ def outside():
     torch.utils.deterministic.fill_uninitialized_memory = before[2]
 
 
-def test_cuda_step_runs_deterministic_then_restores(outside, monkeypatch):
+@pytest.mark.parametrize(("capability", "workspace"), [((8, 0), ":4096:8"), ((9, 0), None)], ids=["a100", "h200"])
+def test_cuda_step_runs_deterministic_then_restores(outside, monkeypatch, capability, workspace):
+    """On an A100 the cuBLAS workspace variable is set to ":4096:8"; on an H200, whose
+    PyTorch default is that size already, it stays unset (PyTorch re-parses it per matmul)."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     with deterministic_kernels(torch.device("cuda", 0)):  # sets flags only: no GPU needed
         assert _state() == (True, True, False)
-        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == workspace
     assert _state() == outside
-    with pytest.raises(RuntimeError), deterministic_kernels(torch.device("cuda")):
+    with pytest.raises(RuntimeError), deterministic_kernels(torch.device("cuda", 0)):
         raise RuntimeError("a failing step")
     assert _state() == outside
 
