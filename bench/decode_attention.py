@@ -4,8 +4,9 @@
 
 For each number of rows and each (BLOCK, num_warps): µs per call of
 kernels/decode_attention.write_kv_and_attend (bf16, RoPE in the kernel, plane t > 0 so
-the carry-forward reads run), captured 20 calls to a CUDA graph and replayed, over a paged
-plane of random slots, with the KV bytes read and the ratio to the default tile. A row's
+the carry-forward reads run), 20 calls captured to a CUDA graph and replayed
+(gemv.graph_time), over a paged plane of random slots, with the KV bytes read and the
+ratio to the default tile. A row's
 bits depend on BLOCK and num_warps, so a change of default changes the engine's and the
 paged replay's numbers together (they share the constants). Not part of the test run.
 """
@@ -20,30 +21,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from gemv import graph_time  # noqa: E402
 
 from ouro_cli.engine.kernels import decode_attention as kernels  # noqa: E402
-
-CALLS = 20
-
-
-def time_calls(call, reps: int) -> float:
-    """µs per call, 20 calls captured in one CUDA graph."""
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * CALLS)
 
 
 def main() -> None:
@@ -83,7 +65,7 @@ def bench_rows(rows: int, args) -> None:
     for block, warps in itertools.product(args.blocks, args.warps):
         call = functools.partial(kernels.write_kv_and_attend, *inputs, block=block, num_warps=warps, rope=(cos, sin))
         try:
-            us = time_calls(call, args.reps)
+            us = graph_time(lambda i, call=call: call(), args.reps) * 1e6
         except Exception as e:  # tiles that do not fit
             print(f"  BLOCK {block:3d} warps {warps}: {type(e).__name__}: {str(e)[:100]}")
             continue
