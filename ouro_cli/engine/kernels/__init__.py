@@ -15,9 +15,11 @@ interpreter (TRITON_INTERPRET=1), which the CPU tests use.
 to 16 rows on qkv, o_proj and down, with the tiles the sweep chose: x1.03-1.10), F.linear
 elsewhere; "triton" on every product of up to 64 rows; "cublas" never. End to end (1.4B,
 K = 4, bench/gpu_table.py) "auto" took batch 1 from 164.7 to 173.6 tok/s and batch 16 from
-2,434 to 2,579. Its rows have the bits cuBLAS gives at the replay's many rows on every 1.4B
-shape (same weights), which cuBLAS at 8 rows does not for down_proj (it splits K); the
-engine-vs-trainer bf16 agreement did not change measurably with it (0.046 both ways).
+2,434 to 2,579. Its rows had the bits cuBLAS gives at the replay's many rows on every 1.4B
+shape (same weights; measured with its earlier tiles, and its order of summation does not
+depend on the tiles), which cuBLAS at 8 rows does not for down_proj (it splits K); the
+engine-vs-trainer bf16 agreement did not change measurably with it (0.046 both ways with
+"triton"; 0.0452 with "auto").
 
 OURO_DECODE_ROPE=kernel (opt-in; default "torch") lets the decode attention kernel apply
 RoPE to q and the new k itself, instead of a separate elementwise kernel before it: x1.005-
