@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from . import pointwise
 from .attention import SequenceLayout, dense_attention
 from .config import OuroConfig
 from .layers import Attend, DecoderLayer, RMSNorm, Rotary
@@ -122,12 +123,12 @@ class OuroForCausalLM(nn.Module):
             depths = _check_depths(depths, input_ids.shape, num_loops)
             num_loops = int(depths.max())
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
+        step = pointwise.region(_layer_step, h)  # one compiled region per layer call with OURO_COMPILE_LAYERS=1
         for t in range(1, num_loops + 1):
             active = None if depths is None or bool((depths >= t).all()) else (depths >= t)
             x, normed = h, self.model.layers[0].input_layernorm(h)
             for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
-                step = _LayerStep(layer, layout.mask, closing)
-                args = (x, normed, cos, sin, active, *(prev_kv[i] or (None, None)))
+                args = (layer, layout.mask, closing, x, normed, cos, sin, active, *(prev_kv[i] or (None, None)))
                 x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
                 prev_kv[i] = (k, v)
                 if kv_sink is not None:
@@ -143,30 +144,27 @@ class OuroForCausalLM(nn.Module):
         return self.logits(h)
 
 
-class _LayerStep:
+def _layer_step(layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.Tensor, x, normed, cos, sin,
+                active, prev_k, prev_v):
     """One layer call of the replay: mixes in last-loop K/V for positions that exited.
 
     A position inactive at loop t contributes the K/V it produced at its own last loop
     (`prev_k`, `prev_v` already hold that version); its own hidden state is discarded
     by the caller. Returns the layer output, its closing norm (DecoderLayer.forward) and the
-    K/V actually attended to.
+    K/V actually attended to. A function of its arguments only, so that one compiled
+    region serves every layer and loop (pointwise.region).
     """
+    used: dict[str, torch.Tensor] = {}
 
-    def __init__(self, layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.Tensor) -> None:
-        self.layer, self.mask, self.closing = layer, mask, closing
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if active is not None:
+            keep = active[:, :, None, None]
+            k, v = torch.where(keep, k, prev_k), torch.where(keep, v, prev_v)
+        used["k"], used["v"] = k, v
+        return dense_attention(q, k, v, mask)
 
-    def __call__(self, x, normed, cos, sin, active, prev_k, prev_v):
-        used: dict[str, torch.Tensor] = {}
-
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if active is not None:
-                keep = active[:, :, None, None]
-                k, v = torch.where(keep, k, prev_k), torch.where(keep, v, prev_v)
-            used["k"], used["v"] = k, v
-            return dense_attention(q, k, v, self.mask)
-
-        out, out_normed = self.layer(x, normed, cos, sin, attend, self.closing)
-        return out, out_normed, used["k"], used["v"]
+    out, out_normed = layer(x, normed, cos, sin, attend, closing)
+    return out, out_normed, used["k"], used["v"]
 
 
 def _check_depths(depths: torch.Tensor, shape: torch.Size, num_loops: int) -> torch.Tensor:

@@ -114,8 +114,8 @@ class TrainOptions:
         return self
 
     def _validate_kernel_settings(self) -> None:
-        """OURO_DECODE_ATTENTION / OURO_DECODE_GEMV / OURO_DECODE_ROPE / OURO_REPLAY_ATTENTION,
-        before anything runs."""
+        """OURO_DECODE_ATTENTION / OURO_DECODE_GEMV / OURO_DECODE_ROPE / OURO_REPLAY_ATTENTION /
+        OURO_COMPILE_LAYERS, before anything runs."""
         import torch
 
         from ouro_cli.engine.kernels import check_settings

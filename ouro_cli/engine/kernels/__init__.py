@@ -95,7 +95,9 @@ def check_settings(device: torch.device) -> None:
     """The OURO_* kernel switches, read where they are used, checked up front for a run on
     `device`: a bad value is one SettingError before any model loads, not a failure midway."""
     from ouro_cli.model.attention import PAGED_NEEDS_CUDA, replay_attention_mode
+    from ouro_cli.model.pointwise import compile_layers
 
+    compile_layers()  # OURO_COMPILE_LAYERS: 0 or 1
     no_kernel_device = device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
     attention = resolve_attention(None, device)
     resolve_rope(None, attention)

@@ -1,0 +1,67 @@
+"""OURO_COMPILE_LAYERS=1: each layer call of the full-sequence forward runs as one compiled
+region (pointwise.region). On CPU with OURO_COMPILE=always it gives the eager logits and
+gradients to fp32 rounding (the compiler reorders reductions; bits are not promised), with
+mixed depths, packed documents and recompute; the engine's eager prefill block keeps it
+off; a bad value is a SettingError."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ouro_cli.errors import SettingError
+from ouro_cli.model import build, pointwise, tiny_config
+
+
+def run(model, recompute: bool):
+    """Logits and parameter gradients of one forward/backward with mixed depths and two
+    documents packed in a row (tests/gpu reuses it on CUDA)."""
+    g = torch.Generator().manual_seed(3)
+    device = next(model.parameters()).device
+    ids = torch.randint(3, 100, (2, 16), generator=g).to(device)
+    depths = torch.randint(1, model.config.num_loops + 1, (2, 16), generator=g).to(device)
+    docs = torch.tensor([[0] * 8 + [1] * 8, [0] * 16], device=device)
+    model.zero_grad()
+    logits = model(ids, depths, document_ids=docs, recompute=recompute)
+    (logits.float().square().mean()).backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])
+def test_compiled_layers_match_eager(monkeypatch, recompute):
+    model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
+    eager_logits, eager_grads = run(model, recompute)
+    compiled = []
+    original = pointwise._compiled.__wrapped__
+
+    def record(fn):
+        compiled.append(fn.__name__)
+        return original(fn)
+
+    monkeypatch.setattr(pointwise, "_compiled", record)
+    monkeypatch.setenv("OURO_COMPILE", "always")
+    monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
+    logits, grads = run(model, recompute)
+    assert "_layer_step" in compiled
+    # inside the region the layer's own functions are traced inline; only the norm that opens
+    # each loop (outside the layers) is still a compiled call of its own
+    assert not {"_rotary", "_silu_mul", "_add_rms_norm", "_add_rms_norm_then_norm"} & set(compiled)
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == eager_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_eager_block_keeps_layers_uncompiled(monkeypatch):
+    monkeypatch.setenv("OURO_COMPILE", "always")
+    monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
+    monkeypatch.setattr(pointwise, "_compiled", lambda fn: (_ for _ in ()).throw(AssertionError("compiled")))
+    model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
+    with pointwise.eager(), torch.no_grad():
+        model(torch.randint(3, 100, (1, 8)))
+
+
+def test_bad_value_is_a_setting_error(monkeypatch):
+    monkeypatch.setenv("OURO_COMPILE_LAYERS", "yes")
+    with pytest.raises(SettingError, match="OURO_COMPILE_LAYERS must be 0 or 1"):
+        pointwise.compile_layers()
