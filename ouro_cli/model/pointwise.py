@@ -68,6 +68,8 @@ def compile_layers() -> bool:
     mode = os.environ.get("OURO_COMPILE_LAYERS", "0")
     if mode not in ("0", "1"):
         raise SettingError(f"OURO_COMPILE_LAYERS must be 0 or 1, got {mode!r}")
+    if mode == "1" and os.environ.get("OURO_REPLAY_ATTENTION") == "paged":  # a Triton launch inside the region
+        raise SettingError("OURO_COMPILE_LAYERS=1 does not combine with OURO_REPLAY_ATTENTION=paged")
     return mode == "1"
 
 

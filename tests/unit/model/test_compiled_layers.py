@@ -2,7 +2,7 @@
 region (pointwise.region). On CPU with OURO_COMPILE=always it gives the eager logits and
 gradients to fp32 rounding (the compiler reorders reductions; bits are not promised), with
 mixed depths, packed documents and recompute; the engine's eager prefill block keeps it
-off; a bad value is a SettingError."""
+off; a bad value, or the paged replay attention beside it, is a SettingError."""
 
 from __future__ import annotations
 
@@ -64,4 +64,8 @@ def test_eager_block_keeps_layers_uncompiled(monkeypatch):
 def test_bad_value_is_a_setting_error(monkeypatch):
     monkeypatch.setenv("OURO_COMPILE_LAYERS", "yes")
     with pytest.raises(SettingError, match="OURO_COMPILE_LAYERS must be 0 or 1"):
+        pointwise.compile_layers()
+    monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
+    monkeypatch.setenv("OURO_REPLAY_ATTENTION", "paged")  # not traced: the paged replay launches Triton itself
+    with pytest.raises(SettingError, match="does not combine with OURO_REPLAY_ATTENTION=paged"):
         pointwise.compile_layers()
