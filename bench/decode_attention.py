@@ -6,9 +6,9 @@ For each number of rows and each (BLOCK, num_warps): µs per call of
 kernels/decode_attention.write_kv_and_attend (bf16, RoPE in the kernel, plane t > 0 so
 the carry-forward reads run), 20 calls captured to a CUDA graph and replayed
 (gemv.graph_time), over a paged plane of random slots, with the KV bytes read and the
-ratio to the default tile. A row's
-bits depend on BLOCK and num_warps, so a change of default changes the engine's and the
-paged replay's numbers together (they share the constants). Not part of the test run.
+ratio to the default tile. A row's bits depend on BLOCK and num_warps, so a change of
+default changes the engine's and the paged replay's numbers together (they share the
+constants). Not part of the test run.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def bench_rows(rows: int, args) -> None:
             base = us
         ratio = f"  x{base / us:.2f} of the default" if base else ""
         print(f"  BLOCK {block:3d} warps {warps}: {us:6.1f} µs  {kv_bytes / us / 1e3:6.0f} GB/s{ratio}", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -56,9 +56,17 @@ def test_compiled_update_makes_the_eager_decisions(monkeypatch):
     may differ by an fp32 rounding where the compiler fuses a multiply-add."""
     lams = torch.rand(24, T, generator=torch.Generator().manual_seed(1))
     eager = run(lams)
+    compiled_fns = []
+    original = pointwise._compiled.__wrapped__
+
+    def record(fn):
+        compiled_fns.append(fn.__name__)
+        return original(fn)
+
+    monkeypatch.setattr(pointwise, "_compiled", record)
     monkeypatch.setenv("OURO_COMPILE", "always")
     compiled = run(lams)
+    assert compiled_fns == ["_advance"] * T  # the update really ran compiled, once per loop
     for name in ("depth", "active", "stop_after"):
         assert torch.equal(getattr(eager, name), getattr(compiled, name)), name
     torch.testing.assert_close(compiled.cdf, eager.cdf, rtol=2e-7, atol=0)
-    assert pointwise.compile_mode() == "always"
