@@ -150,12 +150,7 @@ def test_overlapped_decode_equals_one_step_at_a_time(dtype):
     assert c["decode_steps_overlapped"] > 0 and c["decode_rows_discarded"] > 0 and c["decode_steps_eager"] == 0
 
 
-ROPE_BF16_OPEN = pytest.mark.xfail(
-    reason="OURO_DECODE_ROPE=kernel (opt-in): the bf16 check failed on the H200 on 2026-11-29, once with a "
-           "slot race in the check (fixed) and once after, its assertion not captured; split in two so the next "
-           "GPU run names the failing half (an XPASS names the one that holds)", strict=False)
-ROPE_DTYPES = pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=ROPE_BF16_OPEN)],
-                                      ids=["fp32", "bf16"])
+ROPE_DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 
 
 @ROPE_DTYPES

@@ -48,6 +48,20 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _rounded(x, dtype: tl.constexpr):
+    """fp32 x rounded to `dtype` (to nearest, ties to even) and held as fp32. For bf16 the
+    rounding is done on the bits: a plain `.to(bf16).to(fp32)` round trip was dropped on the
+    H200 (the bf16 check saw x·cos + rotated·sin rounded once, not three times: 27 of 240
+    new K values 1 ulp off pointwise.rotary's), and the Triton interpreter truncates it."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _rotate_half(x, partner, first_half, cos, sin):
     """RoPE of x given x's rotate-half partner values (x[d + D/2] for d < D/2, x[d - D/2]
     after), rounded as pointwise._rotate computes it in x's dtype: x·cos and rotated·sin
@@ -55,10 +69,10 @@ def _rotate_half(x, partner, first_half, cos, sin):
     bf16 products); the Triton interpreter keeps bf16 as raw integers, so nothing is
     negated or multiplied before the widening."""
     wide = partner.to(tl.float32)
-    rotated = tl.where(first_half, -wide, wide).to(x.dtype)
-    a = (x.to(tl.float32) * cos.to(tl.float32)).to(x.dtype, fp_downcast_rounding="rtne")
-    b = (rotated.to(tl.float32) * sin.to(tl.float32)).to(x.dtype, fp_downcast_rounding="rtne")
-    return (a.to(tl.float32) + b.to(tl.float32)).to(x.dtype, fp_downcast_rounding="rtne")
+    rotated = tl.where(first_half, -wide, wide)
+    a = _rounded(x.to(tl.float32) * cos.to(tl.float32), x.dtype)
+    b = _rounded(rotated * sin.to(tl.float32), x.dtype)
+    return _rounded(a + b, x.dtype).to(x.dtype)  # exact: the value is already one of x.dtype's
 
 
 @triton.jit
