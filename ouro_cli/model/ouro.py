@@ -123,7 +123,7 @@ class OuroForCausalLM(nn.Module):
             depths = _check_depths(depths, input_ids.shape, num_loops)
             num_loops = int(depths.max())
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
-        step = pointwise.region(_layer_step, h)  # one compiled region per layer call with OURO_COMPILE_LAYERS=1
+        step = pointwise.region(_layer_step, h)  # one compiled region per layer call (OURO_COMPILE_LAYERS)
         for t in range(1, num_loops + 1):
             active = None if depths is None or bool((depths >= t).all()) else (depths >= t)
             x, normed = h, self.model.layers[0].input_layernorm(h)

@@ -10,11 +10,13 @@ one compiled kernel serves every layer.
 
 CPU (the tests' exact path, fp32/fp64 against independent references) runs the plain
 eager functions; `OURO_COMPILE=0` turns compilation off on CUDA too, `OURO_COMPILE=always`
-turns it on for CPU as well. `OURO_COMPILE_LAYERS=1` (opt-in) compiles each whole layer
-call of the full-sequence forward as one region (`region`), these functions traced inside
-it: on the H200 the trainer's step was host-bound, its GPU busy about half the time, and a
-compiled call cost ~180 µs of host time forward and ~370 µs backward (profiled), four
-per layer call.
+turns it on for CPU as well. Where they compile, each whole layer call of the
+full-sequence forward (the trainer's replay) compiles as one region (`region`), these
+functions traced inside it (`OURO_COMPILE_LAYERS`, default "auto"; "0": one compiled call
+per function): on the H200 the trainer's step was host-bound with a compiled call per
+function, ~180 µs of host time forward and ~370 µs backward each, four per layer call;
+one region per layer call took the 1.4B step (8 × 1024, K = 4) from 331 to 460 model
+TFLOP/s (bench/train_step.py).
 Both the engine and the trainer call these same functions, so on a GPU they stay one
 forward pass; the compiled kernels keep eager's intermediate roundings (bf16 results on
 CPU are bit-identical to eager).
@@ -61,21 +63,27 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _dispatch(_silu_mul, gate)(gate, up)
 
 
+COMPILE_LAYERS_MODES = ("auto", "0", "1")
+
+
 def compile_layers() -> bool:
-    """OURO_COMPILE_LAYERS: "0" (default) or "1": also compile each whole layer call of the
-    full-sequence forward (the trainer's replay) as one region, so that a step pays the
-    compiled-call overhead once per layer call instead of once per elementwise function."""
-    mode = os.environ.get("OURO_COMPILE_LAYERS", "0")
-    if mode not in ("0", "1"):
-        raise SettingError(f"OURO_COMPILE_LAYERS must be 0 or 1, got {mode!r}")
-    if mode == "1" and os.environ.get("OURO_REPLAY_ATTENTION") == "paged":  # a Triton launch inside the region
+    """OURO_COMPILE_LAYERS: whether each whole layer call of the full-sequence forward
+    compiles as one region, so that a step pays the compiled-call overhead once per layer
+    call instead of once per elementwise function. "auto" (default): yes, unless
+    OURO_REPLAY_ATTENTION=paged (its Triton launch is not traced: the functions then compile
+    one by one); "1": yes, and paged replay attention beside it is an error; "0": no."""
+    mode = os.environ.get("OURO_COMPILE_LAYERS", "auto")
+    if mode not in COMPILE_LAYERS_MODES:
+        raise SettingError(f"OURO_COMPILE_LAYERS must be auto, 0 or 1, got {mode!r}")
+    paged = os.environ.get("OURO_REPLAY_ATTENTION") == "paged"
+    if mode == "1" and paged:
         raise SettingError("OURO_COMPILE_LAYERS=1 does not combine with OURO_REPLAY_ATTENTION=paged")
-    return mode == "1"
+    return mode == "1" or (mode == "auto" and not paged)
 
 
 def region(fn: Callable, x: torch.Tensor) -> Callable:
     """`fn` (one layer call) compiled as one region where these functions compile and
-    OURO_COMPILE_LAYERS=1, else itself. Inside the region the functions above are traced
+    `compile_layers()` says so, else itself. Inside the region the functions above are traced
     inline, not called compiled (`_dispatch` sees the compilation)."""
     return _dispatch(fn, x) if compile_layers() else fn
 

@@ -1,5 +1,5 @@
-"""On CUDA the layer's elementwise math runs compiled, and with OURO_COMPILE_LAYERS=1 each
-layer call as one region: the model still matches eager."""
+"""On CUDA the layer's elementwise math runs compiled, by default each layer call as one region
+(OURO_COMPILE_LAYERS=0: one compiled call per function): the model still matches eager."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from ouro_cli.model import build, tiny_config
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("layers", ["auto", "0"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 0.05)])
-def test_compiled_model_matches_eager(monkeypatch, dtype, tol):
+def test_compiled_model_matches_eager(monkeypatch, dtype, tol, layers):
     torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setenv("OURO_COMPILE_LAYERS", layers)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 128, (3, 24), generator=g).cuda()
     depths = torch.randint(1, 5, (3, 24), generator=g).cuda()
@@ -26,7 +28,7 @@ def test_compiled_model_matches_eager(monkeypatch, dtype, tol):
 
 
 def test_compiled_layers_match_eager_on_cuda(monkeypatch):
-    """OURO_COMPILE_LAYERS=1 on CUDA (fp32, packed documents, mixed depths, recompute): the
+    """Layer regions on CUDA (fp32, packed documents, mixed depths, recompute): the
     logits and gradients of the per-layer compiled regions are eager's to fp32 rounding."""
     from tests.unit.model.test_compiled_layers import run
 

@@ -148,7 +148,7 @@ def test_unknown_plugin_path_is_named_before_any_model_loads(tmp_path, flag, val
     ("OURO_DECODE_GEMV", "magic", "OURO_DECODE_GEMV) must be one of"),
     ("OURO_DECODE_ROPE", "fast", "OURO_DECODE_ROPE) must be one of"),
     ("OURO_DECODE_ROPE", "kernel", "OURO_DECODE_ROPE=kernel needs the Triton decode attention"),
-    ("OURO_COMPILE_LAYERS", "yes", "OURO_COMPILE_LAYERS must be 0 or 1"),
+    ("OURO_COMPILE_LAYERS", "yes", "OURO_COMPILE_LAYERS must be auto, 0 or 1"),
 ], ids=["replay-value", "replay-on-cpu", "gemv-value", "rope-value", "rope-without-triton-attention",
         "compile-layers-value"])
 def test_bad_kernel_switch_fails_before_anything_runs(tmp_path, knob, value, named):

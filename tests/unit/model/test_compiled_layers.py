@@ -1,8 +1,9 @@
-"""OURO_COMPILE_LAYERS=1: each layer call of the full-sequence forward runs as one compiled
-region (pointwise.region). On CPU with OURO_COMPILE=always it gives the eager logits and
-gradients to fp32 rounding (the compiler reorders reductions; bits are not promised), with
-mixed depths, packed documents and recompute; the engine's eager prefill block keeps it
-off; a bad value, or the paged replay attention beside it, is a SettingError."""
+"""OURO_COMPILE_LAYERS (default "auto"): each layer call of the full-sequence forward runs as
+one compiled region (pointwise.region). On CPU with OURO_COMPILE=always it gives the eager
+logits and gradients to fp32 rounding (the compiler reorders reductions; bits are not
+promised), with mixed depths, packed documents and recompute; the engine's eager prefill
+block keeps it off; "auto" steps aside for the paged replay attention, "1" refuses it, and
+a bad value is a SettingError."""
 
 from __future__ import annotations
 
@@ -61,9 +62,20 @@ def test_eager_block_keeps_layers_uncompiled(monkeypatch):
         model(torch.randint(3, 100, (1, 8)))
 
 
+@pytest.mark.parametrize("mode,replay,on", [(None, None, True), ("auto", "sdpa", True), (None, "paged", False),
+                                            ("1", None, True), ("0", None, False), ("0", "paged", False)])
+def test_modes(monkeypatch, mode, replay, on):
+    for name, value in (("OURO_COMPILE_LAYERS", mode), ("OURO_REPLAY_ATTENTION", replay)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert pointwise.compile_layers() is on
+
+
 def test_bad_value_is_a_setting_error(monkeypatch):
     monkeypatch.setenv("OURO_COMPILE_LAYERS", "yes")
-    with pytest.raises(SettingError, match="OURO_COMPILE_LAYERS must be 0 or 1"):
+    with pytest.raises(SettingError, match="OURO_COMPILE_LAYERS must be auto, 0 or 1"):
         pointwise.compile_layers()
     monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
     monkeypatch.setenv("OURO_REPLAY_ATTENTION", "paged")  # not traced: the paged replay launches Triton itself
