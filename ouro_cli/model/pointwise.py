@@ -15,8 +15,8 @@ full-sequence forward (the trainer's replay) compiles as one region (`region`), 
 functions traced inside it (`OURO_COMPILE_LAYERS`, default "auto"; "0": one compiled call
 per function): on the H200 the trainer's step was host-bound with a compiled call per
 function, ~180 µs of host time forward and ~370 µs backward each, four per layer call;
-one region per layer call took the 1.4B step (8 × 1024, K = 4) from 331 to 460 model
-TFLOP/s (bench/train_step.py).
+one region per layer call took the 1.4B step (8 × 1024, K = 4) from 331 to 395-460
+model TFLOP/s (bench/train_step.py, bench/gpu_table.py; runs vary).
 Both the engine and the trainer call these same functions, so on a GPU they stay one
 forward pass; the compiled kernels keep eager's intermediate roundings (bf16 results on
 CPU are bit-identical to eager).

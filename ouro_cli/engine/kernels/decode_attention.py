@@ -50,9 +50,10 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _rounded(x, dtype: tl.constexpr):
     """fp32 x rounded to `dtype` (to nearest, ties to even) and held as fp32. For bf16 the
-    rounding is done on the bits: a plain `.to(bf16).to(fp32)` round trip was dropped on the
-    H200 (the bf16 check saw x·cos + rotated·sin rounded once, not three times: 27 of 240
-    new K values 1 ulp off pointwise.rotary's), and the Triton interpreter truncates it."""
+    rounding is done on the bits. With `.to(bf16, fp_downcast_rounding="rtne")` casts the
+    H200 put 27 of 240 new K values 1 ulp off pointwise.rotary's (as if the round trips had
+    been dropped and x·cos + rotated·sin rounded once); on the bits they match. The Triton
+    interpreter truncates such casts, and on the bits it rounds too."""
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
