@@ -28,7 +28,6 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 import decode as decode_bench  # noqa: E402
 
-from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
 from ouro_cli.model import OuroConfig, build, tiny_config  # noqa: E402
 
 TARGET = {"bf16": 1e-2, "fp32": 1e-5}  # the issue's engine-vs-trainer targets
@@ -39,17 +38,12 @@ BITS = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
 def rollouts(model, config, args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token ids [n, P+N], per-position depths [n, P+N], engine logprobs [n, N])."""
     t = config.total_ut_steps
-    policies = [(k, 1.0) for k in (2, 3, 4) if k <= t] + [(t, 0.7)]
+    policies = decode_bench.agree_policies(t)
     rows = [policies[i % len(policies)] for i in range(args.rollouts)]
     prompts = decode_bench.make_prompts(len(rows), args.prompt, config.vocab_size)
-    per_seq = -(-(args.prompt + args.new_tokens + 1) // 16)
-    llm = LLM(model, max_num_seqs=len(rows), kv_blocks=len(rows) * per_seq, block_size=16,
-              max_prefill_tokens=len(rows) * args.prompt)
+    llm = decode_bench.rollout_engine(model, len(rows), args.prompt, args.new_tokens)
     try:
-        params = [SamplingParams(max_tokens=args.new_tokens, temperature=1.0, seed=100 + i, logprobs=0,
-                                 logprobs_mode="processed", ignore_eos=True, max_loops=k, exit_threshold=tau)
-                  for i, (k, tau) in enumerate(rows)]
-        outs = llm.generate(prompts, params)
+        outs = llm.generate(prompts, decode_bench.rollout_params(rows, args.new_tokens))
     finally:
         llm.close()
     ids = torch.tensor([p + list(o.output_token_ids) for p, o in zip(prompts, outs, strict=True)])

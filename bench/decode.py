@@ -71,6 +71,27 @@ def make_prompts(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
     return [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
 
 
+def agree_policies(loops: int) -> list[tuple[int, float]]:
+    """The agreement benches' decode policies: (max_loops, exit threshold) for the fixed
+    budgets K = 2, 3, 4 and threshold exits (τ = 0.7) at T = `loops`."""
+    return [(k, 1.0) for k in (2, 3, 4) if k <= loops] + [(loops, 0.7)]
+
+
+def rollout_engine(model: OuroForCausalLM, rows: int, prompt_len: int, new_tokens: int) -> LLM:
+    """An engine whose KV cache holds `rows` sequences of prompt + new tokens at once."""
+    per_seq = -(-(prompt_len + new_tokens + 1) // 16)
+    return LLM(model, max_num_seqs=rows, kv_blocks=rows * per_seq, block_size=16,
+               max_prefill_tokens=rows * prompt_len)
+
+
+def rollout_params(rows: list[tuple[int, float]], new_tokens: int) -> list[SamplingParams]:
+    """Seeded temperature-1 sampling per (max_loops, exit threshold) row, reporting the
+    processed logprob of every sampled token."""
+    return [SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=100 + i, logprobs=0,
+                           logprobs_mode="processed", ignore_eos=True, max_loops=k, exit_threshold=tau)
+            for i, (k, tau) in enumerate(rows)]
+
+
 def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: str, **params_kw
                    ) -> tuple[float, float]:
     """(seconds of one `generate` of `n` tokens per prompt at K = `k`, device synchronised;

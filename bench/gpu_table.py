@@ -60,7 +60,7 @@ import decode as decode_bench  # noqa: E402
 import torch  # noqa: E402
 import train_step as train_bench  # noqa: E402
 
-from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
+from ouro_cli.engine import LLM  # noqa: E402
 from ouro_cli.model import OuroConfig, from_state_dict, tiny_config  # noqa: E402
 
 # Public reference and our targets (DESIGN.md, the issue). Anchor: HF remote code on the
@@ -429,24 +429,17 @@ def section_agree(b: Bench) -> None:
         try:
             trainer = b.trainer(shape, dtype_name)
             config = trainer.model.config
-            t = config.total_ut_steps
-            # (max_loops, exit threshold): fixed budgets K and threshold exits at T
-            policies = [(k, 1.0) for k in (2, 3, 4) if k <= t] + [(t, 0.7)]
+            policies = decode_bench.agree_policies(config.total_ut_steps)
             rows = [(k, tau) for k, tau in policies for _ in range(a.agree_per_policy)]
             n = len(rows)
             prompts = decode_bench.make_prompts(n, a.agree_prompt, config.vocab_size)
             weights = {name: x.detach().clone() for name, x in trainer.named_weights_for_publication()}
             engine_model = from_state_dict(config, weights, device=trainer.device)
             del weights
-            per_seq = -(-(a.agree_prompt + a.agree_new_tokens + 1) // 16)
-            engine = LLM(engine_model, max_num_seqs=n, kv_blocks=n * per_seq, block_size=16,
-                         max_prefill_tokens=n * a.agree_prompt)
+            engine = decode_bench.rollout_engine(engine_model, n, a.agree_prompt, a.agree_new_tokens)
             try:
                 publish(engine, trainer.named_weights_for_publication(), version=1)  # the loop's path
-                params = [SamplingParams(max_tokens=a.agree_new_tokens, temperature=1.0, seed=100 + i, logprobs=0,
-                                         logprobs_mode="processed", ignore_eos=True, max_loops=k, exit_threshold=tau)
-                          for i, (k, tau) in enumerate(rows)]
-                outs = engine.generate(prompts, params)
+                outs = engine.generate(prompts, decode_bench.rollout_params(rows, a.agree_new_tokens))
             finally:
                 engine.close()
                 del engine, engine_model
