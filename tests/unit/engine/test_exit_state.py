@@ -9,8 +9,8 @@ import math
 import torch
 
 from ouro_cli.engine.exits import ExitState
-from ouro_cli.model import pointwise
 from ouro_cli.model.exit_gate import exit_cdf
+from tests.unit.model.compiling import record_compiles
 
 T = 4
 
@@ -56,15 +56,7 @@ def test_compiled_update_makes_the_eager_decisions(monkeypatch):
     may differ by an fp32 rounding where the compiler fuses a multiply-add."""
     lams = torch.rand(24, T, generator=torch.Generator().manual_seed(1))
     eager = run(lams)
-    compiled_fns = []
-    original = pointwise._compiled.__wrapped__
-
-    def record(fn):
-        compiled_fns.append(fn.__name__)
-        return original(fn)
-
-    monkeypatch.setattr(pointwise, "_compiled", record)
-    monkeypatch.setenv("OURO_COMPILE", "always")
+    compiled_fns = record_compiles(monkeypatch)
     compiled = run(lams)
     assert compiled_fns == ["_advance"] * T  # the update really ran compiled, once per loop
     for name in ("depth", "active", "stop_after"):

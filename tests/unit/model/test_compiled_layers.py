@@ -13,6 +13,8 @@ import torch
 from ouro_cli.errors import SettingError
 from ouro_cli.model import build, pointwise, tiny_config
 
+from .compiling import forbid_compiles, record_compiles
+
 
 def run(model, recompute: bool):
     """Logits and parameter gradients of one forward/backward with mixed depths and two
@@ -32,15 +34,7 @@ def run(model, recompute: bool):
 def test_compiled_layers_match_eager(monkeypatch, recompute):
     model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
     eager_logits, eager_grads = run(model, recompute)
-    compiled = []
-    original = pointwise._compiled.__wrapped__
-
-    def record(fn):
-        compiled.append(fn.__name__)
-        return original(fn)
-
-    monkeypatch.setattr(pointwise, "_compiled", record)
-    monkeypatch.setenv("OURO_COMPILE", "always")
+    compiled = record_compiles(monkeypatch)
     monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
     logits, grads = run(model, recompute)
     assert "_layer_step" in compiled
@@ -56,7 +50,7 @@ def test_compiled_layers_match_eager(monkeypatch, recompute):
 def test_eager_block_keeps_layers_uncompiled(monkeypatch):
     monkeypatch.setenv("OURO_COMPILE", "always")
     monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
-    monkeypatch.setattr(pointwise, "_compiled", lambda fn: (_ for _ in ()).throw(AssertionError("compiled")))
+    forbid_compiles(monkeypatch)
     model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
     with pointwise.eager(), torch.no_grad():
         model(torch.randint(3, 100, (1, 8)))

@@ -10,6 +10,8 @@ import torch
 
 from ouro_cli.model import pointwise
 
+from .compiling import forbid_compiles
+
 
 def test_compiled_functions_match_eager_forward_and_backward():
     g = torch.Generator().manual_seed(0)
@@ -37,7 +39,7 @@ def test_compiled_functions_match_eager_forward_and_backward():
 
 
 def test_cpu_tensors_run_eager(monkeypatch):
-    monkeypatch.setattr(pointwise, "_compiled", lambda fn: (_ for _ in ()).throw(AssertionError("compiled on CPU")))
+    forbid_compiles(monkeypatch)
     x, w = torch.randn(3, 8), torch.ones(8)
     expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(pointwise.rms_norm(x, w, 1e-6), expected, rtol=0, atol=0)
@@ -45,7 +47,7 @@ def test_cpu_tensors_run_eager(monkeypatch):
 
 def test_eager_block_never_compiles(monkeypatch):
     monkeypatch.setenv("OURO_COMPILE", "always")
-    monkeypatch.setattr(pointwise, "_compiled", lambda fn: (_ for _ in ()).throw(AssertionError("compiled")))
+    forbid_compiles(monkeypatch)
     x, w = torch.randn(3, 8), torch.ones(8)
     with pointwise.eager():
         pointwise.rms_norm(x, w, 1e-6)
