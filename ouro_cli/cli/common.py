@@ -15,7 +15,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from ouro_cli.errors import CheckFailed, UserError
+from ouro_cli.errors import CheckFailed, ResourceError, UserError
 
 console = Console(stderr=True, highlight=False)
 
@@ -45,6 +45,8 @@ def run_command(body: Callable[[], dict[str, Any] | None], *, json_output: bool 
         result = body()
     except CheckFailed as err:
         _fail(str(err), CheckFailed.exit_code, json_output, result=getattr(err, "result", None))
+    except ResourceError as err:
+        _fail(str(err), ResourceError.exit_code, json_output)
     except _user_error_types() as err:
         _fail(str(err), UserError.exit_code, json_output)
     except KeyboardInterrupt:
