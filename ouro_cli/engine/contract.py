@@ -189,3 +189,17 @@ class RolloutEngine(Protocol):
     def work_counters(self) -> Mapping[str, int]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReleasesMemory(Protocol):
+    """An engine that can hand its KV memory to a colocated trainer between rollouts.
+
+    `release_memory()` (idle engine only) frees the KV cache; nothing cached survives,
+    which costs nothing in RL because every publication invalidates it anyway.
+    `restore_memory()` takes it back; `generate` also restores it on its own. Engines
+    without the methods simply keep their memory."""
+
+    def release_memory(self) -> None: ...
+
+    def restore_memory(self) -> None: ...

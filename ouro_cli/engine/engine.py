@@ -136,6 +136,8 @@ class LLM(GenerationControl):
     def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
         with self._admitted():
+            self.kv.restore()  # a no-op unless release_memory() handed the cache back
+            self.kv.set_planes(self._planes_for(params))
             seqs = self._make_sequences(prompts, params)
             version = self.publisher.committed_version
             self._run(seqs)
@@ -294,6 +296,18 @@ class LLM(GenerationControl):
             return True
         return False
 
+    def _planes_for(self, params: SamplingParams | Seq[SamplingParams] | None) -> int:
+        """KV planes this call reads: its deepest decode budget (K, or a trace's deepest
+        entry), or T when any request speculates (verification runs every loop). Invalid
+        params fall back to T and are rejected, with their reason, by the request intake."""
+        many = params if isinstance(params, Seq) else [params or SamplingParams()]
+        deepest = 1
+        for p in many:
+            if not isinstance(p, SamplingParams) or p.speculative_tokens or p.max_loops is None:
+                return self.num_loops
+            deepest = max(deepest, p.max_loops, *(p.exit_trace or ()))
+        return max(1, min(deepest, self.num_loops))
+
     def _make_sequences(self, prompts: Seq[Prompt], params) -> list[Sequence]:
         intake = take_requests(prompts, params, codec=self.codec, vocab_size=self.model.config.vocab_size,
                                num_loops=self.num_loops, seeds=self._seeds, first_id=self._next_request,
@@ -331,6 +345,23 @@ class LLM(GenerationControl):
     def get_weight_version(self) -> int:
         return self.publisher.committed_version
 
+    # ---- memory hand-back (contract.ReleasesMemory) ---------------------------------------
+
+    def release_memory(self) -> None:
+        """Free the KV cache (and the CUDA graphs captured on it) while the engine is idle."""
+        with self._cond:
+            self._check_open()
+            if self._generating:
+                raise EngineBusy("release_memory() while generate is running")
+            self.kv.release()
+            self.runner.drop_graphs()
+
+    def restore_memory(self) -> None:
+        """Allocate the KV cache again (zeroed); decode steps are captured again on first use."""
+        with self._cond:
+            self._check_open()
+            self.kv.restore()
+
     # ---- misc ---------------------------------------------------------------------------
 
     def work_counters(self) -> Mapping[str, int]:
@@ -344,7 +375,7 @@ class LLM(GenerationControl):
                 return
             self._closed = True
             self.runner.graphs, self.runner.graph_pool = None, None
-            self.kv.k = self.kv.v = None  # release the cache memory now
+            self.kv.release()  # the cache memory goes now, not when the engine is collected
 
     def __enter__(self) -> LLM:
         return self

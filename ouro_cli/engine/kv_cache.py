@@ -8,13 +8,28 @@ version min(d, e) with a plain per-plane lookup. None of them pages per-loop pla
 with that rule, so the cache is written here, kept simple, and checked by the
 logprob-equals-replay tests.
 
-Layout: `k`, `v` are [L, T, Hkv, num_blocks * block_size, D] (head-major, so that a
-gather of slots gives [Hkv, B, n, D], which batched matmuls take without copies). A
-sequence owns a list of blocks; its token at position p lives in slot
-`blocks[p // bs] * bs + p % bs` of every plane. Planes are 0-based here (plane index t-1 holds loop t). The block ids a
-sequence gets never influence values, so allocation order cannot change outputs. One
-extra block past `num_blocks` is never handed out: its first slot is the scratch slot
-that padding rows of a decode batch write to and padded context positions point at.
+Layout: `k`, `v` are [L, P, Hkv, (blocks + 1) * block_size, D] views of one flat buffer
+(head-major, so that a gather of slots gives [Hkv, B, n, D], which batched matmuls take
+without copies). A sequence owns a list of blocks; its token at position p lives in
+slot `blocks[p // bs] * bs + p % bs` of every plane. Planes are 0-based here (plane
+index t-1 holds loop t). The block ids a sequence gets never influence values, so
+allocation order cannot change outputs. One extra block past `num_blocks` is never
+handed out: its first slot is the scratch slot that padding rows of a decode batch
+write to and padded context positions point at.
+
+Planes follow the budget: a `generate` whose requests decode at most K loops reads
+only planes 1..K (a query at loop d reads plane d), so the same bytes are re-viewed
+with P = K planes per token (`set_planes`, only while no block is in use): at K = 2
+twice the tokens of the T-plane view fit. Prefill still runs all T loops and writes
+the planes the view has. `num_blocks` is the block count of the current view;
+`blocks_at(P)` gives it for any P.
+
+Memory can be handed back while the engine is idle (`release`, e.g. while a colocated
+trainer steps) and taken again (`restore`): contents are not kept, which is safe
+because every slot a step reads was written by the same sequence after the last
+invalidation (see `invalidate`); a restored buffer is zeroed, so even unwritten slots
+hold finite values. `generation` counts restores: views into an older buffer (CUDA
+graphs captured on it) are stale once it changes.
 """
 
 from __future__ import annotations
@@ -65,25 +80,79 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 
 
 class PagedKVCache:
-    """K/V storage for L layers × T loop planes, addressed by slot."""
+    """K/V storage for L layers × P loop planes (P ≤ T), addressed by slot.
+
+    `num_blocks` given at construction is the capacity at T planes; the buffer holds
+    exactly those bytes whatever view is active."""
 
     def __init__(self, *, num_layers: int, num_loops: int, num_blocks: int, block_size: int,
                  num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"kv_blocks must be >= 1, got {num_blocks}")
         self.num_layers, self.num_loops = num_layers, num_loops
-        self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (num_layers, num_loops, num_kv_heads, (num_blocks + 1) * block_size, head_dim)
-        self.scratch_slot = num_blocks * block_size
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.allocator = BlockAllocator(num_blocks)
+        self.block_size, self.num_kv_heads, self.head_dim = block_size, num_kv_heads, head_dim
+        self.dtype, self._device = dtype, torch.device(device)
+        self.num_blocks_full = num_blocks  # blocks at T planes
+        # one K (or V) half of the buffer: T planes of num_blocks + 1 blocks (incl. scratch)
+        self._half = num_layers * num_loops * num_kv_heads * (num_blocks + 1) * block_size * head_dim
+        self.generation = 0
+        self.planes = num_loops
+        self._storage: torch.Tensor | None = None
+        self.restore()
 
     @property
     def device(self) -> torch.device:
-        return self.k.device
+        return self._device
+
+    @property
+    def released(self) -> bool:
+        return self._storage is None
+
+    def blocks_at(self, planes: int) -> int:
+        """Blocks (scratch excluded) that the buffer holds with `planes` planes per token."""
+        if not 1 <= planes <= self.num_loops:
+            raise ValueError(f"planes must lie in 1..{self.num_loops}, got {planes}")
+        slots = self._half // (self.num_layers * planes * self.num_kv_heads * self.head_dim)
+        return slots // self.block_size - 1
+
+    def set_planes(self, planes: int) -> None:
+        """Re-view the buffer with `planes` planes per token; every block must be free."""
+        if planes == self.planes and self.k is not None:
+            return
+        if self.allocator.num_free != self.allocator.num_blocks:
+            raise RuntimeError("the KV cache cannot change its planes while blocks are in use")
+        self.planes = planes
+        self._view()
+
+    def _view(self) -> None:
+        self.num_blocks = self.blocks_at(self.planes)
+        shape = (self.num_layers, self.planes, self.num_kv_heads, (self.num_blocks + 1) * self.block_size,
+                 self.head_dim)
+        n = self.num_layers * self.planes * self.num_kv_heads * shape[3] * self.head_dim
+        self.scratch_slot = self.num_blocks * self.block_size
+        self.k = self._storage[:n].view(shape)
+        self.v = self._storage[self._half:self._half + n].view(shape)
+        self.allocator = BlockAllocator(self.num_blocks)
+
+    def release(self) -> None:
+        """Give the buffer's memory back (the engine is idle; nothing cached survives)."""
+        self._storage = self.k = self.v = None
+
+    def restore(self) -> None:
+        """Allocate (zeroed) storage again after `release`, with the current planes."""
+        if self._storage is not None:
+            return
+        self._storage = torch.zeros(2 * self._half, dtype=self.dtype, device=self._device)
+        self.generation += 1
+        self._view()
 
     def bytes_per_token(self) -> int:
-        """Bytes one cached token occupies over all layers and planes (K and V)."""
-        return 2 * self.k[:, :, :, 0].numel() * self.k.element_size()
+        """Bytes one cached token occupies over all layers and planes of the view (K and V)."""
+        return 2 * self.num_layers * self.planes * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self._half * self.dtype.itemsize
 
     def slots(self, blocks: list[int], start: int, end: int) -> list[int]:
         """Slot ids of positions start..end-1 of a sequence owning `blocks`."""
@@ -122,7 +191,7 @@ class PagedKVCache:
 
     def copy_forward(self, slots: torch.Tensor, last_plane: int) -> None:
         """Planes last_plane+1.. := plane last_plane at `slots`, in every layer (last-exited layout)."""
-        for plane in range(last_plane + 1, self.num_loops):
+        for plane in range(last_plane + 1, self.planes):
             self.k[:, plane, :, slots] = self.k[:, last_plane, :, slots]
             self.v[:, plane, :, slots] = self.v[:, last_plane, :, slots]
 
@@ -133,6 +202,6 @@ class PagedKVCache:
         before any step reads it (prefill fills all planes, decode all planes of its
         new token), and positions past a row's length are never read or are masked
         with probability 0. Stale values are finite K/V of earlier steps, so 0·v stays 0.
-        Zeroing the planes instead would cost a full pass over the cache (48 GiB for
-        the RL loop's default engine at 1.4B) on every weight publication."""
+        Zeroing the planes instead would cost a full pass over the cache on every
+        weight publication."""
         self.allocator.reset()

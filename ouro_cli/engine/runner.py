@@ -102,8 +102,17 @@ class ModelRunner:
         self.num_layers = len(model.model.layers)
         self.attn_chunk = attn_chunk
         use_graphs = cuda_graphs and kv.device.type == "cuda"
-        self.graphs: dict[tuple[int, int, int], CapturedDecodeStep] | None = {} if use_graphs else None
+        self.graphs: dict[tuple[int, int, int, int], CapturedDecodeStep] | None = {} if use_graphs else None
         self.graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        self._graphs_generation = kv.generation
+
+    def drop_graphs(self) -> None:
+        """Forget every captured step (they point into a KV buffer that is gone); steps are
+        captured again on first use. Their memory pool goes with them."""
+        if self.graphs is not None:
+            self.graphs = {}
+            self.graph_pool = torch.cuda.graph_pool_handle()
+        self._graphs_generation = self.kv.generation
 
     @torch.no_grad()
     def prefill(self, item: PrefillItem) -> torch.Tensor:
@@ -117,7 +126,8 @@ class ModelRunner:
         slots = to_device(item.slots, torch.long, device)
 
         def sink(loop: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-            self.kv.write(layer, loop - 1, slots, k[0], v[0])
+            if loop <= self.kv.planes:  # deeper planes are never read at this view's budget
+                self.kv.write(layer, loop - 1, slots, k[0], v[0])
 
         with pointwise.eager():  # host-bound: compiled calls would cost more than they save here
             logits = self.model(ids, depths=depths, kv_sink=sink)[0, -1]
@@ -144,8 +154,12 @@ class ModelRunner:
             ids, rows = tokens
             inputs.ints[:b, DecodeInputs.IDS] = ids[to_device(rows, torch.long, ids.device)]
         max_loops = max(p[0] for p in policies)
+        if max_loops > self.kv.planes:
+            raise RuntimeError(f"a decode row runs {max_loops} loops but the KV cache holds {self.kv.planes} planes")
         if self.graphs is not None:
-            key = (b + pad, inputs.width, max_loops)
+            if self._graphs_generation != self.kv.generation:  # the KV buffer was released and taken again
+                self.drop_graphs()
+            key = (b + pad, inputs.width, max_loops, self.kv.planes)
             if key not in self.graphs:
                 self.graphs[key] = CapturedDecodeStep(self, *key)
             logits, depth = self.graphs[key].run(inputs)
@@ -260,7 +274,7 @@ class DecodeInputs:
 
 
 class CapturedDecodeStep:
-    """One decode step captured as a CUDA graph for (bucket, context width, max loops).
+    """One decode step captured as a CUDA graph for (bucket, context width, max loops, KV planes).
 
     The step runs all `max_loops` loops (exited rows are masked, as in eager mode, so
     results are identical; it only skips the early break). Warm-up and capture use

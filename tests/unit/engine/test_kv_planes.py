@@ -1,0 +1,110 @@
+"""The KV cache holds as many planes per token as the call's budget K needs.
+
+A `generate` whose requests decode at most K loops re-views the same buffer with K
+planes, so K = 2 fits twice the tokens of the T-plane view; the engine still equals the
+trainer's replay (fp32, 1e-5) for fixed budgets and threshold exits, also when the
+smaller view forces preemption and recomputation. Releasing the cache's memory and
+taking it back changes no output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ouro_cli.engine import LLM, SamplingParams
+from ouro_cli.engine.kv_cache import PagedKVCache
+
+from .conftest import prompts
+from .test_replay import TOL, max_replay_error
+
+T = 4
+
+
+def cache(num_blocks: int = 10) -> PagedKVCache:
+    return PagedKVCache(num_layers=2, num_loops=T, num_blocks=num_blocks, block_size=4, num_kv_heads=2, head_dim=8,
+                        dtype=torch.float32, device="cpu")
+
+
+def test_views_share_one_buffer_and_scale_with_planes():
+    kv = cache(num_blocks=10)
+    full = kv.nbytes
+    # 11 blocks (incl. scratch) of T planes hold 44 plane-blocks: 22 at two planes, 44 at one
+    assert [kv.blocks_at(p) for p in (4, 2, 1)] == [10, 21, 43]
+    base = kv.k.data_ptr()
+    for planes in (2, 1, 3, 4):
+        kv.set_planes(planes)
+        assert kv.k.shape[1] == planes and kv.num_blocks == kv.blocks_at(planes)
+        assert kv.k.data_ptr() == base and kv.nbytes == full
+        assert kv.scratch_slot == kv.num_blocks * kv.block_size
+        assert kv.bytes_per_token() == 2 * 2 * planes * 2 * 8 * 4
+        assert kv.allocator.num_free == kv.num_blocks
+
+
+def test_planes_change_only_while_no_block_is_used():
+    kv = cache()
+    kv.allocator.allocate(1)
+    with pytest.raises(RuntimeError, match="blocks are in use"):
+        kv.set_planes(2)
+
+
+def test_release_and_restore():
+    kv = cache()
+    kv.k.fill_(1.0)
+    kv.release()
+    assert kv.released and kv.k is None
+    kv.restore()
+    assert not kv.released and kv.generation == 2 and float(kv.k.abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_budget_view_with_exits_and_preemption_matches_replay(model, k):
+    """Threshold exits (mixed depths) under a K-plane view too small for every sequence at
+    once: sequences are preempted, recomputed from their recorded depths, and still equal
+    the replay."""
+    llm = LLM(model, max_num_seqs=6, kv_blocks=12, block_size=4)
+    try:
+        params = [SamplingParams(max_tokens=16, temperature=1.0, seed=s, logprobs=0, max_loops=k, exit_threshold=0.5,
+                                 ignore_eos=True) for s in range(6)]
+        outs = llm.generate(prompts(6, seed=4), params)
+        assert llm.kv.planes == k and llm.kv.k.shape[1] == k
+        assert llm.work_counters()["preemptions"] > 0, "the cache should be too small to hold every sequence"
+    finally:
+        llm.close()
+    depths = {d for o in outs for d in o.exit_depths[1:]}
+    assert len(depths) >= 2 and max(depths) <= k
+    assert max_replay_error(model, outs, 1.0) <= TOL
+
+
+def test_two_planes_hold_twice_the_sequences(model):
+    """A cache that holds one sequence at T planes decodes two at once at K = 2: half the steps."""
+    per_seq = 4  # blocks of 4 tokens: prompts of <= 12 tokens + 4 new tokens
+    params = SamplingParams(max_tokens=4, seed=0, logprobs=0, ignore_eos=True)
+    runs = {}
+    for k in (T, 2):
+        llm = LLM(model, max_num_seqs=2, kv_blocks=per_seq, block_size=4)
+        try:
+            outs = llm.generate(prompts(2, seed=2, lo=12, hi=12), SamplingParams(**{**params.__dict__, "max_loops": k}))
+            runs[k] = llm.work_counters()["decode_steps"]
+        finally:
+            llm.close()
+        assert max_replay_error(model, outs, 1.0) <= TOL
+    assert runs == {T: 6, 2: 3}  # 3 decode steps per sequence (the prefill samples token 0)
+
+
+def test_release_memory_changes_no_output(model):
+    llm = LLM(model, max_num_seqs=4, kv_blocks=32, block_size=4)
+    try:
+        params = SamplingParams(max_tokens=10, seed=3, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+        first = llm.generate(prompts(3, seed=1), params)
+        llm.release_memory()
+        assert llm.kv.released
+        second = llm.generate(prompts(3, seed=1), params)  # restores on its own
+        llm.release_memory()
+        llm.restore_memory()
+        third = llm.generate(prompts(3, seed=1), params)
+    finally:
+        llm.close()
+    for a, b, c in zip(first, second, third, strict=True):
+        assert a.output_token_ids == b.output_token_ids == c.output_token_ids
+        assert a.log_probs == b.log_probs == c.log_probs and a.exit_depths == b.exit_depths == c.exit_depths
