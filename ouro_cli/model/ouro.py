@@ -98,10 +98,12 @@ class OuroForCausalLM(nn.Module):
         document_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         recompute: bool = False,
+        logits_at: tuple[torch.Tensor, torch.Tensor] | None = None,
         kv_sink: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
         state_sink: Callable[[int, torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """input_ids [B,S] -> logits [B,S,V].
+        """input_ids [B,S] -> logits [B,S,V], or [N,V] at `logits_at` = (rows [N], cols [N]) only
+        (the trainer scores response tokens: the prompt's logits are never computed).
 
         depths [B,S] (ints in 1..T; None = T everywhere) selects each position's loops.
         attention_mask [B,S] marks real tokens (padding on either side); document_ids
@@ -141,7 +143,7 @@ class OuroForCausalLM(nn.Module):
             for t in range(num_loops + 1, self.num_loops + 1):  # planes past everyone's depth
                 for i, kv in enumerate(prev_kv):
                     kv_sink(t, i, *kv)
-        return self.logits(h)
+        return self.logits(h if logits_at is None else h[logits_at])
 
 
 def _layer_step(layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.Tensor, x, normed, cos, sin,

@@ -6,12 +6,14 @@ log-probabilities of r and the sample's advantage. The trainer replays `p + r` w
 depths `[T]*m + exit_depths[1:] + [T]`; position m-1 scores r[0], position m+j-1
 scores r[j].
 
-Micro-batches: the local samples are cut, in order, into groups of `micro_batch_size`;
-each group becomes one forward/backward. With `pack` the group's samples are laid
-end to end in rows of at most `pack_length` tokens (default: the group's longest
-sample; first fit, in order), with
-`document_ids` so no sample attends to another and RoPE positions restart per sample;
-otherwise each sample gets its own right-padded row. Either way the loss is a sum of
+Micro-batches (`plan_micro_batches`): the local samples are cut, in order, into groups
+that each become one forward/backward: at most `micro_batch_size` samples, and at most
+`max_tokens` positions in the group's tensor (rows × row capacity, padding included), so
+a token budget sized from free memory bounds every micro-batch's activations. With
+`pack` the samples are laid end to end in rows of `pack_length` tokens (default: the
+longest local sample; first fit, in order), with `document_ids` so no sample attends to
+another and RoPE positions restart per sample; otherwise each sample gets its own
+right-padded row. Either way the loss is a sum of
 per-token terms with weights fixed by the *global* batch (token count or sample count
 over all ranks), so the gradient does not depend on how samples are grouped or packed.
 
@@ -131,38 +133,54 @@ def loss_weights(samples: Sequence[Sample], aggregation: str, global_tokens: int
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 
-def split(samples: Sequence[Sample], micro_batch_size: int | None) -> list[list[int]]:
-    """Indices of the samples of each micro-batch, in order."""
-    size = micro_batch_size or max(len(samples), 1)
-    return [list(range(i, min(i + size, len(samples)))) for i in range(0, len(samples), size)]
+def row_capacity(samples: Sequence[Sample], pack_length: int | None) -> int:
+    """Tokens per packed row: `pack_length`, or the longest sample (so short samples share rows
+    without making one giant row: dense attention over a row costs row_length²)."""
+    longest = max((s.length for s in samples), default=1)
+    if pack_length is not None and longest > pack_length:
+        raise UserError(f"a sample of {longest} tokens does not fit pack_length={pack_length}; raise pack_length")
+    return pack_length if pack_length is not None else longest
 
 
-def _rows(lengths: list[int], pack: bool, pack_length: int | None) -> list[list[int]]:
-    """Which samples go in which row: first fit in order, or one sample per row."""
-    if not pack:
-        return [[i] for i in range(len(lengths))]
-    # Default row width: the longest sample, so short samples share rows without making
-    # one giant row (dense attention over a row costs row_length²).
-    capacity = pack_length if pack_length is not None else max(lengths)
+def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | None = None,
+                       max_tokens: int | None = None, pack: bool = True,
+                       pack_length: int | None = None) -> list[list[list[int]]]:
+    """Micro-batches in order, each a list of rows, each row the indices of its samples.
+
+    Rows are filled first fit, in order, up to the row capacity (`row_capacity`; without
+    `pack` one sample per row, as wide as the longest local sample). A micro-batch closes
+    when it holds `micro_batch_size` samples, or when the next sample needs a new row that
+    would take rows × capacity past `max_tokens`. Which samples share a micro-batch never
+    changes the gradient (the loss weights are global), only its summation order."""
+    capacity = row_capacity(samples, pack_length if pack else None)
+    if max_tokens is not None and capacity > max_tokens:
+        raise UserError(f"a sample of {capacity} tokens does not fit a micro-batch of {max_tokens} tokens; "
+                        "raise --max-tokens-per-micro-batch")
+    batches: list[list[list[int]]] = []
     rows: list[list[int]] = []
     used: list[int] = []
-    for i, n in enumerate(lengths):
-        if n > capacity:
-            raise UserError(f"a sample of {n} tokens does not fit pack_length={capacity}; raise pack_length")
-        for r, u in enumerate(used):
-            if u + n <= capacity:
-                rows[r].append(i)
-                used[r] += n
-                break
-        else:
+    for i, s in enumerate(samples):
+        target = next((r for r, u in enumerate(used) if u + s.length <= capacity), None) if pack else None
+        full = micro_batch_size is not None and sum(map(len, rows)) >= micro_batch_size
+        over = target is None and max_tokens is not None and (len(rows) + 1) * capacity > max_tokens
+        if rows and (full or over):
+            batches.append(rows)
+            rows, used, target = [], [], None
+        if target is None:
             rows.append([i])
-            used.append(n)
-    return rows
+            used.append(s.length)
+        else:
+            rows[target].append(i)
+            used[target] += s.length
+    if rows:
+        batches.append(rows)
+    return batches
 
 
 def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int, *,
-                      pack: bool, pack_length: int | None, pad_id: int = 0) -> MicroBatch:
-    rows = _rows([s.length for s in samples], pack, pack_length)
+                      rows: list[list[int]], pad_id: int = 0) -> MicroBatch:
+    """The tensors of one micro-batch: `rows` lists, per row, the indices (into `samples`) of
+    the samples laid end to end in it."""
     width = max(sum(samples[i].length for i in row) for row in rows)
     shape = (len(rows), width)
     input_ids = torch.full(shape, pad_id, dtype=torch.long)
@@ -203,6 +221,6 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
         advantages=torch.tensor(adv, **f32),
         temperatures=torch.tensor(temp, **f32),
         weights=torch.tensor(w, **f32),
-        num_samples=len(samples),
+        num_samples=sum(map(len, rows)),
         real_tokens=int(valid.sum()),
     )

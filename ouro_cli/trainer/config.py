@@ -36,9 +36,10 @@ class TrainerConfig:
     aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
 
     # ---- micro-batching -----------------------------------------------------------
-    micro_batch_size: int | None = None  # samples per micro-batch; None: all local samples in one
+    micro_batch_size: int | None = None  # at most this many samples per micro-batch; None: no count limit
+    max_tokens_per_micro_batch: int | None = None  # at most this many positions (padding included); None: no limit
     pack: bool = True  # several samples per row (document masking) instead of one padded row each
-    pack_length: int | None = None  # max tokens per packed row; None: the micro-batch's longest sample
+    pack_length: int | None = None  # max tokens per packed row; None: the longest local sample
     recompute: bool = False  # re-run each layer call in backward instead of keeping activations
 
     # ---- optimizer and schedule ---------------------------------------------------
@@ -79,6 +80,8 @@ class TrainerConfig:
         need(self.eps_low < 1, "eps_low must be < 1 (the ratio is clipped at 1 - eps_low)")
         need(self.aggregation in ("token_mean", "sequence_mean"), f"aggregation {self.aggregation!r}: use token_mean or sequence_mean")
         need(self.micro_batch_size is None or self.micro_batch_size >= 1, "micro_batch_size must be >= 1")
+        need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 2,
+             "max_tokens_per_micro_batch must be >= 2")
         need(self.pack_length is None or self.pack_length >= 2, "pack_length must be >= 2 tokens")
         need(self.lr > 0, "lr must be > 0")
         need(0 <= self.min_lr <= self.lr, "min_lr must lie in [0, lr]")

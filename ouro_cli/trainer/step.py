@@ -31,7 +31,7 @@ from .loss import clipped_surrogate, entropy, token_logprobs
 # Indices into the summed statistics vector.
 _SUMS = ("loss", "clipped", "ratio", "entropy", "mismatch", "scored_tokens", "samples",
          "layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "tokens", "padded_tokens")
-_MAXES = ("ratio_max", "mismatch_max")
+_MAXES = ("ratio_max", "mismatch_max", "micro_batches", "micro_batch_tokens_max")
 
 
 def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: TrainerConfig,
@@ -46,11 +46,11 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
         sync = contextlib.nullcontext() if last else ddp_model.no_sync()
         mb = mb.to(device)
         with sync, deterministic_kernels(device, config.deterministic):
-            logits = ddp_model(
-                mb.input_ids, mb.depths,
-                attention_mask=mb.attention_mask, document_ids=mb.document_ids, recompute=config.recompute,
+            logits = ddp_model(  # [N, V]: only where a response token is scored
+                mb.input_ids, mb.depths, attention_mask=mb.attention_mask, document_ids=mb.document_ids,
+                recompute=config.recompute, logits_at=(mb.score_rows, mb.score_cols),
             )
-            new, logp = token_logprobs(logits[mb.score_rows, mb.score_cols], mb.targets, mb.temperatures)
+            new, logp = token_logprobs(logits, mb.targets, mb.temperatures)
             del logits
             terms = clipped_surrogate(new, mb.rollout_logprobs, mb.advantages, config.eps_low, config.eps_high)
             loss = (terms.loss * mb.weights).sum()
@@ -66,6 +66,8 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             sums["samples"] += mb.num_samples
             maxes["ratio_max"] = max(maxes["ratio_max"], float(terms.ratio.max()))
             maxes["mismatch_max"] = max(maxes["mismatch_max"], float(mismatch.max()))
+            maxes["micro_batch_tokens_max"] = max(maxes["micro_batch_tokens_max"], mb.padded_tokens)
+        maxes["micro_batches"] = len(micro_batches)
         work.add_micro_batch(mb, num_layers, config.recompute)
     sums.update(work.as_dict())
     return _reduce(sums, maxes, device)
@@ -98,6 +100,8 @@ def _reduce(sums: dict[str, float], maxes: dict[str, float], device: torch.devic
         "layer_tokens_executed": int(total["layer_tokens_executed"]),
         "layer_tokens_recomputed": int(total["layer_tokens_recomputed"]),
         "layer_tokens_required": int(total["layer_tokens_required"]),
+        "micro_batches": int(total["micro_batches"]),  # the most any rank ran
+        "micro_batch_tokens_max": int(total["micro_batch_tokens_max"]),
     }
 
 

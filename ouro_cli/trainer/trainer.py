@@ -1,6 +1,6 @@
 """`Trainer`: the API the training loop calls.
 
-    trainer = Trainer("path/to/hf_or_mcore", TrainerConfig(lr=1e-6, micro_batch_size=8))
+    trainer = Trainer("path/to/hf_or_mcore", TrainerConfig(lr=1e-6, max_tokens_per_micro_batch=16384))
     metrics = trainer.train_step(samples)        # this rank's samples of the global batch
     trainer.save(run / "checkpoint", update, extra={"cursor": ...})
     extra = trainer.load(run / "checkpoint")
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from ouro_cli.model import OuroForCausalLM
 
 from . import checkpointing, setup
-from .batching import Sample, build_micro_batch, loss_weights, split
+from .batching import Sample, build_micro_batch, loss_weights, plan_micro_batches
 from .config import TrainerConfig
 from .step import Stopwatch, forward_backward, optimizer_step
 
@@ -82,11 +82,11 @@ class Trainer:
             self.optimizer.zero_grad()
         global_tokens, global_samples = self._global_counts(samples)
         weights = loss_weights(samples, self.config.aggregation, global_tokens, global_samples)
-        micro_batches = [
-            build_micro_batch([samples[i] for i in group], [weights[i] for i in group], self.num_loops,
-                              pack=self.config.pack, pack_length=self.config.pack_length, pad_id=self.pad_id)
-            for group in split(samples, self.config.micro_batch_size)
-        ]
+        plan = plan_micro_batches(samples, micro_batch_size=self.config.micro_batch_size,
+                                  max_tokens=self.config.max_tokens_per_micro_batch, pack=self.config.pack,
+                                  pack_length=self.config.pack_length)
+        micro_batches = [build_micro_batch(samples, weights, self.num_loops, rows=rows, pad_id=self.pad_id)
+                         for rows in plan]
         self.ddp.train()
         metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers)
         metrics["forward_backward_s"] = watch.lap()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ouro_cli.errors import UserError
-from ouro_cli.trainer.batching import Sample, WorkCounter, build_micro_batch, loss_weights, split
+from ouro_cli.trainer.batching import Sample, WorkCounter, build_micro_batch, loss_weights, plan_micro_batches
 from ouro_cli.trainer.config import TrainerConfig
 from ouro_cli.trainer.loss import clipped_surrogate, entropy, token_logprobs
 
@@ -28,8 +28,10 @@ def test_depth_vector_follows_the_replay_contract():
 def test_packed_rows_restart_documents_and_score_the_right_positions():
     samples = [sample(2, 3), sample(3, 2), sample(1, 4)]  # lengths 5, 5, 5
     w = loss_weights(samples, "token_mean", global_tokens=9, global_samples=3)
-    mb = build_micro_batch(samples, w, T, pack=True, pack_length=10)
-    assert mb.input_ids.shape == (2, 10)  # first fit: [s0, s1] then [s2] padded
+    (rows,) = plan_micro_batches(samples, pack=True, pack_length=10)
+    assert rows == [[0, 1], [2]]  # first fit: [s0, s1] then [s2] padded
+    mb = build_micro_batch(samples, w, T, rows=rows)
+    assert mb.input_ids.shape == (2, 10)
     assert mb.document_ids[0].tolist() == [0] * 5 + [1] * 5
     assert mb.attention_mask[1].tolist() == [True] * 5 + [False] * 5
     # s1 starts at column 5 with prompt length 3: its first response token is scored at column 7.
@@ -46,22 +48,41 @@ def test_packed_rows_restart_documents_and_score_the_right_positions():
 
 
 def test_unpacked_rows_are_padded_without_document_ids():
-    mb = build_micro_batch([sample(2, 3), sample(1, 1)], [[0.25] * 3, [0.25]], T, pack=False, pack_length=None)
-    assert mb.input_ids.shape == (2, 5) and mb.document_ids is None
+    samples = [sample(2, 3), sample(1, 1)]
+    (rows,) = plan_micro_batches(samples, pack=False)
+    mb = build_micro_batch(samples, [[0.25] * 3, [0.25]], T, rows=rows)
+    assert rows == [[0], [1]] and mb.input_ids.shape == (2, 5) and mb.document_ids is None
     assert mb.attention_mask[1].tolist() == [True, True, False, False, False]
 
 
 def test_too_long_sample_for_pack_length_is_a_user_error():
     with pytest.raises(UserError, match="pack_length"):
-        build_micro_batch([sample(8, 8)], [[1 / 8] * 8], T, pack=True, pack_length=10)
+        plan_micro_batches([sample(8, 8)], pack=True, pack_length=10)
+    with pytest.raises(UserError, match="--max-tokens-per-micro-batch"):
+        plan_micro_batches([sample(8, 8)], max_tokens=12)
 
 
-def test_sequence_mean_weights_and_split():
+def test_sequence_mean_weights():
     samples = [sample(1, 2), sample(1, 4)]
     w = loss_weights(samples, "sequence_mean", global_tokens=6, global_samples=4)
     assert w == [[1 / 8] * 2, [1 / 16] * 4]
-    assert split(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
-    assert split(list(range(5)), None) == [[0, 1, 2, 3, 4]]
+
+
+def test_micro_batches_by_count_and_by_token_budget():
+    five = [sample(2, 3) for _ in range(5)]  # 5 tokens each
+    assert plan_micro_batches(five, micro_batch_size=2, pack=False) == [[[0], [1]], [[2], [3]], [[4]]]
+    assert plan_micro_batches(five, pack=False) == [[[0], [1], [2], [3], [4]]]
+    # rows of 10 tokens hold two samples; a budget of 20 positions holds two rows
+    assert plan_micro_batches(five, max_tokens=20, pack_length=10) == [[[0, 1], [2, 3]], [[4]]]
+    # default capacity (the longest sample, 5): one sample per row, four rows per 20 positions
+    assert plan_micro_batches(five, max_tokens=20) == [[[0], [1], [2], [3]], [[4]]]
+    # a sample that fits an open row joins it without counting against the budget
+    mixed = [sample(2, 6), sample(1, 1), sample(4, 4), sample(1, 2)]  # 8, 2, 8, 3 tokens
+    assert plan_micro_batches(mixed, max_tokens=20, pack_length=10) == [[[0, 1], [2]], [[3]]]
+    assert plan_micro_batches(mixed + [sample(1, 1)], max_tokens=20, pack_length=10) == [[[0, 1], [2]], [[3, 4]]]
+    # the count limit and the budget together
+    assert plan_micro_batches(five, micro_batch_size=3, max_tokens=100, pack_length=10) == [[[0, 1], [2]],
+                                                                                           [[3, 4]]]
 
 
 def test_sample_checks():

@@ -87,9 +87,15 @@ def test_packing_microbatching_and_recompute_do_not_change_the_gradient(base_mod
         "two micro-batches": dict(pack=False, micro_batch_size=3),
         "packed, two micro-batches, rows of 14": dict(pack=True, micro_batch_size=3, pack_length=14),
         "recompute": dict(pack=True, micro_batch_size=2, recompute=True),
+        "token budget, one sample per micro-batch": dict(max_tokens_per_micro_batch=14),
+        "token budget, packed rows of 16": dict(max_tokens_per_micro_batch=32, pack_length=16),
+        "token budget with recompute": dict(max_tokens_per_micro_batch=28, recompute=True),
     }
     for label, options in variants.items():
         metrics, grads = run_forward_backward(base_model, samples, **options)
+        if "max_tokens_per_micro_batch" in options:
+            assert metrics["micro_batches"] > 1, label
+            assert metrics["micro_batch_tokens_max"] <= options["max_tokens_per_micro_batch"], label
         assert metrics["loss"] == pytest.approx(base_metrics["loss"], abs=1e-6), label
         assert metrics["logprob_mismatch_mean"] == pytest.approx(base_metrics["logprob_mismatch_mean"], abs=1e-6), label
         assert_grads_close(grads, base)

@@ -1,0 +1,231 @@
+"""How a colocated run divides its memory: KV cache, sequences in flight, micro-batch tokens.
+
+A run may fill `gpu_memory_utilization` × the device's memory (host memory on CPU).
+Part of it is resident the whole time: the trainer's weights, fp32 gradients, fp32 main
+weights and Adam moments (or none of the last two with `--offload-optimizer`), the
+engine's copy of the weights, and a runtime reserve (CUDA context, library workspaces,
+allocator slack). The rest is used in turns: during a rollout by the engine's paged KV
+cache, during a train step by the trainer's activations, because the engine hands its
+cache back while the trainer steps (`engine.contract.ReleasesMemory`). An engine that
+cannot hand it back (the PD engine, an external factory) keeps its cache; the cache
+then gets at most half of that memory and the trainer the rest.
+
+Every figure here is computed from the model's shape, the dtypes and the device's total
+memory, never from the momentary free memory: a run and its resumption in a fresh
+process size themselves the same way, and the sizes are recorded in the run's plan
+(they decide batch composition and micro-batch splits, so they change numerics).
+`check_fits` then compares the plan with what the device really has free, once.
+
+The activation model counts what the replay keeps for backward per token and layer call
+at full depth T (the prompt runs T loops, so every micro-batch runs T loops): the saved
+inputs of the projections, q/k/v and the attention output, and the MLP's gate, up and
+product. Recompute keeps only each layer call's inputs and re-runs one call at a time.
+The coefficients are upper bounds checked against peak memory on the H200
+(`bench/e2e.py` prints the measured peaks beside them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ouro_cli.errors import ResourceError, UserError
+from ouro_cli.model.config import OuroConfig
+
+GIB = 2**30
+
+# Per layer call and token, in activation-dtype elements: saved for backward without
+# recompute (≈ 12 hidden-size vectors + gate, up and their product), and with it (the
+# call's inputs: x, its norm, the previous loop's k and v).
+SAVED_HIDDEN_VECTORS = 12
+SAVED_INTERMEDIATE_VECTORS = 3
+RECOMPUTE_HIDDEN_VECTORS = 4
+# Per scored token: bf16 logits, fp32 log-softmax kept for backward, its gradient.
+LOGIT_BYTES_PER_ENTRY = 2 + 4 + 4
+# Runtime reserve: CUDA context, cuBLAS/cuDNN workspaces, compiled-kernel scratch; and the
+# fraction of the budget left as allocator slack (fragmentation between the two phases).
+CUDA_RUNTIME_RESERVE = 3 * GIB
+CPU_RUNTIME_RESERVE = GIB // 2
+SLACK_FRACTION = 0.05
+# Below this many tokens per micro-batch the GEMMs stop filling the GPU: recompute then buys
+# larger micro-batches for about a third more compute.
+MIN_EFFICIENT_MICRO_BATCH = 8192
+MAX_DEFAULT_SEQS = 512  # decode batches beyond this gain nothing and lengthen graph capture
+TOKEN_ALIGN = 128
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """The memory of the device a run uses: CUDA device memory, or host RAM on CPU."""
+
+    kind: str  # "cuda" | "cpu"
+    total: int
+    free: int
+
+    @classmethod
+    def of(cls, device: torch.device) -> DeviceMemory:
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            return cls("cuda", int(total), int(free))
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return cls("cpu", int(vm.total), int(vm.available))
+
+
+def parameter_counts(config: OuroConfig) -> tuple[int, int]:
+    """(all parameters, trainable ones): the exit gate is frozen in GRPO."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.dim_per_head
+    attn = h * d * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    layer = attn + 3 * h * i + 4 * h
+    gate = h + 1
+    total = 2 * config.vocab_size * h + config.num_hidden_layers * layer + h + gate
+    return total, total - gate
+
+
+def kv_bytes_per_token(config: OuroConfig, dtype: torch.dtype, planes: int) -> int:
+    """K and V of one cached token over all layers and `planes` loop planes."""
+    return 2 * config.num_hidden_layers * planes * config.num_key_value_heads * config.dim_per_head * dtype.itemsize
+
+
+def activation_bytes_per_token(config: OuroConfig, dtype: torch.dtype, recompute: bool, row_width: int) -> int:
+    """What one position of a micro-batch costs the replay's forward + backward (module docstring)."""
+    h, i, calls = config.hidden_size, config.intermediate_size, config.num_hidden_layers * config.num_loops
+    if recompute:
+        kept = calls * RECOMPUTE_HIDDEN_VECTORS * h + SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i
+    else:
+        kept = calls * (SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i)
+    mask = 6 * row_width  # a packed row's document mask and the attention bias made from it
+    return kept * dtype.itemsize + config.vocab_size * LOGIT_BYTES_PER_ENTRY + mask
+
+
+def resident_bytes(config: OuroConfig, dtype: torch.dtype, *, kind: str, offload_optimizer: bool,
+                   optimizer_shards: int = 1) -> dict[str, int]:
+    """What stays allocated for the whole run, by part."""
+    total, trainable = parameter_counts(config)
+    mixed = dtype != torch.float32  # bf16 params: fp32 main weights in the optimizer
+    optimizer = trainable * 4 * (2 + (1 if mixed else 0)) // optimizer_shards
+    return {
+        "trainer_weights": total * dtype.itemsize,
+        "gradients": trainable * 4,  # Megatron's fp32 grad buffer
+        "optimizer": 0 if offload_optimizer else optimizer,
+        "engine_weights": total * dtype.itemsize,
+        "runtime": CUDA_RUNTIME_RESERVE if kind == "cuda" else CPU_RUNTIME_RESERVE,
+    }
+
+
+@dataclass
+class RunSizing:
+    """The memory plan of a run (recorded in ouro-plan.json)."""
+
+    budget_bytes: int
+    resident_bytes: int
+    kv_blocks: int  # at T planes, blocks of `block_size` tokens (the engine's unit)
+    kv_bytes: int
+    max_num_seqs: int
+    max_tokens_per_micro_batch: int
+    recompute: bool
+    engine_releases_memory: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def tokens_at(self, planes: int, config: OuroConfig, block_size: int) -> int:
+        """KV tokens the cache holds when viewed with `planes` planes."""
+        return (self.kv_blocks + 1) * block_size * config.num_loops // planes - block_size
+
+
+def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dtype: torch.dtype, block_size: int,
+             seq_tokens: int, sequences_needed: int, tokens_per_update: int, planes: int,
+             engine_releases_memory: bool, offload_optimizer: bool = False, optimizer_shards: int = 1,
+             kv_blocks: int | None = None, max_num_seqs: int | None = None,
+             max_tokens_per_micro_batch: int | None = None, recompute: str = "auto") -> RunSizing:
+    """Size the KV cache, the decode batch and the micro-batches for one run.
+
+    `seq_tokens`: the longest prompt + `--max-response-len` (one sequence's KV, one sample's
+    replay); `sequences_needed`: the most sequences one generate call submits (a rollout's
+    samples, or an evaluation's prompts); `tokens_per_update`: this rank's replay tokens at
+    most; `planes`: the deepest budget the run decodes at (T with speculation).
+    Explicit `kv_blocks`, `max_num_seqs` and `max_tokens_per_micro_batch` win.
+    """
+    if not 0 < utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {utilization}")
+    if recompute not in ("auto", "on", "off"):
+        raise UserError(f"--recompute must be auto, on or off, got {recompute!r}")
+    budget = int(utilization * memory.total)
+    parts = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=offload_optimizer,
+                           optimizer_shards=optimizer_shards)
+    resident = sum(parts.values()) + int(SLACK_FRACTION * budget)
+    turns = budget - resident  # what the KV cache and the activations take in turns
+    what = "GPU" if memory.kind == "cuda" else "host"
+    if turns <= 0:
+        raise ResourceError(
+            f"the model does not fit: weights, gradients and optimizer state need {resident / GIB:.1f} GiB, more than "
+            f"--gpu-memory-utilization {utilization} of {memory.total / GIB:.1f} GiB of {what} memory; raise it or pass "
+            "--offload-optimizer")
+
+    per_token_t = kv_bytes_per_token(config, dtype, config.num_loops)
+    block_bytes = per_token_t * block_size
+    per_token = kv_bytes_per_token(config, dtype, planes)
+    seq_blocks = math.ceil(seq_tokens / block_size)
+    if kv_blocks is None:
+        # enough for every sequence a call submits at the deepest budget, and no more than fits
+        needed = sequences_needed * seq_blocks * block_size * per_token
+        kv_bytes = min(turns if engine_releases_memory else turns // 2, needed + block_bytes)
+        kv_blocks = kv_bytes // block_bytes - 1
+    kv_bytes = (kv_blocks + 1) * block_bytes
+    fits = ((kv_blocks + 1) * block_size * config.num_loops // planes - block_size) // (seq_blocks * block_size)
+    if fits < 1:
+        raise ResourceError(
+            f"not even one sequence fits in the KV cache: {seq_tokens} tokens x {per_token / 2**10:.0f} KiB per token at "
+            f"{planes} planes = {seq_tokens * per_token / GIB:.2f} GiB, but {max(turns, 0) / GIB:.2f} GiB of {what} "
+            f"memory are left after {resident / GIB:.1f} GiB of weights and optimizer state; raise "
+            "--gpu-memory-utilization, lower --max-response-len, or pass --offload-optimizer")
+    if max_num_seqs is None:
+        max_num_seqs = max(1, min(sequences_needed, MAX_DEFAULT_SEQS))
+
+    train_room = turns if engine_releases_memory else turns - kv_bytes
+    if max_tokens_per_micro_batch is None:
+        off = activation_bytes_per_token(config, dtype, False, seq_tokens)
+        on = activation_bytes_per_token(config, dtype, True, seq_tokens)
+        if recompute == "auto":
+            recompute = "off" if train_room // off >= min(tokens_per_update, MIN_EFFICIENT_MICRO_BATCH) else "on"
+        per = on if recompute == "on" else off
+        max_tokens_per_micro_batch = max(0, train_room) // per // TOKEN_ALIGN * TOKEN_ALIGN
+        if max_tokens_per_micro_batch < seq_tokens:
+            raise ResourceError(
+                f"one sample of {seq_tokens} tokens does not fit a training micro-batch: it needs "
+                f"{seq_tokens * per / GIB:.2f} GiB of activations (recompute {recompute}), "
+                f"{max(train_room, 0) / GIB:.2f} GiB of {what} memory are left; raise --gpu-memory-utilization, "
+                "lower --max-response-len, or pass --offload-optimizer")
+    elif recompute == "auto":
+        off = activation_bytes_per_token(config, dtype, False, seq_tokens)
+        recompute = "off" if max_tokens_per_micro_batch * off <= train_room else "on"
+    return RunSizing(budget_bytes=budget, resident_bytes=resident, kv_blocks=int(kv_blocks), kv_bytes=int(kv_bytes),
+                     max_num_seqs=int(max_num_seqs), max_tokens_per_micro_batch=int(max_tokens_per_micro_batch),
+                     recompute=recompute == "on", engine_releases_memory=engine_releases_memory)
+
+
+def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:
+    """The plan against the device as it is: `used_now` bytes are in use by this process
+    (weights built); the plan's budget must not exceed what is in use plus what is free."""
+    if sizing.budget_bytes > used_now + memory.free:
+        other = memory.total - memory.free - used_now
+        raise ResourceError(
+            f"the run's memory budget is {sizing.budget_bytes / GIB:.1f} GiB but only "
+            f"{(used_now + memory.free) / GIB:.1f} GiB are available to it ({other / GIB:.1f} GiB are held by other "
+            "processes); lower --gpu-memory-utilization or free the device")
+
+
+def describe(sizing: RunSizing, config: OuroConfig, memory: DeviceMemory, *, block_size: int, seq_tokens: int,
+             dtype: torch.dtype, planes: list[int]) -> str:
+    """One log line: the budget, and what it buys at each K the run decodes at."""
+    per_k = ", ".join(f"{sizing.tokens_at(p, config, block_size) // seq_tokens} at K={p}" for p in planes)
+    return (f"memory: {sizing.budget_bytes / GIB:.1f} GiB budget of {memory.total / GIB:.1f} GiB "
+            f"({memory.kind}); resident {sizing.resident_bytes / GIB:.1f} GiB; KV cache {sizing.kv_bytes / GIB:.2f} GiB "
+            f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); micro-batches of up to "
+            f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}"
+            + ("" if sizing.engine_releases_memory else " (the engine keeps its cache during training)"))

@@ -1,0 +1,119 @@
+"""The memory plan of a run (ouro_cli/rl/sizing.py), checked by hand at the Ouro-1.4B shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ouro_cli.errors import ResourceError, UserError
+from ouro_cli.model.config import OuroConfig
+from ouro_cli.rl import sizing
+from ouro_cli.rl.sizing import GIB, DeviceMemory, size_run
+
+H200 = DeviceMemory("cuda", total=int(139.8 * GIB), free=int(139.0 * GIB))
+BF16 = torch.bfloat16
+
+
+def ouro_14b() -> OuroConfig:
+    return OuroConfig()  # the defaults are Ouro-1.4B's
+
+
+def plan(**kw):
+    args = dict(utilization=0.9, dtype=BF16, block_size=16, seq_tokens=640, sequences_needed=256,
+                tokens_per_update=256 * 640, planes=4, engine_releases_memory=True)
+    args.update(kw)
+    return size_run(ouro_14b(), kw.pop("memory", H200), **{k: v for k, v in args.items() if k != "memory"})
+
+
+def test_parameter_count_is_ouro_14b():
+    total, trainable = sizing.parameter_counts(ouro_14b())
+    assert total == 1_434_652_673  # the public checkpoint's count (269 tensors)
+    assert trainable == total - 2049  # the exit gate (weight [1, 2048] + bias) is frozen
+
+
+def test_kv_bytes_per_token_follow_the_planes():
+    # 24 layers x 16 KV heads x 128 dims x 2 bytes, for K and V: 192 KiB per plane
+    assert sizing.kv_bytes_per_token(ouro_14b(), BF16, 4) == 768 * 2**10
+    assert sizing.kv_bytes_per_token(ouro_14b(), BF16, 2) == 384 * 2**10
+
+
+def test_resident_parts_by_hand():
+    total, trainable = sizing.parameter_counts(ouro_14b())
+    parts = sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False)
+    assert parts == {"trainer_weights": 2 * total, "gradients": 4 * trainable, "optimizer": 12 * trainable,
+                     "engine_weights": 2 * total, "runtime": sizing.CUDA_RUNTIME_RESERVE}
+    assert sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=True)["optimizer"] == 0
+    assert sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False,
+                                 optimizer_shards=4)["optimizer"] == 3 * trainable
+
+
+def test_kv_takes_what_is_left_when_the_rollout_does_not_fit():
+    s = plan()
+    budget = int(0.9 * H200.total)
+    resident = sum(sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False).values())
+    resident += int(sizing.SLACK_FRACTION * budget)
+    assert (s.budget_bytes, s.resident_bytes) == (budget, resident)
+    block = 16 * 768 * 2**10
+    assert s.kv_blocks == (budget - resident) // block - 1
+    assert s.kv_bytes == (s.kv_blocks + 1) * block <= budget - resident
+    # 256 x 640 tokens at 4 planes would be 120 GiB: fewer fit, twice as many at K = 2
+    at4, at2 = s.tokens_at(4, ouro_14b(), 16) // 640, s.tokens_at(2, ouro_14b(), 16) // 640
+    assert 100 < at4 < 256 and at2 >= 2 * at4
+    assert s.max_num_seqs == 256
+
+
+def test_kv_is_only_as_large_as_the_run_needs():
+    s = plan(sequences_needed=32, tokens_per_update=32 * 640)
+    assert s.kv_blocks == 32 * 40  # 32 sequences of 40 blocks, one spare block beside the scratch block
+    assert s.max_num_seqs == 32
+
+
+def test_micro_batch_budget_and_recompute_auto():
+    s = plan()
+    room = s.budget_bytes - s.resident_bytes  # the engine hands its cache back while the trainer steps
+    off = sizing.activation_bytes_per_token(ouro_14b(), BF16, False, 640)
+    assert not s.recompute
+    assert s.max_tokens_per_micro_batch == room // off // 128 * 128 >= sizing.MIN_EFFICIENT_MICRO_BATCH
+    # an engine that keeps its cache gets half the room and the trainer the rest, which holds
+    # too few tokens for efficient micro-batches without recompute: recompute
+    kept = plan(engine_releases_memory=False)
+    assert kept.kv_bytes <= room // 2 < kept.kv_bytes + 16 * 768 * 2**10
+    on = sizing.activation_bytes_per_token(ouro_14b(), BF16, True, 640)
+    assert (room - kept.kv_bytes) // off < sizing.MIN_EFFICIENT_MICRO_BATCH
+    assert kept.recompute and kept.max_tokens_per_micro_batch == (room - kept.kv_bytes) // on // 128 * 128
+    # a small update that fits without recompute never recomputes
+    assert not plan(utilization=0.5, tokens_per_update=4 * 640).recompute
+
+
+def test_explicit_values_win():
+    s = plan(kv_blocks=5000, max_num_seqs=128, max_tokens_per_micro_batch=4096, recompute="on")
+    assert (s.kv_blocks, s.max_num_seqs, s.max_tokens_per_micro_batch, s.recompute) == (5000, 128, 4096, True)
+
+
+def test_one_line_errors_name_the_numbers():
+    small = DeviceMemory("cuda", total=32 * GIB, free=32 * GIB)
+    with pytest.raises(ResourceError, match=r"does not fit: .* GiB, more than --gpu-memory-utilization 0.9 of 32.0 GiB"):
+        plan(memory=small)
+    with pytest.raises(ResourceError, match=r"not even one sequence fits .* 768 KiB per token at 4 planes"):
+        plan(memory=DeviceMemory("cuda", total=48 * GIB, free=48 * GIB), seq_tokens=65536)
+    with pytest.raises(ResourceError, match="does not fit a training micro-batch"):
+        plan(seq_tokens=40000, sequences_needed=1, tokens_per_update=40000, recompute="off")
+    with pytest.raises(UserError, match="--gpu-memory-utilization must lie in"):
+        plan(utilization=1.5)
+
+
+def test_check_fits_names_other_processes():
+    s = plan()
+    sizing.check_fits(s, H200, used_now=0)
+    crowded = DeviceMemory("cuda", total=H200.total, free=60 * GIB)
+    with pytest.raises(ResourceError, match="held by other processes"):
+        sizing.check_fits(s, crowded, used_now=10 * GIB)
+
+
+def test_cpu_uses_host_memory():
+    host = DeviceMemory("cpu", total=24 * GIB, free=20 * GIB)
+    from ouro_cli.model import tiny_config
+
+    s = size_run(tiny_config(), host, utilization=0.9, dtype=torch.float32, block_size=16, seq_tokens=80,
+                 sequences_needed=128, tokens_per_update=128 * 80, planes=4, engine_releases_memory=True)
+    assert s.kv_blocks == 128 * 5 and s.max_num_seqs == 128 and not s.recompute
