@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from ouro_cli.errors import UserError
-from ouro_cli.trainer.batching import Sample, WorkCounter, build_micro_batch, loss_weights, plan_micro_batches
+from ouro_cli.trainer.batching import (
+    Sample,
+    WorkCounter,
+    build_micro_batch,
+    loss_weights,
+    plan_micro_batches,
+)
 from ouro_cli.trainer.config import TrainerConfig
 from ouro_cli.trainer.loss import clipped_surrogate, entropy, token_logprobs
 
