@@ -51,11 +51,13 @@ from .metrics import (
     truncate_after,
 )
 from .options import TrainOptions
+from .phases import hand_back, phase
 from .publish import publish
 from .rewards import check_labels, load_reward
 from .rollout import RolloutCheckFailed, RolloutSample, generate_groups
 from .run_dir import RunDir
 from .schedule import depth_for_update, validate_depths
+from .sizing import DeviceMemory, RunSizing, check_fits, describe, size_run
 from .template import get_template
 
 Progress = Callable[[dict[str, Any]], None]
@@ -79,6 +81,7 @@ class Session:
     plan: dict[str, Any]
     start_update: int
     rollout_seed: int
+    sizing: RunSizing
     rank: int = 0
     world: int = 1
     devices: set[str] = field(default_factory=set)
@@ -131,12 +134,14 @@ def stop_tokens_for(config, codec) -> list[int]:
     return sorted(set(stops))
 
 
-def _trainer_config(options: TrainOptions):
+def _trainer_config(options: TrainOptions, sizing: RunSizing):
     from ouro_cli.trainer import TrainerConfig
 
     return TrainerConfig(device=options.device, params_dtype=options.dtype, seed=options.seed, eps_low=options.eps_low,
                          eps_high=options.eps_high, aggregation=options.aggregation,
-                         micro_batch_size=options.micro_batch_size, recompute=options.recompute, lr=options.lr,
+                         micro_batch_size=options.micro_batch_size,
+                         max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch, recompute=sizing.recompute,
+                         lr=options.lr,
                          min_lr=options.min_lr, lr_schedule=options.lr_schedule, warmup_steps=options.warmup_steps,
                          decay_steps=options.updates if options.lr_schedule == "cosine" else None,
                          clip_grad=options.clip_grad, use_distributed_optimizer=options.use_distributed_optimizer,
@@ -169,6 +174,38 @@ def check_rank_params(update: int, digests: list[str]) -> bool:
         shown = ", ".join(f"rank {r} {d[:12]}" for r, d in enumerate(digests))
         raise CheckFailed(f"update {update}: trainer parameters differ across data-parallel ranks ({shown})")
     return True
+
+
+def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved: dict[str, Any] | None) -> RunSizing:
+    """The run's memory plan (rl/sizing.py); a resumed run keeps the one its plan recorded."""
+    import os
+
+    from ouro_cli.trainer import TrainerConfig
+
+    trainer_config = TrainerConfig(device=options.device, params_dtype=options.dtype)
+    device_type = trainer_config.resolved_device
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if device_type == "cuda" else torch.device("cpu")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_samples = -(-options.prompts_per_update // world) * options.group_size
+    recorded = (saved or {}).get("contract", {}).get("sizing") or {}
+    planes = config.num_loops if options.speculative_tokens else max(options.depths + options.eval_depths)
+    return size_run(
+        config, DeviceMemory.of(device), utilization=options.gpu_memory_utilization, dtype=trainer_config.torch_dtype,
+        block_size=options.block_size, seq_tokens=seq_tokens,
+        sequences_needed=max(local_samples, min(options.eval_prompts, eval_rows)),
+        tokens_per_update=local_samples * seq_tokens, planes=planes,
+        engine_releases_memory=not options.prefill_devices and options.engine == TrainOptions().engine,
+        offload_optimizer=False, optimizer_shards=world if options.use_distributed_optimizer else 1,
+        kv_blocks=recorded.get("kv_blocks", options.kv_blocks),
+        max_num_seqs=recorded.get("max_num_seqs", options.max_num_seqs),
+        max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", options.max_tokens_per_micro_batch),
+        recompute={True: "on", False: "off"}.get(recorded.get("recompute"), options.recompute))
+
+
+def _in_use(device: torch.device) -> int:
+    """Bytes this process holds on `device` through PyTorch's allocator (0 on CPU: host memory
+    is checked against the budget as a whole)."""
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
 
 
 def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_scheduler: bool = False,
@@ -209,18 +246,23 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     contract = plans.build_contract(options, data_sha256=data_sha256(options.data), model_config=config.to_dict(),
                                     tokenizer_sha256=plans.file_sha256(source.assets_dir / "tokenizer.json"),
                                     template=template.plan_entry(), num_loops=num_loops)
-    cursor = DataCursor(len(rows), options.seed)
+    saved = None
     if resume:
         from ouro_cli.checkpoint.layout import latest_iteration_dir
 
         saved = plans.read_plan(latest_iteration_dir(run.checkpoint) / run.plan.name)
+    seq_tokens = max(map(len, prompt_ids + eval_prompt_ids)) + options.max_response_len
+    sizing = _size(options, config, seq_tokens, len(eval_rows), saved)
+    contract["sizing"] = plans.sizing_entry(sizing)
+    cursor = DataCursor(len(rows), options.seed)
+    if resume:
         plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler)
         plan = saved
     else:
-        plan = plans.new_plan(options, contract, cursor.state_dict())
+        plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
 
     log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
-    trainer = Trainer(str(source_path), _trainer_config(options))
+    trainer = Trainer(str(source_path), _trainer_config(options, sizing))
     # the process group exists from here on (the trainer creates or joins it)
     contract_sha = plans.contract_hash(contract)
     agreed = _agree(contract_sha, "execution plan")
@@ -236,7 +278,11 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         start_update = int(extra["next_update"])
     weights = {name: t.detach().clone() for name, t in trainer.named_weights_for_publication()}
     engine_model = from_state_dict(config, weights, device=trainer.device)
-    engine_options = dict(max_num_seqs=options.max_num_seqs, kv_blocks=options.kv_blocks, block_size=options.block_size)
+    del weights
+    check_fits(sizing, DeviceMemory.of(trainer.device), _in_use(trainer.device))
+    log(describe(sizing, config, DeviceMemory.of(trainer.device), block_size=options.block_size, seq_tokens=seq_tokens,
+                 dtype=trainer.config.torch_dtype, planes=sorted(set(options.depths) | set(options.eval_depths))))
+    engine_options = dict(max_num_seqs=sizing.max_num_seqs, kv_blocks=sizing.kv_blocks, block_size=options.block_size)
     if options.cuda_graphs:
         if trainer.device.type != "cuda":
             raise UserError("--cuda-graphs needs a CUDA device (decode steps are captured as CUDA graphs)")
@@ -256,7 +302,7 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
                       eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, codec=codec,
                       stop_token_ids=stop_tokens_for(config, codec), num_loops=num_loops, trainer=trainer, engine=engine,
                       cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
-                      rollout_seed=options.seed + (1 if resume and options.test_break_resume else 0),
+                      rollout_seed=options.seed + (1 if resume and options.test_break_resume else 0), sizing=sizing,
                       devices={str(trainer.device), *getattr(engine, "devices", set)()})
     if session.is_main and not resume:
         from ouro_cli.checkpoint.megatron import write_hf_assets
@@ -320,17 +366,23 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     if not s.eval_rows:
         return []
     n = min(s.options.eval_prompts, len(s.eval_rows))
-    results = evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], ks=s.options.eval_depths,
-                       num_loops=s.num_loops, reward_fn=s.reward_fn, seed=s.options.seed,
-                       temperature=s.options.temperature, max_tokens=s.options.max_response_len,
-                       exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
-                       stop_token_ids=s.stop_token_ids, decode=s.codec.decode,
-                       speculative_tokens=s.options.speculative_tokens, async_scheduling=s.options.async_scheduling)
+    with phase({}, "evaluation", s.trainer.device, f"{n} prompts at K = {s.options.eval_depths}",
+               "--eval-prompts or --max-num-seqs"):
+        results = _evaluate(s, n)
     if s.is_main:
         for r in results:
             append_jsonl(s.run.evaluations, {"update": update, "when": when,
                                              "weight_version": s.engine.get_weight_version(), **r})
     return results
+
+
+def _evaluate(s: Session, n: int) -> list[dict[str, Any]]:
+    return evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], ks=s.options.eval_depths,
+                    num_loops=s.num_loops, reward_fn=s.reward_fn, seed=s.options.seed,
+                    temperature=s.options.temperature, max_tokens=s.options.max_response_len,
+                    exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
+                    stop_token_ids=s.stop_token_ids, decode=s.codec.decode,
+                    speculative_tokens=s.options.speculative_tokens, async_scheduling=s.options.async_scheduling)
 
 
 def _gather(samples: list[RolloutSample], update: int) -> list[dict[str, Any]]:
@@ -344,25 +396,35 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     k = depth_for_update(s.options.depths, update)
     counters_before = dict(s.engine.work_counters())
-    samples, plan_agreed = rollout_stage(s, update, k)
-    t_rollout = time.perf_counter()
+    device, sizing, timing = s.trainer.device, s.sizing, {}
+    with phase(timing, "rollout", device, f"update {update}, K={k}, up to {sizing.max_num_seqs} sequences in a "
+               f"{sizing.kv_bytes / 2**30:.1f} GiB KV cache", "--gpu-memory-utilization or --max-num-seqs"):
+        samples, plan_agreed = rollout_stage(s, update, k)
     score_stage(s, samples)
-    train = train_stage(s, samples)
+    hand_back(s.engine, device)  # the trainer may use the KV cache's memory until the next rollout
+    with phase(timing, "train", device, f"update {update}, {len(samples)} samples in micro-batches of up to "
+               f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}",
+               "--max-tokens-per-micro-batch or --gpu-memory-utilization, or pass --recompute on"):
+        train = train_stage(s, samples)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # activations freed: the KV cache is allocated whole again
     t_train = time.perf_counter()
     # hashing copies every parameter to the host (~2 s at 1.4B): only worth it with replicas to compare
     ranks = _all_gather({"param_sha256": params_sha256(s.trainer) if s.world > 1 else None, "samples": len(samples),
                          "response_tokens": sum(len(x.response_ids) for x in samples),
-                         "rollout_s": t_rollout - t0, "train_s": t_train - t_rollout,
+                         "rollout_s": timing["rollout_s"], "train_s": timing["train_s"],
                          "device": str(s.trainer.device)})
     identical = check_rank_params(update, [r["param_sha256"] for r in ranks])
     t_check = time.perf_counter()
     digest = state_digest(s.trainer) if s.options.state_digest else None
-    pub = publish(s.engine, s.trainer.named_weights_for_publication(), version=update + 2)
+    with phase(timing, "publish", device, f"update {update}, weights to the engine", "--gpu-memory-utilization"):
+        publish(s.engine, s.trainer.named_weights_for_publication(), version=update + 2)
     records = _gather(samples, update)
     last = update + 1 == s.options.updates
-    save_s = 0.0
+    timing["save_s"], timing["peak_memory_save_gib"] = 0.0, None
     if last or (s.options.save_interval and (update + 1) % s.options.save_interval == 0):
-        save_s = save_stage(s, update + 1)
+        with phase(timing, "save", device, f"checkpoint of update {update + 1}", "--gpu-memory-utilization"):
+            save_stage(s, update + 1)
     if s.options.eval_interval and (update + 1) % s.options.eval_interval == 0 and not last:
         evaluate_stage(s, update + 1, "interval")
     elapsed = time.perf_counter() - s.started
@@ -377,8 +439,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),
-        "rollout_s": t_rollout - t0, "train_s": t_train - t_rollout, "publish_s": pub["publish_s"], "save_s": save_s,
-        "step_s": time.perf_counter() - t0, "job_elapsed_s": elapsed,
+        **timing, "step_s": time.perf_counter() - t0, "job_elapsed_s": elapsed,
         "device_hours": device_hours(elapsed, s.devices) * s.world,
         "kv_transport": getattr(s.engine, "transport", None),
         **{f"engine_{key}": v for key, v in engine_delta.items()},

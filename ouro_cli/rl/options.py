@@ -51,16 +51,18 @@ class TrainOptions:
     eps_low: float = 0.2
     eps_high: float = 0.28
     aggregation: str = "token_mean"
-    micro_batch_size: int | None = None
-    recompute: bool = False
+    micro_batch_size: int | None = None  # a cap on samples per micro-batch; None: only the token budget
+    max_tokens_per_micro_batch: int | None = None  # None: what fits in the memory left (rl/sizing.py)
+    recompute: str = "auto"  # auto: on only when the memory budget needs it; on; off
     use_distributed_optimizer: bool = False
 
     # ---- engine ------------------------------------------------------------------
     engine: str = "ouro_cli.engine.factory:default_factory"
     device: str = "auto"
     dtype: str = "auto"
-    max_num_seqs: int = 32
-    kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9  # fraction of device (CPU: host) memory the run may fill
+    max_num_seqs: int | None = None  # cap on sequences decoded together; None: what a call submits (<= 512)
+    kv_blocks: int | None = None  # paged KV blocks at T planes; None: sized from the memory budget
     block_size: int = 16
     cuda_graphs: bool = False  # require CUDA-graph decode (the engine's default on CUDA anyway)
     async_scheduling: bool = False
@@ -81,10 +83,19 @@ class TrainOptions:
     test_break_resume: bool = False  # test-only: reseed the sampler after a resume (must be caught)
 
     def validate(self) -> TrainOptions:
+        if isinstance(self.recompute, bool):  # plans and TOML files written before "auto" existed
+            self.recompute = "on" if self.recompute else "off"
+        if self.recompute not in ("auto", "on", "off"):
+            raise UserError(f"--recompute must be auto, on or off, got {self.recompute!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("max_num_seqs", "kv_blocks", "max_tokens_per_micro_batch", "micro_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.cuda_graphs and self.device == "cpu":
             raise UserError("--cuda-graphs captures decode steps on a GPU; it cannot run with --device cpu")
-        positive = ("updates", "prompts_per_update", "group_size", "max_response_len", "max_num_seqs",
-                    "block_size", "eval_prompts")
+        positive = ("updates", "prompts_per_update", "group_size", "max_response_len", "block_size", "eval_prompts")
         for name in positive:
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")

@@ -2,7 +2,9 @@
 
 The contract is everything that decides what a run computes: the depth schedule, seeds,
 sampling, reward, template, batch and group sizes, response length, the optimizer, the
-engine settings, and the sha256 of the data, the model config and the tokenizer. It is
+engine settings, the memory plan's batch sizes (`sizing`: KV blocks, sequences in flight,
+micro-batch tokens, recompute), and the sha256 of the data, the model config and the
+tokenizer. It is
 written when a run starts and again, atomically, inside every checkpoint (before the
 checkpoint commits) and beside it, with `next_update` and the data cursor. `ouro resume`
 rebuilds the options from the plan and rejects any flag that would change the contract,
@@ -29,7 +31,8 @@ PLAN_VERSION = 1
 
 # may differ between a run and its resumption
 FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_interval",
-             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "test_break_resume"}
+             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "test_break_resume",
+             "gpu_memory_utilization"}  # the memory plan it yields is recorded (contract "sizing") and reused
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr"}
 
 
@@ -56,9 +59,17 @@ def contract_hash(contract: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(contract, sort_keys=True).encode()).hexdigest()
 
 
-def new_plan(options: TrainOptions, contract: dict[str, Any], cursor: dict[str, Any]) -> dict[str, Any]:
+def sizing_entry(sizing) -> dict[str, Any]:
+    """The part of the run's memory plan (rl/sizing.py) that decides what it computes: decode
+    batch composition and micro-batch splits (summation order). A resumed run reuses it."""
+    return {key: getattr(sizing, key) for key in ("kv_blocks", "max_num_seqs", "max_tokens_per_micro_batch",
+                                                  "recompute")}
+
+
+def new_plan(options: TrainOptions, contract: dict[str, Any], cursor: dict[str, Any],
+             sizing: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"plan_version": PLAN_VERSION, "contract": contract, "options": options.to_dict(),
-            "next_update": 0, "cursor": cursor}
+            "next_update": 0, "cursor": cursor, "sizing": sizing}
 
 
 def advance(plan: dict[str, Any], next_update: int, cursor: dict[str, Any], updates: int) -> dict[str, Any]:

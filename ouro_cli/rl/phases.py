@@ -1,0 +1,54 @@
+"""The stages of an update as measured phases: wall time, peak device memory, and an
+out-of-memory failure turned into one line that names the phase, its size and the option
+to lower.
+
+    with phase(metrics, "train", device, f"{n} micro-batches of up to {t} tokens",
+               "--max-tokens-per-micro-batch"):
+        trainer.train_step(batch)
+
+records `train_s` and `peak_memory_train_gib` (CUDA; None on CPU, where PyTorch keeps no
+per-phase peak) in `metrics`. An OOM raises `ResourceError` (exit 1): nothing of the
+update has been saved, so the last checkpoint stays the run's latest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ouro_cli.errors import ResourceError
+
+GIB = 2**30
+
+
+@contextlib.contextmanager
+def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, lower: str) -> Iterator[None]:
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        if cuda:
+            torch.cuda.empty_cache()
+        where = "GPU" if cuda else "host"
+        raise ResourceError(f"out of {where} memory in the {name} phase ({size}); lower {lower}") from err
+    finally:
+        metrics[f"{name}_s"] = time.perf_counter() - start
+        metrics[f"peak_memory_{name}_gib"] = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
+
+
+def hand_back(engine: Any, device: torch.device) -> None:
+    """Let the trainer use the engine's KV memory until the next rollout (contract.ReleasesMemory);
+    the allocator's cached blocks go back to the device so either side can take them whole."""
+    from ouro_cli.engine.contract import ReleasesMemory
+
+    if isinstance(engine, ReleasesMemory):
+        engine.release_memory()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
