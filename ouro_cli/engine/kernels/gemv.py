@@ -24,10 +24,14 @@ lowers a dot of 64 rows to wgmma and one of 16 or 32 rows to mma.sync (seen in t
 PTX of Triton 3.9), which need not round alike. So a dot never holds more than 32 rows:
 M <= 16 uses one 16-row tile, M <= 32 one 32-row tile, 33..64 two 32-row tiles sharing
 each W tile, and every M runs mma.sync m16n8k16. The default tiles are a function of (N, K, dtype), never of M. fp32 inputs use
-IEEE dots (no TF32), so the interpreter and the GPU agree with fp32 math.
+IEEE dots (no TF32).
 
 The engine uses this only on CUDA; the CPU tests run it under the Triton interpreter
-(TRITON_INTERPRET=1). Importing this module needs triton; nothing else in the package
+(TRITON_INTERPRET=1). There each tile's dot is the fp32 products summed over K by tl.sum
+(DOT_AS_SUM, set off CUDA only, a constexpr: the sm_90 PTX is the same as without it),
+since the interpreter's tl.dot, numpy's matmul, is not batch invariant itself (see
+small_m_linear); so the CPU tests check the kernel's own invariance (tiles, masks, row
+tiles), not the BLAS's. Importing this module needs triton; nothing else in the package
 imports it at import time (see kernels/__init__.py). CUDA-graph capturable: no host reads,
 and the grid depends only on shapes.
 """
@@ -44,9 +48,25 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
+def _accumulate(acc, x, w, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
+    """acc + x @ w for x [ROWS, BLOCK_K], w [BLOCK_K, BLOCK_N], in fp32: the tensor-core dot,
+    or (DOT_AS_SUM, the interpreter) the fp32 products reduced over K by tl.sum, which numpy
+    takes output by output over that output's own BLOCK_K products, so that a row's sum does
+    not depend on the row's place in the tile (small_m_linear says why not tl.dot there)."""
+    if DOT_AS_SUM:
+        acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+    elif IEEE:
+        acc = tl.dot(x, w, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x, w, acc)
+    return acc
+
+
+@triton.jit
 def _small_m_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
                            ROWS: tl.constexpr, ROW_TILES: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, WIDEN: tl.constexpr):
+                           BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+                           DOT_AS_SUM: tl.constexpr):
     pid = tl.program_id(0)
     rm = tl.arange(0, ROWS)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,21 +86,9 @@ def _small_m_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
             k_ok = (k < K)[None, :]
             w_ok, x0_ok, x1_ok = w_ok & k_ok, x0_ok & k_ok, x1_ok & k_ok
         wt = tl.trans(tl.load(w_rows + k[None, :], mask=w_ok, other=0.0))
-        xt = tl.load(x0 + k[None, :], mask=x0_ok, other=0.0)
-        if WIDEN:
-            wt, xt = wt.to(tl.float32), xt.to(tl.float32)
-        if IEEE:
-            acc0 = tl.dot(xt, wt, acc0, input_precision="ieee")
-        else:
-            acc0 = tl.dot(xt, wt, acc0)
+        acc0 = _accumulate(acc0, tl.load(x0 + k[None, :], mask=x0_ok, other=0.0), wt, IEEE, DOT_AS_SUM)
         if ROW_TILES == 2:
-            xt = tl.load(x1 + k[None, :], mask=x1_ok, other=0.0)
-            if WIDEN:
-                xt = xt.to(tl.float32)
-            if IEEE:
-                acc1 = tl.dot(xt, wt, acc1, input_precision="ieee")
-            else:
-                acc1 = tl.dot(xt, wt, acc1)
+            acc1 = _accumulate(acc1, tl.load(x1 + k[None, :], mask=x1_ok, other=0.0), wt, IEEE, DOT_AS_SUM)
     y = Y + rm[:, None] * stride_ym + rn[None, :]
     tl.store(y, acc0.to(Y.dtype.element_ty), mask=m0_ok[:, None] & n_ok[None, :])
     if ROW_TILES == 2:
@@ -147,15 +155,16 @@ def small_m_linear(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = No
     rows = max(16, min(32, triton.next_power_of_2(m)))  # see the module docstring: <= 32 rows per dot
     row_tiles = triton.cdiv(m, rows)
     stages = num_stages or stages_that_fit(rows, row_tiles, block_n, block_k, x.dtype.itemsize, config["num_stages"])
-    # the Triton interpreter keeps bf16 as raw uint16 and its tl.dot multiplies those integers;
-    # off CUDA (only the interpreter runs there) bf16 tiles are widened to fp32 first, which is
-    # exact, so it still computes the fp32 sum of the exact products
-    widen = x.dtype == torch.bfloat16 and x.device.type != "cuda"
+    # off CUDA only the Triton interpreter runs this, where tl.dot is numpy's matmul of the
+    # whole tile: its BLAS may sum an output in an order set by the output's place in the tile
+    # (OpenBLAS's Haswell sgemm, numpy's choice on AMD Zen, sums rows 6..11 of a 16-row tile
+    # in another order than the rest), i.e. by the row's index in the batch, and it multiplies
+    # bf16 as the raw uint16 the interpreter stores. So there the dot is DOT_AS_SUM.
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
         x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
         ROWS=rows, ROW_TILES=row_tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        IEEE=x.dtype == torch.float32 or widen, WIDEN=widen, num_warps=num_warps or config["num_warps"],
+        IEEE=x.dtype == torch.float32, DOT_AS_SUM=x.device.type != "cuda", num_warps=num_warps or config["num_warps"],
         num_stages=stages)
     return y
 
