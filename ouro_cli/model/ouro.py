@@ -128,7 +128,8 @@ class OuroForCausalLM(nn.Module):
         step = pointwise.region(_layer_step, h)  # one compiled region per layer call (OURO_COMPILE_LAYERS)
         for t in range(1, num_loops + 1):
             active = None if depths is None or bool((depths >= t).all()) else (depths >= t)
-            x, normed = h, self.model.layers[0].input_layernorm(h)
+            first = self.model.layers[0].input_layernorm
+            x, normed = h, pointwise.rms_norm_generic(h, first.weight, first.eps)
             for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
                 args = (layer, layout.mask, closing, x, normed, cos, sin, active, *(prev_kv[i] or (None, None)))
                 x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)

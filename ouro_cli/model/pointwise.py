@@ -41,6 +41,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _dispatch(_rms_norm, x)(x, weight, eps)
 
 
+def rms_norm_generic(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm`, compiled shape-generic like `region` (the replay's norm before its first layer)."""
+    return _dispatch(_rms_norm, x, dynamic=True if compile_layers() else None)(x, weight, eps)
+
+
 def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`h + rms_norm(x)`: a sandwich norm closing a sublayer into the residual stream."""
     return _dispatch(_add_rms_norm, x)(h, x, weight, eps)
@@ -84,8 +89,27 @@ def compile_layers() -> bool:
 def region(fn: Callable, x: torch.Tensor) -> Callable:
     """`fn` (one layer call) compiled as one region where these functions compile and
     `compile_layers()` says so, else itself. Inside the region the functions above are traced
-    inline, not called compiled (`_dispatch` sees the compilation)."""
-    return _dispatch(fn, x) if compile_layers() else fn
+    inline, not called compiled (`_dispatch` sees the compilation).
+
+    The region is compiled shape-generic from its first call (`dynamic=True`): the trainer's
+    micro-batches change their rows and row width every update, and a specialised first
+    compile would be followed by a second, generic one at the next new shape (a 2,048-token
+    update once took 30 s to train, 7 s warm). Parameter shapes stay static (dynamo's
+    default), so only the token dimensions are symbolic, and duck sizing is off: a token
+    dimension that happens to equal a head count or head size at the first call would
+    otherwise be fused with it and specialised."""
+    return _dispatch(fn, x, dynamic=True) if compile_layers() else fn
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling so far (dynamo + inductor, forward and the
+    backward compiled at the first backward pass); 0.0 where torch keeps no record."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:  # pragma: no cover
+        return 0.0
+    return sum(sum(compilation_time_metrics.get(key, ())) for key in ("_compile.compile_inner",
+                                                                         "backward._backward_impl"))
 
 
 def fused(fn: Callable, x: torch.Tensor) -> Callable:
@@ -155,12 +179,12 @@ def eager():
         _local.eager = before
 
 
-def _dispatch(fn: Callable, x: torch.Tensor) -> Callable:
+def _dispatch(fn: Callable, x: torch.Tensor, dynamic: bool | None = None) -> Callable:
     mode = compile_mode()
     if getattr(_local, "eager", False) or torch.compiler.is_compiling():
         return fn
     if mode == "always" or (x.is_cuda and mode != "0"):
-        return _compiled(fn)
+        return _compiled(fn, dynamic)
     return fn
 
 
@@ -173,13 +197,17 @@ RECOMPILE_LIMIT = 64
 
 
 @functools.cache
-def _compiled(fn: Callable) -> Callable:
+def _compiled(fn: Callable, dynamic: bool | None = None) -> Callable:
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, name):
             setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-    # dynamic=None: the first shape compiles static, a second one a kernel generic in the
-    # dims that changed (batch, length), so decode buckets and prompt lengths reuse it.
+    import torch.fx.experimental._config as fx_config
+
+    fx_config.use_duck_shape = False  # see `region`
+    # dynamic=None (the elementwise functions): the first shape compiles static, a second
+    # one a kernel generic in the dims that changed (batch, length), so decode buckets and
+    # prompt lengths reuse it; dynamic=True (`region`): generic from the start.
     # emulate_precision_casts keeps the roundings the formulas spell out (the normed value
     # is rounded to the activation dtype before the weight multiplies it, OURO.md §2);
     # without it inductor computes the whole chain in fp32, which is not Ouro's function
@@ -187,4 +215,4 @@ def _compiled(fn: Callable) -> Callable:
     import torch._inductor.config as inductor_config  # only when compiling: importing inductor is slow
 
     options = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
-    return torch.compile(fn, fullgraph=True, options=options)
+    return torch.compile(fn, fullgraph=True, dynamic=dynamic, options=options)

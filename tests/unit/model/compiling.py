@@ -12,9 +12,9 @@ def record_compiles(monkeypatch) -> list[str]:
     names: list[str] = []
     original = pointwise._compiled.__wrapped__
 
-    def record(fn):
+    def record(fn, dynamic=None):
         names.append(fn.__name__)
-        return original(fn)
+        return original(fn, dynamic)
 
     monkeypatch.setattr(pointwise, "_compiled", record)
     monkeypatch.setenv("OURO_COMPILE", "always")
@@ -23,7 +23,7 @@ def record_compiles(monkeypatch) -> list[str]:
 
 def forbid_compiles(monkeypatch) -> None:
     """Make any compilation of a pointwise function an AssertionError naming it."""
-    def refuse(fn):
+    def refuse(fn, dynamic=None):
         raise AssertionError(f"{fn.__name__} was compiled")
 
     monkeypatch.setattr(pointwise, "_compiled", refuse)

@@ -47,6 +47,26 @@ def test_compiled_layers_match_eager(monkeypatch, recompute):
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_new_token_shapes_do_not_recompile(monkeypatch):
+    """The replay compiles once, shape-generic: after the first micro-batch (whose 2 rows and
+    16 positions equal the tiny model's KV heads and head size, which duck sizing would
+    have fused and specialised), other row counts and lengths compile nothing."""
+    monkeypatch.setenv("OURO_COMPILE", "always")
+    torch._dynamo.reset()  # nothing compiled by earlier tests
+    pointwise._compiled.cache_clear()
+    model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
+    g = torch.Generator().manual_seed(0)
+    spent = []
+    for rows, length in ((2, 16), (3, 21), (5, 9)):
+        ids = torch.randint(3, 100, (rows, length), generator=g)
+        depths = torch.randint(1, model.config.num_loops + 1, (rows, length), generator=g)
+        depths[:, :3] = model.config.num_loops  # mixed: every loop has active and exited positions
+        before = pointwise.compile_seconds()
+        model(ids, depths).float().square().mean().backward()
+        spent.append(pointwise.compile_seconds() - before)
+    assert spent[0] > 0 and spent[1:] == [0.0, 0.0], spent
+
+
 def test_eager_block_keeps_layers_uncompiled(monkeypatch):
     monkeypatch.setenv("OURO_COMPILE", "always")
     monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
