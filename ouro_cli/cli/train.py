@@ -7,7 +7,9 @@ given on the command line overrides it; the defaults themselves live in
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -110,7 +112,7 @@ def train(
         return _run(options, run, resume=False, override_scheduler=False, json_output=json_output,
                     command="ouro train")
 
-    run_command(body, json_output=json_output)
+    run_command(_quiet(body), json_output=json_output)
 
 
 def resume(
@@ -147,12 +149,35 @@ def resume(
         return _run(options, run, resume=True, override_scheduler=override_opt_param_scheduler,
                     json_output=json_output, command="ouro resume")
 
-    run_command(body, json_output=json_output)
+    run_command(_quiet(body), json_output=json_output)
+
+
+def _quiet(body: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """`body` with third-party warnings sent to the run's logs/warnings.log (one closing line
+    says how many) and compiled kernels cached in the user's cache directory."""
+    def run() -> dict[str, Any]:
+        from ouro_cli.warnings_log import WarningsLog
+
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ouro"
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+        with WarningsLog() as log:
+            _WARNINGS.append(log)
+            try:
+                return body()
+            finally:
+                _WARNINGS.pop()
+                if log.summary():
+                    console.print(f"[dim]{log.summary()}[/]")
+    return run
+
+
+_WARNINGS: list = []  # the active WarningsLog: _run attaches it once the run directory exists
 
 
 def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: bool, command: str) -> dict[str, Any]:
-    import os
-
+    if _WARNINGS:
+        _WARNINGS[-1].attach(run.warnings_log)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for the job
         console.quiet = True
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

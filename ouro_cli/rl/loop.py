@@ -421,7 +421,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         publish(s.engine, s.trainer.named_weights_for_publication(), version=update + 2)
     records = _gather(samples, update)
     last = update + 1 == s.options.updates
-    timing["save_s"], timing["peak_memory_save_gib"] = 0.0, None
+    timing.update(save_s=0.0, save_compile_s=0.0, peak_memory_save_gib=None)
     if last or (s.options.save_interval and (update + 1) % s.options.save_interval == 0):
         with phase(timing, "save", device, f"checkpoint of update {update + 1}", "--gpu-memory-utilization"):
             save_stage(s, update + 1)
@@ -439,7 +439,8 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),
-        **timing, "step_s": time.perf_counter() - t0, "job_elapsed_s": elapsed,
+        **timing, "compile_s": sum(v for key, v in timing.items() if key.endswith("_compile_s")),
+        "step_s": time.perf_counter() - t0, "job_elapsed_s": elapsed,
         "device_hours": device_hours(elapsed, s.devices) * s.world,
         "kv_transport": getattr(s.engine, "transport", None),
         **{f"engine_{key}": v for key, v in engine_delta.items()},

@@ -6,8 +6,9 @@ to lower.
                "--max-tokens-per-micro-batch"):
         trainer.train_step(batch)
 
-records `train_s` and `peak_memory_train_gib` (CUDA; None on CPU, where PyTorch keeps no
-per-phase peak) in `metrics`. An OOM raises `ResourceError` (exit 1): nothing of the
+records `train_s`, `train_compile_s` (the part of it spent compiling) and
+`peak_memory_train_gib` (CUDA; None on CPU, where PyTorch keeps no per-phase peak) in
+`metrics`. An OOM raises `ResourceError` (exit 1): nothing of the
 update has been saved, so the last checkpoint stays the run's latest.
 """
 
@@ -27,10 +28,12 @@ GIB = 2**30
 
 @contextlib.contextmanager
 def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, lower: str) -> Iterator[None]:
+    from ouro_cli.model.pointwise import compile_seconds
+
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
+    start, compiled = time.perf_counter(), compile_seconds()
     try:
         yield
     except torch.OutOfMemoryError as err:
@@ -40,6 +43,7 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
         raise ResourceError(f"out of {where} memory in the {name} phase ({size}); lower {lower}") from err
     finally:
         metrics[f"{name}_s"] = time.perf_counter() - start
+        metrics[f"{name}_compile_s"] = compile_seconds() - compiled
         metrics[f"peak_memory_{name}_gib"] = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
 
 

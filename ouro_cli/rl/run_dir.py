@@ -8,6 +8,7 @@
       evaluations.jsonl      held-out accuracy per K, one line per (update, K)
       rollouts/update_000003.jsonl   every sample of an update: tokens, depths, logprobs, reward
       metrics.png            reward and mean exit depth per update (written at the end)
+      logs/warnings.log      third-party warnings of every command run on it (ouro_cli/warnings_log.py)
       hf/                    optional HF export (--export-hf)
 """
 
@@ -54,6 +55,10 @@ class RunDir:
     @property
     def plot(self) -> Path:
         return self.root / "metrics.png"
+
+    @property
+    def warnings_log(self) -> Path:
+        return self.root / "logs" / "warnings.log"
 
     @property
     def hf_export(self) -> Path:

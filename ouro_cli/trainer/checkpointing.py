@@ -15,6 +15,13 @@ Inside the dist checkpoint:
   caller's `extra` dict (data cursor, update id; JSON only, also in trainer_state.json);
 - `rng`: one ShardedObject per rank (Python, NumPy, torch CPU/CUDA, Megatron tracker).
 
+Failures (`save_guard`): before anything is written, rank 0 checks that the disk has room
+for the checkpoint (its size is known: every model, main-weight and Adam tensor, plus a
+margin) and refuses with one line naming the bytes needed and free. A save that fails
+anyway (a full disk, a permission, a killed writer process, whose megatron error names
+none of these) is reported as one `ResourceError` naming the cause; its staging
+directory is removed and the previous iteration stays the latest.
+
 Validity (ouro_cli.checkpoint.layout): everything is written under `iter_N.staging/`,
 then the staging directory is marked complete, renamed and the tracker rewritten, all
 by rank 0 after every rank finished writing. A process killed at any point before the
@@ -25,15 +32,18 @@ only after that (keep_last). Megatron's saver spawns a helper process that re-im
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ouro_cli.checkpoint import layout
-from ouro_cli.errors import UserError
+from ouro_cli.errors import ResourceError, UserError
 
 from . import rng
 from .optimizer import adam_steps, init_optimizer_state, set_adam_steps
@@ -63,14 +73,22 @@ def _state(module, optimizer, scheduler, *, is_loading: bool, iteration=None, ex
 def save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: bool, extra: dict | None,
          keep_last: int | None, before_commit: Callable[[Path], None] | None = None) -> Path:
     """Write iteration `iteration` under `root` and make it the latest (collective call)."""
-    from megatron.core import dist_checkpointing
-
     root = Path(root)
     extra = dict(extra or {})
     try:
         extra_json = json.dumps(extra, sort_keys=True)
     except TypeError as err:
         raise UserError(f"checkpoint extra state must be JSON-serialisable: {err}") from err
+    init_optimizer_state(optimizer)  # the distributed optimizer cannot save a state that does not exist
+    with save_guard(root, iteration, checkpoint_bytes(module, optimizer)):
+        return _save(root, iteration, module=module, optimizer=optimizer, scheduler=scheduler, on_cuda=on_cuda,
+                     extra=extra, extra_json=extra_json, keep_last=keep_last, before_commit=before_commit)
+
+
+def _save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: bool, extra: dict, extra_json: str,
+          keep_last: int | None, before_commit: Callable[[Path], None] | None) -> Path:
+    from megatron.core import dist_checkpointing
+
     rank0 = dist.get_rank() == 0
     if rank0:
         root.mkdir(parents=True, exist_ok=True)
@@ -81,7 +99,6 @@ def save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: b
             module.ouro_config.save(assets)
     dist.barrier()
     staging = root / (layout.iteration_dir_name(iteration) + ".staging")
-    init_optimizer_state(optimizer)  # the distributed optimizer cannot save a state that does not exist
     state = _state(module, optimizer, scheduler, is_loading=False, iteration=iteration,
                    extra=extra, rng_state=rng.capture(on_cuda))
     dist_checkpointing.save(state, str(staging), content_metadata=CONTENT_METADATA)
@@ -95,6 +112,98 @@ def save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: b
         layout.commit_iteration(root, iteration, keep_last=keep_last)
     dist.barrier()
     return root / layout.iteration_dir_name(iteration)
+
+
+# What a checkpoint holds beyond its tensors (metadata, common state, RNG), and the margin a
+# filesystem needs around a large write.
+SAVE_MARGIN_BYTES = 16 * 2**20
+SAVE_MARGIN_FRACTION = 0.05
+
+
+def checkpoint_bytes(module, optimizer) -> int:
+    """This rank's checkpoint size: model tensors, and every tensor of the optimizer's state
+    (fp32 main weights, Adam moments) that the dist checkpoint writes."""
+    from .optimizer import torch_optimizers
+
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    for opt in torch_optimizers(optimizer):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.dtype == torch.float32 and any(p is q for q in module.parameters()):
+                    continue  # fp32 params are their own main weights: written once, as the model
+                total += p.numel() * p.element_size()
+        for state in opt.state.values():
+            total += sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+    return int(total)
+
+
+@contextlib.contextmanager
+def save_guard(root: Path, iteration: int, nbytes: int) -> Iterator[None]:
+    """Refuse a save the disk cannot hold, and turn any failure of the save into one line
+    with its cause, leaving no staging directory behind (module docstring)."""
+    need = torch.tensor([nbytes], dtype=torch.int64)
+    if dist.get_world_size() > 1 and dist.get_backend() == "gloo":
+        dist.all_reduce(need)
+    elif dist.get_world_size() > 1:  # NCCL reduces device tensors
+        need = need.cuda()
+        dist.all_reduce(need)
+    need_total = int(need.item())
+    need_total += int(SAVE_MARGIN_FRACTION * need_total) + SAVE_MARGIN_BYTES
+    where = _existing_parent(root)
+    free = shutil.disk_usage(where).free
+    name = layout.iteration_dir_name(iteration)
+    if free < need_total:
+        raise ResourceError(f"not enough disk space to save checkpoint {name}: it needs about {_gib(need_total)}, "
+                            f"{where} has {_gib(free)} free; free some space, lower --keep-last, or use a run "
+                            "directory on a larger disk (the last checkpoint is intact)")
+    try:
+        yield
+    except BaseException as err:  # torch DCP's CheckpointException is a BaseException
+        passthrough = isinstance(err, KeyboardInterrupt | SystemExit | UserError)
+        cause = None if passthrough else _save_failure(err, where, need_total)  # before the staging space is freed
+        if dist.get_rank() == 0:
+            shutil.rmtree(Path(root) / (name + ".staging"), ignore_errors=True)
+        if passthrough:
+            raise
+        raise ResourceError(f"saving checkpoint {name} failed: {cause} (the last checkpoint is intact)") from err
+
+
+def _existing_parent(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _save_failure(err: BaseException, where: Path, need: int) -> str:
+    """The cause of a failed save in words: megatron's writers report a full disk as a
+    "Worker failure" whose text never says so, so the disk itself is asked too."""
+    chain: list[BaseException] = []
+    e: BaseException | None = err
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    text = " ".join(f"{type(x).__name__}: {x}" for x in chain)
+    codes = {getattr(x, "errno", None) for x in chain}
+    free = shutil.disk_usage(where).free
+    if errno.ENOSPC in codes or "No space left" in text or free < need // 20:
+        return f"the disk is full ({where} has {_gib(free)} free)"
+    if errno.EACCES in codes or errno.EROFS in codes or any(isinstance(x, PermissionError) for x in chain):
+        return f"permission denied writing under {where}"
+    if "inline_container" in text or "file write failed" in text:
+        return f"a file could not be written under {where} ({_gib(free)} free; the disk may be full)"
+    if "Worker failure" in text or "died" in text or "killed" in text.lower():
+        return "a checkpoint writer process failed: " + _first_line(err)
+    return _first_line(err)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 def load(root: Path, *, module, optimizer, scheduler, on_cuda: bool) -> tuple[int, dict]:

@@ -1,0 +1,132 @@
+"""A save that cannot succeed fails in one line naming its cause, and leaves nothing behind.
+
+On a small tmpfs (root mounts one; CI runs as root): a disk too small for the checkpoint
+is refused before anything is written; a write that runs out of space part-way (the
+size estimate made to miss) names the full disk, removes its staging directory and
+leaves the previous iteration latest and loadable. A read-only directory names the
+permission.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from ouro_cli.checkpoint import layout
+from ouro_cli.errors import ResourceError
+from ouro_cli.model import build, tiny_config
+
+pytest.importorskip("megatron.core")
+
+
+@contextlib.contextmanager
+def tmpfs(size: str):
+    """A fresh tmpfs of `size`, or a skip where this process may not mount one."""
+    mount = Path("/tmp") / f"ouro-tmpfs-{uuid.uuid4().hex[:8]}"
+    mount.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        try:
+            yield mount
+        finally:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+    finally:
+        with contextlib.suppress(OSError):
+            mount.rmdir()
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    """A trainer that has taken one step (Adam state exists, as in any saved run)."""
+    from _trainer_samples import make_samples
+
+    from ouro_cli.trainer import Trainer, TrainerConfig
+
+    model = build(tiny_config(), seed=3)
+    with Trainer(copy.deepcopy(model), TrainerConfig(device="cpu", lr=1e-3)) as t:
+        t.train_step(make_samples(model, 4, seed=1))
+        yield t
+
+
+def fill(directory: Path, leave: int) -> None:
+    """Write a file that leaves about `leave` bytes free on `directory`'s filesystem."""
+    free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+    with open(directory / "filler", "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+
+
+def test_too_small_a_disk_is_refused_before_writing(trainer):
+    with tmpfs("4m") as mount:
+        root = mount / "ckpt"
+        with pytest.raises(ResourceError) as err:
+            trainer.save(root, 1)
+        message = str(err.value)
+        assert "\n" not in message
+        assert message.startswith("not enough disk space to save checkpoint iter_0000001: it needs about")
+        assert "GiB free" in message and "the last checkpoint is intact" in message
+        assert not root.exists() or not any(root.iterdir())  # nothing was written
+
+
+def test_a_full_disk_mid_save_names_it_and_keeps_the_last_checkpoint(trainer, monkeypatch):
+    from ouro_cli.trainer import checkpointing
+
+    monkeypatch.setattr(checkpointing, "SAVE_MARGIN_BYTES", 0)
+    with tmpfs("24m") as mount:
+        root = mount / "ckpt"
+        trainer.save(root, 1, extra={"next_update": 1})
+        size = sum(f.stat().st_size for f in (root / "iter_0000001").rglob("*") if f.is_file())
+        fill(mount, leave=size // 3)  # the next save passes the check (estimate made to miss), then runs out
+        monkeypatch.setattr(checkpointing, "checkpoint_bytes", lambda module, optimizer: 0)
+        with pytest.raises(ResourceError) as err:
+            trainer.save(root, 2, extra={"next_update": 2})
+        message = str(err.value)
+        assert "\n" not in message
+        assert message.startswith("saving checkpoint iter_0000002 failed: ")
+        assert "disk" in message and "the last checkpoint is intact" in message
+        assert not (root / "iter_0000002.staging").exists() and not (root / "iter_0000002").exists()
+        assert layout.read_tracker(root) == 1
+        before = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
+        assert trainer.load(root) == {"next_update": 1}
+        assert all(torch.equal(before[n], p) for n, p in trainer.module.named_parameters())
+
+
+def test_a_read_only_directory_names_the_permission(trainer, tmp_path):
+    if os.geteuid() == 0:
+        # root writes through permission bits; a read-only mount stops it
+        with tmpfs("64m") as mount:
+            root = mount / "ckpt"
+            root.mkdir()
+            subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+            with pytest.raises(ResourceError, match="saving checkpoint iter_0000001 failed: permission denied"):
+                trainer.save(root, 1)
+    else:
+        root = tmp_path / "ckpt"
+        root.mkdir()
+        root.chmod(0o500)
+        with pytest.raises(ResourceError, match="saving checkpoint iter_0000001 failed: permission denied"):
+            trainer.save(root, 1)
+
+
+def test_ouro_train_on_a_full_disk_exits_1_with_one_line():
+    import sys
+
+    with tmpfs("4m") as mount:
+        run = mount / "run"
+        done = subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", "train", "--updates", "1", "--eval-prompts", "4",
+                               "--prompts-per-update", "2", "--group-size", "2", "--run-dir", str(run)],
+                              capture_output=True, text=True, timeout=300)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert len(errors) == 1 and "not enough disk space to save checkpoint iter_0000001" in errors[0], done.stderr
+        assert "Traceback" not in done.stderr
+        assert not list((run / "checkpoint").glob("iter_*"))
