@@ -2,7 +2,8 @@
 
     python examples/tiny/generate.py
 
-writes, next to this file:
+writes into the package's bundle, ouro_cli/bundled/tiny/ (shipped in the wheel as package
+data, so that an installed `ouro train` finds its defaults):
 
     model/            HF Ouro directory: config.json, model.safetensors, tokenizer.json,
                       tokenizer_config.json (ChatML template), generation_config.json
@@ -55,9 +56,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # run from a clone without installing the package
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run from a clone without installing the package
 
+from ouro_cli.bundled import TINY as BUNDLE  # noqa: E402
 from ouro_cli.checkpoint import write_hf  # noqa: E402
 from ouro_cli.model import OuroForCausalLM, build, tiny_config  # noqa: E402
 
@@ -378,7 +380,7 @@ def model_config():
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="where to write (default: next to this file)")
+    parser.add_argument("--out", type=Path, default=BUNDLE, help="where to write (default: ouro_cli/bundled/tiny)")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt for the report")
     args = parser.parse_args()
 

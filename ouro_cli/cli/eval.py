@@ -18,7 +18,7 @@ from .common import JSON_OPTION, OVERWRITE_OPTION, console, run_command
 
 EPILOG = """Examples:
 
-  ouro eval examples/tiny/model --data examples/tiny/eval.jsonl --depths 1 2 3 4 --prompts 200
+  ouro eval ouro_cli/bundled/tiny/model --data ouro_cli/bundled/tiny/eval.jsonl --depths 1 2 3 4 --prompts 200
 
   ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4 --reward-function ouro_cli.rl.rewards.math_answer --out evals/grpo-1
 """
