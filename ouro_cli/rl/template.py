@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
@@ -96,6 +97,23 @@ def get_template(name: str = DEFAULT_TEMPLATE, tokenizer: Any = None) -> PromptT
     raise UserError(f"unknown prompt template {name!r}; choose chatml (default), raw or tokenizer")
 
 
+def template_for_checkpoint(name: str, assets_dir: str | Path) -> PromptTemplate:
+    """The template called `name` for the checkpoint whose tokenizer files are in `assets_dir`
+    (its HF directory, or a Megatron checkpoint's hf_assets/): "tokenizer" loads that
+    tokenizer, for its chat template; the other templates do not need it.
+
+    The tokenizer is loaded as the fast tokenizer of its tokenizer.json (the file the engine
+    tokenises with), not through AutoTokenizer: an Ouro config.json names remote code
+    (`auto_map`), and AutoTokenizer would stop to ask whether to trust it."""
+    tokenizer = None
+    if name == "tokenizer":
+        from transformers import PreTrainedTokenizerFast  # only here: importing transformers takes seconds
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(assets_dir))
+    return get_template(name, tokenizer)
+
+
 TEMPLATE_NAMES = ("chatml", "raw", "tokenizer")
 
-__all__ = ["CHATML_JINJA", "DEFAULT_TEMPLATE", "PromptTemplate", "TEMPLATE_NAMES", "as_messages", "get_template"]
+__all__ = ["CHATML_JINJA", "DEFAULT_TEMPLATE", "PromptTemplate", "TEMPLATE_NAMES", "as_messages", "get_template",
+           "template_for_checkpoint"]
