@@ -107,7 +107,8 @@ def template_for_checkpoint(name: str, assets_dir: str | Path) -> PromptTemplate
     (`auto_map`), and AutoTokenizer would stop to ask whether to trust it."""
     tokenizer = None
     if name == "tokenizer":
-        from transformers import PreTrainedTokenizerFast  # only here: importing transformers takes seconds
+        # imported only here: importing transformers takes seconds
+        from transformers import PreTrainedTokenizerFast
 
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(assets_dir))
     return get_template(name, tokenizer)
