@@ -21,7 +21,7 @@ Why it is built this way:
   update on a laptop CPU takes seconds.
 - The model is pre-trained teacher-forced on prompt + response, loss on the response only,
   with the prompt at full depth T and the response of each sequence at one depth drawn
-  from `DEPTH_MIX`, mostly T — the rollout/replay contract of OURO.md §3 with a uniform
+  from `DEPTH_MIX`, mostly T — the rollout/replay contract of docs/model.md §3 with a uniform
   decode budget K. The loops therefore matter: K = 4 is clearly better than K = 1.
 - Partial reward by design: in `SLIP_RATE` of the pre-training responses (drawn afresh
   each time) one step's result is off by 1 or 2 and the slip is carried to the boxed
@@ -311,7 +311,7 @@ def sample(model: OuroForCausalLM, prompts: torch.Tensor, K: int, stops: torch.T
            temperature: float, max_new_tokens: int) -> torch.Tensor:
     """prompts [B, m] -> sampled tokens [B, <= max_new_tokens] (0 after a stop token).
 
-    OURO.md §3 with a uniform budget K: the prompt is prefilled at depth T (its K/V kept
+    docs/model.md §3 with a uniform budget K: the prompt is prefilled at depth T (its K/V kept
     per loop and layer), the first token is sampled from its last position, and every
     later token runs K loops, attending at loop t to plane t of all earlier tokens.
     Planes past K are never read, so they are not extended.

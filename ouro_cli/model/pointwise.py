@@ -37,7 +37,8 @@ from ouro_cli.errors import SettingError
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`w * (x_wide * rsqrt(mean(x_wide^2) + eps)).to(x.dtype)`, x_wide at least fp32 (OURO.md §2)."""
+    """`w * (x_wide * rsqrt(mean(x_wide^2) + eps)).to(x.dtype)`, x_wide at least fp32
+    (docs/model.md §2)."""
     return _dispatch(_rms_norm, x)(x, weight, eps)
 
 
@@ -181,7 +182,7 @@ def _compiled(fn: Callable) -> Callable:
     # dynamic=None: the first shape compiles static, a second one a kernel generic in the
     # dims that changed (batch, length), so decode buckets and prompt lengths reuse it.
     # emulate_precision_casts keeps the roundings the formulas spell out (the normed value
-    # is rounded to the activation dtype before the weight multiplies it, OURO.md §2);
+    # is rounded to the activation dtype before the weight multiplies it, docs/model.md §2);
     # without it inductor computes the whole chain in fp32, which is not Ouro's function
     # and differs from the eager path (the CPU tests, the engine's prefill) in bf16.
     import torch._inductor.config as inductor_config  # only when compiling: importing inductor is slow

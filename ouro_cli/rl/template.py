@@ -5,8 +5,8 @@
 
       <|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n
 
-  `<|im_start|>` and `<|im_end|>` are token ids 1 and 2 of the Ouro tokenizer (OURO.md
-  §1), so the rendered text tokenises to exactly those control tokens.
+  `<|im_start|>` and `<|im_end|>` are token ids 1 and 2 of the Ouro tokenizer
+  (docs/model.md §1), so the rendered text tokenises to exactly those control tokens.
 - `raw`: a string prompt is used as is (a base model continuing a plain-text prompt);
   chat-message prompts are refused, because there is no honest way to flatten them.
 - `tokenizer`: the chat template that ships with the checkpoint's tokenizer
