@@ -6,7 +6,7 @@
     python bench/agree_sensitivity.py --shape tiny --dtype fp32
 
 The engine samples rollouts (K = 2, 3, 4 and a τ = 0.7 exit, as bench/gpu_table.py's agree
-section); the model the trainer wraps replays them with their exit depths (OURO.md §3).
+section); the model the trainer wraps replays them with their exit depths (docs/model.md §3).
 Rows: the engine against the replay (the agreement the issue targets), the replay against
 itself (0: it is deterministic), and the replay against a replay whose embedding output has
 a random fraction of its values moved one ulp up (`--fractions`). When a nudge far smaller

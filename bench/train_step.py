@@ -15,7 +15,7 @@ FLOP accounting (per step, summed over ranks):
   per layer-token evaluation 2 × (matmul parameters of a layer) plus causal attention
   4 × visible keys × q width, plus the LM head 2 × hidden × vocab at every position.
   Padding, skipped-but-computed loops and recompute are not counted: this is the
-  number to compare with the reference (≈221 model TFLOP/s at 7,041 tok/s, DESIGN.md);
+  number to compare with the reference (≈221 model TFLOP/s at 7,041 tok/s, docs/performance.md §2);
 - executed TFLOP/s (matmuls only) counts what the replay really ran (all loops up to the micro-batch's
   deepest token on all positions incl. padding, and the recompute forward).
 Not a test: bench/ is outside pytest's testpaths. Prints one JSON object.

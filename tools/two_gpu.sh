@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11 on a 2-GPU machine, on the bundled tiny Ouro (examples/tiny), bf16 on CUDA:
+# Issue 11 on a 2-GPU machine, on the bundled tiny Ouro (ouro_cli/bundled/tiny), bf16 on CUDA:
 #   a. data parallel: `ouro train` on 1 GPU (run A) and under torchrun on 2 GPUs (run B),
 #      same seed and global batch; tools/compare_runs.py A B; both ranks in B's metrics.
 #      The control: run A2 is A on 1 GPU with two micro-batches (another gradient summation
@@ -105,7 +105,7 @@ step() {
 
 OURO=("$PYTHON" -m ouro_cli.cli.app)
 TORCHRUN=("$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 2)
-TINY=$PWD/examples/tiny
+TINY=$PWD/ouro_cli/bundled/tiny
 COMMON=(--model "$TINY/model" --data "$TINY/train.jsonl" --eval-data "$TINY/eval.jsonl" --device "$DEVICE"
         --dtype "$DTYPE" --depths 2 3 4 --updates "$UPDATES" --max-response-len "$RESP" --eval-prompts 16
         --eval-depths 4 --save-interval 0 --seed 1234 --overwrite)

@@ -2,7 +2,8 @@
 
     python examples/tiny/generate.py
 
-writes, next to this file:
+writes into the package's bundle, ouro_cli/bundled/tiny/ (shipped in the wheel as package
+data, so that an installed `ouro train` finds its defaults):
 
     model/            HF Ouro directory: config.json, model.safetensors, tokenizer.json,
                       tokenizer_config.json (ChatML template), generation_config.json
@@ -20,7 +21,7 @@ Why it is built this way:
   update on a laptop CPU takes seconds.
 - The model is pre-trained teacher-forced on prompt + response, loss on the response only,
   with the prompt at full depth T and the response of each sequence at one depth drawn
-  from `DEPTH_MIX`, mostly T — the rollout/replay contract of OURO.md §3 with a uniform
+  from `DEPTH_MIX`, mostly T — the rollout/replay contract of docs/model.md §3 with a uniform
   decode budget K. The loops therefore matter: K = 4 is clearly better than K = 1.
 - Partial reward by design: in `SLIP_RATE` of the pre-training responses (drawn afresh
   each time) one step's result is off by 1 or 2 and the slip is carried to the boxed
@@ -55,9 +56,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # run from a clone without installing the package
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run from a clone without installing the package
 
+from ouro_cli.bundled import TINY as BUNDLE  # noqa: E402
 from ouro_cli.checkpoint import write_hf  # noqa: E402
 from ouro_cli.model import OuroForCausalLM, build, tiny_config  # noqa: E402
 
@@ -309,7 +311,7 @@ def sample(model: OuroForCausalLM, prompts: torch.Tensor, K: int, stops: torch.T
            temperature: float, max_new_tokens: int) -> torch.Tensor:
     """prompts [B, m] -> sampled tokens [B, <= max_new_tokens] (0 after a stop token).
 
-    OURO.md §3 with a uniform budget K: the prompt is prefilled at depth T (its K/V kept
+    docs/model.md §3 with a uniform budget K: the prompt is prefilled at depth T (its K/V kept
     per loop and layer), the first token is sampled from its last position, and every
     later token runs K loops, attending at loop t to plane t of all earlier tokens.
     Planes past K are never read, so they are not extended.
@@ -378,7 +380,7 @@ def model_config():
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="where to write (default: next to this file)")
+    parser.add_argument("--out", type=Path, default=BUNDLE, help="where to write (default: ouro_cli/bundled/tiny)")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt for the report")
     args = parser.parse_args()
 

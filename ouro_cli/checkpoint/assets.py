@@ -2,7 +2,7 @@
 
 An Ouro checkpoint loads through `trust_remote_code` (`configuration_ouro.py`,
 `modeling_ouro.py`) and its tokenizer files; a conversion or export that dropped them
-would produce a directory that no longer loads where the original did (OURO.md §1).
+would produce a directory that no longer loads where the original did (docs/model.md §1).
 They are copied verbatim. `config.json` is not among them: it is always rewritten from
 the parsed `OuroConfig`, which keeps unknown keys.
 """

@@ -2,7 +2,7 @@
 
 Every format in ouro (Hugging Face safetensors, Megatron dist checkpoints, weight
 publication to the engine) names tensors by their physical Hugging Face name
-(`model.layers.3.self_attn.q_proj.weight`, `lm_head.weight`, ...; OURO.md §1). The
+(`model.layers.3.self_attn.q_proj.weight`, `lm_head.weight`, ...; docs/model.md §1). The
 expected table is derived from the model itself, built on the meta device, so it can
 never drift from `ouro_cli.model`: at Ouro-1.4B it has 269 tensors and 1,434,652,673
 parameters, and allocates nothing.

@@ -18,7 +18,7 @@ from .common import JSON_OPTION, OVERWRITE_OPTION, console, run_command
 
 EPILOG = """Examples:
 
-  ouro eval examples/tiny/model --data examples/tiny/eval.jsonl --depths 1 2 3 4 --prompts 200
+  ouro eval ouro_cli/bundled/tiny/model --data ouro_cli/bundled/tiny/eval.jsonl --depths 1 2 3 4 --prompts 200
 
   ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4 --reward-function ouro_cli.rl.rewards.math_answer --out evals/grpo-1
 """
@@ -48,7 +48,7 @@ def eval_command(
         from ouro_cli.errors import UserError
         from ouro_cli.rl.data import load_dataset
         from ouro_cli.rl.rewards import check_labels, load_reward
-        from ouro_cli.rl.template import get_template
+        from ouro_cli.rl.template import template_for_checkpoint
 
         if prompts < 1 or max_response_len < 1 or not temperature > 0:
             raise UserError("--prompts and --max-response-len must be >= 1 and --temperature > 0")
@@ -77,7 +77,7 @@ def eval_command(
             codec = TextCodec.from_dir(source.assets_dir)
             if codec is None:
                 raise UserError(f"{model} has no tokenizer.json")
-            template = get_template(prompt_template)
+            template = template_for_checkpoint(prompt_template, source.assets_dir)
             prompt_ids = tokenize_prompts(codec, template, rows, source.config.max_position_embeddings, max_response_len, data)
             net = from_state_dict(source.config, dict(source.iter_tensors()), device=dev)
         engine = LLM(net, max_num_seqs=max_num_seqs)

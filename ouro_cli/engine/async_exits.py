@@ -6,7 +6,7 @@ loop t + 1 and the device idles for the launch latency of a whole loop (~100 ker
 per loop at Ouro-1.4B). With `LLM(..., async_scheduling=True)` loop t + 1 is queued
 first, and only then does the host read the signal that loop t - 1 produced.
 
-That is exactly the delayed exit policy of OURO.md §3: with delay 1 a row whose
+That is exactly the delayed exit policy of docs/model.md §3: with delay 1 a row whose
 signal fires after loop t stops after loop t + 1, so "every row stops after loop t"
 is already decided once loop t - 1 has been accounted (exits.ExitState: stop_after
 ≤ t). The flag is computed on the device after loop t - 1, copied to host memory

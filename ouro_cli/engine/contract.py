@@ -5,7 +5,7 @@ typed, runtime-checkable Protocol, so an adapter to another engine (a vLLM-famil
 server, a PD coordinator) only has to return these objects and implement these
 methods; the conformance tests in tests/unit/engine run against any factory.
 
-Semantics are those of OURO.md §3–5: prefill at full depth T, decode at 1..K loops
+Semantics are those of docs/model.md §3–5: prefill at full depth T, decode at 1..K loops
 per token, `exit_depths[0] == T`, raw/processed log-probabilities, per-request seeds
 reported back, and the start/update/finish weight publication on an idle engine.
 """
@@ -135,7 +135,7 @@ class RequestOutput:
     """One finished request. `log_probs[j]` scores `output_token_ids[j]` (None unless asked).
 
     `exit_depths[0]` is T (token 0 came from the full-depth prefill); `exit_depths[j]` is
-    the number of loops run on input token j-1 to produce token j (OURO.md §3).
+    the number of loops run on input token j-1 to produce token j (docs/model.md §3).
     `sampling_params` are the effective ones: K resolved and the seed actually used.
     """
 
@@ -157,7 +157,7 @@ WeightChunk = Iterable[tuple[str, torch.Tensor]]
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What `ouro train` needs from a rollout engine (OURO.md §3–5).
+    """What `ouro train` needs from a rollout engine (docs/model.md §3–5).
 
     - `generate` returns one output per prompt, in input order; `params` is one
       SamplingParams for all prompts or a sequence with one per prompt.

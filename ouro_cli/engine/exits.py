@@ -1,4 +1,4 @@
-"""Exit policies for decoding: how many loops each token of a batch runs (OURO.md §3).
+"""Exit policies for decoding: how many loops each token of a batch runs (docs/model.md §3).
 
 Every policy is reduced to four per-row numbers so that one batched, branch-free
 update serves a batch that mixes them (and stays on the device, with no host sync

@@ -2,7 +2,7 @@
 
 Why our own: paged-attention libraries on PyPI (vLLM, FlashInfer, SGLang) page one
 K/V plane per layer. Ouro needs T planes per layer (one per loop) with the
-*last-exited* layout of OURO.md §3: a token that ran e loops has real K/V in planes
+*last-exited* layout of docs/model.md §3: a token that ran e loops has real K/V in planes
 1..e and planes e+1..T hold a copy of plane e, so a later query at loop d reads
 version min(d, e) with a plain per-plane lookup. None of them pages per-loop planes
 with that rule, so the cache is written here, kept simple, and checked by the

@@ -1,6 +1,6 @@
 """Decode attention over the paged KV cache, in plain torch, invariant to batch composition.
 
-A row's result must not depend on which other rows share its step (OURO.md §4: any
+A row's result must not depend on which other rows share its step (docs/model.md §4: any
 request replays bit for bit; the tests compare max_num_seqs 1 vs 4). Padding every
 row to the batch's longest context would change the reduction length of softmax and
 of p·V, and with it the rounding. So the context is cut into fixed-size chunks at

@@ -1,4 +1,4 @@
-"""Weight publication into a live model, exactly as OURO.md §5 requires.
+"""Weight publication into a live model, exactly as docs/model.md §5 requires.
 
     start(version) -> update(chunk)* -> finish()
 

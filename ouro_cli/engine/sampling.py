@@ -1,4 +1,4 @@
-"""Token sampling and log-probabilities exactly as OURO.md §4 defines them.
+"""Token sampling and log-probabilities exactly as docs/model.md §4 defines them.
 
 processed = log_softmax over fp32 logits / temperature, restricted by top-k then
 top-p and renormalised; the sampled token is drawn from exactly that distribution,

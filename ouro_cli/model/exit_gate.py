@@ -1,4 +1,4 @@
-"""The exit gate's distribution over loops (OURO.md §2).
+"""The exit gate's distribution over loops (docs/model.md §2).
 
 `λ_t = sigmoid(gate(h_t))`; `p_t = λ_t · Π_{s<t}(1 − λ_s)` for t < T and
 `p_T = Π_{s<T}(1 − λ_s)`, so the distribution always sums to one and the CDF

@@ -4,7 +4,7 @@ Decoding multiplies a handful of rows by each weight matrix. A [2048 × 2048] pr
 then splits into a few dozen output tiles, too few to keep an H200's 132 SMs reading
 memory, and q, k, v, gate and up are five such launches per layer and loop. One
 [q;k;v] and one [gate;up] matrix give each GEMM 3x and 5.5x more tiles and two launches
-instead of five.
+instead of five (docs/performance.md §4).
 
 The HF parameters stay what they were to everything else: `q_proj.weight` etc. become
 views into the fused matrix (same names, shapes, values), so weight publication, which

@@ -1,9 +1,10 @@
-"""One Ouro decoder layer and its parts (OURO.md §2), written once for every caller.
+"""One Ouro decoder layer and its parts (docs/model.md §2), written once for every caller.
 
 The layer does not own its attention over past tokens: it computes q, k, v for the
 tokens it is given and hands them to an `attend(q, k, v)` callable supplied by the
-caller. The trainer's dense replay (`ouro_cli.model.replay`) and the engine's paged
-KV cache plug in there, so the projections, norms, RoPE and MLP exist exactly once.
+caller. The whole-sequence forward (`OuroForCausalLM.forward`: the trainer's replay, the
+engine's prefill) plugs in dense attention there and the engine's decode step attention over
+its paged KV cache, so the projections, norms, RoPE and MLP exist exactly once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    """`w * (x_fp32 * rsqrt(mean(x_fp32^2) + eps)).to(x.dtype)` (OURO.md §2)."""
+    """`w * (x_wide * rsqrt(mean(x_wide^2) + eps)).to(x.dtype)`, x_wide at least fp32
+    (docs/model.md §2)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()

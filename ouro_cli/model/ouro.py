@@ -1,4 +1,4 @@
-"""Ouro in PyTorch: one stack of layers applied up to T times per token (OURO.md §2–3).
+"""Ouro in PyTorch: one stack of layers applied up to T times per token (docs/model.md §2–3).
 
 `OuroForCausalLM` owns the parameters under their physical Hugging Face names
 (`model.layers.{i}...`, `model.norm`, `model.early_exit_gate`, `lm_head`): the

@@ -13,10 +13,8 @@ eager functions; `OURO_COMPILE=0` turns compilation off on CUDA too, `OURO_COMPI
 turns it on for CPU as well. Where they compile, each whole layer call of the
 full-sequence forward (the trainer's replay) compiles as one region (`region`), these
 functions traced inside it (`OURO_COMPILE_LAYERS`, default "auto"; "0": one compiled call
-per function): on the H200 the trainer's step was host-bound with a compiled call per
-function, ~180 µs of host time forward and ~370 µs backward each, four per layer call;
-one region per layer call took the 1.4B step (8 × 1024, K = 4) from 331 to 395-460
-model TFLOP/s (bench/train_step.py, bench/gpu_table.py; runs vary).
+per function): every compiled call costs host time in guards and wrappers, and a training
+step that paid it once per function was host-bound (docs/performance.md §8).
 Both the engine and the trainer call these same functions, so on a GPU they stay one
 forward pass; the compiled kernels keep eager's intermediate roundings (bf16 results on
 CPU are bit-identical to eager).
@@ -37,7 +35,8 @@ from ouro_cli.errors import SettingError
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`w * (x_wide * rsqrt(mean(x_wide^2) + eps)).to(x.dtype)`, x_wide at least fp32 (OURO.md §2)."""
+    """`w * (x_wide * rsqrt(mean(x_wide^2) + eps)).to(x.dtype)`, x_wide at least fp32
+    (docs/model.md §2)."""
     return _dispatch(_rms_norm, x)(x, weight, eps)
 
 
@@ -167,10 +166,9 @@ _local = threading.local()
 def eager():
     """Run the plain functions inside this block, on any device.
 
-    A compiled call cost ~150 µs of host time (guards, wrappers; measured on the H200
-    machine) against a few eager kernel launches. That pays off where the GPU work is
-    large (training) or the host cost is paid once (CUDA-graph capture), not in the
-    engine's eager prefill, where a 128-token prefill at 1.4B took 125 ms, mostly there."""
+    A compiled call costs more host time (guards, wrappers) than a few eager kernel
+    launches. That pays off where the GPU work is large (training) or the host cost is paid
+    once (CUDA-graph capture), not in the engine's host-bound prefill (docs/performance.md §6)."""
     before = getattr(_local, "eager", False)
     _local.eager = True
     try:
@@ -209,7 +207,7 @@ def _compiled(fn: Callable, dynamic: bool | None = None) -> Callable:
     # one a kernel generic in the dims that changed (batch, length), so decode buckets and
     # prompt lengths reuse it; dynamic=True (`region`): generic from the start.
     # emulate_precision_casts keeps the roundings the formulas spell out (the normed value
-    # is rounded to the activation dtype before the weight multiplies it, OURO.md §2);
+    # is rounded to the activation dtype before the weight multiplies it, docs/model.md §2);
     # without it inductor computes the whole chain in fp32, which is not Ouro's function
     # and differs from the eager path (the CPU tests, the engine's prefill) in bf16.
     import torch._inductor.config as inductor_config  # only when compiling: importing inductor is slow

@@ -1,4 +1,4 @@
-"""Group-normalised advantages: `(r − mean_group) / (std_group + 1e-6)` (DESIGN.md).
+"""Group-normalised advantages: `(r − mean_group) / (std_group + 1e-6)` (docs/architecture.md §3).
 
 std is the population standard deviation of the group (a group of equal rewards gets
 zero advantage, so it contributes no gradient). No KL, no reference, no critic.

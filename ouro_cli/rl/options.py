@@ -18,7 +18,7 @@ from typing import Any
 
 from ouro_cli.errors import UserError
 
-BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+BUNDLED = Path(__file__).resolve().parents[1] / "bundled" / "tiny"  # package data (ouro_cli/bundled)
 
 @dataclass
 class TrainOptions:

@@ -1,4 +1,4 @@
-"""Weight publication from the trainer to the engine (OURO.md §5), in size-bounded buckets.
+"""Weight publication from the trainer to the engine (docs/model.md §5), in size-bounded buckets.
 
 `start_weight_update(version)` → `update_weights(bucket)`* → `finish_weight_update()`.
 Buckets hold whole tensors up to `bucket_bytes`, so a transport that stages a bucket at

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import UserError
 
 EXECUTION_KEYS = (
-    "prefill_depth",       # T: prompts always run every loop (OURO.md §3)
+    "prefill_depth",       # T: prompts always run every loop (docs/model.md §3)
     "max_loops",           # decode budget K of this update
     "min_loops",
     "exit_threshold",      # τ; 1.0 means exactly K loops

@@ -5,8 +5,8 @@
 
       <|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n
 
-  `<|im_start|>` and `<|im_end|>` are token ids 1 and 2 of the Ouro tokenizer (OURO.md
-  §1), so the rendered text tokenises to exactly those control tokens.
+  `<|im_start|>` and `<|im_end|>` are token ids 1 and 2 of the Ouro tokenizer
+  (docs/model.md §1), so the rendered text tokenises to exactly those control tokens.
 - `raw`: a string prompt is used as is (a base model continuing a plain-text prompt);
   chat-message prompts are refused, because there is no honest way to flatten them.
 - `tokenizer`: the chat template that ships with the checkpoint's tokenizer
@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
@@ -96,6 +97,24 @@ def get_template(name: str = DEFAULT_TEMPLATE, tokenizer: Any = None) -> PromptT
     raise UserError(f"unknown prompt template {name!r}; choose chatml (default), raw or tokenizer")
 
 
+def template_for_checkpoint(name: str, assets_dir: str | Path) -> PromptTemplate:
+    """The template called `name` for the checkpoint whose tokenizer files are in `assets_dir`
+    (its HF directory, or a Megatron checkpoint's hf_assets/): "tokenizer" loads that
+    tokenizer, for its chat template; the other templates do not need it.
+
+    The tokenizer is loaded as the fast tokenizer of its tokenizer.json (the file the engine
+    tokenises with), not through AutoTokenizer: an Ouro config.json names remote code
+    (`auto_map`), and AutoTokenizer would stop to ask whether to trust it."""
+    tokenizer = None
+    if name == "tokenizer":
+        # imported only here: importing transformers takes seconds
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(assets_dir))
+    return get_template(name, tokenizer)
+
+
 TEMPLATE_NAMES = ("chatml", "raw", "tokenizer")
 
-__all__ = ["CHATML_JINJA", "DEFAULT_TEMPLATE", "PromptTemplate", "TEMPLATE_NAMES", "as_messages", "get_template"]
+__all__ = ["CHATML_JINJA", "DEFAULT_TEMPLATE", "PromptTemplate", "TEMPLATE_NAMES", "as_messages", "get_template",
+           "template_for_checkpoint"]

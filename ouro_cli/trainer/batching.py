@@ -1,7 +1,7 @@
 """From rollout samples to packed micro-batches, and the work they cost.
 
 A `Sample` is one rollout: prompt p (m tokens), response r (n tokens), the loops each
-response token was produced with (`exit_depths`, n entries, OURO.md §3), the rollout's
+response token was produced with (`exit_depths`, n entries, docs/model.md §3), the rollout's
 log-probabilities of r and the sample's advantage. The trainer replays `p + r` with
 depths `[T]*m + exit_depths[1:] + [T]`; position m-1 scores r[0], position m+j-1
 scores r[j].

@@ -48,7 +48,7 @@ from ouro_cli.errors import ResourceError, UserError
 from . import rng
 from .optimizer import adam_steps, init_optimizer_state, set_adam_steps
 
-# The only distributed-optimizer format that saves on megatron-core 0.16 (DESIGN.md).
+# The only distributed-optimizer format that saves on megatron-core 0.16 (docs/architecture.md §5).
 CONTENT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 STATE_FILE = "trainer_state.json"
 

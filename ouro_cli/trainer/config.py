@@ -1,7 +1,7 @@
 """`TrainerConfig`: every option of the Megatron-core GRPO trainer, typed, defaulted and
 validated in one place (the CLI maps its flags onto these fields).
 
-Defaults follow DESIGN.md: clipped policy gradient with ε_low 0.2 / ε_high 0.28,
+Defaults follow docs/architecture.md §3: clipped policy gradient with ε_low 0.2 / ε_high 0.28,
 token-mean aggregation, Adam, gradient clipping at 1.0, constant LR. The parameter
 dtype defaults to bf16 on CUDA (fp32 main weights in the optimizer) and fp32 on CPU,
 where bf16 buys nothing and exactness tests need fp32.

@@ -1,4 +1,4 @@
-"""The GRPO objective on replayed log-probabilities (OURO.md §3–4).
+"""The GRPO objective on replayed log-probabilities (docs/model.md §3–4).
 
 For each response token: new = log_softmax(logits / temperature)[token] from the
 trainer's replay, old = the rollout engine's log-probability of the same token,

@@ -4,7 +4,7 @@
     metrics = trainer.train_step(samples)        # this rank's samples of the global batch
     trainer.save(run / "checkpoint", update, extra={"cursor": ...})
     extra = trainer.load(run / "checkpoint")
-    engine.update_weights(trainer.named_weights_for_publication())
+    publish(engine, trainer.named_weights_for_publication(), version)  # ouro_cli.rl.publish
     trainer.close()
 
 Under `torchrun` every rank builds a Trainer with the same config and model and passes

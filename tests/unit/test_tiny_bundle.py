@@ -1,7 +1,8 @@
-"""The bundled tiny model and data (examples/tiny/) are what `ouro train` uses by default.
+"""The bundled tiny model and data (ouro_cli/bundled/tiny/) are what `ouro train` uses by default.
 
 These checks read the shipped files only; regenerating them (examples/tiny/generate.py)
-takes minutes and is not part of the test run.
+takes minutes and is not part of the test run. The bundle is package data, so that an
+installed wheel (not only a clone) finds it: pyproject.toml must list every file of it.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
-TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+from ouro_cli.bundled import TINY
+
+REPO = Path(__file__).resolve().parents[2]
 MODEL = TINY / "model"
 CHATML = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -110,3 +114,20 @@ def test_train_and_eval_do_not_overlap():
     train, held_out = _rows("train.jsonl"), _rows("eval.jsonl")
     assert not {r["metadata"]["problem_id"] for r in train} & {r["metadata"]["problem_id"] for r in held_out}
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
+
+
+def test_bundle_is_package_data_and_the_train_default():
+    """Every bundled file matches a package-data pattern of pyproject.toml (what a wheel
+    ships), and `ouro train`'s defaults point into the bundle."""
+    from ouro_cli.rl.options import BUNDLED, TrainOptions
+
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package_dir = TINY.parent
+    shipped = {path for pattern in package_data["ouro_cli.bundled"] for path in package_dir.glob(pattern)
+               if path.is_file()}
+    files = {path for path in TINY.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
+    assert files and files <= shipped, f"not package data: {sorted(str(p) for p in files - shipped)}"
+    assert BUNDLED == TINY
+    options = TrainOptions()
+    for default in (options.model, options.data, options.eval_data):
+        assert Path(default).is_relative_to(TINY) and Path(default).exists(), default

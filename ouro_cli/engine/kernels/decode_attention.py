@@ -7,7 +7,7 @@ group. It walks the row's own context, tiles of BLOCK positions at absolute offs
 0, BLOCK, 2·BLOCK, … up to the row's length, reads K/V straight from the plane through
 the row's slot ids, and folds each tile into an fp32 online softmax. The loop bound is
 the row's length, so a row computes the same bits whatever its batch-mates and whatever
-the width of the slot table (the batch-invariance the engine promises, OURO.md §4).
+the width of the slot table (the batch-invariance the engine promises, docs/model.md §4).
 
 Numerics follow the reference: Q·Kᵀ accumulates in fp32 and is scaled there (q is not
 rounded after scaling, as in flash attention), P·V accumulates in fp32 with P rounded to the KV dtype (bf16 on the GPU, as flash
@@ -19,7 +19,7 @@ reductions run in another order).
 `write_kv_and_attend` runs the decode step's KV write of a loop in the same kernel, before
 the attention: rows still active write their new K/V into plane t at their slot; rows that
 have exited copy their plane t-1 entry instead, which builds the last-exited layout of
-OURO.md §3 as the step runs. A block barrier (`tl.debug_barrier`, CUDA's __syncthreads: the
+docs/model.md §3 as the step runs. A block barrier (`tl.debug_barrier`, CUDA's __syncthreads: the
 block's global stores before it are visible to the block's loads after it) separates the
 store from the attention's reads. One kernel per layer and loop instead of two. (Taking the
 new slot's values from registers instead, a `tl.where` per tile, was measured slower on the

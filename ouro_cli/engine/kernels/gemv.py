@@ -16,7 +16,7 @@ shapes, where cuBLAS at M = 8 differs on down_proj (a split-K kernel). The engin
 it only when asked (OURO_DECODE_GEMV=triton, kernels/__init__.py).
 
 Determinism and batch invariance (the engine needs graph replay == eager bit for bit, and
-a row's bits independent of its batch-mates, OURO.md §4): there is no split-K and no atomic;
+a row's bits independent of its batch-mates, docs/model.md §4): there is no split-K and no atomic;
 every output element is one fp32 accumulator that walks K in ascending order, 16 at a time
 through the tensor cores (the dot accumulates in place, `tl.dot(x, wᵀ, acc)`), whatever the
 tiles. What could still change a row's bits with M is the instruction: on Hopper, Triton

@@ -5,10 +5,10 @@ attribute (`PKG.MODULE:FUNC` and nested attributes `PKG.MODULE.CLASS.METHOD` wor
 The path, not the function object, is what the run plan records, so a resumed run
 loads the same code. Two rewards ship here:
 
-- `ouro_cli.rl.rewards.math_answer` (default): DeepScaleR-style math grading, MATH
-  normalisation plus sympy equivalence (`math_grader.py`).
-- `ouro_cli.rl.rewards.boxed_answer`: exact integer equality of the last `\\boxed{}`
-  (`boxed.py`).
+- `ouro_cli.rl.rewards.math_answer`: DeepScaleR-style math grading, MATH normalisation
+  plus sympy equivalence (`math_grader.py`).
+- `ouro_cli.rl.rewards.boxed_answer` (`ouro train`'s default, for the bundled arithmetic
+  task): exact integer equality of the last `\\boxed{}` (`boxed.py`).
 
 A plugin may define `f.check_label(label)` raising ValueError for a label it cannot
 grade; `check_labels` runs it over a data set so that bad labels fail before any model

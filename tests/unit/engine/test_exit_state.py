@@ -32,8 +32,8 @@ def run(lams: torch.Tensor) -> ExitState:
 
 
 def expected_depths(lams: torch.Tensor) -> list[int]:
-    """OURO.md §3 from the whole-sequence CDF: the first loop t >= min_loops with CDF_t >= tau,
-    plus the delay, capped by stop_after."""
+    """docs/model.md §3 from the whole-sequence CDF: the first loop t >= min_loops with
+    CDF_t >= tau, plus the delay, capped by stop_after."""
     stop, lo, tau, delay = policies()
     cdf = exit_cdf(lams)
     out = []

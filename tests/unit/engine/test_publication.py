@@ -1,4 +1,4 @@
-"""Weight publication as OURO.md §5 defines it, checked through the contract only.
+"""Weight publication as docs/model.md §5 defines it, checked through the contract only.
 
 start(version) -> update_weights(chunks)* -> finish(): idle engine only, strictly
 increasing versions, chunks checked whole before any copy, copies in place, every

@@ -2,7 +2,7 @@
 
 For each generated token, the processed logprob equals
 `log_softmax(model(prompt + response, depths=[T]*m + exit_depths[1:] + [T]) / temperature)`
-at the scoring position (OURO.md §3), to 1e-5 in fp32, for fixed budgets K = 1..T,
+at the scoring position (docs/model.md §3), to 1e-5 in fp32, for fixed budgets K = 1..T,
 threshold exits with mixed depths, the delayed variant, traces, and batches of
 requests of different lengths. A mutated cache (planes past a token's exit left
 unfilled) must make the comparison fail, which shows the test can catch a wrong plane.

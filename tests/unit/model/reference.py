@@ -1,4 +1,4 @@
-"""An independent dense fp64 reference of Ouro (OURO.md §2–3), written with plain loops.
+"""An independent dense fp64 reference of Ouro (docs/model.md §2–3), written with plain loops.
 
 It shares no code with ouro_cli.model: tokens are processed one at a time, each runs its
 own number of loops, and every (loop, layer) keeps a KV plane per token with the
@@ -22,7 +22,7 @@ def _rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
     half = d // 2
     out = x.clone()
     for i in range(half):
-        # OURO.md §2: the angles and cos/sin are computed in fp32, whatever the model dtype.
+        # docs/model.md §2: the angles and cos/sin are computed in fp32, whatever the model dtype.
         inv_freq = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(theta, dtype=torch.float32) ** torch.tensor(2 * i / d, dtype=torch.float32)
         angle = torch.tensor(float(pos), dtype=torch.float32) * inv_freq
         c, s = float(torch.cos(angle)), float(torch.sin(angle))

@@ -12,7 +12,7 @@ from ouro_cli.model.exit_gate import cdf_step
 
 from .reference import reference_exit_cdf
 
-# The shape of the public Ouro-1.4B config.json (values from OURO.md §1).
+# The shape of the public Ouro-1.4B config.json (values from docs/model.md §1).
 OURO_14B_CONFIG = {
     "architectures": ["OuroForCausalLM"],
     "attention_bias": False,

@@ -66,7 +66,7 @@ def test_reference_detects_wrong_kv_plane(model64, cfg, tokens):
 
 
 def test_uniform_budget_equals_full_compute_read_at_loop_k(model64, cfg, tokens):
-    """OURO.md §3: with uniform K and no exits, the decode positions' logits equal the
+    """docs/model.md §3: with uniform K and no exits, the decode positions' logits equal the
     plain full-compute model read at loop K (prompt positions still run T loops)."""
     T = cfg.total_ut_steps
     ids = torch.tensor([tokens])

@@ -59,7 +59,7 @@ def test_eager_block_never_compiles(monkeypatch):
 
 
 def test_compiled_bf16_keeps_eager_roundings():
-    """Compiled bf16 results equal eager bit for bit: the roundings of OURO.md §2's formulas
+    """Compiled bf16 results equal eager bit for bit: the roundings of docs/model.md §2's formulas
     (normed value to the activation dtype, then times the weight) are kept, not fused away."""
     g = torch.Generator().manual_seed(1)
     h, x = (torch.randn(2, 5, 256, generator=g).bfloat16() * 3 for _ in range(2))
