@@ -8,8 +8,9 @@ take the row's `metadata` object (`{}` when the row has none) as a third positio
 argument; `load_reward` looks at the signature once and returns a callable that is
 always called as `fn(response, label, metadata)`. Two rewards ship here:
 
-- `ouro_cli.rl.rewards.math_answer` (default): DeepScaleR-style math grading, MATH
-  normalisation plus sympy equivalence (`math_grader.py`).
+- `ouro_cli.rl.rewards.math_answer`: the DeepScaleR math grader, decision for decision
+  (`math_grader.py`): MATH normalisation, then sympy equivalence, with DeepScaleR's
+  `</think>` and `\\boxed{}` rules.
 - `ouro_cli.rl.rewards.boxed_answer`: exact integer equality of the last `\\boxed{}`
   (`boxed.py`).
 

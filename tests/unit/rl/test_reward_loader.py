@@ -27,7 +27,7 @@ def test_shipped_rewards_load(path, fn):
     reward = load_reward(path)
     assert reward.__wrapped__ is fn
     assert reward.check_label is fn.check_label  # the label check travels with the reward
-    assert reward("\\boxed{7}", 7, {}) == fn("\\boxed{7}", 7) == 1.0
+    assert reward("<think></think>\\boxed{7}", 7, {}) == fn("<think></think>\\boxed{7}", 7) == 1.0
 
 
 @pytest.fixture
