@@ -28,7 +28,7 @@ from .errors import UserError
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
 _PACKAGES = ("ouro-cli", "torch", "megatron-core", "safetensors", "transformers", "tokenizers", "numpy",
-             "sympy", "pylatexenc")  # the last two decide math_answer
+             "sympy", "pylatexenc", "math-verify")  # the last three decide math rewards
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:

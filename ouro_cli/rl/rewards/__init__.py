@@ -6,11 +6,13 @@ The path, not the function object, is what the run plan records, so a resumed ru
 loads the same code. A reward takes the response text and the row's label, and may
 take the row's `metadata` object (`{}` when the row has none) as a third positional
 argument; `load_reward` looks at the signature once and returns a callable that is
-always called as `fn(response, label, metadata)`. Two rewards ship here:
+always called as `fn(response, label, metadata)`. Three rewards ship here:
 
 - `ouro_cli.rl.rewards.math_answer`: the DeepScaleR math grader, decision for decision
   (`math_grader.py`): MATH normalisation, then sympy equivalence, with DeepScaleR's
   `</think>` and `\\boxed{}` rules.
+- `ouro_cli.rl.rewards.math_verify_answer`: Hugging Face's math-verify as a second
+  grader (`math_verify_grader.py`; needs the `math` extra).
 - `ouro_cli.rl.rewards.boxed_answer`: exact integer equality of the last `\\boxed{}`
   (`boxed.py`).
 
@@ -31,6 +33,7 @@ from ...errors import UserError
 from ...plugins import resolve_callable
 from .boxed import boxed_answer
 from .math_grader import math_answer
+from .math_verify_grader import math_verify_answer
 
 RewardFn = Callable[[str, Any, Mapping[str, Any]], float]
 DEFAULT_REWARD = "ouro_cli.rl.rewards.math_answer"
@@ -77,4 +80,5 @@ def check_labels(fn: RewardFn, path: str, labels: Iterable[tuple[str, Any]]) -> 
             raise UserError(f"{where}: label {label!r} cannot be graded by {path}: {exc}") from exc
 
 
-__all__ = ["DEFAULT_REWARD", "RewardFn", "boxed_answer", "check_labels", "load_reward", "math_answer"]
+__all__ = ["DEFAULT_REWARD", "RewardFn", "boxed_answer", "check_labels", "load_reward", "math_answer",
+           "math_verify_answer"]

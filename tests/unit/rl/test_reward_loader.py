@@ -3,6 +3,7 @@ and whatever the plugin's arity, the loaded reward is called as fn(response, lab
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -14,6 +15,7 @@ from ouro_cli.rl.rewards import (
     check_labels,
     load_reward,
     math_answer,
+    math_verify_answer,
 )
 
 
@@ -22,6 +24,9 @@ from ouro_cli.rl.rewards import (
     ("ouro_cli.rl.rewards.boxed:boxed_answer", boxed_answer),
     ("ouro_cli.rl.rewards.math_answer", math_answer),
     (DEFAULT_REWARD, math_answer),
+    pytest.param("ouro_cli.rl.rewards.math_verify_answer", math_verify_answer,
+                 marks=pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
+                                          reason="math-verify is not installed (the math extra)")),
 ])
 def test_shipped_rewards_load(path, fn):
     reward = load_reward(path)
