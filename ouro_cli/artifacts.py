@@ -27,7 +27,8 @@ from .errors import UserError
 
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
-_PACKAGES = ("ouro-cli", "torch", "megatron-core", "safetensors", "transformers", "tokenizers", "numpy")
+_PACKAGES = ("ouro-cli", "torch", "megatron-core", "safetensors", "transformers", "tokenizers", "numpy",
+             "sympy", "pylatexenc", "math-verify")  # the last three decide math rewards
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:

@@ -15,7 +15,7 @@ from .rollout import generate_groups
 
 
 def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], *, ks: Sequence[int], num_loops: int,
-             reward_fn: Callable[[str, Any], float], seed: int, temperature: float, max_tokens: int,
+             reward_fn: Callable[[str, Any, Any], float], seed: int, temperature: float, max_tokens: int,
              exit_threshold: float, min_loops: int, stop_token_ids: Sequence[int],
              decode: Callable[[list[int]], str], speculative_tokens: int = 0,
              async_scheduling: bool = False) -> list[dict[str, Any]]:
@@ -26,7 +26,7 @@ def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], *, ks
                                   exit_threshold=exit_threshold, min_loops=min_loops, stop_token_ids=stop_token_ids,
                                   decode=decode, purpose="eval", speculative_tokens=speculative_tokens,
                                   async_scheduling=async_scheduling)
-        rewards = [float(reward_fn(s.text, s.row.label)) for s in samples]
+        rewards = [float(reward_fn(s.text, s.row.label, s.row.metadata)) for s in samples]
         decode_depths = [d for s in samples for d in s.exit_depths[1:]]
         results.append({
             "k": k,

@@ -336,7 +336,7 @@ def rollout_stage(s: Session, update: int, k: int) -> tuple[list[RolloutSample],
 
 def score_stage(s: Session, samples: list[RolloutSample]) -> None:
     for sample in samples:
-        sample.reward = float(s.reward_fn(sample.text, sample.row.label))
+        sample.reward = float(s.reward_fn(sample.text, sample.row.label, sample.row.metadata))
     for sample, adv in zip(samples, group_advantages([x.reward for x in samples], s.options.group_size), strict=True):
         sample.advantage = adv
 

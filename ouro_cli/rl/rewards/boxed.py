@@ -1,8 +1,9 @@
 """`boxed_answer`: reward 1.0 when the last `\\boxed{...}` of the answer holds the integer label.
 
-This is the strict, cheap reward for integer-answer data (AIME-style, GSM8K-style). The
-extraction helpers here are shared with the symbolic grader in `math_grader.py`, so both
-rewards agree on *which* text is the answer:
+This is the strict, cheap reward for integer-answer data (AIME-style, GSM8K-style). Its
+rules for *which* text is the answer are ours (`math_verify_answer` shares the answer
+region); `math_answer` follows DeepScaleR's instead (`math_grader.py`), which needs
+`</think>` and does not honour `\\boxed {}` or `\\fbox`:
 
 - The answer region (`answer_region`): the text after the last `</think>`. A response
   with no think tags at all is searched whole (base and instruct models never write

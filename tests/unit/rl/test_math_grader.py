@@ -1,163 +1,147 @@
-"""`math_answer`: MATH-style normalisation plus sympy equivalence, over a graded table.
+"""`math_answer` makes DeepScaleR's decision on every case of a differential corpus.
 
-Each case is (response, label, expected reward). Expected values are what a grader of
-MATH answers would decide by hand; the table covers extraction (shared with
-`boxed_answer`), LaTeX fractions, equivalent forms, units and percentages, tuples,
-intervals and sets, negatives, labels as numbers and strings, and inputs built to make
-sympy hang, which must come back quickly with 0.
+`deepscaler_cases.jsonl` holds (rule, response, label, expected) cases. Each expected
+value is what DeepScaleR's grader decides (its `RewardMathFn` as `rllm` keeps it, over
+`math_utils/utils.py`): derived by reading that code, and confirmed by running it in a
+scratch environment outside this repository (sympy 1.14, pylatexenc 2.10 and 2.11 gave
+the same decisions). `rule` names the rule of `math_grader.py` that a case exercises;
+both correct and incorrect outcomes are there for every rule, including the ones where
+DeepScaleR deliberately says "not equal" (unreduced fractions, integers written as
+expressions, element order in sets).
+
+The rest checks what this grader adds on purpose: inputs that DeepScaleR would hand
+to Python's eval and then hang or run out of memory on are refused quickly, a slow
+sympy step times out as "not equal", and bad labels are refused up front.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from ouro_cli.rl.rewards import math_answer, math_grader
 from ouro_cli.rl.rewards.math_grader import (
-    answers_equivalent,
-    normalize,
-    split_answer,
+    extract_boxed,
+    final_answer,
+    grade_answer,
+    hendrycks_normalize,
+    label_answers,
+    sympy_normalize,
 )
+
+CORPUS = [json.loads(line) for line in (Path(__file__).parent / "deepscaler_cases.jsonl").read_text().splitlines()]
+RULES = {
+    "think-gate", "last-box", "label-number", "label-boxed", "label-list", "hendrycks-text", "hendrycks-give-up",
+    "frac-forms", "sqrt-forms", "unreduced-fraction", "integer-strict", "decimal", "leading-zero", "sign",
+    "spacing", "units", "degrees", "percent", "money", "thousands", "equation-lhs", "tuple", "interval", "set",
+    "symbolic", "constants", "mixed-number", "matrix", "latex-misc",
+}
 
 
 def box(answer: str) -> str:
-    return f"Let me work it out. The final answer is $\\boxed{{{answer}}}$."
+    return f"<think>\nworking\n</think>\nSo the answer is $\\boxed{{{answer}}}$."
 
 
-CASES = [
-    # extraction
-    (box("5"), "5", 1.0),
-    ("The answer is 5.", "5", 0.0),  # no box
-    ("\\boxed{3} then \\boxed{5}", "5", 1.0),  # the last box wins
-    ("\\boxed{5} then \\boxed{3}", "5", 0.0),
-    ("<think>\\boxed{3}</think>So \\boxed{5}", "5", 1.0),
-    ("<think>\\boxed{5}</think>I give up.", "5", 0.0),
-    ("<think>unfinished \\boxed{5}", "5", 0.0),
-    ("\\boxed{\\frac{1}{2}", "\\frac{1}{2}", 0.0),  # malformed braces
-    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", 1.0),  # nested braces
-    # fractions and decimals
-    (box("\\frac{1}{2}"), "0.5", 1.0),
-    (box("0.5"), "\\frac{1}{2}", 1.0),
-    (box("1/2"), "\\frac{1}{2}", 1.0),
-    (box("\\dfrac{1}{2}"), "\\frac12", 1.0),
-    (box("\\tfrac{3}{4}"), 0.75, 1.0),
-    (box(".5"), "\\frac{1}{2}", 1.0),
-    (box("\\frac{2}{4}"), "\\frac{1}{2}", 1.0),  # the value is graded, not the form
-    (box("0.333"), "\\frac{1}{3}", 0.0),
-    (box("\\frac{1}{3}"), "\\frac{1}{2}", 0.0),
-    (box("-\\frac{1}{2}"), "-0.5", 1.0),
-    (box("\\frac{-1}{2}"), "-\\frac{1}{2}", 1.0),
-    (box("2\\frac{1}{2}"), "\\frac{5}{2}", 1.0),  # mixed number
-    # radicals, powers, constants
-    (box("2\\sqrt{2}"), "\\sqrt{8}", 1.0),
-    (box("\\sqrt{8}"), "2\\sqrt2", 1.0),
-    (box("\\frac{\\sqrt{3}}{3}"), "\\frac{1}{\\sqrt{3}}", 1.0),
-    (box("\\sqrt[3]{27}"), "3", 1.0),
-    (box("2^{10}"), "1024", 1.0),
-    (box("\\frac{\\pi}{2}"), "\\pi/2", 1.0),
-    (box("2\\pi"), "\\pi", 0.0),
-    (box("\\sqrt{2}"), "1.41421356", 0.0),
-    # expressions with variables
-    (box("x+1"), "1+x", 1.0),
-    (box("x^2+2x+1"), "(x+1)^2", 1.0),
-    (box("x^2-1"), "(x+1)(x-1)", 1.0),
-    (box("2x"), "x+1", 0.0),
-    (box("y = 2x + 1"), "2x+1", 1.0),  # a short left side is dropped
-    (box("\\sin x"), "\\sin(x)", 1.0),
-    # formatting noise
-    (box("\\left( 3 \\right)"), "3", 1.0),
-    (box("5."), "5", 1.0),
-    (box("5\\text{ cm}"), "5", 1.0),
-    (box("12 \\mbox{ inches}^2"), "12", 1.0),
-    (box("30^\\circ"), "30", 1.0),
-    (box("30^{\\circ}"), "30", 1.0),
-    (box("10\\%"), "10", 1.0),  # a percentage is its number, as in MATH
-    (box("10"), "10\\%", 1.0),
-    (box("\\$18.90"), "18.90", 1.0),
-    (box("1,000"), "1000", 1.0),
-    (box("1{,}000"), 1000, 1.0),
-    (box("\\text{(C)}"), "C", 1.0),
-    (box("\\text{Yes}"), "yes", 1.0),
-    # tuples, intervals, sets
-    (box("(1, 2)"), "(1,2)", 1.0),
-    (box("(2, 1)"), "(1,2)", 0.0),
-    (box("(1, 2]"), "(1,2)", 0.0),  # brackets matter
-    (box("\\left(-\\infty, \\frac{1}{2}\\right]"), "(-\\infty, 0.5]", 1.0),
-    (box("\\{3, 1, 2\\}"), "\\{1,2,3\\}", 1.0),  # sets in any order
-    (box("1, 2, 3"), "1,2,3", 1.0),
-    (box("1, 2"), "1,2,3", 0.0),
-    # negatives
-    (box("-3"), "-3", 1.0),
-    (box("- 3"), -3, 1.0),
-    (box("3"), "-3", 0.0),
-    # labels as numbers and boxed strings
-    (box("7"), 7, 1.0),
-    (box("7"), 7.0, 1.0),
-    (box("0.25"), 0.25, 1.0),
-    (box("\\frac{1}{4}"), 0.25, 1.0),
-    (box("7"), "\\boxed{7}", 1.0),
-    (box("8"), 7, 0.0),
-    # not parseable: compared as strings only
-    (box("x_1 + 1"), "x_1+1", 1.0),
-    (box("x_1 + 2"), "x_1+1", 0.0),
-    (box("\\pm 2"), "\\pm2", 1.0),
-    # built to make sympy hang: must return quickly, not equal
-    (box("9^{9^{9^{9}}}"), "1", 0.0),
-    (box("10^{10^{10}}"), "10", 0.0),
-    (box("(10^{100})^{1000}"), "1", 0.0),
-    (box("9^{9^{9}}/\\\\/x"), "1", 0.0),  # `\\` vanishes, leaving Python's eager `//`
-    (box("10^{200}x\\sin 2"), "3", 0.0),  # big coefficient with a variable: simplify would crawl
-]
-
-
-@pytest.mark.parametrize("response,label,expected", CASES)
-def test_math_answer_table(response, label, expected):
+@pytest.mark.parametrize("case", CORPUS, ids=[f"{i}-{c['rule']}" for i, c in enumerate(CORPUS)])
+def test_agrees_with_deepscaler(case):
     start = time.perf_counter()
-    assert math_answer(response, label) == expected
+    assert math_answer(case["response"], case["label"]) == case["expected"], case
     assert time.perf_counter() - start < 3.0
 
 
-def test_table_is_large_enough():
-    assert len(CASES) >= 30
+def test_corpus_covers_every_rule_both_ways():
+    assert len(CORPUS) >= 200
+    assert {c["rule"] for c in CORPUS} == RULES
+    correct = Counter(c["rule"] for c in CORPUS if c["expected"] == 1.0)
+    wrong = Counter(c["rule"] for c in CORPUS if c["expected"] == 0.0)
+    assert all(correct[r] and wrong[r] for r in RULES), (correct, wrong)
 
 
-def test_normalize_examples():
-    assert normalize("\\left(\\dfrac{1}{2}\\right)") == "(\\frac{1}{2})"
-    assert normalize("\\frac12") == "\\frac{1}{2}"
-    assert normalize("\\sqrt3") == "\\sqrt{3}"
-    assert normalize(" x = 5 ") == "5"
-    assert normalize("5\\text{ cm}^2") == "5"
-    assert normalize("1,234,567") == "1234567"
-    assert normalize("\\$ 5.") == "5"
+def test_extraction():
+    assert extract_boxed("a \\boxed{1} b \\boxed{\\frac{1}{2}} c") == "\\frac{1}{2}"
+    assert extract_boxed("\\boxed{1} \\boxed{2") is None  # an unclosed last box is no answer
+    assert extract_boxed("\\boxed {1}") is None
+    assert extract_boxed("\\fbox{1}") is None
+    assert final_answer("\\boxed{1}") is None  # no </think>
+    assert final_answer("<think>a</think>\\boxed{1}</think>\\boxed{2}") == "1"  # between the first two
 
 
-def test_split_answer():
-    assert split_answer("(1,2]") == ("(]", ["1", "2"])
-    assert split_answer("\\{1,2\\}") == ("{}", ["1", "2"])
-    assert split_answer("(1+2)") == ("", ["(1+2)"])
-    assert split_answer("(1)+(2)") == ("", ["(1)+(2)"])
-    assert split_answer("(\\frac{1}{2},3)") == ("()", ["\\frac{1}{2}", "3"])
+def test_normalisation_examples():
+    assert hendrycks_normalize(" \\text{ x = \\dfrac12 } ") == "\\frac{1}{2}"
+    assert hendrycks_normalize("5\\text{ cm}") == "5"
+    assert hendrycks_normalize("3/4") == "\\frac{3}{4}"
+    assert hendrycks_normalize("\\sqrt") == "\\sqrt"  # gives up: compared as written
+    assert sympy_normalize("\\frac{1}{2}") == "1/2"
+    assert sympy_normalize("1,000 meters^2") == "1000"
+    assert sympy_normalize("2.99999999") == "3"
+    assert sympy_normalize("\\text{Yes}") == "yes"
 
 
-@pytest.mark.parametrize("evil", [
-    "__import__('os').system('true')",
-    "().__class__",
-    "open('x')",
-    "eval(1)",
-    "x.__class__",
-    "lambda: 1",
+def test_label_answers():
+    assert label_answers(5) == ["5"]
+    assert label_answers(1e-05) == ["1e-05"]
+    assert label_answers(["\\boxed{3}", 4]) == ["3", "4"]
+
+
+@pytest.mark.parametrize("label", [None, True, [], [[1]], {"answer": 1}, "  ", "\\boxed{1", ["1", "\\boxed{"]])
+def test_bad_labels_are_refused(label):
+    with pytest.raises(ValueError):
+        math_answer.check_label(label)
+
+
+# ---- where this grader departs from DeepScaleR on purpose: it will not hang ----------
+
+@pytest.mark.parametrize("given,truth", [
+    ("x+9**9**9", "x"),            # DeepScaleR evaluates 9^387420489
+    ("x+(9**9)!", "x"),            # a factorial of a power
+    ("x+99999!", "x"),             # a factorial of a large literal
+    ("x+[1]*10**10", "x"),         # a list of 10^10 elements
+    ("x+(1,)*10**9", "x"),         # a tuple of 10^9
+    ("eye(10**5)", "0.5"),         # a 10^10-entry matrix
+    ("ff(10**6,10**6)", "x"),      # a million-term product
+    ("0.5*(1).__eq__(1)", "0.5"),  # attribute access
+    ("(0.5)or(1)", "0.5"),         # a keyword: more than arithmetic
 ])
-def test_no_code_reaches_eval(evil):
-    # Nothing outside the converter's whitelist reaches sympy's parser.
+def test_dangerous_answers_are_refused_quickly(given, truth):
+    # DeepScaleR's own rules would hand each of these to sympy's parse_expr (Python's eval).
+    assert math_grader._sympy_may_try(f"({sympy_normalize(truth)})-({sympy_normalize(given)})")
+    grade_answer.cache_clear()
+    start = time.perf_counter()
+    assert math_answer(box(given), truth) == 0.0
+    assert time.perf_counter() - start < 2.0
+
+
+def test_floor_division_is_refused():
+    # pylatexenc reads this malformed box as `1//2+1/2`; DeepScaleR evaluates that to 1/2 (1.0).
+    assert sympy_normalize("\\dfrac1/2\\!\\dfrac12") == "1//2+1/2"
+    assert math_answer(box("\\dfrac1/2\\!\\dfrac12"), "1/2") == 0.0
+
+
+def test_arithmetic_it_does_evaluate():
+    assert math_answer(box("x+2**3"), "x+8") == 1.0
+    assert math_answer(box("5!x"), "120x") == 1.0
+    assert math_answer(box("0.[3]x"), "x/3") == 1.0  # sympy's repeated-decimal notation
+
+
+def test_slow_sympy_step_times_out_as_not_equal(monkeypatch):
     import sympy
 
-    assert math_answer(box(evil), "1") == 0.0
-    parsed = math_grader.to_sympy(normalize(evil))
-    assert parsed is None or isinstance(parsed, sympy.Basic)  # letters become symbols, never names
-    with pytest.raises(math_grader._Unsupported):
-        math_grader._parse(evil, evaluate=False)  # the last gate before sympy's eval
+    def slow(expr):
+        while True:
+            pass
+
+    monkeypatch.setattr(sympy, "simplify", slow)
+    monkeypatch.setattr(math_grader, "TIME_BUDGET_S", 0.2)
+    grade_answer.cache_clear()
+    start = time.perf_counter()
+    assert not grade_answer("x^2+2x+1", "(x+1)^2")
+    assert time.perf_counter() - start < 2.0
+    grade_answer.cache_clear()
 
 
 def test_time_budget_interrupts_a_slow_step():
@@ -169,33 +153,10 @@ def test_time_budget_interrupts_a_slow_step():
     assert time.perf_counter() - start < 2.0
 
 
-def test_timeout_counts_as_not_equal(monkeypatch):
-    def slow(a, b):
-        while True:
-            pass
-
-    monkeypatch.setattr(math_grader, "_symbolically_equal", slow)
-    monkeypatch.setattr(math_grader, "TIME_BUDGET_S", 0.2)
-    math_grader.answers_equivalent.cache_clear()
-    start = time.perf_counter()
-    assert not answers_equivalent("x^2+2x+1", "(x+1)^2")
-    assert time.perf_counter() - start < 2.0
-    math_grader.answers_equivalent.cache_clear()
-
-
 def test_works_off_the_main_thread():
+    grade_answer.cache_clear()
     results = []
-    worker = threading.Thread(target=lambda: results.append(math_answer(box("\\frac{1}{2}"), "0.5")))
+    worker = threading.Thread(target=lambda: results.append(math_answer(box("\\frac{1}{\\sqrt{3}}"), "\\frac{\\sqrt3}{3}")))
     worker.start()
     worker.join(30)
     assert results == [1.0]
-
-
-@pytest.mark.parametrize("label", [None, True, [1], float("nan"), "  "])
-def test_bad_labels_are_refused(label):
-    with pytest.raises(ValueError):
-        math_answer.check_label(label)
-
-
-def test_huge_answer_is_not_normalised():
-    assert math_answer(box("1+" * 5000 + "1"), "5001") == 0.0

@@ -1,20 +1,38 @@
-"""Reward plugins by dotted path: the shipped ones load, and every bad path is a one-line UserError naming it."""
+"""Reward plugins by dotted path: the shipped ones load, every bad path is a one-line UserError naming it,
+and whatever the plugin's arity, the loaded reward is called as fn(response, label, metadata)."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
 
 from ouro_cli.errors import UserError
-from ouro_cli.rl.rewards import DEFAULT_REWARD, boxed_answer, check_labels, load_reward, math_answer
+from ouro_cli.rl.rewards import (
+    DEFAULT_REWARD,
+    boxed_answer,
+    check_labels,
+    load_reward,
+    math_answer,
+    math_verify_answer,
+)
 
 
-def test_shipped_rewards_load():
-    assert load_reward("ouro_cli.rl.rewards.boxed_answer") is boxed_answer
-    assert load_reward("ouro_cli.rl.rewards.math_answer") is math_answer
-    assert load_reward(DEFAULT_REWARD) is math_answer
-    assert load_reward("ouro_cli.rl.rewards.boxed:boxed_answer") is boxed_answer
+@pytest.mark.parametrize("path,fn", [
+    ("ouro_cli.rl.rewards.boxed_answer", boxed_answer),
+    ("ouro_cli.rl.rewards.boxed:boxed_answer", boxed_answer),
+    ("ouro_cli.rl.rewards.math_answer", math_answer),
+    (DEFAULT_REWARD, math_answer),
+    pytest.param("ouro_cli.rl.rewards.math_verify_answer", math_verify_answer,
+                 marks=pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
+                                          reason="math-verify is not installed (the math extra)")),
+])
+def test_shipped_rewards_load(path, fn):
+    reward = load_reward(path)
+    assert reward.__wrapped__ is fn
+    assert reward.check_label is fn.check_label  # the label check travels with the reward
+    assert reward("<think></think>\\boxed{7}", 7, {}) == fn("<think></think>\\boxed{7}", 7) == 1.0
 
 
 @pytest.fixture
@@ -24,6 +42,10 @@ def plugin_dir(tmp_path, monkeypatch):
         "def one_arg(response):\n    return 1.0\n"
         "def length(response, label):\n    return float(len(response))\n"
         "class Scorer:\n    @staticmethod\n    def score(response, label):\n        return 0.5\n"
+        "def by_source(response, label, metadata):\n    return float(metadata.get('source') == label)\n"
+        "def star(response, *rest):\n    return float(len(rest))\n"
+        "def keyword_only(response, label, *, metadata=None):\n    return float(metadata is None)\n"
+        "def four(response, label, metadata, extra):\n    return 1.0\n"
     )
     (tmp_path / "broken_plugin.py").write_text("import a_module_that_is_not_there\n")
     (tmp_path / "raising_plugin.py").write_text("raise RuntimeError('boom')\n")
@@ -34,8 +56,17 @@ def plugin_dir(tmp_path, monkeypatch):
 
 
 def test_user_plugins(plugin_dir):
-    assert load_reward("myrewards.length")("abc", None) == 3.0
-    assert load_reward("myrewards.Scorer.score")("abc", None) == 0.5
+    assert load_reward("myrewards.length")("abc", None, {}) == 3.0
+    assert load_reward("myrewards.Scorer.score")("abc", None, {}) == 0.5
+
+
+def test_metadata_reaches_a_reward_that_takes_it(plugin_dir):
+    reward = load_reward("myrewards.by_source")
+    assert reward.__module__ == "myrewards" and not hasattr(reward, "__wrapped__")  # called as is
+    assert reward("text", "aime", {"source": "aime"}) == 1.0
+    assert reward("text", "aime", {}) == 0.0
+    assert load_reward("myrewards.star")("text", 1, {}) == 2.0  # *args takes the metadata too
+    assert load_reward("myrewards.keyword_only")("text", 1, {}) == 1.0  # metadata is positional only
 
 
 @pytest.mark.parametrize("path,message", [
@@ -43,7 +74,8 @@ def test_user_plugins(plugin_dir):
     ("ouro_cli.rl.rewards.no_such_reward", "'ouro_cli.rl.rewards' has no attribute 'no_such_reward'"),
     ("ouro_cli.rl.nope.reward", "'ouro_cli.rl' has no attribute 'nope'"),
     ("myrewards.CONSTANT", "is not callable (it is a int)"),
-    ("myrewards.one_arg", "cannot be called as f(response, label)"),
+    ("myrewards.one_arg", "cannot be called as f(response, label) or f(response, label, metadata)"),
+    ("myrewards.four", "its signature is (response, label, metadata, extra)"),
     ("myrewards.Scorer.nothing", "'myrewards.Scorer' has no attribute 'nothing'"),
     ("broken_plugin.reward", "importing 'broken_plugin' failed: No module named 'a_module_that_is_not_there'"),
     ("raising_plugin.reward", "importing 'raising_plugin' failed: RuntimeError: boom"),
