@@ -39,11 +39,14 @@ class WarningsLog:
         self.path: Path | None = None
         self._pending: list[str] = []
         self._file: TextIO | None = None
+        self._discard = False
         self._handler = _Records(self)
 
     def write(self, text: str) -> None:
         self.count += 1
         line = text.rstrip("\n") + "\n"
+        if self._discard:
+            return
         if self._file is None:
             self._pending.append(line)
         else:
@@ -62,8 +65,12 @@ class WarningsLog:
         self._file.flush()
         self._pending = []
 
+    def discard(self) -> None:
+        """Keep no warnings from here on (a data-parallel rank other than 0: they repeat rank 0's)."""
+        self._discard, self._pending = True, []
+
     def summary(self) -> str | None:
-        if not self.count:
+        if not self.count or self._discard:
             return None
         where = self.path if self.path is not None else "nowhere (the command stopped before it had a directory)"
         return f"{self.count} third-party warning{'s' if self.count != 1 else ''} in {where}"

@@ -176,9 +176,12 @@ _WARNINGS: list = []  # the active WarningsLog: _run attaches it once the run di
 
 
 def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: bool, command: str) -> dict[str, Any]:
-    if _WARNINGS:
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    if _WARNINGS and main_rank:  # the other ranks' warnings repeat rank 0's: they are dropped
         _WARNINGS[-1].attach(run.warnings_log)
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for the job
+    elif _WARNINGS:
+        _WARNINGS[-1].discard()
+    if not main_rank:  # under torchrun, rank 0 speaks for the job
         console.quiet = True
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -31,6 +31,7 @@ torch code (paged_attention.py) stays the reference and the CPU path.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,8 @@ class WorkCounters:
     decode_steps_eager: int = 0     # or run eagerly (CPU, graphs off: the fallback)
     decode_steps_overlapped: int = 0  # queued before the previous step's tokens were read (engine overlap)
     decode_rows_discarded: int = 0    # such steps' rows for a sequence that had ended a step before
+    graph_captures: int = 0         # decode steps captured as CUDA graphs (again after a KV release)
+    graph_capture_ms: int = 0       # wall time of those captures
     preemptions: int = 0
     spec_draft_tokens: int = 0      # self-speculation: tokens drafted,
     spec_accepted_tokens: int = 0   # of which the target accepted,
@@ -161,7 +164,10 @@ class ModelRunner:
                 self.drop_graphs()
             key = (b + pad, inputs.width, max_loops, self.kv.planes)
             if key not in self.graphs:
+                start = time.perf_counter()
                 self.graphs[key] = CapturedDecodeStep(self, *key)
+                self.counters.graph_captures += 1
+                self.counters.graph_capture_ms += round((time.perf_counter() - start) * 1e3)
             logits, depth = self.graphs[key].run(inputs)
             loops_run = max_loops
             self.counters.decode_steps_graphed += 1

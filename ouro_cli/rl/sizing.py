@@ -14,7 +14,10 @@ Every figure here is computed from the model's shape, the dtypes and the device'
 memory, never from the momentary free memory: a run and its resumption in a fresh
 process size themselves the same way, and the sizes are recorded in the run's plan
 (they decide batch composition and micro-batch splits, so they change numerics).
-`check_fits` then compares the plan with what the device really has free, once.
+`check_fits` then compares the plan with what the device really has free, once. Host
+memory is shared with everything else on the machine, so on CPU the budget is taken
+from the memory available at the start, rounded down to whole GiB (a resumed run reuses
+the recorded plan either way).
 
 The activation model counts what the replay keeps for backward per token and layer call
 at full depth T (the prompt runs T loops, so every micro-batch runs T loops): the saved
@@ -43,8 +46,10 @@ GIB = 2**30
 SAVED_HIDDEN_VECTORS = 12
 SAVED_INTERMEDIATE_VECTORS = 3
 RECOMPUTE_HIDDEN_VECTORS = 4
-# Per scored token: bf16 logits, fp32 log-softmax kept for backward, its gradient.
-LOGIT_BYTES_PER_ENTRY = 2 + 4 + 4
+# Per scored token and vocabulary entry: the logits and their gradient in the model's
+# dtype, plus fp32 copies (upcast, / temperature, log-softmax kept for backward, the
+# entropy's probabilities, two gradients).
+LOGIT_FP32_COPIES = 5
 # Runtime reserve: CUDA context, cuBLAS/cuDNN workspaces, compiled-kernel scratch; and the
 # fraction of the budget left as allocator slack (fragmentation between the two phases).
 CUDA_RUNTIME_RESERVE = 3 * GIB
@@ -99,7 +104,8 @@ def activation_bytes_per_token(config: OuroConfig, dtype: torch.dtype, recompute
     else:
         kept = calls * (SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i)
     mask = 6 * row_width  # a packed row's document mask and the attention bias made from it
-    return kept * dtype.itemsize + config.vocab_size * LOGIT_BYTES_PER_ENTRY + mask
+    logits = config.vocab_size * (2 * dtype.itemsize + 4 * LOGIT_FP32_COPIES)
+    return kept * dtype.itemsize + logits + mask
 
 
 def resident_bytes(config: OuroConfig, dtype: torch.dtype, *, kind: str, offload_optimizer: bool,
@@ -155,7 +161,7 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
         raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {utilization}")
     if recompute not in ("auto", "on", "off"):
         raise UserError(f"--recompute must be auto, on or off, got {recompute!r}")
-    budget = int(utilization * memory.total)
+    budget = int(utilization * (memory.total if memory.kind == "cuda" else min(memory.total, memory.free // GIB * GIB)))
     parts = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=offload_optimizer,
                            optimizer_shards=optimizer_shards)
     resident = sum(parts.values()) + int(SLACK_FRACTION * budget)
@@ -211,8 +217,9 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
 
 def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:
     """The plan against the device as it is: `used_now` bytes are in use by this process
-    (weights built); the plan's budget must not exceed what is in use plus what is free."""
-    if sizing.budget_bytes > used_now + memory.free:
+    (weights built); the plan's budget must not exceed what is in use plus what is free.
+    (On CPU the budget was taken from the free memory already.)"""
+    if memory.kind == "cuda" and sizing.budget_bytes > used_now + memory.free:
         other = memory.total - memory.free - used_now
         raise ResourceError(
             f"the run's memory budget is {sizing.budget_bytes / GIB:.1f} GiB but only "

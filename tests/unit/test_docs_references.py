@@ -13,7 +13,8 @@ string literals, which tests use for deliberately wrong paths.
   name defined at the top level of the module reached (a def, a class, an assignment or
   an import).
 - `<dir>/<file>.py`, `<file>.py`, `<file>.sh`: some file of the repository has that path,
-  or ends with it (citations are often relative to the citing package).
+  or ends with it (citations are often relative to the citing package). A file of another
+  project is cited as `owner/repo:path` and is not looked for here.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ EXTERNAL_FILES = {"configuration_ouro.py", "modeling_ouro.py"}
 
 MD = re.compile(r"(?<![\w/.-])((?:docs/)?[\w-]+\.md)\b(?:\s*§\s*(\d+)(?:\s*[–-]\s*(\d+))?)?")
 MODULE = re.compile(r"\bouro_cli(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)?")
-FILE = re.compile(r"(?<![\w/.*-])((?:[\w-]+/)*[\w-]+\.(?:py|sh))\b")
+FILE = re.compile(r"(?<![\w/.*:-])((?:[\w-]+/)*[\w-]+\.(?:py|sh))\b")
 MARKDOWN_LINK_TARGET = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 

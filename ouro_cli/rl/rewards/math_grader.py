@@ -1,7 +1,8 @@
 """`math_answer`: the DeepScaleR math grader, decision for decision.
 
-GRPO results on math are compared against DeepScaleR's reward (agentica-project's
-`deepscaler/rewards/math_reward.py` over `math_utils/utils.py`; their `rllm` repository,
+GRPO results on math are compared against DeepScaleR's reward
+(`agentica-project/deepscaler:deepscaler/rewards/math_reward.py` over
+`agentica-project/deepscaler:deepscaler/rewards/math_utils/utils.py`; their `rllm` repository,
 where the code lives now, keeps the same grader). A reward that is merely "DeepScaleR-style" shifts every
 accuracy it touches, so this module reimplements that grader's rules exactly,
 including the ones that look like mistakes; `tests/unit/rl/deepscaler_cases.jsonl`

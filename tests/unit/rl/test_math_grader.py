@@ -2,7 +2,7 @@
 
 `deepscaler_cases.jsonl` holds (rule, response, label, expected) cases. Each expected
 value is what DeepScaleR's grader decides (its `RewardMathFn` as `rllm` keeps it, over
-`math_utils/utils.py`): derived by reading that code, and confirmed by running it in a
+`agentica-project/deepscaler:deepscaler/rewards/math_utils/utils.py`): derived by reading that code, and confirmed by running it in a
 scratch environment outside this repository (sympy 1.14, pylatexenc 2.10 and 2.11 gave
 the same decisions). `rule` names the rule of `math_grader.py` that a case exercises;
 both correct and incorrect outcomes are there for every rule, including the ones where

@@ -117,3 +117,5 @@ def test_cpu_uses_host_memory():
     s = size_run(tiny_config(), host, utilization=0.9, dtype=torch.float32, block_size=16, seq_tokens=80,
                  sequences_needed=128, tokens_per_update=128 * 80, planes=4, engine_releases_memory=True)
     assert s.kv_blocks == 128 * 5 and s.max_num_seqs == 128 and not s.recompute
+    assert s.budget_bytes == int(0.9 * 20 * GIB)  # host memory is shared: what is available, in whole GiB
+    sizing.check_fits(s, DeviceMemory("cpu", total=24 * GIB, free=int(2.5 * GIB)), used_now=0)  # no device to share
