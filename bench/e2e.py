@@ -64,7 +64,9 @@ def full_size_tokenizer(directory: Path, vocab_size: int = VOCAB) -> None:
 
 def build_model(directory: Path, shape: str) -> None:
     if shape == "1.4b":
-        from convert import write_random_hf  # bench/convert.py: streamed random bf16 weights at 1.4B
+        from convert import (
+            write_random_hf,  # bench/convert.py: streamed random bf16 weights at 1.4B
+        )
 
         write_random_hf(directory, seed=0)
     else:

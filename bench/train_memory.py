@@ -34,9 +34,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from train_step import build_trainer, make_samples, model_config
 
     from ouro_cli.rl import sizing
-    from train_step import build_trainer, make_samples, model_config
 
     config = model_config(args.shape)
     results = []
