@@ -105,6 +105,7 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
     wall = time.perf_counter() - start
+    (work / f"run-{name}.log").write_text(done.stdout)  # everything the run printed
     lines = done.stdout.splitlines()
     for line in lines:
         if line.startswith(("memory:", "error:", "update ", "engine:")) or "warning" in line:

@@ -165,7 +165,7 @@ class ModelRunner:
             key = (b + pad, inputs.width, max_loops, self.kv.planes)
             if key not in self.graphs:
                 start = time.perf_counter()
-                self.graphs[key] = CapturedDecodeStep(self, *key)
+                self.graphs[key] = CapturedDecodeStep(self, *key[:3])  # planes: the cache's current view
                 self.counters.graph_captures += 1
                 self.counters.graph_capture_ms += round((time.perf_counter() - start) * 1e3)
             logits, depth = self.graphs[key].run(inputs)

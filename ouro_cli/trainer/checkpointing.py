@@ -101,7 +101,8 @@ def _save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: 
     staging = root / (layout.iteration_dir_name(iteration) + ".staging")
     state = _state(module, optimizer, scheduler, is_loading=False, iteration=iteration,
                    extra=extra, rng_state=rng.capture(on_cuda))
-    dist_checkpointing.save(state, str(staging), content_metadata=CONTENT_METADATA)
+    dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy(),
+                            content_metadata=CONTENT_METADATA)
     dist.barrier()
     if rank0:
         summary = {"iteration": iteration, "world_size": dist.get_world_size(), "scheduler": scheduler.state_dict(),
@@ -112,6 +113,16 @@ def _save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: 
         layout.commit_iteration(root, iteration, keep_last=keep_last)
     dist.barrier()
     return root / layout.iteration_dir_name(iteration)
+
+
+def _save_strategy():
+    """megatron's torch_dist writer with one thread per core up to 8 (its default is 2): a 1.4B
+    checkpoint with Adam is 19 GB, and the writer threads serialise and write in parallel."""
+    import os
+
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    return TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=max(2, min(8, os.cpu_count() or 2)))
 
 
 # What a checkpoint holds beyond its tensors (metadata, common state, RNG), and the margin a
