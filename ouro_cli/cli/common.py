@@ -61,7 +61,7 @@ def run_command(body: Callable[[], dict[str, Any] | None], *, json_output: bool 
         message, code = describe_failure(err)
         _fail(message, code, json_output, result=getattr(err, "result", None))
     else:
-        if json_output and result is not None and _is_main_rank():
+        if json_output and result is not None and is_main_rank():
             emit_json({"ok": True, **result})
 
 
@@ -94,7 +94,7 @@ def describe_failure(err: BaseException) -> tuple[str, int]:
     return f"{type(err).__name__}: {text} ({_DEBUG_HINT})", 1
 
 
-def _is_main_rank() -> bool:
+def is_main_rank() -> bool:
     """Under torchrun only rank 0 prints the result document."""
     return int(os.environ.get("RANK", "0")) == 0
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from .common import JSON_OPTION, console, hidden_alias, run_command
+from .common import JSON_OPTION, console, hidden_alias, is_main_rank, run_command
 
 TRAIN_EPILOG = """Examples:
 
@@ -150,7 +150,8 @@ def train(
 
         check_run_dir(run, options)
         with RunLock(run.root, "ouro train", log=_note):
-            prepare_run_dir(run, options.overwrite, log=_note)
+            if is_main_rank():  # under torchrun the other ranks are the same job
+                prepare_run_dir(run, options.overwrite, log=_note)
             return _run(options, run, resume=False, override_scheduler=False, json_output=json_output,
                         command="ouro train")
 

@@ -514,6 +514,8 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
             (run.root / "COMPLETE").unlink(missing_ok=True)
             write_manifest(run.root, command, options.to_dict(), [Path(options.data)])
             if continuing:  # updates logged after the checkpoint (a crash) run again
+                if session.start_update:
+                    run_records.repair_tracker(run, log)
                 run_records.drop_after(run, session.start_update, finishing=session.start_update == options.updates,
                                        log=log)
                 plans.write_plan(run.plan, session.plan)  # the checkpoint's: a kill may have come before the copy

@@ -6,12 +6,13 @@ that includes update u starts. So whatever moment a process dies at, every updat
 the latest checkpoint has its records, and records above it belong to updates that the
 resume runs again (identically: the checkpoint holds the data cursor and every RNG).
 
-`resume_point` reads where a run stands before anything heavy runs: the checkpoint's
-next update (from the latest complete iteration; None without one), refusing what
-cannot continue: a damaged trainer state, a gap in the records below the checkpoint, a
-run that already has its updates. `drop_after` then forgets the records above the
-checkpoint (metrics lines, interval evaluations, rollouts files), so that every update
-is logged exactly once.
+`resume_point` reads (and writes nothing) where a run stands before anything heavy runs:
+the checkpoint's next update (from the latest complete iteration; None without one),
+refusing what cannot continue: a damaged trainer state, a gap in the records below the
+checkpoint, a run that already has its updates. Once the resume is under way, rank 0
+calls `repair_tracker` and `drop_after`, which forgets the records above the checkpoint
+(metrics lines, interval evaluations, rollouts files), so that every update is logged
+exactly once.
 """
 
 from __future__ import annotations
@@ -87,20 +88,24 @@ def checkpoint_next_update(run: RunDir) -> int | None:
 
 def resume_point(run: RunDir, updates: int, log: Callable[[str], None] = lambda s: None) -> int | None:
     """The update a resume continues at (None: no checkpoint yet, the run starts again),
-    after checking that the records below it are whole; repairs a lagging tracker."""
-    from ouro_cli.checkpoint import layout
-
+    after checking that the records below it are whole."""
     start = checkpoint_next_update(run)
     if start is None:
         return None
-    repaired = layout.repair_tracker(run.checkpoint)
-    if repaired is not None:
-        log(f"checkpoint: {layout.iteration_dir_name(repaired)} is complete but its save was interrupted "
-            "before the tracker named it; the tracker now does")
     if start > updates or (start == updates and is_complete(run.root)):
         raise UserError(f"the run already has {start} updates; ask for more with --updates")
     check_records(run, start, log)
     return start
+
+
+def repair_tracker(run: RunDir, log: Callable[[str], None] = lambda s: None) -> None:
+    """Point the tracker at the latest complete iteration (checkpoint/layout.py), saying so."""
+    from ouro_cli.checkpoint import layout
+
+    repaired = layout.repair_tracker(run.checkpoint)
+    if repaired is not None:
+        log(f"checkpoint: {layout.iteration_dir_name(repaired)} is complete but its save was interrupted "
+            "before the tracker named it; the tracker now does")
 
 
 def check_records(run: RunDir, start: int, log: Callable[[str], None] = lambda s: None) -> None:

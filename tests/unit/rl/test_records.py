@@ -78,8 +78,10 @@ def test_a_complete_iteration_without_its_tracker_is_the_latest_and_the_tracker_
     _iteration(run, 6, tracker=False)  # a later save killed the same way: the tracker still says 4
     assert layout.latest_iteration_dir(run.checkpoint).name == "iter_0000006"
     _logged(run, range(6))
+    assert records.resume_point(run, 8) == 6
+    assert layout.read_tracker(run.checkpoint) == 4  # checking writes nothing
     notes = []
-    assert records.resume_point(run, 8, notes.append) == 6
+    records.repair_tracker(run, notes.append)
     assert layout.read_tracker(run.checkpoint) == 6 and "tracker now does" in notes[0]
 
 
