@@ -62,20 +62,20 @@ def _opt(*names: str, help: str, panel: str, default: str | None = None, **kw: A
     """A train/resume option. The first name is shown, further names are hidden aliases (so
     that the help's option column fits 80 columns); the default comes from TrainOptions (the
     field one of the names spells) unless the help states it in words or `default` says it."""
+    from ouro_cli.rl.options import option_names
+
     shown, *aliases = names
     for alias in aliases:
         hidden_alias(alias, shown.split("/")[0])
-    if default is None and not _STATED_DEFAULT.search(help):
-        from ouro_cli.rl.options import option_names
-
-        spelled = [n.split("/")[0].removeprefix("--").replace("-", "_") for n in names]
-        default = _default_text(next(f for f in spelled if f in _DEFAULT_TEXT or f in option_names()))
     stated = _STATED_DEFAULT.search(help)
     if stated:  # a default stated in words is shown like a computed one
-        help, default = help[:stated.start()] + help[stated.end():], stated.group(1)
-    if default is not None:
-        help = f"{help} \\[default: {default}]"
-    return typer.Option(shown, help=help, rich_help_panel=panel, show_default=False, **kw)
+        help = help[:stated.start()] + help[stated.end():]
+    if default is None:
+        spelled = [n.split("/")[0].removeprefix("--").replace("-", "_") for n in names]
+        default = stated.group(1) if stated else _default_text(
+            next(f for f in spelled if f in _DEFAULT_TEXT or f in option_names()))
+    return typer.Option(shown, help=f"{help} \\[default: {default}]", rich_help_panel=panel, show_default=False,
+                        **kw)
 
 
 def _kept(*names: str, help: str, panel: str, **kw: Any):
