@@ -7,6 +7,8 @@
 the sizes involved and the option to change.
 `SettingError` is the UserError of a bad OURO_* environment switch (also a ValueError,
 for library callers).
+`Interrupted`: a run stopped on SIGINT or SIGTERM — exit 128 + the signal (130, 143), one
+line saying where it stopped and how to continue.
 """
 
 
@@ -24,3 +26,10 @@ class ResourceError(Exception):
 
 class SettingError(UserError, ValueError):
     pass
+
+
+class Interrupted(Exception):
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum

@@ -3,8 +3,9 @@
 A conversion reads an already validated source (`sources.open_checkpoint`) and writes
 its output inside `artifacts.staged_output`: the weights, config and assets, then
 `manifest.json`, then the COMPLETE marker; the staging directory replaces OUT only
-when all of that succeeded. Tensors pass through untouched (no dtype change), one at
-a time wherever the target format allows it.
+when all of that succeeded. An OUT that overlaps the files the conversion reads is
+refused before anything is written (`artifacts.check_output_dir`). Tensors pass through
+untouched (no dtype change), one at a time wherever the target format allows it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 import torch
 
 from ouro_cli import artifacts
-from ouro_cli.errors import UserError
 
 from . import layout
 from .hf import DEFAULT_MAX_SHARD_BYTES, write_hf
@@ -26,15 +26,6 @@ from .names import parameter_count
 from .sources import CheckpointSource
 
 OnTensor = Callable[[str, torch.Tensor], None]
-
-
-def check_output_path(source: CheckpointSource, out: Path) -> None:
-    """Refuse an OUT that is, contains or lies inside the input (it would be replaced or hashed)."""
-    out = Path(out).resolve()
-    for item in source.input_paths:
-        item = item.resolve()
-        if out == item or out in item.parents or item in out.parents:
-            raise UserError(f"output {out} overlaps the input {item}; choose an output directory outside the input")
 
 
 def to_megatron(
@@ -48,9 +39,8 @@ def to_megatron(
     on_tensor: OnTensor | None = None,
 ) -> dict[str, Any]:
     """Write `source` as a Megatron dist checkpoint at `out` (with hf_assets/ for export)."""
-    check_output_path(source, out)
     start = time.perf_counter()
-    with artifacts.staged_output(Path(out), overwrite=overwrite) as staging:
+    with artifacts.staged_output(Path(out), overwrite=overwrite, inputs=source.input_paths) as staging:
         save_megatron(staging, source.config, source.iter_tensors(), iteration=iteration,
                       assets_from=source.assets_dir, on_tensor=on_tensor)
         artifacts.write_manifest(staging, command, options, source.input_paths)
@@ -69,9 +59,8 @@ def to_hf(
     on_tensor: OnTensor | None = None,
 ) -> dict[str, Any]:
     """Write `source` as a Hugging Face directory at `out`, loadable with the original remote code."""
-    check_output_path(source, out)
     start = time.perf_counter()
-    with artifacts.staged_output(Path(out), overwrite=overwrite) as staging:
+    with artifacts.staged_output(Path(out), overwrite=overwrite, inputs=source.input_paths) as staging:
         written = write_hf(staging, source.config, source.iter_tensors(), max_shard_bytes=max_shard_bytes,
                            assets_from=source.assets_dir, specs=source.specs, on_tensor=on_tensor)
         artifacts.write_manifest(staging, command, options, source.input_paths)

@@ -125,7 +125,8 @@ class MegatronCheckpoint:
 
     @property
     def input_paths(self) -> list[Path]:
-        return [self.root / layout.TRACKER, self.path, self.assets_dir]
+        tracker = self.root / layout.TRACKER  # absent after a first save interrupted before its tracker write
+        return [*([tracker] if tracker.is_file() else []), self.path, self.assets_dir]
 
     def _stored_model_tensors(self, expected: dict) -> dict[str, tuple[str, TensorSpec]]:
         """Physical name -> (checkpoint key, spec) for the model tensors; other keys are ignored."""

@@ -6,7 +6,8 @@ Every command that reads weights (convert, export, eval, train's `--init`,
 - a directory with `latest_checkpointed_iteration.txt` is a Megatron checkpoint
   (its latest iteration must carry the COMPLETE marker);
 - a directory with `checkpoint/latest_checkpointed_iteration.txt` is a run directory,
-  read through that checkpoint;
+  read through that checkpoint (a run without its COMPLETE marker has not finished: its
+  latest complete checkpoint is read, and `unfinished_run_note` says so);
 - a directory with `config.json` and `model.safetensors` or its index is an HF directory.
 
 Opening validates the whole checkpoint (config, headers, names, shapes) and reads no
@@ -79,6 +80,18 @@ def open_checkpoint(path: str | Path) -> CheckpointSource:
         f"or {INDEX_FILE}), a Megatron checkpoint ({layout.TRACKER}) or a run directory "
         f"({RUN_CHECKPOINT_DIR}/{layout.TRACKER})"
     )
+
+
+def unfinished_run_note(path: str | Path) -> str | None:
+    """What a command says when `path` is a run directory that has not finished (no COMPLETE)."""
+    from ouro_cli.artifacts import is_complete
+
+    path = Path(path)
+    if megatron_root(path) != run_checkpoint_dir(path) or is_complete(path):
+        return None
+    latest = layout.latest_iteration_dir(run_checkpoint_dir(path)).name
+    return (f"{path} is a run that has not finished (no COMPLETE marker): using its latest complete "
+            f"checkpoint, {RUN_CHECKPOINT_DIR}/{latest}")
 
 
 def read_checkpoint(path: str | Path) -> tuple[OuroConfig, dict[str, torch.Tensor]]:

@@ -3,18 +3,48 @@ so `ouro --help` stays fast."""
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from . import convert, eval, export, probe_ucx, train, verify_resume
+from .common import DEBUG_ENV
+
+EPILOG = """Examples:
+
+  ouro train --depths 2 3 4                                   # GRPO on the bundled tiny model
+
+  ouro resume runs/ouro-20250101-120000 --updates 120         # continue a run (also after a crash)
+
+  ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4      # held-out accuracy per K
+
+  ouro export runs/grpo-1 export/ouro-grpo                    # HF directory of the trained model
+
+  ouro convert hf-to-mcore ./Ouro-1.4B ckpt/ouro-1.4b-mcore   # HF → Megatron checkpoint
+
+  ouro --debug train --config recipe.toml                     # a failure shows its traceback
+"""
 
 app = typer.Typer(
     name="ouro",
     help="On-policy RL (GRPO) for Ouro looped language models: convert, train, resume, export, eval.",
+    epilog=EPILOG,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     add_completion=False,
     rich_markup_mode="rich",
 )
+
+
+@app.callback()
+def _global_options(
+    debug: bool = typer.Option(False, "--debug", help=f"Show a failure's traceback (as {DEBUG_ENV}=1 does); "
+                               "accepted anywhere on the line. \\[default: off]"),
+) -> None:
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # also seen by the processes a command starts (verify-resume)
+
+
 app.add_typer(convert.app, name="convert")
 app.command(name="export", epilog=export.EPILOG)(export.export)
 app.command(name="train", epilog=train.TRAIN_EPILOG)(train.train)
@@ -29,12 +59,19 @@ def main() -> None:
     import sys
     import warnings
 
-    # megatron-core announces its pure-PyTorch fallbacks on import; they are expected here
+    # megatron-core announces its pure-PyTorch fallbacks on import, and its dist-checkpoint
+    # loader calls a torch API that torch marks deprecated; neither is the user's business
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    warnings.filterwarnings("ignore", message=".*load_state_dict.* is deprecated", category=FutureWarning)
 
-    from .common import expand_multi_value_options
+    from .common import expand_multi_value_options, rewrite_aliases, run_app
 
-    app(args=expand_multi_value_options(sys.argv[1:]), prog_name="ouro")
+    args = rewrite_aliases(sys.argv[1:])
+    head = args[:args.index("--")] if "--" in args else args
+    if "--debug" in head[1:]:  # a global flag, accepted after the command too
+        args.remove("--debug")
+        args.insert(0, "--debug")
+    sys.exit(run_app(app, expand_multi_value_options(args), json_output="--json" in head))
 
 
 if __name__ == "__main__":

@@ -1,23 +1,33 @@
-"""What every command shares: the stderr console, JSON output, and user-error handling.
+"""What every command shares: the stderr console, JSON output, and the one error path.
 
 Human output and progress go to stderr; `--json` prints one JSON document on stdout, in
-every case (an error included). Exit codes: 0 success, 1 a check failed, 2 bad usage or
-input. A user error is one line, never a traceback.
+every case (an error included: `{"ok": false, "error": ..., "exit_code": ...}`).
+
+Every exception that reaches a command becomes one line saying what went wrong and what
+to do (`describe_failure`), never a traceback. Exit codes: 0 success; 1 a check failed
+or the command failed at run time (CheckFailed, ResourceError, an OS error, a bug);
+2 bad usage or input (UserError, a model ConfigError); 128 + the signal for a run
+stopped by SIGINT (130) or SIGTERM (143). `OURO_DEBUG=1` (or `ouro --debug …`) prints the
+traceback as well, exit codes unchanged.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import typer
 from rich.console import Console
 
-from ouro_cli.errors import CheckFailed, ResourceError, UserError
+from ouro_cli.errors import CheckFailed, Interrupted, ResourceError, UserError
 
 console = Console(stderr=True, highlight=False)
+DEBUG_ENV = "OURO_DEBUG"
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
@@ -37,41 +47,115 @@ def emit_json(document: dict[str, Any]) -> None:
 
 
 def run_command(body: Callable[[], dict[str, Any] | None], *, json_output: bool = False) -> None:
-    """Run a command body; map known failures to one line and an exit code.
+    """Run a command body; every failure becomes one line and an exit code (`describe_failure`).
 
     `body` returns the result document printed by `--json` (None prints nothing).
     """
     try:
         result = body()
-    except CheckFailed as err:
-        _fail(str(err), CheckFailed.exit_code, json_output, result=getattr(err, "result", None))
-    except ResourceError as err:
-        _fail(str(err), ResourceError.exit_code, json_output)
-    except _user_error_types() as err:
-        _fail(str(err), UserError.exit_code, json_output)
-    except KeyboardInterrupt:
-        _fail("interrupted", 130, json_output)
+    except (typer.Exit, SystemExit):
+        raise
+    except BaseException as err:  # the one place every failure is reported
+        if debugging():
+            traceback.print_exc(file=sys.stderr)
+        message, code = describe_failure(err)
+        _fail(message, code, json_output, result=getattr(err, "result", None))
     else:
-        if json_output and result is not None and _is_main_rank():
+        if json_output and result is not None and is_main_rank():
             emit_json({"ok": True, **result})
 
 
-def _is_main_rank() -> bool:
-    """Under torchrun only rank 0 prints the result document."""
-    import os
+def debugging() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
+
+_DEBUG_HINT = f"{DEBUG_ENV}=1 shows the traceback"
+
+
+def describe_failure(err: BaseException) -> tuple[str, int]:
+    """(one line, exit code) for any exception: known failures say what to do themselves."""
+    if isinstance(err, CheckFailed | ResourceError | Interrupted):
+        return str(err), err.exit_code
+    if isinstance(err, _user_error_types()):
+        return str(err), UserError.exit_code
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted", 130
+    if isinstance(err, MemoryError):
+        return f"out of host memory ({err or 'MemoryError'}); use a machine with more memory or smaller sizes", 1
+    if isinstance(err, OSError):
+        where = f"{err.filename}: " if err.filename else ""
+        what = err.strerror or str(err)
+        if err.errno == errno.ENOSPC:
+            return f"{where}{what}: the disk is full; free space or write elsewhere, then run it again", 1
+        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return f"{where}{what}: not allowed to write there; choose a writable directory", 1
+        return f"{where}{what} ({type(err).__name__}); {_DEBUG_HINT}", 1
+    text = " ".join(str(err).split()) or "(no message)"
+    return f"{type(err).__name__}: {text} ({_DEBUG_HINT})", 1
+
+
+def is_main_rank() -> bool:
+    """Under torchrun only rank 0 prints the result document."""
     return int(os.environ.get("RANK", "0")) == 0
 
 
 def _fail(message: str, code: int, json_output: bool, result: dict[str, Any] | None = None) -> None:
     if json_output:
         emit_json({"ok": False, "error": message, "exit_code": code, **(result or {})})
-    console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    console.print(f"[bold red]error:[/] {rich_escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
-JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document with the result on stdout.")
-OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace a non-empty output directory.")
+def rich_escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document with the result on stdout. \\[default: off]")
+OVERWRITE_OPTION = typer.Option(False, "--overwrite",
+                                help="Replace a non-empty output directory (never an input). \\[default: off]")
+
+
+def run_app(app: typer.Typer, args: list[str], *, json_output: bool) -> int:
+    """Run the application; returns the exit code. With `--json`, a usage error (an unknown
+    flag, a value of the wrong type) is a JSON document on stdout too."""
+    if not json_output:
+        app(args=args, prog_name="ouro")  # exits by itself
+        return 0
+    try:
+        code = app(args=args, prog_name="ouro", standalone_mode=False)
+    except Exception as err:
+        # click's ClickException (typer vendors click under its own name in newer releases)
+        if not (hasattr(err, "format_message") and isinstance(getattr(err, "exit_code", None), int)):
+            raise
+        emit_json({"ok": False, "error": err.format_message(), "exit_code": err.exit_code})
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(err)
+        return err.exit_code
+    return code if isinstance(code, int) else 0
+
+
+HIDDEN_ALIASES: dict[str, str] = {}  # alias -> option name: accepted, not shown (see hidden_alias)
+
+
+def hidden_alias(alias: str, name: str) -> None:
+    """Accept `alias` for the option `name` without listing it in the help: the longer
+    spellings (`--ouro-depths`) stay valid, and the help's option column fits 80 columns."""
+    if HIDDEN_ALIASES.setdefault(alias, name) != name:
+        raise ValueError(f"{alias} already stands for {HIDDEN_ALIASES[alias]}")
+
+
+def rewrite_aliases(argv: list[str], aliases: dict[str, str] = HIDDEN_ALIASES) -> list[str]:
+    """`--ouro-depths 2` and `--ouro-depths=2` read as `--depths 2` (nothing after `--`)."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[i:]
+        name, eq, value = arg.partition("=")
+        out.append(aliases[name] + eq + value if name in aliases else arg)
+    return out
 
 
 MULTI_VALUE_OPTIONS = ("--depths", "--eval-depths", "--prefill-devices", "--decode-devices")

@@ -17,9 +17,19 @@ import typer
 
 from .common import JSON_OPTION, OVERWRITE_OPTION, console, run_command
 
+GROUP_EPILOG = """Examples:
+
+  ouro convert hf-to-mcore ./Ouro-1.4B ./ckpt/ouro-1.4b-mcore            # HF → Megatron (release/)
+
+  ouro convert mcore-to-hf ./ckpt/ouro-1.4b-mcore ./Ouro-1.4B-roundtrip  # and back, bit for bit
+
+  ouro convert mcore-to-hf ./runs/grpo-1 ./export/ouro-grpo --json       # a run's latest checkpoint
+"""
+
 app = typer.Typer(
     name="convert",
     help="Convert Ouro checkpoints between Hugging Face and Megatron dist-checkpoint formats.",
+    epilog=GROUP_EPILOG,
     no_args_is_help=True,
     rich_markup_mode="rich",
 )
@@ -91,7 +101,7 @@ def hf_to_mcore(
         help="Hugging Face Ouro directory (config.json + model.safetensors or shards).", show_default=False)],
     out: Annotated[Path, typer.Argument(help="Megatron checkpoint directory to create.", show_default=False)],
     iteration: Annotated[int | None, typer.Option(
-        "--iteration", min=0, show_default=False, help="Save as iter_NNNNNNN/ instead of release/.",
+        "--iteration", min=0, show_default=False, help="Save as iter_NNNNNNN/ instead of release/. \\[default: release/]",
         rich_help_panel=OUTPUT_PANEL)] = None,
     overwrite: bool = OVERWRITE_OPTION,
     json_output: bool = JSON_OPTION,
@@ -145,16 +155,20 @@ def write_hf_command(path: Path, out: Path, *, max_shard_size: str, overwrite: b
 
     def body() -> dict[str, Any]:
         from ouro_cli.checkpoint import convert, open_checkpoint
+        from ouro_cli.checkpoint.sources import unfinished_run_note
 
         shard_bytes = parse_max_shard_size(max_shard_size)
         source = open_checkpoint(path)
         if check is not None:
             check(source)
+        note = unfinished_run_note(path)
+        if note:
+            console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         options = {source_key: str(path), "out": str(out), "max_shard_bytes": shard_bytes, "overwrite": overwrite}
         with tensor_progress(len(source.specs), label) as on_tensor:
             result = convert.to_hf(source, out, max_shard_bytes=shard_bytes, overwrite=overwrite,
                                    command=command, options=options, on_tensor=on_tensor)
         report(result, json_output)
-        return result
+        return {**result, **({"note": note} if note else {})}
 
     run_command(body, json_output=json_output)

@@ -27,7 +27,7 @@ EPILOG = """Examples:
 def eval_command(
     model: Annotated[str, typer.Argument(help="HF directory, Megatron checkpoint or run directory.", show_default=False)],
     data: Annotated[str, typer.Option("--data", help="Held-out JSONL (prompt, label, metadata.problem_id).")],
-    depths: Annotated[list[int] | None, typer.Option("--depths", help="Decode budgets K to evaluate: --depths 2 3 4.")] = None,
+    depths: Annotated[list[int] | None, typer.Option("--depths", help="Decode budgets K to evaluate: --depths 2 3 4. \\[default: 2 3 4]")] = None,
     prompts: Annotated[int, typer.Option("--prompts", help="Evaluate the first N prompts.")] = 64,
     reward_function: Annotated[str, typer.Option("--reward-function", help="Dotted path of f(response, label) -> float.")] = "ouro_cli.rl.rewards.boxed_answer",
     prompt_template: Annotated[str, typer.Option("--prompt-template", help="chatml, raw or tokenizer.")] = "chatml",
@@ -37,7 +37,7 @@ def eval_command(
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 1234,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="Sequences decoded together.")] = 64,
-    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default: evals/ouro-eval-<timestamp>).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output directory (outside every input). \\[default: evals/ouro-eval-<timestamp>]")] = None,
     overwrite: bool = OVERWRITE_OPTION,
     json_output: bool = JSON_OPTION,
 ) -> None:
@@ -56,11 +56,12 @@ def eval_command(
         reward_fn = load_reward(reward_function)
         check_labels(reward_fn, reward_function, [(f"{data}:{r.line}", r.label) for r in rows])
         target = out or Path(f"evals/ouro-eval-{time.strftime('%Y%m%d-%H%M%S')}")
-        artifacts.check_output_dir(target, overwrite)
+        artifacts.check_output_dir(target, overwrite, inputs=[data])
 
         import torch
 
         from ouro_cli.checkpoint import open_checkpoint
+        from ouro_cli.checkpoint.sources import unfinished_run_note
         from ouro_cli.engine import LLM
         from ouro_cli.engine.tokenizer import TextCodec
         from ouro_cli.mcore import single_process_group
@@ -73,6 +74,10 @@ def eval_command(
         dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         with single_process_group():
             source = open_checkpoint(model)
+            artifacts.check_output_dir(target, overwrite, inputs=[data, *source.input_paths])
+            note = unfinished_run_note(model)
+            if note:
+                console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
             ks = validate_depths(depths or [2, 3, 4], source.config.num_loops)
             codec = TextCodec.from_dir(source.assets_dir)
             if codec is None:
@@ -87,7 +92,7 @@ def eval_command(
                            exit_threshold=exit_threshold, min_loops=1, stop_token_ids=stop_tokens_for(source.config, codec),
                            decode=codec.decode)
         engine.close()
-        with artifacts.staged_output(target, overwrite=overwrite) as staging:
+        with artifacts.staged_output(target, overwrite=overwrite, inputs=[data, *source.input_paths]) as staging:
             for r in results:
                 append_jsonl(staging / "evaluations.jsonl", {"model": str(model), **r})
             artifacts.write_manifest(staging, "ouro eval", {
@@ -97,7 +102,7 @@ def eval_command(
             artifacts.mark_complete(staging)
         _table(results)
         console.print(f"evaluations: {target / 'evaluations.jsonl'} ({time.perf_counter() - start:.1f}s)")
-        return {"out": str(target), "evaluations": results}
+        return {"out": str(target), "evaluations": results, **({"note": note} if note else {})}
 
     run_command(body, json_output=json_output)
 

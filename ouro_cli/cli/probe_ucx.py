@@ -30,7 +30,7 @@ EPILOG = """Examples:
 def probe_ucx(
     ctx: typer.Context,
     devices: Annotated[tuple[int, int], typer.Option("--devices", help="Initiator and target device (CUDA indices).")] = (0, 1),
-    tls: Annotated[list[str] | None, typer.Option("--tls", help="Extra UCX_TLS settings to try, e.g. --tls rc,cuda_copy tcp.")] = None,
+    tls: Annotated[list[str] | None, typer.Option("--tls", help="Extra UCX_TLS settings to try, e.g. --tls rc,cuda_copy tcp. \\[default: none]")] = None,
     size_mb: Annotated[int, typer.Option("--size-mb", help="Bytes per WRITE, in MiB.")] = 64,
     repeats: Annotated[int, typer.Option("--repeats", help="WRITEs per setting (median time is reported).")] = 3,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per setting before it counts as hung.")] = 30.0,

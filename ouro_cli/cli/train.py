@@ -2,20 +2,23 @@
 
 Every flag defaults to None here so that a TOML `--config` file can set it and a flag
 given on the command line overrides it; the defaults themselves live in
-`ouro_cli.rl.options.TrainOptions`.
+`ouro_cli.rl.options.TrainOptions`, and the help shows them from there (`_opt`). Both
+commands hold the run directory's lock (ouro_cli.rl.lock) for as long as they work in it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from .common import JSON_OPTION, console, run_command
+from .common import JSON_OPTION, console, hidden_alias, is_main_rank, run_command
 
 TRAIN_EPILOG = """Examples:
 
@@ -31,14 +34,54 @@ RESUME_EPILOG = """Examples:
 
   ouro resume runs/grpo-1 --updates 400
 
-  ouro resume runs/grpo-1 --updates 400 --lr 5e-7 --override-opt-param-scheduler
+  ouro resume runs/grpo-1 --updates 400 --lr 5e-7 --override-scheduler
 """
 
 P_DATA, P_GRPO, P_OPT, P_ENGINE, P_RUN = "Model and data", "GRPO update", "Optimizer", "Engine", "Run, save, evaluate"
 
 
-def _opt(*names: str, help: str, panel: str, **kw: Any):
-    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
+# How the help shows a default that TrainOptions holds as None, a path or a list.
+_DEFAULT_TEXT = {"config": "none", "export_hf": "none", "max_position_embeddings": "the model's",
+                 "prefill_devices": "none", "decode_devices": "none"}
+
+
+_STATED_DEFAULT = re.compile(r" ?\(default: ((?:[^()]|\([^()]*\))*)\)")
+
+
+def _default_text(field: str) -> str:
+    from ouro_cli.rl.options import TrainOptions
+
+    if field in _DEFAULT_TEXT:
+        return _DEFAULT_TEXT[field]
+    value = getattr(TrainOptions(), field)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _opt(*names: str, help: str, panel: str, default: str | None = None, **kw: Any):
+    """A train/resume option. The first name is shown, further names are hidden aliases (so
+    that the help's option column fits 80 columns); the default comes from TrainOptions (the
+    field one of the names spells) unless the help states it in words or `default` says it."""
+    from ouro_cli.rl.options import option_names
+
+    shown, *aliases = names
+    for alias in aliases:
+        hidden_alias(alias, shown.split("/")[0])
+    stated = _STATED_DEFAULT.search(help)
+    if stated:  # a default stated in words is shown like a computed one
+        help = help[:stated.start()] + help[stated.end():]
+    if default is None:
+        spelled = [n.split("/")[0].removeprefix("--").replace("-", "_") for n in names]
+        default = stated.group(1) if stated else _default_text(
+            next(f for f in spelled if f in _DEFAULT_TEXT or f in option_names()))
+    return typer.Option(shown, help=f"{help} \\[default: {default}]", rich_help_panel=panel, show_default=False,
+                        **kw)
+
+
+def _kept(*names: str, help: str, panel: str, **kw: Any):
+    """A resume option whose default is the run's own value (from its ouro-plan.json)."""
+    return _opt(*names, help=help, panel=panel, default="the run's", **kw)
 
 
 def train(
@@ -68,7 +111,7 @@ def train(
     max_tokens_per_micro_batch: Annotated[int | None, _opt("--max-tokens-per-micro-batch", help="Tokens per training micro-batch, padding included (default: what fits in the memory left).", panel=P_OPT)] = None,
     micro_batch_size: Annotated[int | None, _opt("--micro-batch-size", help="At most this many samples per micro-batch (default: no limit beside the token budget).", panel=P_OPT)] = None,
     recompute: Annotated[str | None, _opt("--recompute", help="Activation recompute per layer call: auto (on only when the memory budget needs it), on or off (default: auto).", panel=P_OPT)] = None,
-    use_distributed_optimizer: Annotated[bool | None, _opt("--use-distributed-optimizer", help="Shard optimizer state over data-parallel ranks.", panel=P_OPT)] = None,
+    use_distributed_optimizer: Annotated[bool | None, _opt("--dist-optimizer", "--use-distributed-optimizer", help="Shard optimizer state over data-parallel ranks.", panel=P_OPT)] = None,
     engine: Annotated[str | None, _opt("--engine", help="Dotted path of an engine factory (default: the built-in engine).", panel=P_ENGINE)] = None,
     device: Annotated[str | None, _opt("--device", help="auto, cpu or cuda.", panel=P_ENGINE)] = None,
     dtype: Annotated[str | None, _opt("--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32 or bf16.", panel=P_ENGINE)] = None,
@@ -91,63 +134,82 @@ def train(
     export_hf: Annotated[str | None, _opt("--export-hf", "--ouro-export-hf", help="Export the final model as an HF directory here.", panel=P_RUN)] = None,
     overwrite: Annotated[bool | None, _opt("--overwrite", help="Start over in a non-empty run directory.", panel=P_RUN)] = None,
     state_digest: Annotated[bool | None, _opt("--state-digest", help="Record a sha256 of model + optimizer state per update.", panel=P_RUN)] = None,
+    save_on_interrupt: Annotated[str | None, _opt("--save-on-interrupt", help="On SIGINT/SIGTERM, save before stopping: on, off, or auto (when a checkpoint is due within 3 updates).", panel=P_RUN)] = None,
     test_break_resume: Annotated[bool | None, typer.Option("--test-break-resume", hidden=True)] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Run GRPO on an Ouro model: rollouts at per-update depth budgets, Megatron-core updates."""
-    flags = {k: v for k, v in locals().items() if k not in ("config", "json_output")}
-    flags = {k: (v or None) if isinstance(v, list) else v for k, v in flags.items()}
+    params = dict(locals())
 
     def body() -> dict[str, Any]:
-        from ouro_cli.rl.options import resolve
         from ouro_cli.rl.run_dir import RunDir
 
-        options = resolve(flags, str(config) if config else None)
+        options = resolve_params(params)
         if options.run_dir is None:
             options.run_dir = f"runs/ouro-{time.strftime('%Y%m%d-%H%M%S')}"
         run = RunDir(Path(options.run_dir))
-        from ouro_cli.rl.loop import prepare_run_dir
+        from ouro_cli.rl.lock import RunLock
+        from ouro_cli.rl.loop import check_run_dir, prepare_run_dir
 
-        prepare_run_dir(run, options.overwrite)
-        return _run(options, run, resume=False, override_scheduler=False, json_output=json_output,
-                    command="ouro train")
+        check_run_dir(run, options)
+        with RunLock(run.root, "ouro train", log=_note):
+            if is_main_rank():  # under torchrun the other ranks are the same job
+                prepare_run_dir(run, options.overwrite, log=_note)
+            return _run(options, run, resume=False, override_scheduler=False, json_output=json_output,
+                        command="ouro train")
 
     run_command(_quiet(body), json_output=json_output)
+
+
+def resolve_params(params: dict[str, Any]):
+    """TrainOptions from `ouro train`'s parameters: the flags given, over the --config file, over
+    the defaults (verify-resume resolves the arguments it forwards the same way)."""
+    from ouro_cli.rl.options import resolve
+
+    config = params.get("config")
+    flags = {k: (v or None) if isinstance(v, list) else v for k, v in params.items() if k not in ("config", "json_output")}
+    return resolve(flags, str(config) if config else None)
 
 
 def resume(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by ouro train.", show_default=False)],
     updates: Annotated[int, typer.Option("--updates", help="Total updates to reach (more than the run has).")],
-    override_opt_param_scheduler: Annotated[bool, typer.Option("--override-opt-param-scheduler", help="Allow a new LR schedule (lr, lr-schedule, warmup, min-lr).")] = False,
-    depths: Annotated[list[int] | None, _opt("--depths", "--ouro-depths", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
-    lr: Annotated[float | None, _opt("--lr", help="New LR (needs --override-opt-param-scheduler).", panel=P_OPT)] = None,
-    seed: Annotated[int | None, _opt("--seed", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
-    temperature: Annotated[float | None, _opt("--temperature", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
-    group_size: Annotated[int | None, _opt("--group-size", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
-    prompts_per_update: Annotated[int | None, _opt("--prompts-per-update", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
-    max_num_seqs: Annotated[int | None, _opt("--max-num-seqs", "--ouro-max-num-seqs", help="Must equal the run's (checked).", panel=P_ENGINE)] = None,
-    eval_interval: Annotated[int | None, _opt("--eval-interval", "--ouro-eval-interval", help="Evaluate every N updates.", panel=P_RUN)] = None,
-    save_interval: Annotated[int | None, _opt("--save-interval", help="Checkpoint every N updates.", panel=P_RUN)] = None,
-    export_hf: Annotated[str | None, _opt("--export-hf", "--ouro-export-hf", help="Export the final model here.", panel=P_RUN)] = None,
+    override_opt_param_scheduler: Annotated[bool, _opt("--override-scheduler", "--override-opt-param-scheduler", help="Allow a new LR schedule (lr, lr-schedule, warmup, min-lr).", panel=P_OPT, default="off")] = False,
+    depths: Annotated[list[int] | None, _kept("--depths", "--ouro-depths", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    lr: Annotated[float | None, _kept("--lr", help="New LR (needs --override-scheduler).", panel=P_OPT)] = None,
+    seed: Annotated[int | None, _kept("--seed", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    temperature: Annotated[float | None, _kept("--temperature", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    group_size: Annotated[int | None, _kept("--group-size", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    prompts_per_update: Annotated[int | None, _kept("--prompts-per-update", help="Must equal the run's (checked).", panel=P_GRPO)] = None,
+    max_num_seqs: Annotated[int | None, _kept("--max-num-seqs", "--ouro-max-num-seqs", help="Must equal the run's (checked).", panel=P_ENGINE)] = None,
+    eval_interval: Annotated[int | None, _kept("--eval-interval", "--ouro-eval-interval", help="Evaluate every N updates.", panel=P_RUN)] = None,
+    save_interval: Annotated[int | None, _kept("--save-interval", help="Checkpoint every N updates.", panel=P_RUN)] = None,
+    export_hf: Annotated[str | None, _kept("--export-hf", "--ouro-export-hf", help="Export the final model here.", panel=P_RUN)] = None,
+    save_on_interrupt: Annotated[str | None, _kept("--save-on-interrupt", help="On SIGINT/SIGTERM, save before stopping: on, off or auto.", panel=P_RUN)] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Continue a run from its latest checkpoint, holding it to its plan (ouro-plan.json)."""
     given = {"depths": depths or None, "lr": lr, "seed": seed, "temperature": temperature, "group_size": group_size,
              "prompts_per_update": prompts_per_update, "max_num_seqs": max_num_seqs, "eval_interval": eval_interval,
-             "save_interval": save_interval, "export_hf": export_hf}
+             "save_interval": save_interval, "export_hf": export_hf, "save_on_interrupt": save_on_interrupt}
 
     def body() -> dict[str, Any]:
         from ouro_cli.rl import plan as plans
+        from ouro_cli.rl.lock import RunLock
+        from ouro_cli.rl.loop import check_run_dir
         from ouro_cli.rl.options import TrainOptions
         from ouro_cli.rl.run_dir import RunDir
 
         run = RunDir(run_dir)
-        saved = plans.read_plan(run.plan)
-        values = {**saved["options"], **{k: v for k, v in given.items() if v is not None}}
-        values.update(updates=updates, run_dir=str(run_dir), overwrite=False)
-        options = TrainOptions(**values).validate()
-        return _run(options, run, resume=True, override_scheduler=override_opt_param_scheduler,
-                    json_output=json_output, command="ouro resume")
+        plans.read_plan(run.plan)  # not a run: say so before anything else
+        with RunLock(run.root, "ouro resume", create=False, log=_note):
+            saved = plans.read_plan(run.plan)
+            values = {**saved["options"], **{k: v for k, v in given.items() if v is not None}}
+            values.update(updates=updates, run_dir=str(run_dir), overwrite=False)
+            options = TrainOptions(**values).validate()
+            check_run_dir(run, options)
+            return _run(options, run, resume=True, override_scheduler=override_opt_param_scheduler,
+                        json_output=json_output, command="ouro resume")
 
     run_command(_quiet(body), json_output=json_output)
 
@@ -175,6 +237,10 @@ def _quiet(body: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
 _WARNINGS: list = []  # the active WarningsLog: _run attaches it once the run directory exists
 
 
+def _note(message: str) -> None:
+    console.print(f"[dim]{escape(message)}[/]")
+
+
 def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: bool, command: str) -> dict[str, Any]:
     main_rank = int(os.environ.get("RANK", "0")) == 0
     if _WARNINGS and main_rank:  # the other ranks' warnings repeat rank 0's: they are dropped
@@ -200,7 +266,7 @@ def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: b
                               f"reward={record['reward_mean']:.3f} step={record['step_s']:.2f}s")
 
         summary = train_loop(options, run, resume=resume, override_scheduler=override_scheduler,
-                             log=lambda msg: console.print(f"[dim]{msg}[/]"), on_update=on_update, command=command)
+                             log=_note, on_update=on_update, command=command)
     _print_evaluations(summary)
     console.print(f"run directory: {summary['run_dir']}")
     return summary

@@ -7,10 +7,17 @@
 
 Exit 0 when everything is bit-identical, 1 when something differs, 2 when a run failed
 or the input was bad. `report.json` (in W, or beside RUN_A) holds the details.
+
+W must be empty or one of verify-resume's own earlier work directories (its marker
+`verify-resume.json` or a `report.json`, and nothing but the two runs besides), and must
+lie outside the train options' model and data, so that the runs' `--overwrite` can only
+replace earlier runs of verify-resume. W is locked (ouro_cli.rl.lock) while it works, and
+`--compare` holds both runs' locks while it reads them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -30,48 +37,103 @@ EPILOG = """Examples:
 """
 
 
+REFERENCE, RESUMED, REPORT, MARKER = "reference", "resumed", "report.json", "verify-resume.json"
+
+
 def verify_resume(
     ctx: typer.Context,
-    updates: Annotated[int | None, typer.Option("--updates", help="Updates of the reference run (N).")] = None,
-    resume_at: Annotated[int | None, typer.Option("--resume-at", help="Stop the second run after M updates, then resume it to N.")] = None,
-    work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Where the two runs and report.json go.")] = None,
-    compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two existing run directories instead.")] = None,
+    updates: Annotated[int | None, typer.Option("--updates", help="Updates of the reference run (N). \\[default: none, required without --compare]")] = None,
+    resume_at: Annotated[int | None, typer.Option("--resume-at", help="Stop the second run after M updates, then resume it to N. \\[default: none, required without --compare]")] = None,
+    work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Where the two runs and report.json go: empty, or an earlier work dir of verify-resume. \\[default: none, required without --compare]")] = None,
+    compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two existing run directories instead. \\[default: none]")] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Run a job continuously and with a fresh-process resume, then compare them bit for bit."""
     train_args = list(ctx.args)
 
     def body() -> dict[str, Any]:
-        from ouro_cli.errors import CheckFailed, UserError
-        from ouro_cli.tools.verify_resume import compare_runs
+        from ouro_cli.errors import UserError
+        from ouro_cli.rl.lock import RunLock
 
         if compare:
-            run_a, run_b = compare
-            report_path = Path(run_a).parent / "report.json"
-        else:
-            if updates is None or resume_at is None or work_dir is None:
-                raise UserError("give --updates N --resume-at M --work-dir W (or --compare RUN_A RUN_B)")
-            if not 0 < resume_at < updates:
-                raise UserError(f"--resume-at must lie in 1..{updates - 1}")
-            forbidden = {"--run-dir", "--updates", "--overwrite"} & set(train_args)
-            if forbidden:
-                raise UserError(f"{sorted(forbidden)[0]} is set by verify-resume itself")
-            run_a, run_b = Path(work_dir) / "reference", Path(work_dir) / "resumed"
-            report_path = Path(work_dir) / "report.json"
-            _run_pair(train_args, updates, resume_at, run_a, run_b)
-        report = compare_runs(Path(run_a), Path(run_b))
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
-        _print(report)
-        result = {**report.to_dict(), "report": str(report_path)}
-        if not report.identical:
-            err = CheckFailed(f"runs differ; first divergence: {report.first_divergence}")
-            err.result = result
-            raise err
-        console.print(f"[bold green]bit-identical[/] ({report_path})")
-        return result
+            run_a, run_b = (Path(p) for p in compare)
+            with contextlib.ExitStack() as held:
+                for run in dict.fromkeys((run_a.resolve(), run_b.resolve())):
+                    held.enter_context(RunLock(run, "ouro verify-resume --compare", create=False))
+                return _report(run_a, run_b, run_a.parent / REPORT)
+        if updates is None or resume_at is None or work_dir is None:
+            raise UserError("give --updates N --resume-at M --work-dir W (or --compare RUN_A RUN_B)")
+        if not 0 < resume_at < updates:
+            raise UserError(f"--resume-at must lie in 1..{updates - 1}")
+        forbidden = {"--run-dir", "--updates", "--overwrite"} & set(train_args)
+        if forbidden:
+            raise UserError(f"{sorted(forbidden)[0]} is set by verify-resume itself")
+        work = Path(work_dir)
+        _check_work_dir(work, _train_inputs(train_args))
+        with RunLock(work, "ouro verify-resume", log=lambda m: console.print(f"[dim]{m}[/]")):
+            from ouro_cli.artifacts import write_json_atomic
+
+            write_json_atomic(work / MARKER, {"updates": updates, "resume_at": resume_at, "train_args": train_args})
+            _run_pair(train_args, updates, resume_at, work / REFERENCE, work / RESUMED)
+            return _report(work / REFERENCE, work / RESUMED, work / REPORT)
 
     run_command(body, json_output=json_output)
+
+
+def _train_inputs(train_args: list[str]) -> list[Path]:
+    """The model and data the forwarded `ouro train` arguments name, parsed as train parses them
+    (so that bad arguments fail here, before any run starts)."""
+    import typer.main
+
+    from ouro_cli.errors import UserError
+
+    from .app import app
+    from .train import resolve_params
+
+    command = typer.main.get_command(app).commands["train"]
+    try:
+        params = command.make_context("train", list(train_args)).params
+    except Exception as err:  # click's usage errors (typer vendors click under its own name)
+        if not hasattr(err, "format_message"):
+            raise
+        raise UserError(f"the ouro train options: {err.format_message()}") from None
+    options = resolve_params(params)
+    return [Path(options.model), Path(options.data), *([Path(options.eval_data)] if options.eval_data else [])]
+
+
+def _check_work_dir(work: Path, inputs: list[Path]) -> None:
+    """The output guard (artifacts.py) for W, plus: empty, or an earlier work dir of verify-resume."""
+    from ouro_cli.artifacts import check_outside_inputs, check_writable
+    from ouro_cli.errors import UserError
+    from ouro_cli.rl.lock import LOCK_FILE
+
+    check_outside_inputs(work, inputs, what="work directory")
+    check_writable(work, what="work directory")
+    if not work.is_dir():
+        return
+    names = {p.name for p in work.iterdir()} - {LOCK_FILE}
+    ours = {REFERENCE, RESUMED, REPORT, MARKER}
+    if names and (not names & {REPORT, MARKER} or names - ours):
+        other = sorted(names - ours) or sorted(names)
+        raise UserError(f"work directory {work} is not empty ({other[0]}) and is not an earlier verify-resume work "
+                        f"directory (those hold only {', '.join(sorted(ours))}); choose an empty one")
+
+
+def _report(run_a: Path, run_b: Path, report_path: Path) -> dict[str, Any]:
+    from ouro_cli.errors import CheckFailed
+    from ouro_cli.tools.verify_resume import compare_runs
+
+    report = compare_runs(run_a, run_b)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    _print(report)
+    result = {**report.to_dict(), "report": str(report_path)}
+    if not report.identical:
+        err = CheckFailed(f"runs differ; first divergence: {report.first_divergence}")
+        err.result = result
+        raise err
+    console.print(f"[bold green]bit-identical[/] ({report_path})")
+    return result
 
 
 def _ouro(args: list[str], what: str) -> None:

@@ -22,8 +22,7 @@ after update u as version u + 2. Rollouts of update u therefore carry version u 
 
 from __future__ import annotations
 
-import json
-import shutil
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,10 +32,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ouro_cli.artifacts import mark_complete, write_manifest
-from ouro_cli.errors import CheckFailed, UserError
+from ouro_cli.artifacts import (
+    check_outside_inputs,
+    check_writable,
+    clear_dir,
+    is_empty_dir,
+    mark_complete,
+    write_manifest,
+)
+from ouro_cli.errors import CheckFailed, Interrupted, UserError
+from ouro_cli.testing import faults
 
 from . import plan as plans
+from . import records as run_records
 from .advantages import group_advantages
 from .cursor import DataCursor
 from .data import Row, data_sha256, load_dataset
@@ -48,19 +56,20 @@ from .metrics import (
     device_hours,
     plot,
     rollout_summary,
-    truncate_after,
 )
 from .options import TrainOptions
 from .phases import hand_back, phase
 from .publish import publish
-from .rewards import check_labels, load_reward
+from .rewards import check_labels, load_reward, reward_problem
 from .rollout import RolloutCheckFailed, RolloutSample, generate_groups
 from .run_dir import RunDir
 from .schedule import depth_for_update, validate_depths
 from .sizing import DeviceMemory, RunSizing, check_fits, describe, size_run
+from .stop import StopSignals, signal_name, wants_save
 from .template import get_template
 
 Progress = Callable[[dict[str, Any]], None]
+NO_SAVE = {"save_s": 0.0, "save_compile_s": 0.0, "peak_memory_save_gib": None}
 
 
 @dataclass
@@ -86,6 +95,8 @@ class Session:
     world: int = 1
     devices: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.perf_counter)
+    # the last save ran after its update's metrics line: the next line gets its figures
+    unlogged_save: dict[str, Any] = field(default_factory=lambda: dict(NO_SAVE))
 
     @property
     def is_main(self) -> bool:
@@ -109,6 +120,9 @@ def _check_inputs(options: TrainOptions):
     template = get_template(options.prompt_template) if options.prompt_template != "tokenizer" else None
     if template is not None:
         template.check([(f"{options.data}:{r.line}", r.prompt) for r in rows])
+    if options.prompts_per_update > len(rows):
+        raise UserError(f"--prompts-per-update {options.prompts_per_update} is more than the {len(rows)} rows of "
+                        f"{options.data}: an update would repeat prompts; use at most {len(rows)}")
     return rows, eval_rows, reward_fn, template
 
 
@@ -334,9 +348,26 @@ def rollout_stage(s: Session, update: int, k: int) -> tuple[list[RolloutSample],
         raise CheckFailed(f"update {update}: {err}") from err
 
 
-def score_stage(s: Session, samples: list[RolloutSample]) -> None:
+def score_stage(s: Session, update: int, samples: list[RolloutSample]) -> None:
+    """Rewards, then group advantages. A reward that is not a finite real number, or a reward
+    function that raises, stops the run (exit 1) before anything trains on the update, naming
+    the function, the problem and the value; the ranks agree first, so none waits in a collective."""
+    problem = None
     for sample in samples:
-        sample.reward = float(s.reward_fn(sample.text, sample.row.label, sample.row.metadata))
+        try:
+            value = s.reward_fn(sample.text, sample.row.label, sample.row.metadata)
+        except Exception as err:  # a plugin may raise anything
+            problem = f"raised {type(err).__name__}: {err}"
+        else:
+            problem = reward_problem(value)
+        if problem is not None:
+            problem = (f"update {update}: reward function {s.options.reward_function} {problem} for problem_id "
+                       f"{sample.row.problem_id!r}; a reward must be a finite real number (bool, int or float)")
+            break
+        sample.reward = float(value)
+    problems = [p for p in _all_gather(problem) if p is not None]
+    if problems:
+        raise CheckFailed(problems[0])
     for sample, adv in zip(samples, group_advantages([x.reward for x in samples], s.options.group_size), strict=True):
         sample.advantage = adv
 
@@ -348,6 +379,18 @@ def train_stage(s: Session, samples: list[RolloutSample]) -> dict[str, float]:
                     rollout_logprobs=x.logprobs, advantage=x.advantage, temperature=s.options.temperature)
              for x in samples]
     return s.trainer.train_step(batch)
+
+
+def check_step(update: int, train: dict[str, Any], last_checkpoint: int) -> None:
+    """A non-finite loss or gradient norm must never reach the engine or a checkpoint: the
+    optimizer skipped the step (trainer/step.py), and the run stops here, before publishing."""
+    loss, norm = train["loss"], train["grad_norm"]
+    if train["step_applied"] and math.isfinite(loss) and math.isfinite(norm):
+        return
+    kept = f"its checkpoint at update {last_checkpoint}" if last_checkpoint else "no checkpoint yet"
+    raise CheckFailed(f"update {update}: the loss ({loss}) or the gradient norm ({norm}) is not finite; the optimizer "
+                      f"step was skipped and nothing was published or saved (the run keeps {kept}). Check the "
+                      "reward function, the data and --lr")
 
 
 def save_stage(s: Session, next_update: int) -> float:
@@ -400,12 +443,14 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     with phase(timing, "rollout", device, f"update {update}, K={k}, up to {sizing.max_num_seqs} sequences in a "
                f"{sizing.kv_bytes / 2**30:.1f} GiB KV cache", "--gpu-memory-utilization or --max-num-seqs"):
         samples, plan_agreed = rollout_stage(s, update, k)
-    score_stage(s, samples)
+    faults.point("rollout")
+    score_stage(s, update, samples)
     hand_back(s.engine, device)  # the trainer may use the KV cache's memory until the next rollout
     with phase(timing, "train", device, f"update {update}, {len(samples)} samples in micro-batches of up to "
                f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}",
                "--max-tokens-per-micro-batch or --gpu-memory-utilization, or pass --recompute on"):
         train = train_stage(s, samples)
+    check_step(update, train, s.plan["next_update"])
     if device.type == "cuda":
         torch.cuda.empty_cache()  # activations freed: the KV cache is allocated whole again
     t_train = time.perf_counter()
@@ -421,12 +466,12 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         publish(s.engine, s.trainer.named_weights_for_publication(), version=update + 2)
     records = _gather(samples, update)
     last = update + 1 == s.options.updates
-    timing.update(save_s=0.0, save_compile_s=0.0, peak_memory_save_gib=None)
-    if last or (s.options.save_interval and (update + 1) % s.options.save_interval == 0):
-        with phase(timing, "save", device, f"checkpoint of update {update + 1}", "--gpu-memory-utilization"):
-            save_stage(s, update + 1)
+    save_due = last or bool(s.options.save_interval and (update + 1) % s.options.save_interval == 0)
     if s.options.eval_interval and (update + 1) % s.options.eval_interval == 0 and not last:
         evaluate_stage(s, update + 1, "interval")
+    # the update's records are written before the save that includes it (records.py): its row
+    # carries the previous save's figures
+    save, s.unlogged_save = s.unlogged_save, dict(NO_SAVE)
     elapsed = time.perf_counter() - s.started
     engine_delta = counter_delta(dict(s.engine.work_counters()), counters_before)
     if engine_delta.get("spec_draft_tokens"):
@@ -439,53 +484,113 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),
-        **timing, "compile_s": sum(v for key, v in timing.items() if key.endswith("_compile_s")),
-        "step_s": time.perf_counter() - t0, "job_elapsed_s": elapsed,
+        **timing, "compile_s": sum(v for key, v in timing.items() if key.endswith("_compile_s")), **save,
+        "step_s": time.perf_counter() - t0 + save["save_s"], "job_elapsed_s": elapsed,
         "device_hours": device_hours(elapsed, s.devices) * s.world,
         "kv_transport": getattr(s.engine, "transport", None),
         **{f"engine_{key}": v for key, v in engine_delta.items()},
     }
     if s.is_main:
-        s.run.rollouts.mkdir(exist_ok=True)
-        with open(s.run.rollout_file(update), "w") as f:
-            for r in records:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
-        append_jsonl(s.run.metrics, record)
+        run_records.write_update(s.run, update, records, record, durable=save_due)
+    if save_due:
+        with phase(s.unlogged_save, "save", device, f"checkpoint of update {update + 1}", "--gpu-memory-utilization"):
+            save_stage(s, update + 1)
     return record
 
 
 # ---- the whole job -------------------------------------------------------------------
 
-def prepare_run_dir(run: RunDir, overwrite: bool) -> None:
-    if run.root.exists() and any(run.root.iterdir()):
-        if not overwrite:
-            raise UserError(f"run directory {run.root} is not empty; use `ouro resume {run.root}` to continue it, "
-                            "or pass --overwrite to start over")
-        shutil.rmtree(run.root)
+def check_run_dir(run: RunDir, options: TrainOptions) -> None:
+    """The output guard (artifacts.py) for a run: the run directory lies outside the model, the
+    data and the eval data, and is writable; --export-hf lies outside those and the checkpoint."""
+    inputs = [options.model, options.data, *([options.eval_data] if options.eval_data else [])]
+    check_outside_inputs(run.root, inputs, what="run directory")
+    check_writable(run.root, what="run directory")
+    if options.export_hf:
+        check_outside_inputs(Path(options.export_hf), [*inputs, run.checkpoint], what="--export-hf")
+
+
+def prepare_run_dir(run: RunDir, overwrite: bool, log: Callable[[str], None] = lambda s: None) -> None:
+    """Make `run` an empty run directory (the caller holds its lock; `check_run_dir` ran first,
+    so no input lies inside it). `--overwrite` empties it; a run that never committed a
+    checkpoint is started again without it (nothing of value is lost: a resume would start
+    it from update 0 too); a run with checkpoints, or any other content, is refused."""
     run.root.mkdir(parents=True, exist_ok=True)
+    if is_empty_dir(run.root, ignore=[run.lock.name]):
+        return
+    if not overwrite:
+        if run.has_checkpoint():
+            raise UserError(f"run directory {run.root} holds a run with checkpoints; continue it with "
+                            f"`ouro resume {run.root} --updates N`, or pass --overwrite to start over")
+        foreign = run.foreign_entries()
+        if foreign or not (run.is_run() or run.manifest.is_file() or run.checkpoint.is_dir()):
+            shown = f" ({foreign[0]})" if foreign else ""
+            raise UserError(f"run directory {run.root} is not empty{shown} and is not an ouro run; choose another "
+                            "or pass --overwrite")
+        log(f"{run.root} holds a run that never saved a checkpoint: starting it again")
+    clear_dir(run.root, keep=[run.lock.name])
+
+
+def _stop_if_asked(s: Session, stop: StopSignals, done: int, hint: str) -> None:
+    """Between updates: end the run when any rank received SIGINT or SIGTERM, saving first
+    when --save-on-interrupt says so (stop.py)."""
+    signums = [x for x in _all_gather(stop.signum) if x is not None]
+    if not signums:
+        return
+    last = s.plan["next_update"]
+    o = s.options
+    if wants_save(o.save_on_interrupt, done=done, last_checkpoint=last, save_interval=o.save_interval,
+                  updates=o.updates):
+        if s.is_main:
+            run_records.sync_update(s.run, done - 1)
+        save_stage(s, done)
+        state = f"checkpoint saved at update {done}"
+    elif last == done:
+        state = f"its checkpoint is at update {done}"
+    elif last:
+        state = f"not saved: the resume repeats updates {last}-{done - 1} from the checkpoint at update {last}"
+    else:
+        state = "no checkpoint yet: the resume starts it again"
+    where = f"after update {done - 1}" if done else "before its first update"
+    raise Interrupted(f"stopped by {signal_name(signums[0])} {where} ({state}); continue with: {hint}", signums[0])
 
 
 def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_scheduler: bool = False,
           log: Callable[[str], None] = lambda s: None, on_update: Progress = lambda r: None,
           command: str = "ouro train") -> dict[str, Any]:
-    session = setup(options, run, resume=resume, override_scheduler=override_scheduler, log=log)
+    """The whole job (the caller holds the run lock). A resume first checks the records against
+    the checkpoint (records.py); a resume of a run that never saved a checkpoint starts it again."""
+    continuing = resume
+    if resume and run_records.resume_point(run, options.updates, log) is None:
+        log(f"{run.root} never saved a checkpoint: starting it again from update 0")
+        resume = False
+    hint = f"ouro resume {run.root} --updates {options.updates}"
+    with StopSignals(log, hint) as stop:
+        session = setup(options, run, resume=resume, override_scheduler=override_scheduler, log=log)
+        return _train(session, stop, continuing=continuing, hint=hint, log=log, on_update=on_update,
+                      command=command)
+
+
+def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, log: Callable[[str], None],
+           on_update: Progress, command: str) -> dict[str, Any]:
+    options, run = session.options, session.run
     try:
         if session.is_main:
             (run.root / "COMPLETE").unlink(missing_ok=True)
             write_manifest(run.root, command, options.to_dict(), [Path(options.data)])
-        if session.start_update >= options.updates:
-            raise UserError(f"the run already has {session.start_update} updates; ask for more with --updates")
-        if resume and session.is_main:  # updates logged after the checkpoint (a crash) run again
-            start = session.start_update
-            dropped = truncate_after(run.metrics, lambda r: r["update"] < start)
-            truncate_after(run.evaluations, lambda r: r["update"] <= start)
-            if dropped:
-                log(f"resume: {dropped} update(s) after the checkpoint at {start} will run again")
-        evals_before = evaluate_stage(session, session.start_update, "start") if not resume else []
+            if continuing:  # updates logged after the checkpoint (a crash) run again
+                if session.start_update:
+                    run_records.repair_tracker(run, log)
+                run_records.drop_after(run, session.start_update, finishing=session.start_update == options.updates,
+                                       log=log)
+                plans.write_plan(run.plan, session.plan)  # the checkpoint's: a kill may have come before the copy
+        evals_before = evaluate_stage(session, session.start_update, "start") if session.start_update == 0 else []
         records = []
         for update in range(session.start_update, options.updates):
+            _stop_if_asked(session, stop, update, hint)
             records.append(run_update(session, update))
             on_update(records[-1])
+        _stop_if_asked(session, stop, options.updates, hint)
         evals_after = evaluate_stage(session, options.updates, "end")
         if session.is_main:
             if options.export_hf:
@@ -500,7 +605,8 @@ def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_
         return {"run_dir": str(run.root), "updates": options.updates, "start_update": session.start_update,
                 "last_weight_version": session.engine.get_weight_version(),
                 "evaluations_before": evals_before, "evaluations_after": evals_after,
-                "reward_mean_per_update": [r["reward_mean"] for r in records]}
+                "reward_mean_per_update": [r["reward_mean"] for r in records],
+                "final_save_s": session.unlogged_save["save_s"]}
     finally:
         session.engine.close()
         session.trainer.close()

@@ -2,13 +2,18 @@
 
 Device-hours count each distinct device once: a trainer and an engine sharing one GPU
 (or the CPU) bill one device for the job's wall time.
+
+An update's line is written before the checkpoint save that follows it (records.py), so
+it cannot hold that save's duration: `save_s` is the save that ran between the previous
+line and this update (0.0 when none), and `step_s` includes it, so the lines' `step_s`
+add up to the run's wall time after setup. The last save's duration is the run
+summary's `final_save_s`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -54,19 +59,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not Path(path).is_file():
         return []
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def truncate_after(path: Path, keep) -> int:
-    """Rewrite a JSONL log atomically with only the records `keep(record)` accepts; returns
-    how many were dropped. A resume uses it to forget updates that ran after the checkpoint
-    it continues from (they will run again, identically)."""
-    records = read_jsonl(path)
-    kept = [r for r in records if keep(r)]
-    if len(kept) != len(records):
-        tmp = Path(path).with_name(Path(path).name + ".tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True, default=_json_default) + "\n" for r in kept))
-        os.replace(tmp, path)
-    return len(records) - len(kept)
 
 
 def plot(metrics_path: Path, out: Path) -> Path | None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ouro_cli.errors import UserError
 
@@ -80,6 +81,7 @@ class TrainOptions:
     export_hf: str | None = None
     overwrite: bool = False
     state_digest: bool = False  # sha256 of model + optimizer state per update (verify-resume)
+    save_on_interrupt: str = "auto"  # SIGINT/SIGTERM: save first? on, off, or auto (rl/stop.py)
     test_break_resume: bool = False  # test-only: reseed the sampler after a resume (must be caught)
 
     def validate(self) -> TrainOptions:
@@ -95,12 +97,13 @@ class TrainOptions:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.cuda_graphs and self.device == "cpu":
             raise UserError("--cuda-graphs captures decode steps on a GPU; it cannot run with --device cpu")
-        positive = ("updates", "prompts_per_update", "group_size", "max_response_len", "block_size", "eval_prompts")
+        if self.group_size < 2:  # before the >= 1 rule, so that 0 and 1 get the same answer
+            raise UserError(f"--group-size must be at least 2: GRPO normalises rewards within a group, "
+                            f"got {self.group_size}")
+        positive = ("updates", "prompts_per_update", "max_response_len", "block_size", "eval_prompts")
         for name in positive:
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise UserError("--group-size must be at least 2: GRPO normalises rewards within a group")
         if not self.temperature > 0:
             raise UserError("--temperature must be > 0 (GRPO samples; processed logprobs need T > 0)")
         if not 0 < self.exit_threshold <= 1:
@@ -117,6 +120,8 @@ class TrainOptions:
             raise UserError("--device must be auto, cpu or cuda")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise UserError("--dtype must be auto, fp32 or bf16")
+        if self.save_on_interrupt not in ("auto", "on", "off"):
+            raise UserError(f"--save-on-interrupt must be auto, on or off, got {self.save_on_interrupt!r}")
         if self.keep_last is not None and self.keep_last < 1:
             raise UserError("--keep-last must be at least 1")
         self._validate_speculation()
@@ -179,7 +184,8 @@ def option_names() -> set[str]:
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Options from a TOML file: top-level keys named like the flags (dashes or underscores)."""
+    """Options from a TOML file: top-level keys named like the flags (dashes or underscores),
+    each value of its option's type (`check_types`)."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -196,7 +202,45 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(flat) - option_names())
     if unknown:
         raise UserError(f"--config {path}: unknown option {unknown[0]!r}")
-    return flat
+    check_types(flat, f"--config {path}")
+    hints = get_type_hints(TrainOptions)
+    return {k: float(v) if hints[k] is float else v for k, v in flat.items()}
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def check_types(values: dict[str, Any], where: str) -> None:
+    """Every value must have its option's type (the field annotations): an int is a float, a
+    bool is not an int, a list holds its element type; a mismatch names the key."""
+    hints = get_type_hints(TrainOptions)
+    for key, value in values.items():
+        expected = hints[key]
+        if not _has_type(value, expected):
+            wanted = " or ".join(_describe(t) for t in get_args(expected) if t is not type(None)) \
+                if get_origin(expected) in (Union, UnionType) else _describe(expected)
+            raise UserError(f"{where}: {key} must be {wanted}, got {value!r} ({type(value).__name__})")
+
+
+def _has_type(value: Any, expected: Any) -> bool:
+    origin = get_origin(expected)
+    if origin in (Union, UnionType):
+        return any(_has_type(value, t) for t in get_args(expected))
+    if origin is list:
+        return isinstance(value, list) and all(_has_type(v, get_args(expected)[0]) for v in value)
+    if expected is type(None):
+        return value is None
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _describe(expected: Any) -> str:
+    if get_origin(expected) is list:
+        return f"a list of {_describe(get_args(expected)[0]).removeprefix('an ').removeprefix('a ')}s"
+    return _TYPE_NAMES.get(expected, getattr(expected, "__name__", str(expected)))
 
 
 def resolve(flags: dict[str, Any], config_file: str | None) -> TrainOptions:

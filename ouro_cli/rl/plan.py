@@ -11,8 +11,8 @@ rebuilds the options from the plan and rejects any flag that would change the co
 naming the key; the cursor saved in the checkpoint must agree with the plan's.
 
 Options outside the contract may change on resume: the number of updates, evaluation
-and save cadence, export, keep-last (and the LR schedule with
-`--override-opt-param-scheduler`).
+and save cadence, export, keep-last, save-on-interrupt (and the LR schedule with
+`--override-scheduler`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ PLAN_VERSION = 1
 
 # may differ between a run and its resumption
 FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_interval",
-             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "test_break_resume",
+             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "test_break_resume", "save_on_interrupt",
              "gpu_memory_utilization"}  # the memory plan it yields is recorded (contract "sizing") and reused
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr"}
 
@@ -99,7 +99,7 @@ def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_sch
         if allow_scheduler and key in SCHEDULER_KEYS:
             continue
         if saved.get(key) != new.get(key):
-            hint = " (pass --override-opt-param-scheduler to change the LR schedule)" if key in SCHEDULER_KEYS else ""
+            hint = " (pass --override-scheduler to change the LR schedule)" if key in SCHEDULER_KEYS else ""
             raise UserError(f"resume would change {key}: the run has {saved.get(key)!r}, "
                             f"this invocation {new.get(key)!r}{hint}")
 

@@ -10,12 +10,22 @@
       metrics.png            reward and mean exit depth per update (written at the end)
       logs/warnings.log      third-party warnings of every command run on it (ouro_cli/warnings_log.py)
       hf/                    optional HF export (--export-hf)
+      ouro.lock              held by the one process working in the run (lock.py)
+      COMPLETE               the run reached its `--updates` and finished (artifacts.py)
+
+Records before checkpoints: an update's rollouts file and metrics line are on disk before
+the save that includes the update starts (records.py), so every checkpoint's updates are
+logged, and a resume only ever drops lines that come after its checkpoint.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from ouro_cli.artifacts import MARKER
+
+from .lock import LOCK_FILE
 
 
 @dataclass(frozen=True)
@@ -64,5 +74,23 @@ class RunDir:
     def hf_export(self) -> Path:
         return self.root / "hf"
 
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_FILE
+
     def is_run(self) -> bool:
         return self.plan.is_file()
+
+    def has_checkpoint(self) -> bool:
+        """Whether a save ever committed (a tracker, or a complete iteration without one)."""
+        from ouro_cli.checkpoint.layout import is_megatron_checkpoint  # the package imports torch
+
+        return is_megatron_checkpoint(self.checkpoint)
+
+    def foreign_entries(self) -> list[str]:
+        """Names in the root that are not part of a run's layout (a directory that is not a run)."""
+        known = {p.name for p in (self.plan, self.manifest, self.checkpoint, self.metrics, self.evaluations,
+                                  self.rollouts, self.plot, self.lock)} | {MARKER}
+        known |= {f"{n}.tmp" for n in (self.metrics.name, self.evaluations.name)}
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.name not in known and not (p.name.startswith(".") and ".tmp" in p.name))

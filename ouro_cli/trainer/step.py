@@ -17,6 +17,7 @@ step is a function of its inputs and a resumed run repeats the continuous one bi
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Sequence
 
@@ -106,17 +107,26 @@ def _reduce(sums: dict[str, float], maxes: dict[str, float], device: torch.devic
 
 
 def optimizer_step(optimizer, scheduler) -> dict[str, float]:
-    """Clip + Adam on the synced gradients, then advance the LR schedule.
+    """Clip + Adam on the synced gradients, then advance the LR schedule, unless a gradient
+    is not finite.
 
     Returns the LR the step used, the global gradient norm before clipping, and whether
-    the step was applied (Megatron skips it on inf/NaN gradients).
+    the step was applied. Megatron's `step()` prepares the gradients (`prepare_grads`,
+    which reports found_inf under loss scaling), takes their global norm, clips and
+    steps, but its fp32 and bf16 optimizers apply a NaN or inf gradient all the same. So
+    the norm is taken first, by the calls `step()` makes (the same value); found_inf or a
+    non-finite norm skips the step and the schedule. Preparing twice is idempotent
+    without a loss scaler, and ouro's fp32/bf16 optimizers have none.
     """
     lr = float(optimizer.param_groups[0]["lr"])
-    applied, grad_norm, _ = optimizer.step()
+    found_inf = optimizer.prepare_grads()
+    grad_norm = float("nan") if found_inf else float(optimizer.get_grad_norm())
+    if not math.isfinite(grad_norm):
+        return {"lr": lr, "grad_norm": grad_norm, "step_applied": False}
+    applied, _, _ = optimizer.step()
     if applied:
         scheduler.step(increment=1)
-    return {"lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "step_applied": bool(applied)}
+    return {"lr": lr, "grad_norm": grad_norm, "step_applied": bool(applied)}
 
 
 class Stopwatch:

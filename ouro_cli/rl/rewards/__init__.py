@@ -20,12 +20,18 @@ A plugin may define `f.check_label(label)` raising ValueError for a label it can
 grade; `check_labels` runs it over a data set so that bad labels fail before any model
 loads, naming file and line. Everything a bad path can do wrong is a `UserError` that
 names the path; sympy is imported only when the math grader first grades.
+
+What a reward returns must be a finite real number (`reward_problem`): a bool, an int or
+a float (numpy scalars included). None, a string (even "1.0"), NaN or inf would train
+on garbage or poison the weights, so the loop stops on them (rl/loop.py score_stage).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -80,5 +86,14 @@ def check_labels(fn: RewardFn, path: str, labels: Iterable[tuple[str, Any]]) -> 
             raise UserError(f"{where}: label {label!r} cannot be graded by {path}: {exc}") from exc
 
 
+def reward_problem(value: Any) -> str | None:
+    """Why `value` is not a usable reward (None when it is a finite real number)."""
+    if not isinstance(value, numbers.Real):
+        return f"returned {value!r} ({type(value).__name__}), not a number"
+    if not math.isfinite(float(value)):
+        return f"returned {float(value)}"
+    return None
+
+
 __all__ = ["DEFAULT_REWARD", "RewardFn", "boxed_answer", "check_labels", "load_reward", "math_answer",
-           "math_verify_answer"]
+           "math_verify_answer", "reward_problem"]

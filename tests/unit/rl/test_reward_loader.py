@@ -96,3 +96,26 @@ def test_check_labels():
     with pytest.raises(UserError, match=r"^d.jsonl:2: label 'x' cannot be graded by ouro_cli.rl.rewards.boxed_answer"):
         check_labels(boxed_answer, "ouro_cli.rl.rewards.boxed_answer", [("d.jsonl:1", 5), ("d.jsonl:2", "x")])
     check_labels(lambda r, label: 0.0, "custom.fn", [("d.jsonl:1", object())])  # no check_label: nothing to do
+
+
+@pytest.mark.parametrize("value, problem", [
+    (None, "returned None (NoneType), not a number"),
+    ("1.0", "returned '1.0' (str), not a number"),
+    (float("nan"), "returned nan"),
+    (float("-inf"), "returned -inf"),
+    ([1.0], "returned [1.0] (list), not a number"),
+])
+def test_a_reward_must_be_a_finite_real_number(value, problem):
+    from ouro_cli.rl.rewards import reward_problem
+
+    assert reward_problem(value) == problem
+
+
+@pytest.mark.parametrize("value", [True, 0, 1, 0.5, -2.0])
+def test_bools_ints_and_floats_are_rewards(value):
+    import numpy as np
+
+    from ouro_cli.rl.rewards import reward_problem
+
+    assert reward_problem(value) is None
+    assert reward_problem(np.float32(value)) is None

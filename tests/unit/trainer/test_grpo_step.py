@@ -145,3 +145,26 @@ def test_grad_norm_schedule_frozen_gate_and_publication(base_model, samples):
     assert {k: tuple(v.shape) for k, v in published.items()} == shapes
     assert torch.equal(published["model.early_exit_gate.weight"], gate_before)
     assert not torch.equal(published["lm_head.weight"], base_model.lm_head.weight)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_non_finite_gradient_skips_the_optimizer_step(base_model, samples, dtype):
+    """Megatron's fp32 and bf16 optimizers would apply a NaN gradient; the trainer's step
+    finds the non-finite norm first, skips the step and the LR schedule, and leaves every
+    weight (and Adam) as it was; a finite batch afterwards steps normally."""
+    import dataclasses
+    import math
+
+    from ouro_cli.trainer import Trainer, TrainerConfig
+
+    poisoned = [dataclasses.replace(samples[0], advantage=float("nan")), *samples[1:]]
+    with Trainer(copy.deepcopy(base_model), TrainerConfig(device="cpu", lr=1e-2, params_dtype=dtype)) as trainer:
+        before = {k: v.clone() for k, v in trainer.named_weights_for_publication()}
+        metrics = trainer.train_step(poisoned)
+        assert not metrics["step_applied"] and math.isnan(metrics["grad_norm"])
+        assert trainer.steps_taken == 0
+        for name, tensor in trainer.named_weights_for_publication():
+            assert torch.equal(tensor, before[name]), name
+        metrics = trainer.train_step(samples)
+        assert metrics["step_applied"] and math.isfinite(metrics["grad_norm"]) and trainer.steps_taken == 1
+        assert not torch.equal(dict(trainer.named_weights_for_publication())["lm_head.weight"], before["lm_head.weight"])

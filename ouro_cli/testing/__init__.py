@@ -1,0 +1,1 @@
+"""Test-only support code shipped with the package (the kill-test harness's fault points)."""

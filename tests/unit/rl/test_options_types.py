@@ -1,0 +1,45 @@
+"""TrainOptions from a TOML file: every value is checked against its option's type, naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from ouro_cli.errors import UserError
+from ouro_cli.rl.options import TrainOptions, read_toml, resolve
+
+
+@pytest.mark.parametrize("line, named", [
+    ('updates = "ten"', "updates must be an integer, got 'ten' (str)"),
+    ("updates = true", "updates must be an integer, got True (bool)"),
+    ("lr = \"1e-4\"", "lr must be a number, got '1e-4' (str)"),
+    ("depths = [2, \"3\"]", "depths must be a list of integers"),
+    ("depths = 3", "depths must be a list of integers, got 3 (int)"),
+    ("recompute = 1", "recompute must be true or false, got 1 (int)"),
+    ("keep_last = 1.5", "keep_last must be an integer, got 1.5 (float)"),
+    ("eval-data = 7", "eval_data must be a string, got 7 (int)"),
+])
+def test_a_value_of_the_wrong_type_is_named(tmp_path, line, named):
+    (tmp_path / "c.toml").write_text(line + "\n")
+    with pytest.raises(UserError, match="^--config .*c.toml: " + named.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[")):
+        read_toml(tmp_path / "c.toml")
+
+
+def test_an_integer_is_a_number_and_flags_still_override(tmp_path):
+    (tmp_path / "c.toml").write_text("lr = 1\nupdates = 5\n[engine]\nmax-num-seqs = 4\n")
+    options = resolve({"updates": 7}, str(tmp_path / "c.toml"))
+    assert options.lr == 1.0 and isinstance(options.lr, float)
+    assert options.updates == 7 and options.max_num_seqs == 4
+
+
+@pytest.mark.parametrize("size", [0, 1])
+def test_group_size_zero_and_one_get_the_same_rule(size):
+    with pytest.raises(UserError, match=f"^--group-size must be at least 2: GRPO normalises rewards within a group, "
+                                        f"got {size}$"):
+        TrainOptions(group_size=size).validate()
+
+
+def test_save_on_interrupt_takes_three_values():
+    assert TrainOptions(save_on_interrupt="on").validate().save_on_interrupt == "on"
+    with pytest.raises(UserError, match="--save-on-interrupt must be auto, on or off"):
+        TrainOptions(save_on_interrupt="yes").validate()
