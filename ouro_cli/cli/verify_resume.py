@@ -13,6 +13,13 @@ W must be empty or one of verify-resume's own earlier work directories (its mark
 lie outside the train options' model and data, so that the runs' `--overwrite` can only
 replace earlier runs of verify-resume. W is locked (ouro_cli.rl.lock) while it works, and
 `--compare` holds both runs' locks while it reads them.
+
+Disk: before anything runs, W's filesystem must hold two checkpoints of the model (the
+size follows from its parameter count: bf16 weights, fp32 main weights and both Adam
+moments at most), which is what the runs hold at once: the reference run's checkpoint is
+replaced by its digest once it is complete (tools/verify_resume.py `drop_checkpoint`), and
+both runs keep one iteration (`--keep-last 1` unless given), the resumed run holding its
+M-th while it writes its N-th. At Ouro-1.4B that is 40 GB.
 """
 
 from __future__ import annotations
@@ -69,7 +76,10 @@ def verify_resume(
         if forbidden:
             raise UserError(f"{sorted(forbidden)[0]} is set by verify-resume itself")
         work = Path(work_dir)
-        _check_work_dir(work, _train_inputs(train_args))
+        options = _train_options(train_args)
+        _check_work_dir(work, [Path(options.model), Path(options.data),
+                               *([Path(options.eval_data)] if options.eval_data else [])])
+        _check_disk(work, options.model)
         with RunLock(work, "ouro verify-resume", log=lambda m: console.print(f"[dim]{m}[/]")):
             from ouro_cli.artifacts import write_json_atomic
 
@@ -80,9 +90,9 @@ def verify_resume(
     run_command(body, json_output=json_output)
 
 
-def _train_inputs(train_args: list[str]) -> list[Path]:
-    """The model and data the forwarded `ouro train` arguments name, parsed as train parses them
-    (so that bad arguments fail here, before any run starts)."""
+def _train_options(train_args: list[str]):
+    """The forwarded `ouro train` arguments as TrainOptions, parsed as train parses them (so that
+    bad arguments fail here, before any run starts)."""
     import typer.main
 
     from ouro_cli.errors import UserError
@@ -97,8 +107,31 @@ def _train_inputs(train_args: list[str]) -> list[Path]:
         if not hasattr(err, "format_message"):
             raise
         raise UserError(f"the ouro train options: {err.format_message()}") from None
-    options = resolve_params(params)
-    return [Path(options.model), Path(options.data), *([Path(options.eval_data)] if options.eval_data else [])]
+    return resolve_params(params)
+
+
+CHECKPOINT_BYTES_PER_PARAM = 2 + 4 + 4 + 4  # bf16 weights, fp32 main weights, Adam's two moments
+DISK_MARGIN = 1.05
+
+
+def _check_disk(work: Path, model: str) -> None:
+    """W's filesystem must hold the two checkpoints the runs hold at once (module docstring);
+    earlier runs in W, which the new ones replace, count as free."""
+    import shutil
+
+    from ouro_cli.checkpoint import open_checkpoint
+    from ouro_cli.errors import ResourceError
+    from ouro_cli.rl.sizing import GIB, parameter_counts
+
+    total, _ = parameter_counts(open_checkpoint(Path(model)).config)
+    need = int(2 * total * CHECKPOINT_BYTES_PER_PARAM * DISK_MARGIN)
+    where = work if work.exists() else next(p for p in work.absolute().parents if p.exists())
+    earlier = sum(f.stat().st_size for run in (REFERENCE, RESUMED) for f in (work / run).rglob("*") if f.is_file())
+    free = shutil.disk_usage(where).free + earlier
+    if free < need:
+        raise ResourceError(f"verify-resume needs about {need / GIB:.1f} GiB of disk for its two runs' checkpoints "
+                            f"(two of {total * CHECKPOINT_BYTES_PER_PARAM / GIB:.1f} GiB), {where} has "
+                            f"{free / GIB:.1f} GiB free; choose a --work-dir on a larger disk")
 
 
 def _check_work_dir(work: Path, inputs: list[Path]) -> None:
@@ -148,8 +181,13 @@ def _ouro(args: list[str], what: str) -> None:
 
 
 def _run_pair(train_args: list[str], updates: int, resume_at: int, run_a: Path, run_b: Path) -> None:
-    common = [*train_args, "--state-digest", "--overwrite"]
+    from ouro_cli.rl.run_dir import RunDir
+    from ouro_cli.tools.verify_resume import drop_checkpoint
+
+    keep = [] if "--keep-last" in train_args else ["--keep-last", "1"]  # one iteration each: the disk check
+    common = [*train_args, *keep, "--state-digest", "--overwrite"]
     _ouro(["train", *common, "--updates", str(updates), "--run-dir", str(run_a)], "reference run")
+    drop_checkpoint(RunDir(run_a))  # its digest is all the comparison needs
     _ouro(["train", *common, "--updates", str(resume_at), "--run-dir", str(run_b)], f"first {resume_at} updates")
     _ouro(["resume", str(run_b), "--updates", str(updates)], "resume")
 

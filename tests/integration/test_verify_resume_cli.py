@@ -26,6 +26,9 @@ def test_verify_resume_passes_and_catches_a_broken_resume(tmp_path):
     assert names["checkpoint tensors"]["compared"] > 20 and names["rollouts"]["compared"] == 4 * 6
     assert names["state hashes"]["compared"] == 4
     assert (work / "report.json").is_file()
+    # the reference's checkpoint gave way to its digest; the resumed run kept one iteration
+    assert (work / "reference" / "checkpoint_digest.json").is_file() and not (work / "reference" / "checkpoint").exists()
+    assert [p.name for p in (work / "resumed" / "checkpoint").glob("iter_*")] == ["iter_0000004"]
 
     broken = tmp_path / "broken"
     for args in (["train", *opts, "--updates", "2", "--state-digest", "--test-break-resume", "--run-dir", str(broken)],
@@ -39,3 +42,21 @@ def test_verify_resume_passes_and_catches_a_broken_resume(tmp_path):
     first = doc["first_divergence"]
     assert first["category"] == "rollouts" and first["update"] == 2 and first["sample"] == 0
     assert "first divergence" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_verify_resume_checks_the_disk_before_it_starts(tmp_path):
+    """A work directory on a disk too small for two checkpoints is refused before any run."""
+    import pytest
+
+    from tests.tmpfs import tmpfs
+
+    make_checkpoint(tmp_path)
+    with tmpfs("1m") as mount:
+        proc = ouro("verify-resume", "--updates", "2", "--resume-at", "1", "--work-dir", str(mount / "vr"),
+                    "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), cwd=tmp_path)
+        if proc.returncode == 0:
+            pytest.fail("verify-resume ran on a 1 MiB disk")
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+        assert "verify-resume needs about" in errors[0] and "GiB of disk" in errors[0]
+        assert not (mount / "vr" / "reference").exists()
