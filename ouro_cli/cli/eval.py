@@ -93,6 +93,9 @@ def eval_command(
                            decode=codec.decode)
         engine.close()
         with artifacts.staged_output(target, overwrite=overwrite, inputs=[data, *source.input_paths]) as staging:
+            from ouro_cli.warnings_log import attach_active
+
+            attach_active(staging / "logs" / "warnings.log", shown=target / "logs" / "warnings.log")
             for r in results:
                 append_jsonl(staging / "evaluations.jsonl", {"model": str(model), **r})
             artifacts.write_manifest(staging, "ouro eval", {
@@ -104,7 +107,9 @@ def eval_command(
         console.print(f"evaluations: {target / 'evaluations.jsonl'} ({time.perf_counter() - start:.1f}s)")
         return {"out": str(target), "evaluations": results, **({"note": note} if note else {})}
 
-    run_command(body, json_output=json_output)
+    from ouro_cli.warnings_log import quiet
+
+    run_command(quiet(body, lambda line: console.print(f"[dim]{line}[/]")), json_output=json_output)
 
 
 def _table(results: list[dict[str, Any]]) -> None:

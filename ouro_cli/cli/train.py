@@ -215,26 +215,10 @@ def resume(
 
 
 def _quiet(body: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-    """`body` with third-party warnings sent to the run's logs/warnings.log (one closing line
-    says how many) and compiled kernels cached in the user's cache directory."""
-    def run() -> dict[str, Any]:
-        from ouro_cli.warnings_log import WarningsLog
+    """`body` with third-party warnings sent to the run's logs/warnings.log (_run names it)."""
+    from ouro_cli.warnings_log import quiet
 
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ouro"
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-        with WarningsLog() as log:
-            _WARNINGS.append(log)
-            try:
-                return body()
-            finally:
-                _WARNINGS.pop()
-                if log.summary():
-                    console.print(f"[dim]{log.summary()}[/]")
-    return run
-
-
-_WARNINGS: list = []  # the active WarningsLog: _run attaches it once the run directory exists
+    return quiet(body, lambda line: console.print(f"[dim]{line}[/]"))
 
 
 def _note(message: str) -> None:
@@ -242,11 +226,20 @@ def _note(message: str) -> None:
 
 
 def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: bool, command: str) -> dict[str, Any]:
+    from ouro_cli.warnings_log import attach_active
+
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    if _WARNINGS and main_rank:  # the other ranks' warnings repeat rank 0's: they are dropped
-        _WARNINGS[-1].attach(run.warnings_log)
-    elif _WARNINGS:
-        _WARNINGS[-1].discard()
+    started = time.time()
+
+    def working() -> bool:  # this command wrote the run's manifest: its checks passed, it is working in RUN
+        import json
+
+        try:
+            return json.loads(run.manifest.read_text())["created_unix"] >= started
+        except (OSError, ValueError, KeyError):
+            return False
+
+    attach_active(run.warnings_log, ready=working, keep=main_rank)
     if not main_rank:  # under torchrun, rank 0 speaks for the job
         console.quiet = True
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -44,7 +44,7 @@ EPILOG = """Examples:
 """
 
 
-REFERENCE, RESUMED, REPORT, MARKER = "reference", "resumed", "report.json", "verify-resume.json"
+REFERENCE, RESUMED, REPORT, MARKER, LOGS = "reference", "resumed", "report.json", "verify-resume.json", "logs"
 
 
 def verify_resume(
@@ -82,12 +82,16 @@ def verify_resume(
         _check_disk(work, options.model)
         with RunLock(work, "ouro verify-resume", log=lambda m: console.print(f"[dim]{m}[/]")):
             from ouro_cli.artifacts import write_json_atomic
+            from ouro_cli.warnings_log import attach_active
 
             write_json_atomic(work / MARKER, {"updates": updates, "resume_at": resume_at, "train_args": train_args})
+            attach_active(work / LOGS / "warnings.log")
             _run_pair(train_args, updates, resume_at, work / REFERENCE, work / RESUMED)
             return _report(work / REFERENCE, work / RESUMED, work / REPORT)
 
-    run_command(body, json_output=json_output)
+    from ouro_cli.warnings_log import quiet
+
+    run_command(quiet(body, lambda line: console.print(f"[dim]{line}[/]")), json_output=json_output)
 
 
 def _train_options(train_args: list[str]):
@@ -145,7 +149,7 @@ def _check_work_dir(work: Path, inputs: list[Path]) -> None:
     if not work.is_dir():
         return
     names = {p.name for p in work.iterdir()} - {LOCK_FILE}
-    ours = {REFERENCE, RESUMED, REPORT, MARKER}
+    ours = {REFERENCE, RESUMED, REPORT, MARKER, LOGS}
     if names and (not names & {REPORT, MARKER} or names - ours):
         other = sorted(names - ours) or sorted(names)
         raise UserError(f"work directory {work} is not empty ({other[0]}) and is not an earlier verify-resume work "

@@ -178,6 +178,7 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     block_bytes = per_token_t * block_size
     per_token = kv_bytes_per_token(config, dtype, planes)
     seq_blocks = math.ceil(seq_tokens / block_size)
+    given = kv_blocks is not None
     if kv_blocks is None:
         # enough for every sequence a call submits at the deepest budget, and no more than fits
         needed = sequences_needed * seq_blocks * block_size * per_token
@@ -185,6 +186,11 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
         kv_blocks = kv_bytes // block_bytes - 1
     kv_bytes = (kv_blocks + 1) * block_bytes
     fits = ((kv_blocks + 1) * block_size * config.num_loops // planes - block_size) // (seq_blocks * block_size)
+    if fits < 1 and given:
+        raise ResourceError(
+            f"--kv-blocks {kv_blocks} holds {(kv_blocks + 1) * block_size * config.num_loops // planes - block_size} "
+            f"tokens at {planes} planes, but one sequence needs {seq_tokens} (the longest prompt + --max-response-len); "
+            "raise --kv-blocks, or leave the cache to --gpu-memory-utilization")
     if fits < 1:
         raise ResourceError(
             f"not even one sequence fits in the KV cache: {seq_tokens} tokens x {per_token / 2**10:.0f} KiB per token at "

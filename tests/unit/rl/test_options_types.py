@@ -14,7 +14,8 @@ from ouro_cli.rl.options import TrainOptions, read_toml, resolve
     ("lr = \"1e-4\"", "lr must be a number, got '1e-4' (str)"),
     ("depths = [2, \"3\"]", "depths must be a list of integers"),
     ("depths = 3", "depths must be a list of integers, got 3 (int)"),
-    ("recompute = 1", "recompute must be true or false, got 1 (int)"),
+    ("state_digest = 1", "state_digest must be true or false, got 1 (int)"),
+    ("recompute = 1", "recompute must be a string, got 1 (int)"),
     ("keep_last = 1.5", "keep_last must be an integer, got 1.5 (float)"),
     ("eval-data = 7", "eval_data must be a string, got 7 (int)"),
 ])

@@ -98,6 +98,8 @@ def test_one_line_errors_name_the_numbers():
         plan(memory=DeviceMemory("cuda", total=48 * GIB, free=48 * GIB), seq_tokens=65536)
     with pytest.raises(ResourceError, match="does not fit a training micro-batch"):
         plan(seq_tokens=40000, sequences_needed=1, tokens_per_update=40000, recompute="off")
+    with pytest.raises(ResourceError, match=r"^--kv-blocks 2 holds 32 tokens at 4 planes, but one sequence needs 640"):
+        plan(kv_blocks=2)
     with pytest.raises(UserError, match="--gpu-memory-utilization must lie in"):
         plan(utilization=1.5)
 
