@@ -237,7 +237,8 @@ def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:
 def describe(sizing: RunSizing, config: OuroConfig, memory: DeviceMemory, *, block_size: int, seq_tokens: int,
              dtype: torch.dtype, planes: list[int]) -> str:
     """One log line: the budget, and what it buys at each K the run decodes at."""
-    per_k = ", ".join(f"{sizing.tokens_at(p, config, block_size) // seq_tokens} at K={p}" for p in planes)
+    per_seq = math.ceil(seq_tokens / block_size) * block_size  # a sequence holds whole blocks
+    per_k = ", ".join(f"{sizing.tokens_at(p, config, block_size) // per_seq} at K={p}" for p in planes)
     return (f"memory: {sizing.budget_bytes / GIB:.1f} GiB budget of {memory.total / GIB:.1f} GiB "
             f"({memory.kind}); resident {sizing.resident_bytes / GIB:.1f} GiB; KV cache {sizing.kv_bytes / GIB:.2f} GiB "
             f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); micro-batches of up to "
