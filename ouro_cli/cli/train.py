@@ -127,6 +127,7 @@ def train(
     run_dir: Annotated[str | None, _opt("--run-dir", help="Run directory (default: runs/ouro-<timestamp>).", panel=P_RUN)] = None,
     save_interval: Annotated[int | None, _opt("--save-interval", help="Checkpoint every N updates, and always at the end (default: 20; 0 = end only).", panel=P_RUN)] = None,
     keep_last: Annotated[int | None, _opt("--keep-last", help="Checkpoint iterations to keep (default: 2).", panel=P_RUN)] = None,
+    async_save: Annotated[bool | None, _opt("--async-save/--sync-save", help="Write checkpoints in the background while the next update runs; the next save and the end of the run wait for it.", panel=P_RUN)] = None,
     eval_data: Annotated[str | None, _opt("--eval-data", "--ouro-eval-data", help="Held-out JSONL (default: bundled).", panel=P_RUN)] = None,
     eval_prompts: Annotated[int | None, _opt("--eval-prompts", "--ouro-eval-prompts", help="Held-out prompts per evaluation (default: 200).", panel=P_RUN)] = None,
     eval_interval: Annotated[int | None, _opt("--eval-interval", "--ouro-eval-interval", help="Evaluate every N updates (always at start and end).", panel=P_RUN)] = None,
@@ -186,12 +187,14 @@ def resume(
     save_interval: Annotated[int | None, _kept("--save-interval", help="Checkpoint every N updates.", panel=P_RUN)] = None,
     export_hf: Annotated[str | None, _kept("--export-hf", "--ouro-export-hf", help="Export the final model here.", panel=P_RUN)] = None,
     save_on_interrupt: Annotated[str | None, _kept("--save-on-interrupt", help="On SIGINT/SIGTERM, save before stopping: on, off or auto.", panel=P_RUN)] = None,
+    async_save: Annotated[bool | None, _kept("--async-save/--sync-save", help="Write checkpoints in the background.", panel=P_RUN)] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Continue a run from its latest checkpoint, holding it to its plan (ouro-plan.json)."""
     given = {"depths": depths or None, "lr": lr, "seed": seed, "temperature": temperature, "group_size": group_size,
              "prompts_per_update": prompts_per_update, "max_num_seqs": max_num_seqs, "eval_interval": eval_interval,
-             "save_interval": save_interval, "export_hf": export_hf, "save_on_interrupt": save_on_interrupt}
+             "save_interval": save_interval, "export_hf": export_hf, "save_on_interrupt": save_on_interrupt,
+             "async_save": async_save}
 
     def body() -> dict[str, Any]:
         from ouro_cli.rl import plan as plans

@@ -159,7 +159,7 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
                          min_lr=options.min_lr, lr_schedule=options.lr_schedule, warmup_steps=options.warmup_steps,
                          decay_steps=options.updates if options.lr_schedule == "cosine" else None,
                          clip_grad=options.clip_grad, use_distributed_optimizer=options.use_distributed_optimizer,
-                         keep_last=options.keep_last)
+                         keep_last=options.keep_last, async_save=options.async_save)
 
 
 def _all_gather(value: Any) -> list[Any]:
@@ -394,13 +394,15 @@ def check_step(update: int, train: dict[str, Any], last_checkpoint: int) -> None
 
 
 def save_stage(s: Session, next_update: int) -> float:
+    """Checkpoint the run as of `next_update`. With `--async-save` the checkpoint is written in
+    the background while the next update runs; its commit (tracker, the plan beside it) comes
+    at the next save or the end of the run (Trainer.save)."""
     start = time.perf_counter()
     advanced = plans.advance(s.plan, next_update, s.cursor.state_dict(), s.options.updates)
     s.trainer.save(s.run.checkpoint, next_update, extra={"next_update": next_update, "cursor": s.cursor.state_dict()},
                    before_commit=lambda staging: plans.write_plan(staging / s.run.plan.name, advanced)
-                   if s.is_main else None)
-    if s.is_main:
-        plans.write_plan(s.run.plan, advanced)
+                   if s.is_main else None,
+                   after_commit=lambda _: plans.write_plan(s.run.plan, advanced) if s.is_main else None)
     s.plan = advanced
     return time.perf_counter() - start
 
@@ -592,6 +594,9 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
             on_update(records[-1])
         _stop_if_asked(session, stop, options.updates, hint)
         evals_after = evaluate_stage(session, options.updates, "end")
+        waited = time.perf_counter()
+        session.trainer.wait_for_save()  # a background save commits before the run can be complete
+        session.unlogged_save["save_s"] += time.perf_counter() - waited
         if session.is_main:
             if options.export_hf:
                 from ouro_cli.checkpoint import open_checkpoint

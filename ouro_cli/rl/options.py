@@ -74,6 +74,7 @@ class TrainOptions:
     # ---- saving, evaluation, export ---------------------------------------------
     save_interval: int = 20  # also always at the end; 0: only at the end
     keep_last: int | None = 2
+    async_save: bool = False  # write checkpoints in the background while the next update runs
     eval_data: str | None = str(BUNDLED / "eval.jsonl")
     eval_prompts: int = 200
     eval_interval: int = 0  # 0: before the first and after the last update only

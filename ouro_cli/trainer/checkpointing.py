@@ -15,12 +15,17 @@ Inside the dist checkpoint:
   caller's `extra` dict (data cursor, update id; JSON only, also in trainer_state.json);
 - `rng`: one ShardedObject per rank (Python, NumPy, torch CPU/CUDA, Megatron tracker).
 
-Failures (`save_guard`): before anything is written, rank 0 checks that the disk has room
+Failures (`check_disk`, `failure_guard`): before anything is written, the ranks check that the disk has room
 for the checkpoint (its size is known: every model, main-weight and Adam tensor, plus a
 margin) and refuses with one line naming the bytes needed and free. A save that fails
 anyway (a full disk, a permission, a killed writer process, whose megatron error names
 none of these) is reported as one `ResourceError` naming the cause; its staging
 directory is removed and the previous iteration stays the latest.
+
+Background saves (`async_save`): megatron's async writer copies the tensors off the
+device when the save is scheduled and writes them in a helper process while training
+goes on; `finish` waits for it and commits. The commit is the same as a synchronous
+save's, so a process killed before it leaves the previous iteration latest.
 
 Validity (ouro_cli.checkpoint.layout): everything is written under `iter_N.staging/`,
 then the staging directory is marked complete, renamed and the tracker rewritten, all
@@ -37,7 +42,9 @@ import errno
 import json
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,9 +77,26 @@ def _state(module, optimizer, scheduler, *, is_loading: bool, iteration=None, ex
     }
 
 
+@dataclass
+class PendingSave:
+    """A checkpoint that megatron's async writer is still writing (`save(..., async_save=True)`):
+    the tensors were copied off the device when it was scheduled, so training may go on and
+    change them; `finish` waits for the writer and commits the iteration. Until then the
+    previous iteration stays the latest."""
+
+    root: Path
+    iteration: int
+    queue: Any  # megatron's AsyncCallsQueue
+    commit: Callable[[], Path]
+    where: Path
+    need: int
+
+
 def save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: bool, extra: dict | None,
-         keep_last: int | None, before_commit: Callable[[Path], None] | None = None) -> Path:
-    """Write iteration `iteration` under `root` and make it the latest (collective call)."""
+         keep_last: int | None, before_commit: Callable[[Path], None] | None = None,
+         async_save: bool = False) -> Path | PendingSave:
+    """Write iteration `iteration` under `root` and make it the latest (collective call). With
+    `async_save` the write goes on in the background: a `PendingSave` for `finish`."""
     root = Path(root)
     extra = dict(extra or {})
     try:
@@ -80,13 +104,37 @@ def save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: b
     except TypeError as err:
         raise UserError(f"checkpoint extra state must be JSON-serialisable: {err}") from err
     init_optimizer_state(optimizer)  # the distributed optimizer cannot save a state that does not exist
-    with save_guard(root, iteration, checkpoint_bytes(module, optimizer)):
-        return _save(root, iteration, module=module, optimizer=optimizer, scheduler=scheduler, on_cuda=on_cuda,
-                     extra=extra, extra_json=extra_json, keep_last=keep_last, before_commit=before_commit)
+    where, need = check_disk(root, iteration, checkpoint_bytes(module, optimizer))
+    with failure_guard(root, iteration, where, need):
+        commit, request = _write(root, iteration, module=module, optimizer=optimizer, scheduler=scheduler,
+                                 on_cuda=on_cuda, extra_json=extra_json, keep_last=keep_last,
+                                 before_commit=before_commit, async_save=async_save)
+        if request is None:
+            return commit()
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        queue = AsyncCallsQueue()
+        queue.schedule_async_request(request)
+    return PendingSave(root, iteration, queue, commit, where, need)
 
 
-def _save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: bool, extra: dict, extra_json: str,
-          keep_last: int | None, before_commit: Callable[[Path], None] | None) -> Path:
+def finish(pending: PendingSave) -> Path:
+    """Wait for a background save and commit it (collective call); a failed write is one
+    `ResourceError` naming its cause, as for a synchronous save."""
+    try:
+        with failure_guard(pending.root, pending.iteration, pending.where, pending.need):
+            pending.queue.maybe_finalize_async_calls(blocking=True)
+            return pending.commit()
+    finally:
+        pending.queue.close()
+
+
+def _write(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: bool, extra_json: str,
+           keep_last: int | None, before_commit: Callable[[Path], None] | None,
+           async_save: bool) -> tuple[Callable[[], Path], Any]:
+    """Write the dist checkpoint into `iter_N.staging/` (or schedule that write: the async
+    request is returned) and return the commit that makes it iteration N; the commit's
+    contents (trainer state, scheduler, Adam steps) are taken now, not when it runs."""
     from megatron.core import dist_checkpointing
 
     rank0 = dist.get_rank() == 0
@@ -100,19 +148,23 @@ def _save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: 
     dist.barrier()
     staging = root / (layout.iteration_dir_name(iteration) + ".staging")
     state = _state(module, optimizer, scheduler, is_loading=False, iteration=iteration,
-                   extra=extra, rng_state=rng.capture(on_cuda))
-    dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy(),
-                            content_metadata=CONTENT_METADATA)
-    dist.barrier()
-    if rank0:
-        summary = {"iteration": iteration, "world_size": dist.get_world_size(), "scheduler": scheduler.state_dict(),
-                   "adam_steps": state["adam_steps"], "extra": json.loads(extra_json)}
-        (staging / STATE_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        if before_commit is not None:
-            before_commit(staging)
-        layout.commit_iteration(root, iteration, keep_last=keep_last)
-    dist.barrier()
-    return root / layout.iteration_dir_name(iteration)
+                   extra=json.loads(extra_json), rng_state=rng.capture(on_cuda))
+    request = dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy(),
+                                      content_metadata=CONTENT_METADATA, async_sharded_save=async_save)
+    summary = {"iteration": iteration, "world_size": dist.get_world_size(), "scheduler": scheduler.state_dict(),
+               "adam_steps": state["adam_steps"], "extra": json.loads(extra_json)}
+
+    def commit() -> Path:
+        dist.barrier()
+        if rank0:
+            (staging / STATE_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+            if before_commit is not None:
+                before_commit(staging)
+            layout.commit_iteration(root, iteration, keep_last=keep_last)
+        dist.barrier()
+        return root / layout.iteration_dir_name(iteration)
+
+    return commit, request if async_save else None
 
 
 def _save_strategy():
@@ -148,10 +200,9 @@ def checkpoint_bytes(module, optimizer) -> int:
     return int(total)
 
 
-@contextlib.contextmanager
-def save_guard(root: Path, iteration: int, nbytes: int) -> Iterator[None]:
-    """Refuse a save the disk cannot hold, and turn any failure of the save into one line
-    with its cause, leaving no staging directory behind (module docstring)."""
+def check_disk(root: Path, iteration: int, nbytes: int) -> tuple[Path, int]:
+    """Refuse a save the disk cannot hold (one line: the bytes needed and free) before anything
+    is written; returns (the filesystem's existing directory, the bytes needed)."""
     need = torch.tensor([nbytes], dtype=torch.int64)
     if dist.get_world_size() > 1 and dist.get_backend() == "gloo":
         dist.all_reduce(need)
@@ -162,16 +213,23 @@ def save_guard(root: Path, iteration: int, nbytes: int) -> Iterator[None]:
     need_total += int(SAVE_MARGIN_FRACTION * need_total) + SAVE_MARGIN_BYTES
     where = _existing_parent(root)
     free = shutil.disk_usage(where).free
-    name = layout.iteration_dir_name(iteration)
     if free < need_total:
-        raise ResourceError(f"not enough disk space to save checkpoint {name}: it needs about {_gib(need_total)}, "
-                            f"{where} has {_gib(free)} free; free some space, lower --keep-last, or use a run "
-                            "directory on a larger disk (the last checkpoint is intact)")
+        raise ResourceError(f"not enough disk space to save checkpoint {layout.iteration_dir_name(iteration)}: it "
+                            f"needs about {_gib(need_total)}, {where} has {_gib(free)} free; free some space, lower "
+                            "--keep-last, or use a run directory on a larger disk (the last checkpoint is intact)")
+    return where, need_total
+
+
+@contextlib.contextmanager
+def failure_guard(root: Path, iteration: int, where: Path, need: int) -> Iterator[None]:
+    """Turn any failure of a save into one line with its cause, leaving no staging directory
+    behind (module docstring)."""
+    name = layout.iteration_dir_name(iteration)
     try:
         yield
     except BaseException as err:  # torch DCP's CheckpointException is a BaseException
         passthrough = isinstance(err, KeyboardInterrupt | SystemExit | UserError)
-        cause = None if passthrough else _save_failure(err, where, need_total)  # before the staging space is freed
+        cause = None if passthrough else _save_failure(err, where, need)  # before the staging space is freed
         if dist.get_rank() == 0:
             shutil.rmtree(Path(root) / (name + ".staging"), ignore_errors=True)
         if passthrough:

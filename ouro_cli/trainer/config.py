@@ -58,6 +58,7 @@ class TrainerConfig:
 
     # ---- checkpoints --------------------------------------------------------------
     keep_last: int | None = None  # keep the newest N iterations; None keeps all
+    async_save: bool = False  # write checkpoints in the background (Trainer.save, checkpointing.py)
 
     extra: dict[str, Any] = field(default_factory=dict)  # recorded, not interpreted
 

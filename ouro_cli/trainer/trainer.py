@@ -63,6 +63,7 @@ class Trainer:
             self.optimizer = build_optimizer(self.config, self.ddp)
             self.scheduler = build_scheduler(self.config, self.optimizer)
         self.loaded_iteration: int | None = None  # set by load()
+        self._pending_save: tuple[checkpointing.PendingSave, Callable[[Path], None] | None] | None = None
 
     # ---- one GRPO update ------------------------------------------------------------
 
@@ -144,14 +145,40 @@ class Trainer:
         return self.module.ouro
 
     def save(self, root: str | Path, iteration: int, extra: dict | None = None, *,
-             before_commit: Callable[[Path], None] | None = None) -> Path:
+             before_commit: Callable[[Path], None] | None = None,
+             after_commit: Callable[[Path], None] | None = None) -> Path | None:
+        """Checkpoint the full training state as iteration `iteration` of `root`. With
+        `config.async_save` the write goes on in the background and this returns None: the
+        next save, `load`, `wait_for_save` and `close` commit it first (then `after_commit`)."""
+        self.wait_for_save()
         with self._megatron():
-            return checkpointing.save(Path(root), iteration, module=self.module, optimizer=self.optimizer,
+            done = checkpointing.save(Path(root), iteration, module=self.module, optimizer=self.optimizer,
                                       scheduler=self.scheduler, on_cuda=self._on_cuda, extra=extra,
-                                      keep_last=self.config.keep_last, before_commit=before_commit)
+                                      keep_last=self.config.keep_last, before_commit=before_commit,
+                                      async_save=self.config.async_save)
+        if isinstance(done, checkpointing.PendingSave):
+            self._pending_save = (done, after_commit)
+            return None
+        if after_commit is not None:
+            after_commit(done)
+        return done
+
+    def wait_for_save(self) -> Path | None:
+        """Commit a background save still being written (collective call): the iteration it made,
+        or None when none was pending."""
+        if self._pending_save is None:
+            return None
+        pending, after_commit = self._pending_save
+        self._pending_save = None
+        with self._megatron():
+            done = checkpointing.finish(pending)
+        if after_commit is not None:
+            after_commit(done)
+        return done
 
     def load(self, root: str | Path) -> dict:
         """Restore model, optimizer, scheduler and RNG from the latest iteration; returns `extra`."""
+        self.wait_for_save()
         with self._megatron():
             iteration, extra = checkpointing.load(Path(root), module=self.module, optimizer=self.optimizer,
                                                   scheduler=self.scheduler, on_cuda=self._on_cuda)
@@ -159,7 +186,12 @@ class Trainer:
         return extra
 
     def close(self) -> None:
-        setup.shutdown(self.context)
+        """Commit a background save still being written (a later failure does not make it
+        invalid: its records were written before it), then leave the process group."""
+        try:
+            self.wait_for_save()
+        finally:
+            setup.shutdown(self.context)
 
     def __enter__(self) -> Trainer:
         return self

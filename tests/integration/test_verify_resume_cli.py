@@ -60,3 +60,19 @@ def test_verify_resume_checks_the_disk_before_it_starts(tmp_path):
         assert proc.returncode == 1 and len(errors) == 1, proc.stderr
         assert "verify-resume needs about" in errors[0] and "GiB of disk" in errors[0]
         assert not (mount / "vr" / "reference").exists()
+
+
+def test_background_saves_keep_a_resume_bit_identical(tmp_path):
+    """`--async-save` with a save after every update: each checkpoint is written while the next
+    update runs, and the fresh-process resume still repeats the continuous run bit for bit."""
+    make_checkpoint(tmp_path)
+    opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
+            "--prompts-per-update", "2", "--group-size", "3", "--max-response-len", "6", "--depths", "2", "4",
+            "--reward-function", REWARD, "--async-save", "--save-interval", "1"]
+    proc = ouro("verify-resume", "--updates", "3", "--resume-at", "2", "--work-dir", str(tmp_path / "vr"), *opts,
+                "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["identical"]
+    names = {c["name"]: c for c in doc["categories"]}
+    assert names["state hashes"]["compared"] == 3 and names["checkpoint tensors"]["compared"] > 20

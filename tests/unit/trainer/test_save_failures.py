@@ -110,3 +110,33 @@ def test_ouro_train_on_a_full_disk_exits_1_with_one_line():
         assert len(errors) == 1 and "not enough disk space to save checkpoint iter_0000001" in errors[0], done.stderr
         assert "Traceback" not in done.stderr
         assert not list((run / "checkpoint").glob("iter_*"))
+
+
+def test_a_background_save_commits_at_finish_and_a_failed_one_names_the_disk(trainer, monkeypatch):
+    """`async_save`: the tracker moves only when the save is finished; a background write that
+    runs out of space fails at the finish in one line and leaves the previous iteration."""
+    from ouro_cli.trainer import checkpointing
+
+    monkeypatch.setattr(trainer.config, "async_save", True)
+    monkeypatch.setattr(checkpointing, "SAVE_MARGIN_BYTES", 0)
+    with tmpfs("24m") as mount:
+        root = mount / "ckpt"
+        assert trainer.save(root, 1, extra={"next_update": 1}) is None  # scheduled, not committed
+        assert not layout.is_megatron_checkpoint(root) or layout.read_tracker(root) != 1
+        assert trainer.wait_for_save() == root / "iter_0000001"
+        assert layout.read_tracker(root) == 1 and trainer.wait_for_save() is None
+        size = sum(f.stat().st_size for f in (root / "iter_0000001").rglob("*") if f.is_file())
+        fill(mount, leave=size // 3)
+        monkeypatch.setattr(checkpointing, "checkpoint_bytes", lambda module, optimizer: 0)
+        try:  # the write may fail while being scheduled already, or in the background
+            trainer.save(root, 2, extra={"next_update": 2})
+            trainer.wait_for_save()
+        except ResourceError as err:
+            message = str(err)
+        else:
+            pytest.fail("the background save into a full disk did not fail")
+        assert message.startswith("saving checkpoint iter_0000002 failed: ") and "\n" not in message
+        assert "disk" in message
+        assert not (root / "iter_0000002.staging").exists() and not (root / "iter_0000002").exists()
+        assert layout.read_tracker(root) == 1
+        assert trainer.load(root) == {"next_update": 1}
