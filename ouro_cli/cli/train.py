@@ -111,6 +111,7 @@ def train(
     max_tokens_per_micro_batch: Annotated[int | None, _opt("--max-tokens-per-micro-batch", help="Tokens per training micro-batch, padding included (default: what fits in the memory left).", panel=P_OPT)] = None,
     micro_batch_size: Annotated[int | None, _opt("--micro-batch-size", help="At most this many samples per micro-batch (default: no limit beside the token budget).", panel=P_OPT)] = None,
     recompute: Annotated[str | None, _opt("--recompute", help="Activation recompute per layer call: auto (on only when the memory budget needs it), on or off (default: auto).", panel=P_OPT)] = None,
+    offload_optimizer: Annotated[bool | None, _opt("--offload-optimizer", help="Keep the fp32 main weights and Adam moments in host memory between optimizer steps (frees 12 bytes per parameter on the device for two host copies of them per step).", panel=P_OPT)] = None,
     use_distributed_optimizer: Annotated[bool | None, _opt("--dist-optimizer", "--use-distributed-optimizer", help="Shard optimizer state over data-parallel ranks.", panel=P_OPT)] = None,
     engine: Annotated[str | None, _opt("--engine", help="Dotted path of an engine factory (default: the built-in engine).", panel=P_ENGINE)] = None,
     device: Annotated[str | None, _opt("--device", help="auto, cpu or cuda.", panel=P_ENGINE)] = None,

@@ -159,7 +159,8 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
                          min_lr=options.min_lr, lr_schedule=options.lr_schedule, warmup_steps=options.warmup_steps,
                          decay_steps=options.updates if options.lr_schedule == "cosine" else None,
                          clip_grad=options.clip_grad, use_distributed_optimizer=options.use_distributed_optimizer,
-                         keep_last=options.keep_last, async_save=options.async_save)
+                         keep_last=options.keep_last, async_save=options.async_save,
+                         offload_optimizer=options.offload_optimizer)
 
 
 def _all_gather(value: Any) -> list[Any]:
@@ -209,7 +210,8 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
         sequences_needed=max(local_samples, min(options.eval_prompts, eval_rows)),
         tokens_per_update=local_samples * seq_tokens, planes=planes,
         engine_releases_memory=not options.prefill_devices and options.engine == TrainOptions().engine,
-        offload_optimizer=False, optimizer_shards=world if options.use_distributed_optimizer else 1,
+        offload_optimizer=options.offload_optimizer,
+        optimizer_shards=world if options.use_distributed_optimizer else 1,
         kv_blocks=recorded.get("kv_blocks", options.kv_blocks),
         max_num_seqs=recorded.get("max_num_seqs", options.max_num_seqs),
         max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", options.max_tokens_per_micro_batch),

@@ -56,6 +56,7 @@ class TrainOptions:
     max_tokens_per_micro_batch: int | None = None  # None: what fits in the memory left (rl/sizing.py)
     recompute: str = "auto"  # auto: on only when the memory budget needs it; on; off
     use_distributed_optimizer: bool = False
+    offload_optimizer: bool = False  # main weights and Adam moments in host memory between optimizer steps
 
     # ---- engine ------------------------------------------------------------------
     engine: str = "ouro_cli.engine.factory:default_factory"

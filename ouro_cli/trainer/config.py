@@ -55,6 +55,7 @@ class TrainerConfig:
     clip_grad: float = 1.0  # 0 disables clipping
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
+    offload_optimizer: bool = False  # main weights and Adam moments in host memory between steps
 
     # ---- checkpoints --------------------------------------------------------------
     keep_last: int | None = None  # keep the newest N iterations; None keeps all

@@ -118,3 +118,54 @@ def init_optimizer_state(optimizer: MegatronOptimizer) -> None:
         for group in inner.optimizer.param_groups:
             for p in group["params"]:
                 inner.optimizer.state[p].setdefault("step", torch.tensor(0.0))
+
+
+class OptimizerOffload:
+    """`--offload-optimizer`: the optimizer's own tensors (fp32 main weights where they are
+    separate from the model's parameters, and Adam's moments) live in host memory except
+    during `optimizer.step()`, which runs on the device as before.
+
+    Tensors are moved by rebinding their `.data`, so every holder (Megatron's main-param
+    groups, the torch optimizer's param groups and its state, keyed by tensor identity) keeps
+    seeing the same object; values are copied exactly, so training is bit-identical with and
+    without offload. Host copies are pinned on CUDA (page-locked copies run at full PCIe
+    speed) and kept between steps. A checkpoint is saved from and loaded into wherever the
+    tensors are. Where the device is the host (CPU), the moves are plain copies.
+    """
+
+    def __init__(self, optimizer: MegatronOptimizer, model_params: Iterator[torch.Tensor], device: torch.device) -> None:
+        self.optimizer, self.device = optimizer, device
+        self._model = {id(p) for p in model_params}
+        self._host: dict[int, torch.Tensor] = {}
+        self.on_host = False
+
+    def _tensors(self) -> Iterator[torch.Tensor]:
+        for opt in torch_optimizers(self.optimizer):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if id(p) not in self._model:  # fp32 main weights; fp32 params are their own
+                        yield p
+            for state in opt.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:  # moments, not the step count
+                        yield value
+
+    def to_host(self) -> None:
+        for t in self._tensors():
+            host = self._host.get(id(t))
+            if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                host = torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                                   pin_memory=self.device.type == "cuda")
+                self._host[id(t)] = host
+            if host.data_ptr() != t.data_ptr():
+                host.copy_(t.data, non_blocking=True)
+                t.data = host
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the device copies may be freed only once copied
+        self.on_host = True
+
+    def to_device(self) -> None:
+        for t in self._tensors():
+            if t.device != self.device:
+                t.data = t.data.to(self.device, non_blocking=True)
+        self.on_host = False

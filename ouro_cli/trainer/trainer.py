@@ -50,7 +50,7 @@ class Trainer:
         self.pad_id = hf.config.pad_token_id or 0
 
         from .megatron_model import OuroMegatronModule, transformer_config, wrap_ddp
-        from .optimizer import build_optimizer, build_scheduler
+        from .optimizer import OptimizerOffload, build_optimizer, build_scheduler
 
         with self._megatron():
             self.module = OuroMegatronModule(hf, transformer_config(hf.config, dtype))
@@ -62,6 +62,10 @@ class Trainer:
                 self.ddp.broadcast_params()
             self.optimizer = build_optimizer(self.config, self.ddp)
             self.scheduler = build_scheduler(self.config, self.optimizer)
+        self.offload = OptimizerOffload(self.optimizer, self.module.parameters(), self.device) \
+            if self.config.offload_optimizer else None
+        if self.offload is not None:
+            self.offload.to_host()
         self.loaded_iteration: int | None = None  # set by load()
         self._pending_save: tuple[checkpointing.PendingSave, Callable[[Path], None] | None] | None = None
 
@@ -98,8 +102,14 @@ class Trainer:
 
     def optimizer_step(self) -> dict[str, float]:
         watch = Stopwatch()
-        with self._megatron():
-            metrics = optimizer_step(self.optimizer, self.scheduler)
+        if self.offload is not None:
+            self.offload.to_device()
+        try:
+            with self._megatron():
+                metrics = optimizer_step(self.optimizer, self.scheduler)
+        finally:
+            if self.offload is not None:
+                self.offload.to_host()  # Adam created its moments at the first step: they go too
         metrics["optimizer_s"] = watch.lap()
         return metrics
 
@@ -182,6 +192,8 @@ class Trainer:
         with self._megatron():
             iteration, extra = checkpointing.load(Path(root), module=self.module, optimizer=self.optimizer,
                                                   scheduler=self.scheduler, on_cuda=self._on_cuda)
+        if self.offload is not None:
+            self.offload.to_host()  # loading may have created state tensors on the device
         self.loaded_iteration = iteration
         return extra
 

@@ -168,3 +168,29 @@ def test_a_non_finite_gradient_skips_the_optimizer_step(base_model, samples, dty
         metrics = trainer.train_step(samples)
         assert metrics["step_applied"] and math.isfinite(metrics["grad_norm"]) and trainer.steps_taken == 1
         assert not torch.equal(dict(trainer.named_weights_for_publication())["lm_head.weight"], before["lm_head.weight"])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_offloaded_optimizer_trains_bit_for_bit(base_model, samples, dtype):
+    """--offload-optimizer keeps the main weights and Adam moments in host memory between
+    steps; the weights, main weights and moments after three steps are the same bits."""
+    from ouro_cli.trainer import Trainer, TrainerConfig
+    from ouro_cli.trainer.optimizer import torch_optimizers
+
+    def run(offload: bool):
+        config = TrainerConfig(device="cpu", params_dtype=dtype, lr=1e-3, offload_optimizer=offload)
+        with Trainer(copy.deepcopy(base_model), config) as trainer:
+            for _ in range(3):
+                trainer.train_step(samples)
+            assert (trainer.offload is not None) == offload and (not offload or trainer.offload.on_host)
+            weights = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
+            state = [t.clone() for opt in torch_optimizers(trainer.optimizer) for s in opt.state.values()
+                     for t in s.values() if isinstance(t, torch.Tensor)]
+            mains = [p.detach().clone() for opt in torch_optimizers(trainer.optimizer) for g in opt.param_groups
+                     for p in g["params"]]
+        return weights, state, mains
+
+    (w0, s0, m0), (w1, s1, m1) = run(False), run(True)
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[n], w1[n]) for n in w0)
+    assert len(s0) == len(s1) > 0 and all(torch.equal(a, b) for a, b in zip(s0, s1, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(m0, m1, strict=True))
