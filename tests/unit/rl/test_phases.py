@@ -1,0 +1,36 @@
+"""The measured phases of an update (ouro_cli/rl/phases.py): time, compile time, and an
+out-of-memory error turned into one line naming the phase, its size and the option to lower."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ouro_cli.errors import ResourceError
+from ouro_cli.rl.phases import phase
+
+
+def test_a_phase_records_its_time_and_no_peak_on_cpu():
+    metrics: dict = {}
+    with phase(metrics, "train", torch.device("cpu"), "4 samples", "--max-tokens-per-micro-batch"):
+        pass
+    assert metrics["train_s"] >= 0 and metrics["train_compile_s"] == 0.0
+    assert metrics["peak_memory_train_gib"] is None
+
+
+def test_out_of_memory_is_one_line_naming_phase_size_and_option():
+    metrics: dict = {}
+    with pytest.raises(ResourceError) as err:
+        with phase(metrics, "train", torch.device("cpu"), "update 3, 256 samples in micro-batches of up to 12032 "
+                   "tokens, recompute off", "--max-tokens-per-micro-batch or --gpu-memory-utilization"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a 60-line report)")
+    assert str(err.value) == ("out of host memory in the train phase (update 3, 256 samples in micro-batches of up "
+                              "to 12032 tokens, recompute off); lower --max-tokens-per-micro-batch or "
+                              "--gpu-memory-utilization")
+    assert ResourceError.exit_code == 1 and "train_s" in metrics  # timed even when it fails
+
+
+def test_other_errors_pass_through():
+    with pytest.raises(ValueError, match="not memory"):
+        with phase({}, "rollout", torch.device("cpu"), "x", "y"):
+            raise ValueError("not memory")
