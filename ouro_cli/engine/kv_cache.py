@@ -92,7 +92,6 @@ class PagedKVCache:
         self.num_layers, self.num_loops = num_layers, num_loops
         self.block_size, self.num_kv_heads, self.head_dim = block_size, num_kv_heads, head_dim
         self.dtype, self._device = dtype, torch.device(device)
-        self.num_blocks_full = num_blocks  # blocks at T planes
         # one K (or V) half of the buffer: T planes of num_blocks + 1 blocks (incl. scratch)
         self._half = num_layers * num_loops * num_kv_heads * (num_blocks + 1) * block_size * head_dim
         self.generation = 0
@@ -116,13 +115,16 @@ class PagedKVCache:
         return slots // self.block_size - 1
 
     def set_planes(self, planes: int) -> None:
-        """Re-view the buffer with `planes` planes per token; every block must be free."""
-        if planes == self.planes and self.k is not None:
+        """Re-view the buffer with `planes` planes per token; every block must be free. While
+        released, the view is made when the memory is restored."""
+        if planes == self.planes:
             return
         if self.allocator.num_free != self.allocator.num_blocks:
             raise RuntimeError("the KV cache cannot change its planes while blocks are in use")
+        self.blocks_at(planes)  # checks the range
         self.planes = planes
-        self._view()
+        if not self.released:
+            self._view()
 
     def _view(self) -> None:
         self.num_blocks = self.blocks_at(self.planes)
