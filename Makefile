@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(if $(OURO_TORCH),$(VENV)/bin/pip install -q "$(OURO_TORCH)")
-	$(VENV)/bin/pip install -q -e ".[dev,math]"
+	$(VENV)/bin/pip install -q -e ".[dev,math,wandb]"
 	touch $(STAMP)
 
 demo: $(STAMP)

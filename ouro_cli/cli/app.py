@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from . import convert, eval, export, probe_ucx, train, verify_resume
+from . import convert, eval, export, probe_ucx, status, train, verify_resume
 from .common import DEBUG_ENV
 
 EPILOG = """Examples:
@@ -17,6 +17,8 @@ EPILOG = """Examples:
   ouro resume runs/ouro-20250101-120000 --updates 120         # continue a run (also after a crash)
 
   ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4      # held-out accuracy per K
+
+  ouro status runs/grpo-1                                     # where a run stands (also while it runs)
 
   ouro export runs/grpo-1 export/ouro-grpo                    # HF directory of the trained model
 
@@ -52,6 +54,8 @@ app.command(name="resume", epilog=train.RESUME_EPILOG)(train.resume)
 app.command(name="eval", epilog=eval.EPILOG)(eval.eval_command)
 app.command(name="verify-resume", epilog=verify_resume.EPILOG,
             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(verify_resume.verify_resume)
+app.command(name="status", epilog=status.STATUS_EPILOG)(status.status)
+app.command(name="plot", epilog=status.PLOT_EPILOG)(status.plot)
 app.command(name="probe-ucx", epilog=probe_ucx.EPILOG, context_settings={"allow_extra_args": True})(probe_ucx.probe_ucx)
 
 

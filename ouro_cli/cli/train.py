@@ -135,6 +135,7 @@ def train(
     eval_depths: Annotated[list[int] | None, _opt("--eval-depths", help="K values evaluated (default: 2 3 4).", panel=P_RUN)] = None,
     export_hf: Annotated[str | None, _opt("--export-hf", "--ouro-export-hf", help="Export the final model as an HF directory here.", panel=P_RUN)] = None,
     overwrite: Annotated[bool | None, _opt("--overwrite", help="Start over in a non-empty run directory.", panel=P_RUN)] = None,
+    loggers: Annotated[list[str] | None, _opt("--logger", help="Also log to tensorboard (RUN/logs/tensorboard) or wandb (the wandb extra; WANDB_MODE=offline works); repeat for both.", panel=P_RUN, default="none")] = None,
     state_digest: Annotated[bool | None, _opt("--state-digest", help="Record a sha256 of model + optimizer state per update.", panel=P_RUN)] = None,
     save_on_interrupt: Annotated[str | None, _opt("--save-on-interrupt", help="On SIGINT/SIGTERM, save before stopping: on, off, or auto (when a checkpoint is due within 3 updates).", panel=P_RUN)] = None,
     test_break_resume: Annotated[bool | None, typer.Option("--test-break-resume", hidden=True)] = None,

@@ -50,15 +50,16 @@ from .cursor import DataCursor
 from .data import Row, data_sha256, load_dataset
 from .digest import params_sha256, state_digest
 from .evaluate import evaluate
+from .loggers import Trackers
 from .metrics import (
     append_jsonl,
     counter_delta,
     device_hours,
-    plot,
     rollout_summary,
 )
 from .options import TrainOptions
 from .phases import hand_back, phase
+from .plots import plot_run
 from .publish import publish
 from .rewards import check_labels, load_reward, reward_problem
 from .rollout import RolloutCheckFailed, RolloutSample, generate_groups
@@ -95,6 +96,7 @@ class Session:
     world: int = 1
     devices: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.perf_counter)
+    trackers: Trackers = field(default_factory=lambda: Trackers([], Path("."), {}, ""))  # --logger (rank 0)
     # the last save ran after its update's metrics line: the next line gets its figures
     unlogged_save: dict[str, Any] = field(default_factory=lambda: dict(NO_SAVE))
 
@@ -320,6 +322,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
                       cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
                       rollout_seed=options.seed + (1 if resume and options.test_break_resume else 0), sizing=sizing,
                       devices={str(trainer.device), *getattr(engine, "devices", set)()})
+    if session.is_main and options.loggers:
+        session.trackers = Trackers(options.loggers, run.warnings_log.parent, options.to_dict(), run.root.name)
     if session.is_main and not resume:
         from ouro_cli.checkpoint.megatron import write_hf_assets
 
@@ -471,8 +475,9 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     records = _gather(samples, update)
     last = update + 1 == s.options.updates
     save_due = last or bool(s.options.save_interval and (update + 1) % s.options.save_interval == 0)
+    interval: list[dict[str, Any]] = []
     if s.options.eval_interval and (update + 1) % s.options.eval_interval == 0 and not last:
-        evaluate_stage(s, update + 1, "interval")
+        interval = evaluate_stage(s, update + 1, "interval")
     # the update's records are written before the save that includes it (records.py): its row
     # carries the previous save's figures
     save, s.unlogged_save = s.unlogged_save, dict(NO_SAVE)
@@ -496,6 +501,8 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     }
     if s.is_main:
         run_records.write_update(s.run, update, records, record, durable=save_due)
+        s.trackers.update(record)
+        s.trackers.evaluations(update + 1, interval)  # after the update's line: trackers want steps in order
     if save_due:
         with phase(s.unlogged_save, "save", device, f"checkpoint of update {update + 1}", "--gpu-memory-utilization"):
             save_stage(s, update + 1)
@@ -589,6 +596,7 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
                                        log=log)
                 plans.write_plan(run.plan, session.plan)  # the checkpoint's: a kill may have come before the copy
         evals_before = evaluate_stage(session, session.start_update, "start") if session.start_update == 0 else []
+        session.trackers.evaluations(session.start_update, evals_before)
         records = []
         for update in range(session.start_update, options.updates):
             _stop_if_asked(session, stop, update, hint)
@@ -596,6 +604,7 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
             on_update(records[-1])
         _stop_if_asked(session, stop, options.updates, hint)
         evals_after = evaluate_stage(session, options.updates, "end")
+        session.trackers.evaluations(options.updates, evals_after)
         waited = time.perf_counter()
         session.trainer.wait_for_save()  # a background save commits before the run can be complete
         session.unlogged_save["save_s"] += time.perf_counter() - waited
@@ -606,7 +615,7 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
 
                 to_hf(open_checkpoint(run.checkpoint), Path(options.export_hf), overwrite=True,
                       command=f"{command} --export-hf", options={"source": str(run.checkpoint)})
-            if plot(run.metrics, run.plot) is None:
+            if plot_run(run.metrics, run.evaluations, run.plot) is None:
                 log(f"{run.plot.name} not written (matplotlib is not installed)")
             mark_complete(run.root)
         return {"run_dir": str(run.root), "updates": options.updates, "start_update": session.start_update,
@@ -615,6 +624,7 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
                 "reward_mean_per_update": [r["reward_mean"] for r in records],
                 "final_save_s": session.unlogged_save["save_s"]}
     finally:
+        session.trackers.close()
         session.engine.close()
         session.trainer.close()
         if torch.cuda.is_available():

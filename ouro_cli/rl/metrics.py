@@ -59,35 +59,3 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not Path(path).is_file():
         return []
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def plot(metrics_path: Path, out: Path) -> Path | None:
-    """Reward and mean exit depth per update (metrics.png); None without records, or
-    without matplotlib (a bare GPU image may lack it: the run itself is not at fault)."""
-    records = read_jsonl(metrics_path)
-    if not records:
-        return None
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    updates = [r["update"] for r in records]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    ax1.plot(updates, [r["reward_mean"] for r in records], marker="o")
-    ax1.set_ylabel("mean reward")
-    ax1.grid(alpha=0.3)
-    ax2.plot(updates, [r.get("mean_exit_depth") for r in records], marker="o", color="tab:orange")
-    for r in records:
-        ax2.annotate(f"K={r['k']}", (r["update"], r.get("mean_exit_depth") or 0), fontsize=7,
-                     textcoords="offset points", xytext=(0, 4), ha="center")
-    ax2.set_ylabel("mean exit depth")
-    ax2.set_xlabel("update")
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out

@@ -82,6 +82,7 @@ class TrainOptions:
     eval_depths: list[int] = field(default_factory=lambda: [2, 3, 4])
     export_hf: str | None = None
     overwrite: bool = False
+    loggers: list[str] = field(default_factory=list)  # experiment trackers beside metrics.jsonl (rl/loggers.py)
     state_digest: bool = False  # sha256 of model + optimizer state per update (verify-resume)
     save_on_interrupt: str = "auto"  # SIGINT/SIGTERM: save first? on, off, or auto (rl/stop.py)
     test_break_resume: bool = False  # test-only: reseed the sampler after a resume (must be caught)
@@ -122,6 +123,9 @@ class TrainOptions:
             raise UserError("--device must be auto, cpu or cuda")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise UserError("--dtype must be auto, fp32 or bf16")
+        from .loggers import check_loggers
+
+        check_loggers(self.loggers)
         if self.save_on_interrupt not in ("auto", "on", "off"):
             raise UserError(f"--save-on-interrupt must be auto, on or off, got {self.save_on_interrupt!r}")
         if self.keep_last is not None and self.keep_last < 1:

@@ -33,7 +33,7 @@ PLAN_VERSION = 1
 FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_interval",
              "eval_depths", "export_hf", "overwrite", "model", "state_digest", "test_break_resume", "save_on_interrupt",
              "gpu_memory_utilization",  # the memory plan it yields is recorded (contract "sizing") and reused
-             "async_save", "offload_optimizer"}  # where tensors live, not what they hold
+             "async_save", "offload_optimizer", "loggers"}  # where tensors live, not what they hold
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr"}
 
 

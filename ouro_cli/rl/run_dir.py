@@ -90,7 +90,7 @@ class RunDir:
     def foreign_entries(self) -> list[str]:
         """Names in the root that are not part of a run's layout (a directory that is not a run)."""
         known = {p.name for p in (self.plan, self.manifest, self.checkpoint, self.metrics, self.evaluations,
-                                  self.rollouts, self.plot, self.lock)} | {MARKER}
+                                  self.rollouts, self.plot, self.lock, self.warnings_log.parent)} | {MARKER}
         known |= {f"{n}.tmp" for n in (self.metrics.name, self.evaluations.name)}
         return sorted(p.name for p in self.root.iterdir()
                       if p.name not in known and not (p.name.startswith(".") and ".tmp" in p.name))

@@ -1,0 +1,76 @@
+"""`ouro status RUN` and `ouro plot RUN`: read a run's files, change nothing in it but metrics.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .common import JSON_OPTION, console, run_command
+
+STATUS_EPILOG = """Examples:
+
+  ouro status runs/grpo-1
+
+  ouro status runs/grpo-1 --json
+"""
+
+PLOT_EPILOG = """Examples:
+
+  ouro plot runs/grpo-1                     # redraws runs/grpo-1/metrics.png
+
+  ouro plot runs/grpo-1 --out /tmp/run.png
+"""
+
+RUN_ARGUMENT = typer.Argument(help="Run directory written by ouro train.", show_default=False)
+
+
+def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTION) -> None:
+    """Where a run stands: updates done, last reward and accuracy per K, checkpoint, whether it runs."""
+    def body() -> dict[str, Any]:
+        from rich.table import Table
+
+        from ouro_cli.rl.status import run_status
+
+        s = run_status(run_dir)
+        state = ("[green]complete[/]" if s["complete"] else f"[yellow]running[/] ({s['holder']})" if s["running"]
+                 else "stopped (not complete; `ouro resume` continues it)")
+        ckpt = s["checkpoint"]
+        console.print(f"[bold]{s['run_dir']}[/]: {state}")
+        console.print(f"updates {s['updates_done']} of {s['updates_total']}; latest checkpoint: "
+                      + (f"{ckpt.get('path', ckpt.get('problem'))} (continues at update {ckpt.get('next_update')})"
+                         if ckpt else "none yet"))
+        console.print(f"plan {s['plan_sha256'][:12]}")
+        table = Table()
+        for col in ("K", "last training reward", "held-out accuracy"):
+            table.add_column(col, justify="right")
+        for k in sorted({*s["last_reward_per_k"], *s["accuracy_per_k"]}, key=int):
+            r, a = s["last_reward_per_k"].get(k), s["accuracy_per_k"].get(k)
+            table.add_row(k, f"{r['reward_mean']:.3f} (update {r['update']})" if r else "-",
+                          f"{a['accuracy']:.3f} (update {a['update']}, {a['when']})" if a else "-")
+        console.print(table)
+        return s
+
+    run_command(body, json_output=json_output)
+
+
+def plot(run_dir: Annotated[Path, RUN_ARGUMENT],
+         out: Annotated[Path | None, typer.Option("--out", help="Where to write the PNG. \\[default: RUN/metrics.png]")] = None,
+         json_output: bool = JSON_OPTION) -> None:
+    """Redraw a run's metrics.png from its metrics.jsonl and evaluations.jsonl."""
+    def body() -> dict[str, Any]:
+        from ouro_cli.errors import UserError
+        from ouro_cli.rl.plots import plot_run
+        from ouro_cli.rl.run_dir import RunDir
+
+        run = RunDir(run_dir)
+        if not run.is_run():
+            raise UserError(f"{run.root} is not an ouro run directory (no {run.plan.name})")
+        target = out or run.plot
+        if plot_run(run.metrics, run.evaluations, target) is None:
+            raise UserError(f"nothing to plot: {run.metrics} has no updates yet, or matplotlib is not installed")
+        console.print(f"wrote {target}")
+        return {"plot": str(target)}
+
+    run_command(body, json_output=json_output)

@@ -1,0 +1,64 @@
+"""`ouro status` on a run that is being written and on a finished one, and `ouro plot`.
+
+The running case is made exact with the test-only fault point (ouro_cli/testing/faults.py):
+the run stops itself (SIGSTOP) after its second rollout, status reads it while it holds
+its lock, and SIGCONT lets it finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .test_train_cli import ouro
+
+TRAIN = ["train", "--updates", "3", "--prompts-per-update", "4", "--group-size", "2", "--eval-prompts", "8"]
+
+
+def status(run, cwd):
+    proc = ouro("status", str(run), "--json", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_status_of_a_running_and_a_finished_run_and_plot(tmp_path):
+    run = tmp_path / "run"
+    env = dict(os.environ, OURO_TEST_FAULT="rollout@2=STOP", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "ouro_cli.cli.app", *TRAIN, "--run-dir", str(run)], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # stopped at the second rollout: one update is logged
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read())
+            with open(f"/proc/{proc.pid}/stat") as f:
+                if f.read().split(") ")[1].split()[0] == "T":
+                    break
+            time.sleep(0.2)
+        running = status(run, tmp_path)
+        assert running["running"] and f"pid {proc.pid}" in running["holder"] and not running["complete"]
+        assert (running["updates_done"], running["updates_total"]) == (1, 3)
+        assert running["checkpoint"] is None and set(running["last_reward_per_k"]) == {"2"}
+        assert set(running["accuracy_per_k"]) == {"2", "3", "4"}  # the evaluation before update 0
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+
+    done = status(run, tmp_path)
+    assert done["complete"] and not done["running"] and done["holder"] is None
+    assert (done["updates_done"], done["updates_total"], done["next_update"]) == (3, 3, 3)
+    assert done["checkpoint"]["next_update"] == 3 and done["checkpoint"]["path"].endswith("iter_0000003")
+    assert set(done["last_reward_per_k"]) == {"2", "3", "4"} and len(done["plan_sha256"]) == 64
+    human = ouro("status", str(run), cwd=tmp_path)
+    assert human.returncode == 0 and "complete" in human.stderr and "updates 3 of 3" in human.stderr
+
+    picture = tmp_path / "again.png"
+    drawn = ouro("plot", str(run), "--out", str(picture), cwd=tmp_path)
+    assert drawn.returncode == 0, drawn.stderr
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 20_000
+    missing = ouro("status", str(tmp_path), cwd=tmp_path)
+    assert missing.returncode == 2 and "is not an ouro run directory" in missing.stderr
