@@ -4,6 +4,7 @@ memory flags at all, on a random Ouro-1.4B with a full-size tokenizer.
     python bench/e2e.py                          # cases a and b at the 1.4B shape (GPU, < 10 min)
     python bench/e2e.py --cases a --updates 4    # one case, more updates
     python bench/e2e.py --shape tiny --updates 2 # the same path, tiny model and cases (CPU)
+    python bench/e2e.py --nproc 2 --dist-optimizer   # also on 2 data-parallel GPUs: the scaling
 
 Cases (prompts x samples per prompt x response tokens, `--depths 2 3 4`):
   a  32 x 8 x 512     b  8 x 8 x 2,048     (--shape tiny: 4 x 4 x 64 and 2 x 4 x 256)
@@ -17,6 +18,13 @@ decode step), micro-batches, and the peak device memory of each phase, beside th
 memory plan the run logged. A random model rarely samples a stop token, so responses run
 to the full length: the worst case of each shape. The run's checkpoint is deleted after
 each case (19 GB at 1.4B with Adam). `--out FILE` writes every figure as JSON.
+
+`--nproc N` runs each case again under `torchrun --nproc-per-node N` with the same global
+batch (each rank samples and trains its share) and prints the strong scaling: update time,
+rollout and train tokens/s per GPU, the efficiency N-rank throughput / (N x one-rank
+throughput), and whether the replicas' parameters stayed bit-identical (the run's own
+check after every update); `--dist-optimizer` adds a run with the optimizer state sharded
+over the ranks (the table's peak memory is rank 0's).
 """
 
 from __future__ import annotations
@@ -90,22 +98,27 @@ def write_data(path: Path, rows: int = 256) -> None:
             f.write(json.dumps({"prompt": f"What is {a}+{b}?", "label": a + b, "metadata": {"problem_id": i}}) + "\n")
 
 
-def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates: int, timeout: float) -> dict:
+def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates: int, timeout: float,
+             nproc: int = 1, extra: tuple[str, ...] = ()) -> dict:
     prompts, group, response = (CASES if shape == "1.4b" else TINY_CASES)[name]
-    run = work / f"run-{name}"
+    label = f"{name}-{nproc}gpu" + ("-" + "-".join(a.lstrip("-") for a in extra) if extra else "")
+    run = work / f"run-{label}"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [sys.executable, "-m", "ouro_cli.cli.app", "train", "--model", str(model), "--data", str(data),
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
+        if nproc > 1 else [sys.executable]
+    cmd = [*launch, "-m", "ouro_cli.cli.app", "train", "--model", str(model), "--data", str(data),
            "--eval-data", "", "--run-dir", str(run), "--depths", "2", "3", "4", "--updates", str(updates),
            "--prompts-per-update", str(prompts), "--group-size", str(group), "--max-response-len", str(response),
-           "--save-interval", "0"]
+           "--save-interval", "0", *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
-    print(f"== case {name}: {prompts} prompts x {group} samples x {response} tokens, {updates} updates", flush=True)
+    print(f"== case {label}: {prompts} prompts x {group} samples x {response} tokens, {updates} updates"
+          + (f" on {nproc} ranks" if nproc > 1 else ""), flush=True)
     start = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
     wall = time.perf_counter() - start
-    (work / f"run-{name}.log").write_text(done.stdout)  # everything the run printed
+    (work / f"run-{label}.log").write_text(done.stdout)  # everything the run printed
     lines = done.stdout.splitlines()
     for line in lines:
         if line.startswith(("memory:", "error:", "update ", "engine:")) or "warning" in line:
@@ -114,8 +127,40 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     if done.returncode != 0:
         print("\n".join(lines[-30:]))
     shutil.rmtree(run / "checkpoint", ignore_errors=True)  # 19 GB at 1.4B: the next case needs the disk
-    return {"case": name, "shape": [prompts, group, response], "returncode": done.returncode, "wall_s": wall,
-            "updates": records}
+    return {"case": label, "shape": [prompts, group, response], "nproc": nproc, "returncode": done.returncode,
+            "wall_s": wall, "updates": records}
+
+
+def scaling(one: dict, many: dict) -> str:
+    """Strong scaling of the same global batch over N ranks: update time (steady state: the
+    updates after the first), rollout and train tokens/s per GPU, efficiency = N-rank
+    throughput / (N x one-rank throughput), and whether the replicas stayed identical."""
+    def steady(result: dict) -> list[dict]:
+        return result["updates"][1:] or result["updates"]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / max(len(values), 1)
+
+    n = many["nproc"]
+    t1, tn = mean([r["step_s"] for r in steady(one)]), mean([r["step_s"] for r in steady(many)])
+    roll = mean([sum(r["rank_response_tokens"]) / max(r["rank_rollout_s"]) / n for r in steady(many)])
+    train = mean([r["train_tokens"] / max(r["rank_train_s"]) / n for r in steady(many)])
+    identical = all(r.get("params_identical_across_ranks") for r in many["updates"])
+    return (f"{many['case']}: update {tn:.1f} s on {n} ranks against {t1:.1f} s on one; per GPU rollout "
+            f"{roll:.0f} tok/s, train {train:.0f} tok/s; scaling efficiency {t1 / (n * tn):.2f} (goal 0.9); "
+            f"replicas identical after every update: {identical}")
+
+
+def disaggregation(local: dict, pd: dict) -> str:
+    """The prefill/decode engine's rollout against the local engine's at the same batch, and the
+    KV bytes the prefill worker moved to the decode worker per update."""
+    def rate(result: dict) -> float:
+        rows = result["updates"][1:] or result["updates"]
+        return sum(sum(r["rank_response_tokens"]) / r["rollout_s"] for r in rows) / len(rows)
+
+    moved = [r.get("engine_kv_transfer_bytes", 0) / 2**30 for r in pd["updates"]]
+    return (f"{pd['case']}: rollout {rate(pd):.0f} tok/s against {rate(local):.0f} local "
+            f"(x{rate(pd) / rate(local):.2f}); KV moved per update: {', '.join(f'{g:.2f}' for g in moved)} GiB")
 
 
 def gib(x) -> str:
@@ -147,6 +192,13 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/ouro-e2e", help="scratch folder (model, data, runs)")
     parser.add_argument("--timeout", type=float, default=560, help="seconds per case")
     parser.add_argument("--out", help="write every figure here as JSON")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="also run each case on N data-parallel ranks (torchrun) and print the scaling")
+    parser.add_argument("--dist-optimizer", action="store_true",
+                        help="with --nproc: a further N-rank run with the distributed optimizer")
+    parser.add_argument("--pd", action="store_true",
+                        help="also run each case with prefill on GPU 0 and decode on GPU 1 (--prefill-devices 0 "
+                             "--decode-devices 1) and compare its rollout with the local engine's")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -157,12 +209,29 @@ def main() -> None:
         build_model(model, args.shape)
         print(f"built {model} in {time.perf_counter() - start:.1f} s", flush=True)
     write_data(data)
-    results = [run_case(c, args.shape, work, model, data, args.updates, args.timeout) for c in args.cases]
+    results, pairs = [], []
+    for c in args.cases:
+        one = run_case(c, args.shape, work, model, data, args.updates, args.timeout)
+        results.append(one)
+        if args.nproc > 1:
+            for extra in [()] + ([("--dist-optimizer",)] if args.dist_optimizer else []):
+                many = run_case(c, args.shape, work, model, data, args.updates, args.timeout, args.nproc, extra)
+                results.append(many)
+                pairs.append((one, many))
+        if args.pd:
+            pd = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1,
+                          ("--prefill-devices", "0", "--decode-devices", "1"))
+            results.append(pd)
+            if one["updates"] and pd["updates"]:
+                print(disaggregation(one, pd))
     for r in results:
         print(f"\n== case {r['case']} ({' x '.join(map(str, r['shape']))}): exit {r['returncode']}, "
               f"{r['wall_s']:.0f} s in all")
         if r["updates"]:
             print(table(r))
+    for one, many in pairs:
+        if one["updates"] and many["updates"]:
+            print(scaling(one, many))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str))
     sys.exit(max(r["returncode"] for r in results))
