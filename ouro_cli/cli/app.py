@@ -68,7 +68,11 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     warnings.filterwarnings("ignore", message=".*load_state_dict.* is deprecated", category=FutureWarning)
 
+    from ouro_cli.children import die_with_this_process
+
     from .common import expand_multi_value_options, rewrite_aliases, run_app
+
+    die_with_this_process()  # megatron's forked checkpoint writers must not outlive a killed command
 
     args = rewrite_aliases(sys.argv[1:])
     head = args[:args.index("--")] if "--" in args else args
