@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from . import convert, eval, export, probe_ucx, train, verify_resume
+from . import convert, data, eval, export, probe_ucx, train, verify_resume
 from .common import DEBUG_ENV
 
 EPILOG = """Examples:
@@ -18,6 +18,8 @@ EPILOG = """Examples:
 
   ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4      # held-out accuracy per K
 
+  ouro data check train.parquet --label-key answer            # rows, prompt lengths, bad rows
+
   ouro export runs/grpo-1 export/ouro-grpo                    # HF directory of the trained model
 
   ouro convert hf-to-mcore ./Ouro-1.4B ckpt/ouro-1.4b-mcore   # HF → Megatron checkpoint
@@ -27,7 +29,7 @@ EPILOG = """Examples:
 
 app = typer.Typer(
     name="ouro",
-    help="On-policy RL (GRPO) for Ouro looped language models: convert, train, resume, export, eval.",
+    help="On-policy RL (GRPO) for Ouro looped language models: convert, train, resume, export, eval, data.",
     epilog=EPILOG,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -46,6 +48,7 @@ def _global_options(
 
 
 app.add_typer(convert.app, name="convert")
+app.add_typer(data.app, name="data")
 app.command(name="export", epilog=export.EPILOG)(export.export)
 app.command(name="train", epilog=train.TRAIN_EPILOG)(train.train)
 app.command(name="resume", epilog=train.RESUME_EPILOG)(train.resume)

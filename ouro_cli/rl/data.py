@@ -246,12 +246,16 @@ class DataScan:
     errors: list[str] = field(default_factory=list)  # every problem: "name:N: what"
     bad_rows: list[str] = field(default_factory=list)  # the rows that failed validation
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # id -> line/row numbers sharing it
+    own_ids: int = 0  # valid rows with an id of their own (the others are named by their index)
+    file_errors: list[str] = field(default_factory=list)  # problems of the source as a whole
 
-    def first_error(self) -> str:
-        """The first problem, and how many others there are, in one line."""
-        more = len(self.errors) - 1
+    def first_error(self, errors: list[str] | None = None) -> str:
+        """The first problem (of `errors`, default: the scan's), and how many others there are,
+        in one line."""
+        errors = self.errors if errors is None else errors
+        more = len(errors) - 1
         unit = self.source.unit
-        return self.errors[0] + (f" (and {more} more bad {unit}{'s' if more > 1 else ''})" if more else "")
+        return errors[0] + (f" (and {more} more bad {unit}{'s' if more > 1 else ''})" if more else "")
 
 
 def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
@@ -259,7 +263,6 @@ def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
     source = open_source(path)
     scan = DataScan(source)
     first_seen: dict[str, int] = {}
-    any_own_id = False
     for number, value in source.records(columns.keys):
         index = scan.records
         scan.records += 1
@@ -271,7 +274,7 @@ def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
             scan.bad_rows.append(f"{source.name}:{number}: {exc}")
             scan.errors.append(scan.bad_rows[-1])
             continue
-        any_own_id |= own_id
+        scan.own_ids += own_id
         key = str(row.problem_id)
         if key in first_seen:
             scan.errors.append(f"{source.name}:{number}: problem_id {row.problem_id!r} repeats "
@@ -279,9 +282,10 @@ def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
             scan.duplicates.setdefault(key, [first_seen[key]]).append(number)
         first_seen.setdefault(key, number)
         scan.rows.append(row)
-    if scan.rows and not any_own_id and columns.id != DEFAULT_ID_KEY:
-        scan.errors.append(f'{source.name}: no row has the id key "{columns.id}"; name a field the rows have '
-                           f"(or leave --id-key out to number the rows)")
+    if scan.rows and not scan.own_ids and columns.id != DEFAULT_ID_KEY:
+        scan.file_errors.append(f'{source.name}: no row has the id key "{columns.id}"; name a field the rows '
+                                "have (or leave --id-key out to number the rows)")
+        scan.errors.append(scan.file_errors[-1])
     return scan
 
 
