@@ -63,7 +63,8 @@ class Source:
         reads: a key's own column when one is named so, else the column of its first part."""
         if self.format == "jsonl":
             return _jsonl_records(self.path, self.name)
-        wanted = _columns_for(self.columns or (), keys)
+        # no column matching a key still reads one, so that every row is counted (and is missing them)
+        wanted = _columns_for(self.columns or (), keys) or list(self.columns or ())[:1]
         if self.format == "parquet":
             return _parquet_records(self.path, self.name, wanted)
         return _dataset_records(self.path, self.name, wanted)

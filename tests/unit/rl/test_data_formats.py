@@ -234,6 +234,10 @@ def test_datasets_directories(tmp_path):
         .save_to_disk(str(tmp_path / "bad"))
     with pytest.raises(UserError, match=r'bad:2: "reward_model.ground_truth" is null$'):
         load_dataset(tmp_path / "bad", VERL_COLUMNS)
+    with pytest.raises(UserError) as info:  # no column of the mapping: every row is bad, none is lost
+        load_dataset(tmp_path / "one", Columns(prompt="problem", label="answer"))
+    assert str(info.value).startswith(f"{tmp_path / 'one'}:1: missing \"problem\" (the row's fields: data_source, ")
+    assert str(info.value).endswith("(and 3 more bad rows)")
     shutil.copytree(tmp_path / "one", tmp_path / "copy")
     assert data_sha256(tmp_path / "one") == data_sha256(tmp_path / "copy")
 
