@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from . import convert, eval, export, probe_ucx, status, train, verify_resume
+from . import convert, data, eval, export, probe_ucx, status, train, verify_resume
 from .common import DEBUG_ENV
 
 EPILOG = """Examples:
@@ -20,6 +20,8 @@ EPILOG = """Examples:
 
   ouro status runs/grpo-1                                     # where a run stands (also while it runs)
 
+  ouro data check train.parquet --label-key answer            # rows, prompt lengths, bad rows
+
   ouro export runs/grpo-1 export/ouro-grpo                    # HF directory of the trained model
 
   ouro convert hf-to-mcore ./Ouro-1.4B ckpt/ouro-1.4b-mcore   # HF → Megatron checkpoint
@@ -29,7 +31,7 @@ EPILOG = """Examples:
 
 app = typer.Typer(
     name="ouro",
-    help="On-policy RL (GRPO) for Ouro looped language models: convert, train, resume, export, eval.",
+    help="On-policy RL (GRPO) for Ouro looped language models: convert, train, resume, export, eval, data.",
     epilog=EPILOG,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -48,6 +50,7 @@ def _global_options(
 
 
 app.add_typer(convert.app, name="convert")
+app.add_typer(data.app, name="data")
 app.command(name="export", epilog=export.EPILOG)(export.export)
 app.command(name="train", epilog=train.TRAIN_EPILOG)(train.train)
 app.command(name="resume", epilog=train.RESUME_EPILOG)(train.resume)

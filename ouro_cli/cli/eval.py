@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ouro_cli.rl.data import Columns
+
 from .common import JSON_OPTION, OVERWRITE_OPTION, console, run_command
 
 EPILOG = """Examples:
@@ -21,12 +23,20 @@ EPILOG = """Examples:
   ouro eval ouro_cli/bundled/tiny/model --data ouro_cli/bundled/tiny/eval.jsonl --depths 1 2 3 4 --prompts 200
 
   ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4 --reward-function ouro_cli.rl.rewards.math_answer --out evals/grpo-1
+
+  ouro eval runs/grpo-1 --data math500.parquet --prompt-key problem \\
+      --label-key answer --id-key unique_id \\
+      --reward-function ouro_cli.rl.rewards.math_answer
 """
 
 
 def eval_command(
     model: Annotated[str, typer.Argument(help="HF directory, Megatron checkpoint or run directory.", show_default=False)],
-    data: Annotated[str, typer.Option("--data", help="Held-out JSONL (prompt, label, metadata.problem_id).")],
+    data: Annotated[str, typer.Option("--data", help="Held-out data: JSONL, Parquet or a datasets save_to_disk directory.")],
+    prompt_key: Annotated[str, typer.Option("--prompt-key", help="Field of a row holding the prompt; dots reach into nested fields.")] = Columns.prompt,
+    label_key: Annotated[str, typer.Option("--label-key", help="Field holding the label, e.g. answer or reward_model.ground_truth.")] = Columns.label,
+    id_key: Annotated[str, typer.Option("--id-key", help="Field holding the problem id (a row without one: its index).")] = Columns.id,
+    label_parser: Annotated[str, typer.Option("--label-parser", help="none, or gsm8k: the label is the number after '####' in GSM8K's answer text.")] = Columns.label_parser,
     depths: Annotated[list[int] | None, typer.Option("--depths", help="Decode budgets K to evaluate: --depths 2 3 4. \\[default: 2 3 4]")] = None,
     prompts: Annotated[int, typer.Option("--prompts", help="Evaluate the first N prompts.")] = 64,
     reward_function: Annotated[str, typer.Option("--reward-function", help="Dotted path of f(response, label) -> float.")] = "ouro_cli.rl.rewards.boxed_answer",
@@ -46,13 +56,15 @@ def eval_command(
     def body() -> dict[str, Any]:
         from ouro_cli import artifacts
         from ouro_cli.errors import UserError
-        from ouro_cli.rl.data import load_dataset
+        from ouro_cli.rl.data import check_mapping, load_dataset
         from ouro_cli.rl.rewards import check_labels, load_reward
         from ouro_cli.rl.template import template_for_checkpoint
 
         if prompts < 1 or max_response_len < 1 or not temperature > 0:
             raise UserError("--prompts and --max-response-len must be >= 1 and --temperature > 0")
-        rows = load_dataset(data)[:prompts]
+        check_mapping({"--prompt-key": prompt_key, "--label-key": label_key, "--id-key": id_key,
+                       "--label-parser": label_parser})
+        rows = load_dataset(data, Columns(prompt_key, label_key, id_key, label_parser))[:prompts]
         reward_fn = load_reward(reward_function)
         check_labels(reward_fn, reward_function, [(f"{data}:{r.line}", r.label) for r in rows])
         target = out or Path(f"evals/ouro-eval-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -99,7 +111,8 @@ def eval_command(
             for r in results:
                 append_jsonl(staging / "evaluations.jsonl", {"model": str(model), **r})
             artifacts.write_manifest(staging, "ouro eval", {
-                "model": model, "data": data, "depths": ks, "prompts": prompts, "reward_function": reward_function,
+                "model": model, "data": data, "prompt_key": prompt_key, "label_key": label_key, "id_key": id_key,
+                "label_parser": label_parser, "depths": ks, "prompts": prompts, "reward_function": reward_function,
                 "prompt_template": prompt_template, "temperature": temperature, "max_response_len": max_response_len,
                 "exit_threshold": exit_threshold, "seed": seed, "device": dev}, [Path(data)])
             artifacts.mark_complete(staging)

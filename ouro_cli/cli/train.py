@@ -27,6 +27,12 @@ TRAIN_EPILOG = """Examples:
   ouro train --model ./Ouro-1.4B --data train.jsonl --run-dir runs/grpo-1 --depths 2 3 4 --updates 200 \\
       --prompts-per-update 64 --group-size 8 --max-response-len 2048 --reward-function ouro_cli.rl.rewards.math_answer
 
+  ouro train --model ./Ouro-1.4B --data deepscaler.parquet \\
+      --label-key reward_model.ground_truth --id-key extra_info.index \\
+      --eval-data math500.parquet --eval-prompt-key problem \\
+      --eval-label-key answer --eval-id-key unique_id \\
+      --reward-function ouro_cli.rl.rewards.math_answer     # verl Parquet
+
   ouro train --config recipe.toml --updates 50    # flags override the TOML file
 """
 
@@ -87,7 +93,11 @@ def _kept(*names: str, help: str, panel: str, **kw: Any):
 def train(
     config: Annotated[Path | None, _opt("--config", help="TOML file with any of these options (flags override it).", panel=P_DATA)] = None,
     model: Annotated[str | None, _opt("--model", help="HF directory or Megatron checkpoint to start from (default: bundled tiny model).", panel=P_DATA)] = None,
-    data: Annotated[str | None, _opt("--data", help="Training JSONL: prompt, label, metadata.problem_id (default: bundled).", panel=P_DATA)] = None,
+    data: Annotated[str | None, _opt("--data", help="Training data: JSONL, Parquet, or a datasets save_to_disk directory (default: bundled).", panel=P_DATA)] = None,
+    prompt_key: Annotated[str | None, _opt("--prompt-key", help="Field of a --data row holding the prompt; dots reach into nested fields.", panel=P_DATA)] = None,
+    label_key: Annotated[str | None, _opt("--label-key", help="Field holding the label, e.g. answer or reward_model.ground_truth.", panel=P_DATA)] = None,
+    id_key: Annotated[str | None, _opt("--id-key", help="Field holding the problem id (a row without one: its index).", panel=P_DATA)] = None,
+    label_parser: Annotated[str | None, _opt("--label-parser", help="none, or gsm8k: the label is the number after '####' in GSM8K's answer text.", panel=P_DATA)] = None,
     prompt_template: Annotated[str | None, _opt("--prompt-template", help="chatml (default), raw, or tokenizer (the model's chat template).", panel=P_DATA)] = None,
     reward_function: Annotated[str | None, _opt("--reward-function", "--ouro-reward-function", help="Dotted path of f(response, label) -> float (default: ouro_cli.rl.rewards.boxed_answer).", panel=P_DATA)] = None,
     depths: Annotated[list[int] | None, _opt("--depths", "--ouro-depths", help="Decode budget K per update, cycled: --depths 2 3 4.", panel=P_GRPO)] = None,
@@ -129,7 +139,11 @@ def train(
     save_interval: Annotated[int | None, _opt("--save-interval", help="Checkpoint every N updates, and always at the end (default: 20; 0 = end only).", panel=P_RUN)] = None,
     keep_last: Annotated[int | None, _opt("--keep-last", help="Checkpoint iterations to keep (default: 2).", panel=P_RUN)] = None,
     async_save: Annotated[bool | None, _opt("--async-save/--sync-save", help="Write checkpoints in the background while the next update runs; the next save and the end of the run wait for it.", panel=P_RUN)] = None,
-    eval_data: Annotated[str | None, _opt("--eval-data", "--ouro-eval-data", help="Held-out JSONL (default: bundled).", panel=P_RUN)] = None,
+    eval_data: Annotated[str | None, _opt("--eval-data", "--ouro-eval-data", help="Held-out data: JSONL, Parquet or a datasets directory (default: bundled).", panel=P_RUN)] = None,
+    eval_prompt_key: Annotated[str | None, _opt("--eval-prompt-key", help="--prompt-key of --eval-data (default: --prompt-key's).", panel=P_RUN)] = None,
+    eval_label_key: Annotated[str | None, _opt("--eval-label-key", help="--label-key of --eval-data (default: --label-key's).", panel=P_RUN)] = None,
+    eval_id_key: Annotated[str | None, _opt("--eval-id-key", help="--id-key of --eval-data (default: --id-key's).", panel=P_RUN)] = None,
+    eval_label_parser: Annotated[str | None, _opt("--eval-label-parser", help="--label-parser of --eval-data (default: --label-parser's).", panel=P_RUN)] = None,
     eval_prompts: Annotated[int | None, _opt("--eval-prompts", "--ouro-eval-prompts", help="Held-out prompts per evaluation (default: 200).", panel=P_RUN)] = None,
     eval_interval: Annotated[int | None, _opt("--eval-interval", "--ouro-eval-interval", help="Evaluate every N updates (always at start and end).", panel=P_RUN)] = None,
     eval_depths: Annotated[list[int] | None, _opt("--eval-depths", help="K values evaluated (default: 2 3 4).", panel=P_RUN)] = None,

@@ -1,42 +1,63 @@
-"""Training and evaluation data: JSONL rows, validated whole before anything else runs.
+"""Training and evaluation data: rows read through a column mapping, validated whole before
+anything else runs.
 
-One JSON object per line:
+Rows come from a JSONL file, a Parquet file or a `datasets.save_to_disk` directory
+(data_formats.py). `Columns` says where a row holds its three fields; by default they are
+our JSONL schema:
 
     {"prompt": "What is 2+3?", "label": 5, "metadata": {"problem_id": "add-1"}}
     {"prompt": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}],
      "label": "\\\\frac{1}{2}"}
 
-- `prompt`: a non-empty string (not only whitespace), or a non-empty list of chat
-  messages, each an object with a non-empty string `role` and a string `content`,
-  with some message carrying non-blank content.
-- `label`: required and not null; any other JSON value. What a label must look like is
-  the reward function's business (`rewards.check_labels` runs its check up front).
-- `metadata`: optional object. `metadata.problem_id` (string or integer) names the
-  problem in rollouts, evaluations and GRPO group checks. When absent it defaults to
-  the row's index: the 0-based position of the row among the file's rows (blank lines
-  are skipped and not counted). Problem ids must be unique (`7` and `"7"` collide).
-- Other top-level keys are allowed and ignored.
+- prompt (`--prompt-key`, default `prompt`): a non-empty string (not only whitespace), or
+  a non-empty list of chat messages, each an object with a non-empty string `role` and a
+  string `content`, with some message carrying non-blank content.
+- label (`--label-key`, default `label`): required and not null; any other value. What a
+  label must look like is the reward function's business (`rewards.check_labels` runs its
+  check up front). `--label-parser gsm8k` first reads GSM8K's "... #### 42" answer text as
+  its final number (`gsm8k_label`).
+- id (`--id-key`, default `metadata.problem_id`): a string or integer naming the problem in
+  rollouts, evaluations and GRPO group checks. When a row has none (or null) it is the row's
+  index: its 0-based position among the source's rows (blank JSONL lines are skipped and not
+  counted). Ids must be unique (`7` and `"7"` collide). A key other than the default that no
+  row has is an error, so a misspelt `--id-key` does not number the rows silently.
+- `metadata`: optional object, passed to rewards that take a third argument (`{}` if absent).
+- Other fields are allowed and ignored.
 
-`load_dataset` reads the whole file before returning and fails with a `UserError` that
-names file and line (`data.jsonl:7: missing "label"`) and how many other lines are bad,
-so malformed data stops a run before any model loads. `data_sha256` is the digest that
-goes into the run plan: a resumed run must see byte-identical data.
+A key names a top-level field; when no field is named so, its dots step into nested objects,
+so `reward_model.ground_truth` reads verl's Parquet layout (a column literally called
+`reward_model.ground_truth`, as `datasets`' `flatten()` writes, is used as it is). Benchmark
+files keep their own field names: MATH-500 `--prompt-key problem --label-key answer --id-key
+unique_id`; AIME `--prompt-key problem` (or `question`) `--label-key answer --id-key id`;
+GSM8K `--prompt-key question --label-key answer --label-parser gsm8k`; verl's DeepScaleR/MATH
+Parquet `--label-key reward_model.ground_truth --id-key extra_info.index`.
+
+`load_dataset` reads the whole source before returning and fails with a `UserError` that
+names file and line or row (`data.jsonl:7: missing "label"`, `data.parquet:7` for its 7th
+row) and how many others are bad, so malformed data stops a run before any model loads;
+`scan_dataset` returns every problem instead (`ouro data check`). `data_sha256` is the digest
+that goes into the run plan: a resumed run must see byte-identical data.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from .data_formats import BadRecord, Source, data_sha256, open_source
+
+DEFAULT_ID_KEY = "metadata.problem_id"
 
 
 @dataclass(frozen=True)
 class Row:
-    """One validated data row. `line` is 1-based in the file; `index` is its position among rows."""
+    """One validated data row. `line` is its 1-based line in a JSONL file, its 1-based row in a
+    Parquet file or dataset (what errors name after the file); `index` is its position among rows."""
 
     index: int
     line: int
@@ -50,106 +71,233 @@ class Row:
         return not isinstance(self.prompt, str)
 
 
+# ---- label parsers -------------------------------------------------------------------
+
+_GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def gsm8k_label(label: Any) -> str:
+    """GSM8K's final answer: the number after `#### ` in its answer text, commas removed
+    ("... 600 + 600 = <<600+600=1200>>1,200\\n#### 1,200" -> "1200"), as the dataset's
+    authors extract it (openai/grade-school-math:grade_school_math/dataset.py,
+    `extract_answer`) and verl's GSM8K preprocessing does."""
+    if not isinstance(label, str):
+        raise ValueError(f"is a {_type_name(label)}, expected GSM8K answer text ending in '#### <number>'")
+    match = _GSM8K_ANSWER.search(label)
+    if match is None:
+        raise ValueError("has no '#### <number>' (--label-parser gsm8k reads GSM8K answer text)")
+    return match.group(1).strip().replace(",", "")
+
+
+# name -> parser (None: the label is used as it is)
+LABEL_PARSERS: dict[str, Callable[[Any], Any] | None] = {"none": None, "gsm8k": gsm8k_label}
+
+
+# ---- the column mapping --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Columns:
+    """Where a row holds its prompt, label and id (keys, dots for nested fields), and how its
+    label is parsed (a name in LABEL_PARSERS)."""
+
+    prompt: str = "prompt"
+    label: str = "label"
+    id: str = DEFAULT_ID_KEY
+    label_parser: str = "none"
+
+    def replace(self, prompt: str | None = None, label: str | None = None, id: str | None = None,
+                label_parser: str | None = None) -> Columns:
+        """This mapping with the fields that are given (not None) replaced."""
+        given = {"prompt": prompt, "label": label, "id": id, "label_parser": label_parser}
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every field a row is read for (a columnar source reads only their columns)."""
+        return (self.prompt, self.label, self.id, "metadata")
+
+
+def check_mapping(flags: dict[str, str | None]) -> None:
+    """The mapping flags' values (None: not given), e.g. {"--prompt-key": "problem"}: a key must
+    name a field, a label parser must be one of LABEL_PARSERS."""
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        if flag.endswith("label-parser"):
+            if value not in LABEL_PARSERS:
+                raise UserError(f"{flag} must be one of {', '.join(LABEL_PARSERS)}, got {value!r}")
+        elif not isinstance(value, str) or not value.strip():
+            raise UserError(f"{flag} must name a field of the data rows, got {value!r}")
+
+
+def columns_for(options: Any, *, held_out: bool = False) -> Columns:
+    """The mapping of a run's `--data`, or (held_out) of its `--eval-data`, whose own flags
+    (`--eval-prompt-key` ...) default to those of `--data`."""
+    columns = Columns(options.prompt_key, options.label_key, options.id_key, options.label_parser)
+    if not held_out:
+        return columns
+    return columns.replace(options.eval_prompt_key, options.eval_label_key, options.eval_id_key,
+                           options.eval_label_parser)
+
+
+# ---- validating a row ----------------------------------------------------------------
+
+_MISSING = object()
+
+
 def _type_name(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
             int: "number", float: "number"}.get(type(value), type(value).__name__)
 
 
-def _check_prompt(prompt: Any) -> str | tuple[dict[str, str], ...]:
+def _lookup(obj: dict[str, Any], key: str) -> Any:
+    """The row's field `key`: the top-level field so named, else the path of its dotted parts
+    (_MISSING when a part is absent or null)."""
+    if key in obj:
+        return obj[key]
+    node: Any = obj
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if node is None:
+            return _MISSING
+        if not isinstance(node, dict):
+            raise ValueError(f'"{".".join(parts[:i])}" is a {_type_name(node)}, expected an object holding "{part}"')
+        if part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _required(obj: dict[str, Any], key: str, fields: tuple[str, ...] | None) -> Any:
+    value = _lookup(obj, key)
+    if value is _MISSING:
+        shown = list(fields if fields is not None else obj)
+        has = ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
+        raise ValueError(f'missing "{key}" (the row\'s fields: {has or "none"})')
+    return value
+
+
+def _check_prompt(prompt: Any, key: str = "prompt") -> str | tuple[dict[str, str], ...]:
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise ValueError('empty "prompt"')
+            raise ValueError(f'empty "{key}"')
         return prompt
     if isinstance(prompt, list):
         if not prompt:
-            raise ValueError('empty "prompt" (no messages)')
+            raise ValueError(f'empty "{key}" (no messages)')
         messages = []
         for i, message in enumerate(prompt):
             if not isinstance(message, dict):
-                raise ValueError(f'"prompt" message {i} is a {_type_name(message)}, expected an object with "role" and "content"')
-            for key in ("role", "content"):
-                if key not in message:
-                    raise ValueError(f'"prompt" message {i} has no "{key}"')
-                if not isinstance(message[key], str):
-                    raise ValueError(f'"prompt" message {i} "{key}" is a {_type_name(message[key])}, expected a string')
+                raise ValueError(f'"{key}" message {i} is a {_type_name(message)}, expected an object with "role" and "content"')
+            for part in ("role", "content"):
+                if part not in message:
+                    raise ValueError(f'"{key}" message {i} has no "{part}"')
+                if not isinstance(message[part], str):
+                    raise ValueError(f'"{key}" message {i} "{part}" is a {_type_name(message[part])}, expected a string')
             if not message["role"].strip():
-                raise ValueError(f'"prompt" message {i} has an empty "role"')
+                raise ValueError(f'"{key}" message {i} has an empty "role"')
             messages.append({"role": message["role"], "content": message["content"]})
         if not any(m["content"].strip() for m in messages):
-            raise ValueError('empty "prompt" (every message content is blank)')
+            raise ValueError(f'empty "{key}" (every message content is blank)')
         return tuple(messages)
-    raise ValueError(f'"prompt" is a {_type_name(prompt)}, expected a string or a list of chat messages')
+    raise ValueError(f'"{key}" is a {_type_name(prompt)}, expected a string or a list of chat messages')
 
 
-def _parse_row(text: str, index: int, line: int) -> Row:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"bad JSON: {exc.msg} (column {exc.colno})") from None
+def _parse_row(obj: Any, index: int, line: int, columns: Columns,
+               fields: tuple[str, ...] | None) -> tuple[Row, bool]:
+    """The row, and whether it had an id of its own (not its index)."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got a {_type_name(obj)}")
-    if "prompt" not in obj:
-        raise ValueError('missing "prompt"')
-    prompt = _check_prompt(obj["prompt"])
-    if "label" not in obj:
-        raise ValueError('missing "label"')
-    if obj["label"] is None:
-        raise ValueError('"label" is null')
+    prompt = _check_prompt(_required(obj, columns.prompt, fields), columns.prompt)
+    label = _required(obj, columns.label, fields)
+    if label is None:
+        raise ValueError(f'"{columns.label}" is null')
+    parser = LABEL_PARSERS[columns.label_parser]
+    if parser is not None:
+        try:
+            label = parser(label)
+        except ValueError as exc:
+            raise ValueError(f'"{columns.label}" {exc}') from None
     metadata = obj.get("metadata", {})
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
         raise ValueError(f'"metadata" is a {_type_name(metadata)}, expected an object')
-    problem_id = metadata.get("problem_id", index)
+    problem_id = _lookup(obj, columns.id)
+    own_id = problem_id is not _MISSING and problem_id is not None
+    if not own_id:
+        problem_id = index
     if isinstance(problem_id, bool) or not isinstance(problem_id, (str, int)):
-        raise ValueError(f'"metadata.problem_id" is a {_type_name(problem_id)}, expected a string or integer')
+        raise ValueError(f'"{columns.id}" is a {_type_name(problem_id)}, expected a string or integer')
     if isinstance(problem_id, str) and not problem_id.strip():
-        raise ValueError('"metadata.problem_id" is empty')
-    return Row(index=index, line=line, prompt=prompt, label=obj["label"], problem_id=problem_id, metadata=metadata)
+        raise ValueError(f'"{columns.id}" is empty')
+    return Row(index=index, line=line, prompt=prompt, label=label, problem_id=problem_id, metadata=metadata), own_id
 
 
-def load_dataset(path: str | Path) -> list[Row]:
-    """Every row of the JSONL file at `path`, or a UserError naming the first bad line."""
-    name = str(path)
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"data file {name} does not exist" if not path.exists() else f"data file {name} is not a file")
-    data = path.read_bytes()
-    rows: list[Row] = []
-    errors: list[str] = []
-    seen_ids: dict[str, int] = {}
-    for line_no, raw in enumerate(data.split(b"\n"), start=1):
-        if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]  # UTF-8 byte-order mark
+# ---- reading a whole source ----------------------------------------------------------
+
+@dataclass
+class DataScan:
+    """Everything read from one source: its valid rows and every problem, in source order."""
+
+    source: Source
+    records: int = 0  # rows read, bad ones included (blank JSONL lines are not rows)
+    rows: list[Row] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # every problem: "name:N: what"
+    bad_rows: list[str] = field(default_factory=list)  # the rows that failed validation
+    duplicates: dict[str, list[int]] = field(default_factory=dict)  # id -> line/row numbers sharing it
+    own_ids: int = 0  # valid rows with an id of their own (the others are named by their index)
+    file_errors: list[str] = field(default_factory=list)  # problems of the source as a whole
+
+    def first_error(self, errors: list[str] | None = None) -> str:
+        """The first problem (of `errors`, default: the scan's), and how many others there are,
+        in one line."""
+        errors = self.errors if errors is None else errors
+        more = len(errors) - 1
+        unit = self.source.unit
+        return errors[0] + (f" (and {more} more bad {unit}{'s' if more > 1 else ''})" if more else "")
+
+
+def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
+    """Every row of the data at `path` read through `columns`, and every problem found."""
+    source = open_source(path)
+    scan = DataScan(source)
+    first_seen: dict[str, int] = {}
+    for number, value in source.records(columns.keys):
+        index = scan.records
+        scan.records += 1
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            errors.append(f"{name}:{line_no}: not UTF-8 (byte {exc.start + 1})")
-            continue
-        if not text.strip():
-            continue
-        try:
-            row = _parse_row(text, len(rows), line_no)
+            if isinstance(value, BadRecord):
+                raise ValueError(value.message)
+            row, own_id = _parse_row(value, index, number, columns, source.columns)
         except ValueError as exc:
-            errors.append(f"{name}:{line_no}: {exc}")
-            rows.append(None)  # type: ignore[arg-type]  # keep later rows' default ids stable
+            scan.bad_rows.append(f"{source.name}:{number}: {exc}")
+            scan.errors.append(scan.bad_rows[-1])
             continue
+        scan.own_ids += own_id
         key = str(row.problem_id)
-        if key in seen_ids:
-            errors.append(f"{name}:{line_no}: problem_id {row.problem_id!r} repeats line {seen_ids[key]}")
-        seen_ids.setdefault(key, line_no)
-        rows.append(row)
-    if errors:
-        more = f" (and {len(errors) - 1} more bad line{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-        raise UserError(errors[0] + more)
-    if not rows:
-        raise UserError(f"{name}: no data rows (the file is empty)")
-    return rows
+        if key in first_seen:
+            scan.errors.append(f"{source.name}:{number}: problem_id {row.problem_id!r} repeats "
+                               f"{source.unit} {first_seen[key]}")
+            scan.duplicates.setdefault(key, [first_seen[key]]).append(number)
+        first_seen.setdefault(key, number)
+        scan.rows.append(row)
+    if scan.rows and not scan.own_ids and columns.id != DEFAULT_ID_KEY:
+        scan.file_errors.append(f'{source.name}: no row has the id key "{columns.id}"; name a field the rows '
+                                "have (or leave --id-key out to number the rows)")
+        scan.errors.append(scan.file_errors[-1])
+    return scan
 
 
-def data_sha256(path: str | Path) -> str:
-    """sha256 of the data file's bytes, as recorded in the run plan."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def load_dataset(path: str | Path, columns: Columns = Columns()) -> list[Row]:
+    """Every row of the data at `path`, or a UserError naming the first bad line or row."""
+    scan = scan_dataset(path, columns)
+    if scan.errors:
+        raise UserError(scan.first_error())
+    if not scan.rows:
+        raise UserError(f"{scan.source.name}: no data rows (the file is empty)")
+    return scan.rows
 
 
-__all__ = ["Row", "data_sha256", "load_dataset"]
+__all__ = ["Columns", "DEFAULT_ID_KEY", "DataScan", "LABEL_PARSERS", "Row", "check_mapping", "columns_for",
+           "data_sha256", "gsm8k_label", "load_dataset", "scan_dataset"]

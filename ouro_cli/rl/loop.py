@@ -47,7 +47,7 @@ from . import plan as plans
 from . import records as run_records
 from .advantages import group_advantages
 from .cursor import DataCursor
-from .data import Row, data_sha256, load_dataset
+from .data import Row, columns_for, data_sha256, load_dataset
 from .digest import params_sha256, state_digest
 from .evaluate import evaluate
 from .loggers import Trackers
@@ -109,8 +109,8 @@ class Session:
 
 def _check_inputs(options: TrainOptions):
     """Everything that can be wrong with the inputs, found before any model loads."""
-    rows = load_dataset(options.data)
-    eval_rows = load_dataset(options.eval_data) if options.eval_data else []
+    rows = load_dataset(options.data, columns_for(options))
+    eval_rows = load_dataset(options.eval_data, columns_for(options, held_out=True)) if options.eval_data else []
     reward_fn = load_reward(options.reward_function)
     check_labels(reward_fn, options.reward_function,
                  [(f"{options.data}:{r.line}", r.label) for r in rows]

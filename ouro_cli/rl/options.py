@@ -18,6 +18,7 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from ouro_cli.errors import UserError
+from ouro_cli.rl.data import Columns, check_mapping
 
 BUNDLED = Path(__file__).resolve().parents[1] / "bundled" / "tiny"  # package data (ouro_cli/bundled)
 
@@ -26,6 +27,10 @@ class TrainOptions:
     # ---- what to train on --------------------------------------------------------
     model: str = str(BUNDLED / "model")
     data: str = str(BUNDLED / "train.jsonl")
+    prompt_key: str = Columns.prompt  # where a --data row holds its prompt, label and id (rl/data.py)
+    label_key: str = Columns.label
+    id_key: str = Columns.id  # a row without one is named by its index
+    label_parser: str = Columns.label_parser  # none, or gsm8k (the number after "####")
     run_dir: str | None = None
     prompt_template: str = "chatml"
     reward_function: str = "ouro_cli.rl.rewards.boxed_answer"
@@ -77,6 +82,10 @@ class TrainOptions:
     keep_last: int | None = 2
     async_save: bool = False  # write checkpoints in the background while the next update runs
     eval_data: str | None = str(BUNDLED / "eval.jsonl")
+    eval_prompt_key: str | None = None  # the --eval-data mapping; None: as for --data
+    eval_label_key: str | None = None
+    eval_id_key: str | None = None
+    eval_label_parser: str | None = None
     eval_prompts: int = 200
     eval_interval: int = 0  # 0: before the first and after the last update only
     eval_depths: list[int] = field(default_factory=lambda: [2, 3, 4])
@@ -132,8 +141,15 @@ class TrainOptions:
             raise UserError("--keep-last must be at least 1")
         self._validate_speculation()
         self._validate_disaggregation()
+        self._validate_columns()
         self._validate_kernel_settings()
         return self
+
+    def _validate_columns(self) -> None:
+        """The column mappings of --data and --eval-data (rl/data.py reads through them)."""
+        names = ("prompt_key", "label_key", "id_key", "label_parser", "eval_prompt_key", "eval_label_key",
+                 "eval_id_key", "eval_label_parser")
+        check_mapping({f"--{name.replace('_', '-')}": getattr(self, name) for name in names})
 
     def _validate_kernel_settings(self) -> None:
         """OURO_DECODE_ATTENTION / OURO_DECODE_GEMV / OURO_DECODE_ROPE / OURO_REPLAY_ATTENTION /

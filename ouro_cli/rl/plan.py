@@ -33,7 +33,8 @@ PLAN_VERSION = 1
 FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_interval",
              "eval_depths", "export_hf", "overwrite", "model", "state_digest", "test_break_resume", "save_on_interrupt",
              "gpu_memory_utilization",  # the memory plan it yields is recorded (contract "sizing") and reused
-             "async_save", "offload_optimizer", "loggers"}  # where tensors live, not what they hold
+             "async_save", "offload_optimizer", "loggers",  # where tensors live, what is logged
+             "eval_prompt_key", "eval_label_key", "eval_id_key", "eval_label_parser"}  # like eval_data
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr"}
 
 
@@ -95,9 +96,14 @@ def read_plan(path: Path) -> dict[str, Any]:
 
 
 def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool) -> None:
-    """Reject a resume whose contract differs from the run's, naming the first differing key."""
+    """Reject a resume whose contract differs from the run's, naming the first differing key.
+    A key the run's contract lacks is an option added since the run began: its default is what
+    the run ran with (the column mapping of --data before it existed was the default one)."""
+    defaults = TrainOptions().to_dict()
     for key in sorted(set(saved) | set(new)):
         if allow_scheduler and key in SCHEDULER_KEYS:
+            continue
+        if key not in saved and key in defaults and new.get(key) == defaults[key]:
             continue
         if saved.get(key) != new.get(key):
             hint = " (pass --override-scheduler to change the LR schedule)" if key in SCHEDULER_KEYS else ""

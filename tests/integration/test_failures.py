@@ -211,7 +211,7 @@ def test_bad_input_is_one_line_before_any_model_loads(tmp_path):
 
 
 COMMANDS = [["train"], ["resume"], ["eval"], ["export"], ["verify-resume"], ["probe-ucx"], ["convert"],
-            ["convert", "hf-to-mcore"], ["convert", "mcore-to-hf"], []]
+            ["convert", "hf-to-mcore"], ["convert", "mcore-to-hf"], ["data"], ["data", "check"], []]
 
 
 def test_help_shows_defaults_and_whole_option_names_at_80_columns(tmp_path):

@@ -73,7 +73,7 @@ def test_bad_row_names_file_and_line(tmp_path, line, message):
 
 def test_first_error_and_count_of_others(tmp_path):
     path = write(tmp_path, [GOOD, {"prompt": "x"}, "{", {"prompt": ""}])
-    with pytest.raises(UserError, match=r':2: missing "label" \(and 2 more bad lines\)$'):
+    with pytest.raises(UserError, match=r':2: missing "label" \(the row\'s fields: prompt\) \(and 2 more bad lines\)$'):
         load_dataset(path)
 
 
@@ -90,7 +90,7 @@ def test_duplicate_problem_ids(tmp_path):
 def test_missing_empty_and_not_utf8(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         load_dataset(tmp_path / "nope.jsonl")
-    with pytest.raises(UserError, match="is not a file"):
+    with pytest.raises(UserError, match="is a directory, not a data file"):
         load_dataset(tmp_path)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")

@@ -1,0 +1,216 @@
+"""`ouro data check FILE [...]`: what `ouro train` / `ouro eval` would read from each data file.
+
+Each file (JSONL, Parquet or a datasets directory) is read through the same column mapping
+as training (`--prompt-key`, `--label-key`, `--id-key`, `--label-parser`; ouro_cli.rl.data)
+and described: its format, how many rows, prompt-length percentiles (in tokens of the
+prompt as training renders it, with the template, when `--model` names the checkpoint
+whose tokenizer to use; in characters otherwise), where the ids come from and which are
+duplicated, and the first bad row. `--reward-function` also runs the reward's label check,
+as training does before any model loads.
+
+Exit 0 when every file would load; 2 when any would not, with one error line naming the
+first problem. `--json` prints the report on stdout either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+
+from ouro_cli.rl.data import Columns
+
+from .common import JSON_OPTION, console, rich_escape, run_command
+
+GROUP_EPILOG = """Examples:
+
+  ouro data check train.jsonl eval.jsonl       # our JSONL schema
+
+  ouro data check math500.parquet --prompt-key problem --label-key answer \\
+      --id-key unique_id
+"""
+
+CHECK_EPILOG = """Examples:
+
+  ouro data check ouro_cli/bundled/tiny/train.jsonl \\
+      --model ouro_cli/bundled/tiny/model                 # lengths in tokens
+
+  ouro data check gsm8k/test --prompt-key question --label-key answer \\
+      --label-parser gsm8k --json                         # a datasets directory
+
+  ouro data check deepscaler.parquet --label-key reward_model.ground_truth \\
+      --id-key extra_info.index --model ./Ouro-1.4B \\
+      --reward-function ouro_cli.rl.rewards.math_answer   # verl Parquet
+"""
+
+app = typer.Typer(
+    name="data",
+    help="Inspect training and evaluation data before a run.",
+    epilog=GROUP_EPILOG,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+
+P_MAP, P_LEN = "Column mapping", "Prompt lengths and labels"
+PERCENTILES = (50, 90, 99)
+SHOWN_DUPLICATES = 5
+
+
+@app.command("check", epilog=CHECK_EPILOG)
+def check(
+    files: Annotated[list[str], typer.Argument(help="Data files: JSONL, Parquet, or datasets save_to_disk directories.", show_default=False)],
+    prompt_key: Annotated[str, typer.Option("--prompt-key", help="Field of a row holding the prompt; dots reach into nested fields.", rich_help_panel=P_MAP)] = Columns.prompt,
+    label_key: Annotated[str, typer.Option("--label-key", help="Field holding the label, e.g. answer or reward_model.ground_truth.", rich_help_panel=P_MAP)] = Columns.label,
+    id_key: Annotated[str, typer.Option("--id-key", help="Field holding the problem id (a row without one: its index).", rich_help_panel=P_MAP)] = Columns.id,
+    label_parser: Annotated[str, typer.Option("--label-parser", help="none, or gsm8k: the label is the number after '####' in GSM8K's answer text.", rich_help_panel=P_MAP)] = Columns.label_parser,
+    model: Annotated[str | None, typer.Option("--model", help="Checkpoint (HF, Megatron or run directory) whose tokenizer measures prompts in tokens. \\[default: none: characters]", rich_help_panel=P_LEN)] = None,
+    prompt_template: Annotated[str, typer.Option("--prompt-template", help="chatml, raw or tokenizer: how prompts are rendered before they are measured (needs --model).", rich_help_panel=P_LEN)] = "chatml",
+    reward_function: Annotated[str | None, typer.Option("--reward-function", help="Also run this reward's label check on every row. \\[default: none]", rich_help_panel=P_LEN)] = None,
+    json_output: bool = JSON_OPTION,
+) -> None:
+    """Count the rows, measure the prompts, find duplicate ids and bad rows of data files."""
+
+    def body() -> dict[str, Any]:
+        from ouro_cli.errors import UserError
+        from ouro_cli.rl.data import check_mapping
+
+        check_mapping({"--prompt-key": prompt_key, "--label-key": label_key, "--id-key": id_key,
+                       "--label-parser": label_parser})
+        columns = Columns(prompt_key, label_key, id_key, label_parser)
+        measure = _measure(model, prompt_template)
+        if reward_function is not None:
+            from ouro_cli.rl.rewards import load_reward
+
+            load_reward(reward_function)  # a bad path is one line, before any file is read
+        reports = [_check_file(path, columns, measure, reward_function) for path in files]
+        for report in reports:
+            _print(report)
+        result = {"files": reports, "columns": {"prompt_key": prompt_key, "label_key": label_key, "id_key": id_key,
+                                                "label_parser": label_parser}}
+        failed = [r for r in reports if not r["ok"]]
+        if failed:
+            more = f"; {len(failed) - 1} more file{'s' if len(failed) > 2 else ''} with errors" if len(failed) > 1 else ""
+            err = UserError(failed[0]["first_error"] + more)
+            err.result = result  # the report goes into --json's document as well
+            raise err
+        return result
+
+    run_command(body, json_output=json_output)
+
+
+@dataclass
+class _Measure:
+    """How a prompt's length is counted: in characters, or in the tokens of the prompt rendered
+    with the template (as training renders it) and the checkpoint's tokenizer."""
+
+    unit: str = "characters"
+    codec: Any = None
+    template: Any = None
+    limit: int | None = None  # the model's max_position_embeddings
+
+    def __call__(self, prompt: Any) -> int:
+        if self.codec is None:
+            from ouro_cli.rl.template import as_messages
+
+            return sum(len(m["content"]) for m in as_messages(prompt))
+        return len(self.codec.encode(self.template.render(prompt)))
+
+
+def _measure(model: str | None, prompt_template: str) -> _Measure:
+    from ouro_cli.errors import UserError
+    from ouro_cli.rl.template import TEMPLATE_NAMES
+
+    if prompt_template not in TEMPLATE_NAMES:
+        raise UserError(f"--prompt-template must be one of {', '.join(TEMPLATE_NAMES)}, got {prompt_template!r}")
+    if model is None:
+        if prompt_template != "chatml":
+            raise UserError("--prompt-template needs --model: prompts are measured in the model's tokens")
+        return _Measure()
+    from ouro_cli.checkpoint import open_checkpoint
+    from ouro_cli.engine.tokenizer import TextCodec
+    from ouro_cli.rl.template import template_for_checkpoint
+
+    source = open_checkpoint(model)
+    codec = TextCodec.from_dir(source.assets_dir)
+    if codec is None:
+        raise UserError(f"{model} has no tokenizer.json")
+    return _Measure("tokens", codec, template_for_checkpoint(prompt_template, source.assets_dir),
+                    source.config.max_position_embeddings)
+
+
+def _check_file(path: str, columns: Columns, measure: _Measure, reward_function: str | None) -> dict[str, Any]:
+    import numpy as np
+
+    from ouro_cli.errors import UserError
+    from ouro_cli.rl.data import scan_dataset
+
+    try:
+        scan = scan_dataset(path, columns)
+    except UserError as err:  # the file as a whole: missing, unreadable, a datasets directory without datasets
+        return {"path": path, "ok": False, "first_error": str(err), "errors": 1, "other_errors": [str(err)]}
+    others = list(scan.file_errors)  # problems besides bad rows and duplicate ids
+    if not scan.records:
+        others.append(f"{scan.source.name}: no data rows (the file is empty)")
+    lengths: list[int] = []
+    try:
+        if measure.template is not None:
+            measure.template.check([(f"{path}:{r.line}", r.prompt) for r in scan.rows])
+        lengths = [measure(r.prompt) for r in scan.rows]
+    except UserError as err:
+        others.append(str(err))
+    if reward_function is not None:
+        from ouro_cli.rl.rewards import check_labels, load_reward
+
+        try:
+            check_labels(load_reward(reward_function), reward_function, [(f"{path}:{r.line}", r.label) for r in scan.rows])
+        except UserError as err:
+            others.append(str(err))
+    errors = scan.errors + [e for e in others if e not in scan.errors]
+    report: dict[str, Any] = {
+        "path": path, "format": scan.source.format, "rows": scan.records, "valid_rows": len(scan.rows),
+        "bad_rows": len(scan.bad_rows), "first_bad_row": scan.bad_rows[0] if scan.bad_rows else None,
+        "ids": {"key": columns.id, "own": scan.own_ids, "row_index": len(scan.rows) - scan.own_ids},
+        "duplicate_ids": [{"id": key, scan.source.unit + "s": numbers} for key, numbers in scan.duplicates.items()],
+        "other_errors": others, "errors": len(errors), "ok": not errors,
+        "first_error": scan.first_error(errors) if errors else None,  # the line `ouro train` would print
+    }
+    if lengths:
+        values = np.percentile(lengths, PERCENTILES, method="inverted_cdf")
+        report["prompt_length"] = {"unit": measure.unit, "min": min(lengths), "max": max(lengths),
+                                   **{f"p{q}": int(v) for q, v in zip(PERCENTILES, values, strict=True)}}
+        if measure.limit is not None:
+            report["prompt_length"]["model_limit"] = measure.limit
+    return report
+
+
+def _print(report: dict[str, Any]) -> None:
+    def say(text: str) -> None:
+        console.print(text, soft_wrap=True)  # a line per fact, as a log keeps it
+
+    path = rich_escape(report["path"])
+    if "format" not in report:
+        say(f"[bold]{path}[/]: [red]{rich_escape(report['first_error'])}[/]")
+        return
+    say(f"[bold]{path}[/]: {report['format']}, {report['rows']} rows ({report['valid_rows']} valid)")
+    lengths = report.get("prompt_length")
+    if lengths:
+        shown = "  ".join(f"{k} {lengths[k]}" for k in ("min", *(f"p{q}" for q in PERCENTILES), "max"))
+        limit = f" (the model's limit: {lengths['model_limit']})" if "model_limit" in lengths else ""
+        say(f"  prompt length in {lengths['unit']}: {shown}{limit}")
+    ids = report["ids"]
+    source = f"{ids['own']} from {rich_escape(ids['key'])}" + (f", {ids['row_index']} by row index" if ids["row_index"] else "")
+    dups = report["duplicate_ids"]
+    if dups:
+        unit = next(k for k in dups[0] if k != "id")
+        listed = ", ".join(f"{d['id']!r} ({unit} {', '.join(map(str, d[unit]))})" for d in dups[:SHOWN_DUPLICATES])
+        more = ", ..." if len(dups) > SHOWN_DUPLICATES else ""
+        say(f"  ids: {source}; [red]{len(dups)} duplicated[/]: {rich_escape(listed)}{more}")
+    else:
+        say(f"  ids: {source}, all distinct")
+    if report["first_bad_row"]:
+        say(f"  [red]bad rows: {report['bad_rows']}[/]; the first: {rich_escape(report['first_bad_row'])}")
+    else:
+        say("  bad rows: none")
+    for error in report["other_errors"]:
+        say(f"  [red]{rich_escape(error)}[/]")
