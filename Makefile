@@ -8,11 +8,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint clean-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(if $(OURO_TORCH),$(VENV)/bin/pip install -q "$(OURO_TORCH)")
-	$(VENV)/bin/pip install -q -e ".[dev,math,wandb]"
+	$(VENV)/bin/pip install -q -e ".[dev,math,wandb,hf]"
 	touch $(STAMP)
 
 demo: $(STAMP)
