@@ -39,7 +39,6 @@ from .contract import (
     SamplingParams,
     WeightChunk,
 )
-from .exits import row_policy
 from .frontend import GenerationControl, make_output, take_requests
 from .host_to_device import HostCopy, to_device
 from .kv_cache import PagedKVCache, blocks_needed
@@ -225,7 +224,7 @@ class LLM(GenerationControl):
             tokens = (fed.tokens, [row[id(s)] for s in seqs])
             self.counters.decode_steps_overlapped += 1
         logits, depths = self.runner.decode(tokens, [s.num_cached for s in seqs], [s.blocks for s in seqs],
-                                            [row_policy(s.params, len(s.output) + ahead) for s in seqs])
+                                            [s.exit_policy(ahead) for s in seqs])
         for seq in seqs:
             seq.num_cached += 1
         return self._launch_sample(seqs, logits, depths)

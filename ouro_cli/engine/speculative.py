@@ -33,11 +33,11 @@ draft iff it equals the target's argmax and draw nothing.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 
+from .exits import ExitPolicy
 from .request_rng import RequestRng, exponential, uniform
 from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample
 from .scheduler import Scheduler, Sequence
@@ -92,7 +92,7 @@ class Speculator:
             rows = [s for s in seqs if n[id(s)] > i]
             logits, _ = runner.decode([inputs[id(s)][i] for s in rows], [s.num_cached + i for s in rows],
                                       [s.blocks for s in rows],
-                                      [(s.params.draft_loops, 1, math.inf, 0) for s in rows])
+                                      [ExitPolicy.fixed(s.params.draft_loops) for s in rows])
             batch = _batch(rows, device)
             q = processed_logprobs(logits, batch)
             tokens = sample(q, batch).tolist()
@@ -104,7 +104,7 @@ class Speculator:
         # 2. verify: x_0, d_1..d_n of every sequence in one full-depth call
         owners = [(s, i) for s in seqs for i in range(n[id(s)] + 1)]
         logits, _ = runner.decode([inputs[id(s)][i] for s, i in owners], [s.num_cached + i for s, i in owners],
-                                  [s.blocks for s, _ in owners], [(num_loops, 1, math.inf, 0)] * len(owners))
+                                  [s.blocks for s, _ in owners], [ExitPolicy.fixed(num_loops)] * len(owners))
         counters.decode_layer_tokens += len(owners) * num_loops * layers
         counters.spec_verify_rows += len(owners)
         target = processed_logprobs(logits, _batch([s for s, _ in owners], device))
