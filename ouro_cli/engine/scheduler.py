@@ -95,6 +95,11 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def activate(self, seq: Sequence) -> None:
+        """Run `seq` from the next step without a prefill: its blocks and `num_cached` tokens
+        of KV are already in place (a PD decode worker's request, prefilled elsewhere)."""
+        self.running.append(seq)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -33,17 +33,18 @@ draft iff it equals the target's argmax and draw nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
 from .exits import ExitPolicy
 from .request_rng import RequestRng, exponential, uniform
+from .runner import ModelRunner, WorkCounters
 from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample
 from .scheduler import Scheduler, Sequence
 
-if TYPE_CHECKING:
-    from .engine import LLM
+# (sequence, token, depth, logprob, scheduler) -> whether the sequence finished: EngineCore.emit
+Emit = Callable[[Sequence, int, int, float, Scheduler], bool]
 
 
 def accept_draft(target_lp: torch.Tensor, draft_lp: torch.Tensor, token: int, rng: RequestRng) -> bool:
@@ -73,16 +74,18 @@ def _batch(seqs: list[Sequence], device: torch.device) -> SamplingBatch:
 
 
 class Speculator:
-    """Runs speculative steps for the engine (which owns the runner, cache and scheduler)."""
+    """Runs speculative steps on an engine core's runner (which owns the model and the cache),
+    counting into its counters and handing each accepted token to `emit`."""
 
-    def __init__(self, engine: LLM) -> None:
-        self.engine = engine
+    def __init__(self, runner: ModelRunner, counters: WorkCounters, emit: Emit) -> None:
+        self.runner, self.counters, self.emit = runner, counters, emit
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence], sched: Scheduler) -> None:
-        eng = self.engine
-        runner, counters, num_loops, device = eng.runner, eng.counters, eng.num_loops, eng.device
-        layers = runner.num_layers
+        """One speculative step (draft, verify, accept, roll back) of each of `seqs`, which own
+        KV slots for their lookahead (the scheduler reserved them)."""
+        runner, counters = self.runner, self.counters
+        num_loops, device, layers = runner.num_loops, runner.kv.device, runner.num_layers
         n = {id(s): s.lookahead for s in seqs}
         inputs = {id(s): [s.output[-1]] for s in seqs}
         draft_lp: dict[int, list[torch.Tensor]] = {id(s): [] for s in seqs}
@@ -137,6 +140,6 @@ class Speculator:
                     lp = float(raw[row + i, tok])
                 else:  # a greedy row sampled a point mass (sampling.token_logprobs)
                     lp = 0.0 if greedy else float(target[row + i, tok])
-                if eng._emit(s, tok, num_loops, lp, sched):
+                if self.emit(s, tok, num_loops, lp, sched):
                     break
             row += k + 1

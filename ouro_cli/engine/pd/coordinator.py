@@ -46,11 +46,9 @@ from ouro_cli.engine.contract import (
     SamplingParams,
     WeightChunk,
 )
-from ouro_cli.engine.engine import DEFAULT_CONTEXT_PER_SEQ
 from ouro_cli.engine.frontend import GenerationControl, make_output, take_requests
-from ouro_cli.engine.kv_cache import blocks_needed
 from ouro_cli.engine.publication import WeightPublisher, physical_name
-from ouro_cli.engine.tokenizer import TextCodec
+from ouro_cli.engine.setup import EngineLimits, open_model
 
 from . import protocol as P
 from .transport import resolve_transport_name
@@ -121,43 +119,25 @@ class PDEngine(GenerationControl):
             raise ValueError("PD needs at least one prefill and one decode device")
         if len(set(prefill_devices)) != len(prefill_devices) or len(set(decode_devices)) != len(decode_devices):
             raise ValueError("a device index appears twice in one role")
-        codec = TextCodec(tokenizer) if tokenizer is not None else None
-        if isinstance(model, (str, Path)):
-            from ouro_cli.checkpoint import open_checkpoint
-            from ouro_cli.model import load
-
-            codec = codec or TextCodec.from_dir(open_checkpoint(Path(model)).assets_dir)
-            model = load(Path(model), dtype=dtype, device="cpu")
-        elif dtype is not None:
-            model.to(dtype=dtype)
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a checkpoint path or an OuroForCausalLM, got {type(model).__name__}")
-        if max_num_seqs < 1 or block_size < 1:
-            raise ValueError("max_num_seqs and block_size must be >= 1")
-        self.model, self.codec = model, codec
-        cfg = model.config
+        # the coordinator's copy stays on the CPU: it checks publications and seeds the workers
+        self.model, self.codec = open_model(model, dtype=dtype, tokenizer=tokenizer)
+        cfg = self.model.config
+        self.limits = EngineLimits.resolve(cfg, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
+                                           block_size=block_size, max_model_len=max_model_len,
+                                           max_prefill_tokens=max_prefill_tokens)
         self.num_loops = cfg.total_ut_steps
         self.vocab_size = cfg.vocab_size
-        self.max_model_len = max_model_len or cfg.max_position_embeddings
-        self.max_num_seqs, self.block_size = max_num_seqs, block_size
-        if kv_blocks is None:
-            kv_blocks = max_num_seqs * blocks_needed(min(self.max_model_len, DEFAULT_CONTEXT_PER_SEQ), block_size)
-        self.kv_blocks = kv_blocks
-        eos = cfg.eos_token_id
-        self.eos_token_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
         self.transport = resolve_transport_name(transport)
         self.timeout, self.start_timeout = timeout, start_timeout
         use_cuda = torch.cuda.is_available() if device in (None, "auto") else str(device).startswith("cuda")
-        self.publisher = WeightPublisher(model, weight_version)
+        self.publisher = WeightPublisher(self.model, weight_version)
         self._seeds = random.Random(seed)
         self._init_control()
         self._broken: str | None = None
         self._next_request = 0
         self.final_counters: dict[str, dict[str, Any]] | None = None
 
-        options = dict(max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, block_size=block_size,
-                       max_model_len=self.max_model_len, max_prefill_tokens=max_prefill_tokens,
-                       attn_chunk=attn_chunk, cuda_graphs=cuda_graphs)
+        options = dict(attn_chunk=attn_chunk, cuda_graphs=cuda_graphs)
         self._start_workers(list(prefill_devices), list(decode_devices), use_cuda, options, weight_version,
                             dict(fault or {}))
 
@@ -178,7 +158,8 @@ class PDEngine(GenerationControl):
             for role, i, dev in roles:
                 device = f"cuda:{dev}" if use_cuda else "cpu"
                 spec = WorkerSpec(role=role, index=i, device=device, config=self.model.config, weights=weights,
-                                  engine_options=options, transport=self.transport, weight_version=version)
+                                  limits=self.limits, core_options=options, transport=self.transport,
+                                  weight_version=version)
                 spec.fault = dict(fault.get(spec.name, {}))
                 if role == P.PREFILL_ROLE:
                     peers = {f"D{di}": peer_pipes[(i, di)][0] for di in range(len(decode))}
@@ -321,7 +302,7 @@ class PDEngine(GenerationControl):
 
     def _dispatch(self, pending: list[_Request], live: dict[str, _Request]) -> None:
         while pending:
-            free = [d for d in self.decoders if d.load < self.max_num_seqs and not d.full]
+            free = [d for d in self.decoders if d.load < self.limits.max_num_seqs and not d.full]
             if not free:
                 return
             d = min(free, key=lambda x: (x.load, x.index))
@@ -400,9 +381,10 @@ class PDEngine(GenerationControl):
                 r.finish_reason = "abort"
 
     def _make_requests(self, prompts: Seq[Prompt], params) -> list[_Request]:
+        lim = self.limits
         intake = take_requests(prompts, params, codec=self.codec, vocab_size=self.vocab_size, num_loops=self.num_loops,
-                               seeds=self._seeds, first_id=self._next_request, max_model_len=self.max_model_len,
-                               block_size=self.block_size, kv_blocks=self.kv_blocks,
+                               seeds=self._seeds, first_id=self._next_request, max_model_len=lim.max_model_len,
+                               block_size=lim.block_size, kv_blocks=lim.kv_blocks,
                                cache_name="a decode worker's cache", adjust=_no_speculation)
         self._next_request += len(intake)
         return [_Request(index=r.index, rid=r.request_id, prompt=r.ids, params=r.params, max_kv_tokens=r.kv_tokens,
@@ -455,7 +437,7 @@ class PDEngine(GenerationControl):
         if failed:
             reason = f"{what} failed on {'; '.join(failed)}"
             if self.publisher.in_progress:
-                self.publisher._fail(reason)
+                self.publisher.fail(reason)
             raise PublicationError(reason)
 
     def get_weight_version(self) -> int:

@@ -1,17 +1,18 @@
 """A PD worker process: one device, one role (prefill P or decode D), driven over pipes.
 
 Each worker builds its own copy of the model from the weights it was spawned with
-and an `LLM` around it (its paged per-loop KV cache, model runner, sampler, work
-counters and weight publisher), so a worker computes exactly what the local engine
-computes; only who runs which part of a request differs:
+and the `EngineCore` the local `LLM` builds around it (its paged per-loop KV cache,
+model runner, sampler, work counters and weight publisher), so a worker computes
+exactly what the local engine computes; only who runs which part of a request differs:
 
 - P runs `ModelRunner.prefill` at full depth into its own blocks, WRITEs the K/V
   planes of every prompt position and the last position's logits into the decode
   worker's reserved slots and landing row (transport/), and notifies.
-- D reserves blocks, activates a request once the notification arrived, samples
-  token 0 from the landed logits with the request's own seeded stream, then runs
-  the local engine's continuous batching (Scheduler, decode steps, preemption with a
-  local recompute) and streams new tokens after every step.
+- D reserves blocks, activates a request once the notification arrived
+  (`Scheduler.activate`), samples token 0 from the landed logits with the request's own
+  seeded stream (`EngineCore.sample`), then runs the local engine's continuous batching
+  (`EngineCore.step`: decode steps, preemption with a local recompute) and streams new
+  tokens after every step.
 
 The worker is single-threaded: it answers control messages between steps, so a
 message never observes a half-done step. It never dies on purpose: it leaves its
@@ -31,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ouro_cli.engine.setup import EngineLimits
+
 from . import protocol as P
 
 
@@ -41,7 +44,8 @@ class WorkerSpec:
     device: str
     config: Any
     weights: dict[str, torch.Tensor]
-    engine_options: dict[str, Any]
+    limits: EngineLimits
+    core_options: dict[str, Any]  # EngineCore's keyword arguments (attn_chunk, cuda_graphs)
     transport: str
     weight_version: int = 0
     fault: dict[str, Any] = field(default_factory=dict)
@@ -88,7 +92,7 @@ def _send_error(conn: Connection, where: str, err: BaseException) -> None:
 
 class _Worker:
     def __init__(self, spec: WorkerSpec, conn: Connection, peers: dict[str, Connection]) -> None:
-        from ouro_cli.engine.engine import LLM
+        from ouro_cli.engine.core import EngineCore
         from ouro_cli.model import from_state_dict
 
         from .transport import make_transport
@@ -100,7 +104,7 @@ class _Worker:
         weights = {n: t.to(spec.device, copy=True) for n, t in spec.weights.items()}  # own memory, not the spawner's
         spec.weights = {}
         model = from_state_dict(spec.config, weights, device=spec.device)
-        self.llm = LLM(model, weight_version=spec.weight_version, **spec.engine_options)
+        self.core = EngineCore(model, spec.limits, weight_version=spec.weight_version, **spec.core_options)
         self.counters = Counters(weight_version=spec.weight_version)
         self.transport = make_transport(spec.transport, f"{self.name}-{os.getpid()}")
         self.running = True
@@ -109,8 +113,8 @@ class _Worker:
 
     def loop(self) -> None:
         self.handshake()
-        self.conn.send((P.READY, {"name": self.name, "pid": os.getpid(), "device": str(self.llm.device),
-                                  "kv_blocks": self.llm.kv.num_blocks, "block_size": self.llm.block_size,
+        self.conn.send((P.READY, {"name": self.name, "pid": os.getpid(), "device": str(self.core.device),
+                                  "kv_blocks": self.core.kv.num_blocks, "block_size": self.core.limits.block_size,
                                   "transport": self.transport.name}))
         while self.running:
             busy = self.has_work()
@@ -149,8 +153,8 @@ class _Worker:
             self.publish(tag, *msg[1:])
         elif tag == P.STOP:
             self.running = False
-            self.counters.blocks_in_use = self.llm.kv.num_blocks - self.llm.kv.allocator.num_free
-            self.conn.send((P.STOPPED, self.counters.__dict__.copy(), self.llm.work_counters()))
+            self.counters.blocks_in_use = self.core.kv.num_blocks - self.core.kv.allocator.num_free
+            self.conn.send((P.STOPPED, self.counters.__dict__.copy(), self.core.work_counters()))
         else:
             self.handle_role(msg)
 
@@ -158,33 +162,33 @@ class _Worker:
         raise RuntimeError(f"{self.name}: unexpected message {msg[0]!r}")
 
     def publish(self, tag: str, *args: Any) -> None:
-        llm = self.llm
+        core, publisher = self.core, self.core.publisher
         try:
             if tag == P.START_UPDATE:
-                if llm.publisher.in_progress:  # the coordinator abandoned the previous attempt
-                    llm.publisher._fail("abandoned by the coordinator")
-                llm.start_weight_update(args[0])
+                if publisher.in_progress:  # the coordinator abandoned the previous attempt
+                    publisher.fail("abandoned by the coordinator")
+                core.start_weight_update(args[0])
                 self.drop_all()
             elif tag == P.UPDATE:
                 fail = self.spec.fault.get("fail_update_version")
-                if fail is not None and llm.publisher.pending == fail:
-                    llm.publisher._fail("injected fault")
+                if fail is not None and publisher.pending == fail:
+                    publisher.fail("injected fault")
                     raise RuntimeError(f"injected fault: {self.name} fails the update to version {fail}")
-                llm.update_weights(args[0])
+                core.update_weights(args[0])
             else:
-                llm.finish_weight_update()
-                self.counters.weight_version = llm.get_weight_version()
+                core.finish_weight_update()
+                self.counters.weight_version = publisher.committed_version
         except Exception as err:  # noqa: BLE001 — a refused update is an answer, not a crash
             self.conn.send((P.FAILED, f"{type(err).__name__}: {err}"))
             return
-        self.conn.send((P.OK, llm.get_weight_version()))
+        self.conn.send((P.OK, publisher.committed_version))
 
     def drop_all(self) -> None:
         """Weights changed: forget every request (the engine is idle, so there is none)."""
 
     def stats(self) -> dict[str, Any]:
-        self.counters.blocks_in_use = self.llm.kv.num_blocks - self.llm.kv.allocator.num_free
-        return {"worker": self.counters.__dict__.copy(), "work": self.llm.work_counters()}
+        self.counters.blocks_in_use = self.core.kv.num_blocks - self.core.kv.allocator.num_free
+        return {"worker": self.counters.__dict__.copy(), "work": self.core.work_counters()}
 
 
 class PrefillWorker(_Worker):
@@ -200,24 +204,24 @@ class PrefillWorker(_Worker):
             self.transport.connect(peer, registration)
 
     def has_work(self) -> bool:
-        return bool(self.queue) and self._blocks_for(self.queue[0]) <= self.llm.kv.allocator.num_free
+        return bool(self.queue) and self._blocks_for(self.queue[0]) <= self.core.kv.allocator.num_free
 
     def _blocks_for(self, msg: tuple) -> int:
         from ouro_cli.engine.kv_cache import blocks_needed
 
-        return blocks_needed(len(msg[2]), self.llm.block_size)
+        return blocks_needed(len(msg[2]), self.core.limits.block_size)
 
     def handle_role(self, msg: tuple) -> None:
         tag = msg[0]
         if tag == P.PREFILL:
             self.queue.append(msg)
         elif tag == P.RELEASE:
-            self.llm.kv.allocator.free(self.staged.pop(msg[1]))
+            self.core.kv.allocator.free(self.staged.pop(msg[1]))
         elif tag == P.CANCEL:
             dropped = [m[1] for m in self.queue]
             self.queue.clear()
             for blocks in self.staged.values():  # writes are synchronous: nothing in flight reads them
-                self.llm.kv.allocator.free(blocks)
+                self.core.kv.allocator.free(blocks)
             self.staged.clear()
             self.conn.send((P.CANCELLED, dropped, self.stats()))
         else:
@@ -227,17 +231,17 @@ class PrefillWorker(_Worker):
         from ouro_cli.engine.runner import PrefillItem
 
         _, rid, tokens, peer, dst_slots, row = self.queue.popleft()
-        llm = self.llm
-        llm.publisher.check_usable()
+        core = self.core
+        core.publisher.check_usable()
         if self.spec.fault.get("hang_on_prefill"):
             time.sleep(3600)
         t0 = time.perf_counter()
-        blocks = llm.kv.allocator.allocate(self._blocks_for((None, None, tokens)))
+        blocks = core.kv.allocator.allocate(self._blocks_for((None, None, tokens)))
         self.staged[rid] = blocks
-        src_slots = llm.kv.slots(blocks, 0, len(tokens))
-        logits = llm.runner.prefill(PrefillItem(tokens, [llm.num_loops] * len(tokens), src_slots))
+        src_slots = core.kv.slots(blocks, 0, len(tokens))
+        logits = core.runner.prefill(PrefillItem(tokens, [core.num_loops] * len(tokens), src_slots))
         t1 = time.perf_counter()
-        nbytes = self.transport.write(peer, llm.kv.k, llm.kv.v, src_slots, dst_slots, logits, row, rid)
+        nbytes = self.transport.write(peer, core.kv.k, core.kv.v, src_slots, dst_slots, logits, row, rid)
         if not self.transport.notifies_itself:
             self.peers[peer].send((P.NOTIFY, rid))
         t2 = time.perf_counter()
@@ -255,20 +259,19 @@ class PrefillWorker(_Worker):
 
 class DecodeWorker(_Worker):
     def __init__(self, spec: WorkerSpec, conn: Connection, peers: dict[str, Connection]) -> None:
-        from ouro_cli.engine.scheduler import Scheduler
-
         super().__init__(spec, conn, peers)
-        llm = self.llm
-        self.landing = torch.zeros(llm.max_num_seqs, llm.model.config.vocab_size, dtype=llm.dtype, device=llm.device)
-        self.free_rows = list(range(llm.max_num_seqs - 1, -1, -1))
+        core = self.core
+        rows = core.limits.max_num_seqs
+        self.landing = torch.zeros(rows, core.model.config.vocab_size, dtype=core.dtype, device=core.device)
+        self.free_rows = list(range(rows - 1, -1, -1))
         self.reserved: dict[str, tuple[list[int], int, int]] = {}  # rid -> (blocks, row, n_prompt)
         self.notified: set[str] = set()
-        self.sched = Scheduler(llm.kv.allocator, llm.block_size, llm.max_num_seqs, llm.max_prefill_tokens)
+        self.sched = core.scheduler()
         self.reported: dict[str, int] = {}
         self.paused = False
 
     def handshake(self) -> None:
-        registration = self.transport.register(self.llm.kv.k, self.llm.kv.v, self.landing)
+        registration = self.transport.register(self.core.kv.k, self.core.kv.v, self.landing)
         for c in self.peers.values():
             c.send((P.REGISTER, self.name, registration))
 
@@ -297,8 +300,8 @@ class DecodeWorker(_Worker):
     def reserve(self, rid: str, n_prompt: int, max_kv_tokens: int) -> None:
         from ouro_cli.engine.kv_cache import blocks_needed
 
-        kv = self.llm.kv
-        need = blocks_needed(min(n_prompt + 1, max_kv_tokens), self.llm.block_size)  # as the local scheduler admits
+        kv = self.core.kv
+        need = blocks_needed(min(n_prompt + 1, max_kv_tokens), self.core.limits.block_size)  # as the scheduler admits
         if need > kv.allocator.num_free or not self.free_rows:
             self.conn.send((P.RESERVE_FAILED, rid, kv.allocator.num_free))
             return
@@ -322,33 +325,23 @@ class DecodeWorker(_Worker):
                 self.handle_peer(c.recv())
         self.notified.discard(rid)
         blocks, row, n_prompt = self.reserved.pop(rid)
-        llm = self.llm
+        core = self.core
         seq = Sequence(index=index, request_id=rid, prompt=list(prompt), params=params, rng=RequestRng(params.seed),
                        max_kv_tokens=max_kv_tokens, blocks=blocks, num_cached=n_prompt)
-        self.sched.running.append(seq)
+        self.sched.activate(seq)
         self.conn.send((P.ACTIVATED, rid))
         t0 = time.perf_counter()
-        llm._sample([seq], self.landing[row:row + 1].clone(), [llm.num_loops], self.sched)
+        core.sample([seq], self.landing[row:row + 1].clone(), [core.num_loops], self.sched)
         self.free_rows.append(row)
         c = self.counters
         c.transfers += 1
-        c.bytes += n_prompt * llm.kv.bytes_per_token() + self.landing[row].numel() * self.landing.element_size()
+        c.bytes += n_prompt * core.kv.bytes_per_token() + self.landing[row].numel() * self.landing.element_size()
         c.seconds += time.perf_counter() - t0
         self.report([seq])
 
     def step(self) -> None:
-        llm, sched = self.llm, self.sched
         t0 = time.perf_counter()
-        plan = sched.schedule()
-        llm.counters.preemptions += len(plan.preempted)
-        if not plan.prefill and not plan.decode:
-            raise RuntimeError(f"the scheduler could not make progress (this is a bug): running "
-                               f"{[(q.request_id, q.num_cached, len(q.blocks)) for q in sched.running]}, waiting "
-                               f"{[q.request_id for q in sched.waiting]}, {llm.kv.allocator.num_free} blocks free")
-        if plan.prefill:  # only sequences preempted here come back through prefill: recompute locally
-            llm._prefill(plan.prefill, sched)
-        if plan.decode:
-            llm._decode(plan.decode, sched)
+        plan = self.core.step(self.sched)  # only sequences preempted here come back through prefill: recomputed
         self.counters.seconds += time.perf_counter() - t0
         self.report(plan.decode + plan.prefill)
 
@@ -373,7 +366,7 @@ class DecodeWorker(_Worker):
             aborted.append(seq)
         self.report(aborted)
         for blocks, row, _ in self.reserved.values():
-            self.llm.kv.allocator.free(blocks)
+            self.core.kv.allocator.free(blocks)
             self.free_rows.append(row)
         dropped = list(self.reserved)
         self.reserved.clear()
@@ -384,4 +377,4 @@ class DecodeWorker(_Worker):
         self.sched.drain()
         self.reserved.clear()
         self.notified.clear()
-        self.free_rows = list(range(self.llm.max_num_seqs - 1, -1, -1))
+        self.free_rows = list(range(self.core.limits.max_num_seqs - 1, -1, -1))
