@@ -39,7 +39,7 @@ from .contract import (
     WeightChunk,
 )
 from .core import EngineCore
-from .frontend import GenerationControl, make_output, take_requests
+from .frontend import Admission, GenerationControl, make_output, take_requests
 from .request_rng import RequestRng
 from .scheduler import Sequence
 from .setup import EngineLimits, open_model
@@ -75,18 +75,17 @@ class LLM(GenerationControl):
         self.core = core = EngineCore(model, limits, attn_chunk=attn_chunk, cuda_graphs=cuda_graphs,
                                       async_exits=async_scheduling, weight_version=weight_version)
         self.model, self.device, self.kv, self.runner = core.model, core.device, core.kv, core.runner  # to inspect
-        self.publisher = core.publisher  # GenerationControl checks it
         self.async_scheduling = async_scheduling
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._seeds = random.Random(seed)
-        self._init_control()
+        self.control = Admission(core.publisher)
         self._next_request = 0
 
     # ---- generation ------------------------------------------------------------------
 
     def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
-        with self._admitted():
+        with self.control.admitted():
             self.core.restore_memory()  # a no-op unless release_memory() handed the cache back
             self.kv.set_planes(self._planes_for(params))
             seqs = self._make_sequences(prompts, params)
@@ -100,11 +99,11 @@ class LLM(GenerationControl):
             sched.add(seq)
         try:
             while sched.has_work():
-                if self._hold_at_step_boundary():
+                if self.control.hold_at_step_boundary():
                     for seq in sched.drain():
                         seq.finish_reason = "abort"
                     return
-                self.core.step(sched, overlap=self.overlap, hold=self._pause_requested)
+                self.core.step(sched, overlap=self.overlap, hold=self.control.pause_requested)
         finally:
             sched.drain()  # on any error, give every block back
 
@@ -140,18 +139,18 @@ class LLM(GenerationControl):
     # ---- weight publication -------------------------------------------------------------
 
     def start_weight_update(self, version: int) -> None:
-        with self._cond:
-            self._check_idle_for_update()
+        with self.control.lock:
+            self.control.check_idle_for_update()
             self.core.start_weight_update(version)
 
     def update_weights(self, chunk: WeightChunk) -> None:
-        with self._cond:
-            self._check_open()
+        with self.control.lock:
+            self.control.check_open()
             self.core.update_weights(chunk)
 
     def finish_weight_update(self) -> None:
-        with self._cond:
-            self._check_open()
+        with self.control.lock:
+            self.control.check_open()
             self.core.finish_weight_update()
 
     def get_weight_version(self) -> int:
@@ -161,16 +160,16 @@ class LLM(GenerationControl):
 
     def release_memory(self) -> None:
         """Free the KV cache (and the CUDA graphs captured on it) while the engine is idle."""
-        with self._cond:
-            self._check_open()
-            if self._generating:
+        with self.control.lock:
+            self.control.check_open()
+            if self.control.generating:
                 raise EngineBusy("release_memory() while generate is running")
             self.core.release_memory()
 
     def restore_memory(self) -> None:
         """Allocate the KV cache again (zeroed); decode steps are captured again on first use."""
-        with self._cond:
-            self._check_open()
+        with self.control.lock:
+            self.control.check_open()
             self.core.restore_memory()
 
     # ---- misc ---------------------------------------------------------------------------
@@ -179,12 +178,13 @@ class LLM(GenerationControl):
         return self.core.work_counters()
 
     def close(self) -> None:
-        with self._cond:
-            if self._generating:
+        control = self.control
+        with control.lock:
+            if control.generating:
                 raise EngineBusy("close() while generate is running; pause with abort=True first")
-            if self._closed:
+            if control.closed:
                 return
-            self._closed = True
+            control.closed = True
             self.core.close()
 
     def __enter__(self) -> LLM:

@@ -46,7 +46,7 @@ from ouro_cli.engine.contract import (
     SamplingParams,
     WeightChunk,
 )
-from ouro_cli.engine.frontend import GenerationControl, make_output, take_requests
+from ouro_cli.engine.frontend import Admission, GenerationControl, make_output, take_requests
 from ouro_cli.engine.publication import WeightPublisher, physical_name
 from ouro_cli.engine.setup import EngineLimits, open_model
 
@@ -132,8 +132,8 @@ class PDEngine(GenerationControl):
         use_cuda = torch.cuda.is_available() if device in (None, "auto") else str(device).startswith("cuda")
         self.publisher = WeightPublisher(self.model, weight_version)
         self._seeds = random.Random(seed)
-        self._init_control()
         self._broken: str | None = None
+        self.control = Admission(self.publisher, check=self._check_not_broken)
         self._next_request = 0
         self.final_counters: dict[str, dict[str, Any]] | None = None
 
@@ -252,7 +252,7 @@ class PDEngine(GenerationControl):
             w.process.join(10.0)
         for w in self.workers:
             w.conn.close()
-        self._closed = True
+        self.control.closed = True
 
     def _send(self, w: _Worker, msg: tuple) -> None:
         try:
@@ -265,7 +265,7 @@ class PDEngine(GenerationControl):
 
     def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
-        with self._admitted():
+        with self.control.admitted():
             reqs = self._make_requests(prompts, params)
             version = self.publisher.committed_version
             self._run(reqs)
@@ -280,8 +280,7 @@ class PDEngine(GenerationControl):
         held = False
         last = time.monotonic()
         while pending or live:
-            with self._cond:
-                paused, abort = self._paused, self._abort
+            paused, abort = self.control.requested()
             if abort:
                 self._cancel(reqs, live)
                 return
@@ -398,22 +397,22 @@ class PDEngine(GenerationControl):
     # ---- weight publication ---------------------------------------------------------------
 
     def start_weight_update(self, version: int) -> None:
-        with self._cond:
-            self._check_idle_for_update()
+        with self.control.lock:
+            self.control.check_idle_for_update()
             self.publisher.start(version)  # version > every version ever attempted, checked here once
             self._broadcast((P.START_UPDATE, version), f"start of the update to version {version}")
 
     def update_weights(self, chunk: WeightChunk) -> None:
-        with self._cond:
-            self._check_open()
+        with self.control.lock:
+            self.control.check_open()
             items = [(physical_name(name), tensor) for name, tensor in chunk]
             self.publisher.update(items)  # the whole chunk checked before any worker sees it
             staged = [(name, t.detach()) for name, t in items]
             self._broadcast((P.UPDATE, staged), f"a chunk of the update to version {self.publisher.pending}")
 
     def finish_weight_update(self) -> None:
-        with self._cond:
-            self._check_open()
+        with self.control.lock:
+            self.control.check_open()
             pub = self.publisher
             if pub.in_progress and not set(pub.params) - pub.received:
                 self._broadcast((P.FINISH_UPDATE,), f"the commit of version {pub.pending}")
@@ -467,10 +466,11 @@ class PDEngine(GenerationControl):
 
     def stop(self) -> dict[str, dict[str, Any]]:
         """The stop/stopped handshake: every worker reports its counters and leaves its loop; all joined."""
-        with self._cond:
-            if self._generating:
+        control = self.control
+        with control.lock:
+            if control.generating:
                 raise EngineBusy("close() while generate is running; pause with abort=True first")
-            if self._closed:
+            if control.closed:
                 return self.final_counters or {}
             for w in self.workers:
                 self._send(w, (P.STOP,))
@@ -491,20 +491,19 @@ class PDEngine(GenerationControl):
                     w.process.kill()
                     w.process.join()
                 w.conn.close()
-            self._closed = True
+            control.closed = True
             self.final_counters = counters
             if stuck:
                 raise WorkerFailed(f"answered stop but did not exit within {self.timeout:g} s: {', '.join(stuck)}")
             return counters
 
     def close(self) -> None:
-        if not self._closed:
+        if not self.control.closed:
             self.stop()
 
-    def _check_open(self) -> None:
+    def _check_not_broken(self) -> None:
         if self._broken is not None:
             raise WorkerFailed(f"PD engine failed earlier: {self._broken}")
-        super()._check_open()
 
     def __enter__(self) -> PDEngine:
         return self
