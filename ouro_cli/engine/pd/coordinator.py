@@ -23,6 +23,7 @@ finish. Any worker's failure blocks generation until a newer full update succeed
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 import time
@@ -67,8 +68,8 @@ class _Worker:
     device: str
     process: Any
     conn: Any
-    info: dict[str, Any] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
+    info: P.Ready | None = None
+    stats: P.WorkerStats | None = None  # the latest a message carried
     load: int = 0
     full: bool = False
 
@@ -178,10 +179,10 @@ class PDEngine(GenerationControl):
             waiting = {w.name for w in self.workers}
             deadline = time.monotonic() + self.start_timeout
             while waiting:
-                w, msg = self._next(deadline - time.monotonic(), "start-up (READY)", waiting)
-                if msg[0] != P.READY:
-                    raise self._failure(f"{w.describe()} sent {msg[0]!r} during start-up")
-                w.info = msg[1]
+                w, msg = self._next(deadline - time.monotonic(), "start-up (ready)", waiting)
+                if not isinstance(msg, P.Ready):
+                    raise self._failure(f"{w.describe()} sent {type(msg).__name__} during start-up")
+                w.info = msg
                 waiting.discard(w.name)
         except BaseException:
             if self._broken is None:
@@ -192,7 +193,7 @@ class PDEngine(GenerationControl):
         self.decoders = [w for w in self.workers if w.role == P.DECODE_ROLE]
 
     def _next(self, timeout: float, waiting_for: str, owing: set[str] | None = None,
-              poll: float | None = None) -> tuple[_Worker, tuple] | None:
+              poll: float | None = None) -> tuple[_Worker, object] | None:
         """The next message from any worker. WorkerFailed when one exits or reports an error, or
         when nothing arrives within `timeout`; with `poll`, None after `poll` seconds of silence."""
         if timeout <= 0:
@@ -211,8 +212,8 @@ class PDEngine(GenerationControl):
                     msg = r.recv()
                 except (EOFError, OSError):
                     continue
-                if msg[0] == P.ERROR:
-                    raise self._failure(f"{w.describe()} failed during {msg[1]}: {msg[2]}\n{msg[3]}")
+                if isinstance(msg, P.Error):
+                    raise self._failure(f"{w.describe()} failed during {msg.where}: {msg.message}\n{msg.traceback}")
                 return w, msg
         w = by_sentinel[next(r for r in ready if r in by_sentinel)]
         w.process.join(1.0)
@@ -233,7 +234,7 @@ class PDEngine(GenerationControl):
         for w in self.workers:
             if w.process is not None and w.process.is_alive():
                 try:
-                    w.conn.send((P.STOP,))
+                    w.conn.send(P.Stop())
                 except (OSError, ValueError):
                     pass
         deadline = time.monotonic() + min(grace, self.timeout)
@@ -254,7 +255,7 @@ class PDEngine(GenerationControl):
             w.conn.close()
         self.control.closed = True
 
-    def _send(self, w: _Worker, msg: tuple) -> None:
+    def _send(self, w: _Worker, msg: object) -> None:
         try:
             w.conn.send(msg)
         except (OSError, ValueError) as err:
@@ -286,7 +287,7 @@ class PDEngine(GenerationControl):
                 return
             if paused != held:
                 for d in self.decoders:
-                    self._send(d, (P.PAUSE,) if paused else (P.RESUME,))
+                    self._send(d, P.Pause() if paused else P.Resume())
                 held = paused
             if not paused:
                 self._dispatch(pending, live)
@@ -309,52 +310,49 @@ class PDEngine(GenerationControl):
             r.d, r.state = d, "reserving"
             d.load += 1
             live[r.rid] = r
-            self._send(d, (P.RESERVE, r.rid, len(r.prompt), r.max_kv_tokens))
+            self._send(d, P.Reserve(r.rid, len(r.prompt), r.max_kv_tokens))
 
-    def _handle(self, w: _Worker, msg: tuple, pending: list[_Request], live: dict[str, _Request]) -> None:
-        tag = msg[0]
-        if tag == P.RESERVED:
-            _, rid, dst_slots, row = msg
-            r = live[rid]
-            p = min(self.prefillers, key=lambda x: (x.load, x.index))
-            r.p, r.state = p, "prefilling"
-            p.load += 1
-            self._send(p, (P.PREFILL, rid, r.prompt, r.d.name, dst_slots, row))
-        elif tag == P.RESERVE_FAILED:
-            r = live.pop(msg[1])
-            w.load -= 1
-            if w.load == 0:
-                raise self._failure(f"{w.describe()} cannot reserve KV for request {r.rid} on an empty cache (bug)")
-            w.full = True
-            r.d, r.state = None, "pending"
-            heapq.heappush(pending, r)
-        elif tag == P.COMMITTED:
-            _, rid, nbytes, seconds, stats = msg
-            w.stats = stats
-            r = live[rid]
-            r.state = "activating"
-            self._send(r.d, (P.ACTIVATE, rid, r.index, r.prompt, r.params, r.max_kv_tokens))
-        elif tag == P.ACTIVATED:
-            r = live[msg[1]]
-            r.state = "decoding"
-            self._send(r.p, (P.RELEASE, r.rid))
-            r.p.load -= 1
-        elif tag == P.TOKENS:
-            _, new, finished, stats = msg
-            w.stats = stats
-            self._take_tokens(new, finished, live)
-        else:
-            raise self._failure(f"{w.describe()} sent an unexpected {tag!r}")
+    def _handle(self, w: _Worker, msg: object, pending: list[_Request], live: dict[str, _Request]) -> None:
+        match msg:
+            case P.Reserved():
+                r = live[msg.rid]
+                p = min(self.prefillers, key=lambda x: (x.load, x.index))
+                r.p, r.state = p, "prefilling"
+                p.load += 1
+                self._send(p, P.Prefill(msg.rid, r.prompt, r.d.name, msg.dst_slots, msg.row))
+            case P.ReserveFailed():
+                r = live.pop(msg.rid)
+                w.load -= 1
+                if w.load == 0:
+                    raise self._failure(f"{w.describe()} cannot reserve KV for request {r.rid} on an empty cache (bug)")
+                w.full = True
+                r.d, r.state = None, "pending"
+                heapq.heappush(pending, r)
+            case P.Committed():
+                w.stats = msg.stats
+                r = live[msg.rid]
+                r.state = "activating"
+                self._send(r.d, P.Activate(msg.rid, r.index, r.prompt, r.params, r.max_kv_tokens))
+            case P.Activated():
+                r = live[msg.rid]
+                r.state = "decoding"
+                self._send(r.p, P.Release(r.rid))
+                r.p.load -= 1
+            case P.Tokens():
+                w.stats = msg.stats
+                self._take_tokens(msg, live)
+            case _:
+                raise self._failure(f"{w.describe()} sent an unexpected {type(msg).__name__}")
 
-    def _take_tokens(self, new: list, finished: list, live: dict[str, _Request]) -> None:
-        for rid, ids, depths, lps in new:
-            r = live[rid]
-            r.output += ids
-            r.depths += depths
-            r.logprobs += lps
-        for rid, reason in finished:
-            r = live.pop(rid)
-            r.finish_reason, r.state = reason, "done"
+    def _take_tokens(self, msg: P.Tokens, live: dict[str, _Request]) -> None:
+        for new in msg.new:
+            r = live[new.rid]
+            r.output += new.ids
+            r.depths += new.depths
+            r.logprobs += new.logprobs
+        for done in msg.finished:
+            r = live.pop(done.rid)
+            r.finish_reason, r.state = done.reason, "done"
             r.d.load -= 1
             r.d.full = False
 
@@ -362,19 +360,19 @@ class PDEngine(GenerationControl):
         """Abort: P first (so no late WRITE lands in blocks D gives back), then D."""
         for group in (self.prefillers, self.decoders):
             for w in group:
-                self._send(w, (P.CANCEL,))
+                self._send(w, P.Cancel())
             waiting = {w.name for w in group}
             deadline = time.monotonic() + self.timeout
             while waiting:
                 w, msg = self._next(deadline - time.monotonic(), "cancellation", waiting)
-                if msg[0] == P.CANCELLED:
-                    w.stats = msg[2]
+                if isinstance(msg, P.Cancelled):
+                    w.stats = msg.stats
                     waiting.discard(w.name)
-                elif msg[0] == P.TOKENS:
-                    w.stats = msg[3]
-                    self._take_tokens(msg[1], msg[2], live)
-                elif msg[0] not in (P.COMMITTED, P.ACTIVATED, P.RESERVED, P.RESERVE_FAILED):
-                    raise self._failure(f"{w.describe()} sent {msg[0]!r} during cancellation")
+                elif isinstance(msg, P.Tokens):
+                    w.stats = msg.stats
+                    self._take_tokens(msg, live)
+                elif not isinstance(msg, P.Committed | P.Activated | P.Reserved | P.ReserveFailed):
+                    raise self._failure(f"{w.describe()} sent {type(msg).__name__} during cancellation")
         for r in reqs:
             if r.finish_reason is None:
                 r.finish_reason = "abort"
@@ -400,7 +398,7 @@ class PDEngine(GenerationControl):
         with self.control.lock:
             self.control.check_idle_for_update()
             self.publisher.start(version)  # version > every version ever attempted, checked here once
-            self._broadcast((P.START_UPDATE, version), f"start of the update to version {version}")
+            self._broadcast(P.StartUpdate(version), f"start of the update to version {version}")
 
     def update_weights(self, chunk: WeightChunk) -> None:
         with self.control.lock:
@@ -408,17 +406,17 @@ class PDEngine(GenerationControl):
             items = [(physical_name(name), tensor) for name, tensor in chunk]
             self.publisher.update(items)  # the whole chunk checked before any worker sees it
             staged = [(name, t.detach()) for name, t in items]
-            self._broadcast((P.UPDATE, staged), f"a chunk of the update to version {self.publisher.pending}")
+            self._broadcast(P.Update(staged), f"a chunk of the update to version {self.publisher.pending}")
 
     def finish_weight_update(self) -> None:
         with self.control.lock:
             self.control.check_open()
             pub = self.publisher
             if pub.in_progress and not set(pub.params) - pub.received:
-                self._broadcast((P.FINISH_UPDATE,), f"the commit of version {pub.pending}")
+                self._broadcast(P.FinishUpdate(), f"the commit of version {pub.pending}")
             pub.finish()
 
-    def _broadcast(self, msg: tuple, what: str) -> None:
+    def _broadcast(self, msg: object, what: str) -> None:
         """Send to every worker and wait for every answer; any refusal fails the update (generation
         stays blocked until a newer full update), a dead or silent worker fails the engine."""
         for w in self.workers:
@@ -428,10 +426,10 @@ class PDEngine(GenerationControl):
         deadline = time.monotonic() + self.timeout
         while waiting:
             w, answer = self._next(deadline - time.monotonic(), what, waiting)
-            if answer[0] == P.FAILED:
-                failed.append(f"{w.describe()}: {answer[1]}")
-            elif answer[0] != P.OK:
-                raise self._failure(f"{w.describe()} answered {answer[0]!r} to {what}")
+            if isinstance(answer, P.Failed):
+                failed.append(f"{w.describe()}: {answer.reason}")
+            elif not isinstance(answer, P.Ok):
+                raise self._failure(f"{w.describe()} answered {type(answer).__name__} to {what}")
             waiting.discard(w.name)
         if failed:
             reason = f"{what} failed on {'; '.join(failed)}"
@@ -451,18 +449,18 @@ class PDEngine(GenerationControl):
     def work_counters(self) -> Mapping[str, int]:
         total: dict[str, int] = {}
         for w in self.workers:
-            for key, value in w.stats.get("work", {}).items():
+            for key, value in (w.stats.work if w.stats else {}).items():
                 total[key] = total.get(key, 0) + value
-        prefill = [w.stats.get("worker", {}) for w in self.prefillers] if hasattr(self, "prefillers") else []
-        total["kv_transfers"] = sum(s.get("transfers", 0) for s in prefill)
-        total["kv_transfer_bytes"] = sum(s.get("bytes", 0) for s in prefill)
+        prefill = [w.stats.worker for w in getattr(self, "prefillers", []) if w.stats]
+        total["kv_transfers"] = sum(s.transfers for s in prefill)
+        total["kv_transfer_bytes"] = sum(s.bytes for s in prefill)
         return total
 
     def worker_counters(self) -> dict[str, dict[str, Any]]:
         """Latest per-worker counters (tokens, bytes, transfers, seconds, blocks in use, weight version)."""
         if self.final_counters is not None:
             return self.final_counters
-        return {w.name: dict(w.stats.get("worker", {})) for w in self.workers}
+        return {w.name: dataclasses.asdict(w.stats.worker) if w.stats else {} for w in self.workers}
 
     def stop(self) -> dict[str, dict[str, Any]]:
         """The stop/stopped handshake: every worker reports its counters and leaves its loop; all joined."""
@@ -473,15 +471,15 @@ class PDEngine(GenerationControl):
             if control.closed:
                 return self.final_counters or {}
             for w in self.workers:
-                self._send(w, (P.STOP,))
+                self._send(w, P.Stop())
             counters: dict[str, dict[str, Any]] = {}
             waiting = {w.name for w in self.workers}
             deadline = time.monotonic() + self.timeout
             while waiting:
                 w, msg = self._next(deadline - time.monotonic(), "stopped", waiting)
-                if msg[0] == P.STOPPED:
-                    counters[w.name] = {**msg[1], "role": w.role, "device": w.device}
-                    w.stats = {"worker": msg[1], "work": msg[2]}
+                if isinstance(msg, P.Stopped):
+                    counters[w.name] = {**dataclasses.asdict(msg.stats.worker), "role": w.role, "device": w.device}
+                    w.stats = msg.stats
                     waiting.discard(w.name)
             stuck = []
             for w in self.workers:
