@@ -99,7 +99,7 @@ def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: s
     so its wall time is device-complete without an extra sync."""
     params = SamplingParams(max_tokens=n, max_loops=k, temperature=1.0, seed=0, ignore_eos=True, **params_kw)
     prefill_s = 0.0
-    original = llm._prefill
+    original = llm.core.prefill
 
     def prefill(*args, **kw):
         nonlocal prefill_s
@@ -111,14 +111,14 @@ def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: s
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    llm._prefill = prefill
+    llm.core.prefill = prefill
     start = time.perf_counter()
     try:
         outs = llm.generate(prompts, params)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     finally:
-        del llm._prefill
+        del llm.core.prefill
     assert all(len(o.output_token_ids) == n for o in outs)
     return time.perf_counter() - start, prefill_s
 

@@ -92,7 +92,7 @@ def host_profile(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: i
     params = SamplingParams(max_tokens=steps + 1, max_loops=k, temperature=1.0, seed=0, ignore_eos=True)
     llm.generate(prompts, params)
     prof = cProfile.Profile()
-    original = llm._decode
+    original = llm.core.decode
 
     def profiled(*args, **kw):
         prof.enable()
@@ -101,11 +101,11 @@ def host_profile(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: i
         finally:
             prof.disable()
 
-    llm._decode = profiled
+    llm.core.decode = profiled
     try:
         llm.generate(prompts, params)
     finally:
-        del llm._decode
+        del llm.core.decode
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
     lines = [x for x in text.getvalue().splitlines() if x.strip()]

@@ -1,8 +1,8 @@
 """Exit policies for decoding: how many loops each token of a batch runs (docs/model.md §3).
 
-Every policy is reduced to four per-row numbers so that one batched, branch-free
-update serves a batch that mixes them (and stays on the device, with no host sync
-per loop, as a captured CUDA graph would need):
+Every policy is reduced to four per-row numbers, an `ExitPolicy`, so that one batched,
+branch-free update serves a batch that mixes them (and stays on the device, with no
+host sync per loop, as a captured CUDA graph would need):
 
     stop_after  loops the row runs at most (K, or the trace's depth)
     min_loops   the first loop whose exit signal counts
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -28,18 +29,41 @@ from ouro_cli.model.exit_gate import cdf_step
 from .contract import SamplingParams
 
 
-def row_policy(params: SamplingParams, num_generated: int) -> tuple[int, int, float, int]:
-    """(stop_after, min_loops, tau, delay) for the token that follows `num_generated` tokens.
+class ExitPolicy(NamedTuple):
+    """How many loops one decode row runs (the four numbers above). A NamedTuple: built
+    once per request (`exit_policies`), it is as cheap to pass and unpack per step as a
+    plain tuple."""
+
+    stop_after: int
+    min_loops: int
+    tau: float
+    delay: int
+
+    @classmethod
+    def fixed(cls, loops: int) -> ExitPolicy:
+        """Exactly `loops` loops, no early exit (a draft, a verification or a padding row)."""
+        return cls(loops, 1, math.inf, 0)
+
+
+def row_policy(params: SamplingParams, num_generated: int) -> ExitPolicy:
+    """The policy of the token that follows `num_generated` (>= 1) generated tokens.
 
     `params` must be resolved (max_loops set)."""
     k = params.max_loops
     assert k is not None
     if params.exit_mode == "trace":
         trace = params.exit_trace or ()
-        depth = trace[num_generated - 1] if num_generated - 1 < len(trace) else k
-        return depth, 1, math.inf, 0
+        return ExitPolicy.fixed(trace[num_generated - 1] if num_generated - 1 < len(trace) else k)
     tau = math.inf if params.exit_threshold >= 1.0 else params.exit_threshold
-    return k, params.min_loops, tau, 1 if params.exit_mode == "delayed" else 0
+    return ExitPolicy(k, params.min_loops, tau, 1 if params.exit_mode == "delayed" else 0)
+
+
+def exit_policies(params: SamplingParams) -> tuple[ExitPolicy, ...]:
+    """Every policy a request's decode rows will use, computed once: entry
+    min(n, len) - 1 is `row_policy(params, n)`. One entry unless the request replays a
+    trace (then one per traced token, and K for the tokens past it)."""
+    trace = params.exit_trace if params.exit_mode == "trace" else None
+    return tuple(row_policy(params, n) for n in range(1, len(trace or ()) + 2))
 
 
 @dataclass

@@ -26,71 +26,99 @@ from .contract import (
     SamplingParams,
 )
 from .kv_cache import blocks_needed
+from .publication import WeightPublisher
 
 
-class GenerationControl:
-    """Admission and pause/abort state; the subclass provides `publisher` and `_check_open`."""
+class Admission:
+    """One engine's admission and pause/abort state, and the contract's rules over it.
 
-    def _init_control(self) -> None:
-        self._cond = threading.Condition()
-        self._generating = self._paused = self._abort = self._closed = False
+    `lock` (a Condition) guards every field; `generating`, `paused`, `aborting` and
+    `closed` are read and set under it. `check` is the front end's own reason to refuse
+    every call (the PD coordinator's failed worker), asked before `closed`."""
 
-    def _check_open(self) -> None:
-        if self._closed:
+    def __init__(self, publisher: WeightPublisher, check: Callable[[], None] | None = None) -> None:
+        self.publisher, self.check = publisher, check
+        self.lock = threading.Condition()
+        self.generating = self.paused = self.aborting = self.closed = False
+
+    def check_open(self) -> None:
+        if self.check is not None:
+            self.check()
+        if self.closed:
             raise EngineError("the engine is closed")
 
     @contextlib.contextmanager
-    def _admitted(self) -> Iterator[None]:
+    def admitted(self) -> Iterator[None]:
         """The body of one `generate` call, admitted by the contract's rules."""
-        with self._cond:
-            self._check_open()
-            if self._generating:
+        with self.lock:
+            self.check_open()
+            if self.generating:
                 raise EngineBusy("generate is already running on this engine")
             if self.publisher.in_progress:
                 raise EngineBusy("a weight update is in progress; requests are not admitted")
-            if self._paused:
+            if self.paused:
                 raise EngineBusy("generation is paused; call resume_generation() first")
             self.publisher.check_usable()
-            self._generating = True
+            self.generating = True
         try:
             yield
         finally:
-            with self._cond:
-                self._generating = False
-                self._cond.notify_all()
+            with self.lock:
+                self.generating = False
+                self.lock.notify_all()
 
-    def _check_idle_for_update(self) -> None:
-        self._check_open()
-        if self._generating:
+    def check_idle_for_update(self) -> None:
+        """Under `lock`: weights may change only while open and idle."""
+        self.check_open()
+        if self.generating:
             raise EngineBusy("weights can only be updated on an idle engine (generate is running)")
+
+    def pause(self, abort: bool = False) -> None:
+        """Hold in-flight requests at the next step boundary; with `abort`, end them and wait
+        until the engine is idle."""
+        with self.lock:
+            self.paused = True
+            self.aborting = self.aborting or abort
+            self.lock.notify_all()
+            if abort:
+                while self.generating:
+                    self.lock.wait()
+
+    def resume(self) -> None:
+        with self.lock:
+            self.paused = self.aborting = False
+            self.lock.notify_all()
+
+    def requested(self) -> tuple[bool, bool]:
+        """(paused, aborting) now; never blocks."""
+        with self.lock:
+            return self.paused, self.aborting
+
+    def pause_requested(self) -> bool:
+        """Whether a pause (or abort) waits for the next step boundary; never blocks."""
+        with self.lock:
+            return self.paused or self.aborting
+
+    def hold_at_step_boundary(self) -> bool:
+        """Block while paused; True when the in-flight requests must be aborted."""
+        with self.lock:
+            while self.paused and not self.aborting:
+                self.lock.wait()
+            return self.aborting
+
+
+class GenerationControl:
+    """The contract's pause and resume, for a front end that keeps its `Admission` in `control`."""
+
+    control: Admission
 
     def pause_generation(self, abort: bool = False) -> None:
         """Hold in-flight requests at the next step boundary; with `abort`, end them
         (finish_reason "abort", partial outputs returned) and wait until the engine is idle."""
-        with self._cond:
-            self._paused = True
-            self._abort = self._abort or abort
-            self._cond.notify_all()
-            if abort:
-                while self._generating:
-                    self._cond.wait()
+        self.control.pause(abort)
 
     def resume_generation(self) -> None:
-        with self._cond:
-            self._paused = self._abort = False
-            self._cond.notify_all()
-
-    def _pause_requested(self) -> bool:
-        """Whether a pause (or abort) waits for the next step boundary; never blocks."""
-        with self._cond:
-            return self._paused or self._abort
-
-    def _hold_at_step_boundary(self) -> bool:
-        """Block while paused; True when the in-flight requests must be aborted."""
-        with self._cond:
-            while self._paused and not self._abort:
-                self._cond.wait()
-            return self._abort
+        self.control.resume()
 
 
 @dataclass

@@ -8,7 +8,7 @@ Here the values are staged in pinned memory and copied asynchronously, in stream
 PyTorch's caching host allocator keeps the staging buffer until the copy has run.
 
 `HostCopy` is the way back: a step's sampled tokens are copied to pinned memory behind an
-event, so the host can queue the next step before it waits for them (engine.py, overlap).
+event, so the host can queue the next step before it waits for them (core.py, overlap).
 """
 
 from __future__ import annotations

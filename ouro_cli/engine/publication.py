@@ -97,7 +97,7 @@ class WeightPublisher:
         try:
             self._check(items)
         except PublicationError as err:
-            self._fail(str(err))
+            self.fail(str(err))
             raise
         copy_into([self.params[name] for name, _ in items], [tensor for _, tensor in items])
         self.received.update(name for name, _ in items)
@@ -108,7 +108,7 @@ class WeightPublisher:
         missing = sorted(set(self.params) - self.received)
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            self._fail(f"update to version {self.pending} is missing {len(missing)} tensors: {shown}")
+            self.fail(f"update to version {self.pending} is missing {len(missing)} tensors: {shown}")
             raise PublicationError(self.blocked_reason)
         self.committed_version, self.pending, self.blocked_reason = self.pending, None, None
         return self.committed_version
@@ -127,6 +127,7 @@ class WeightPublisher:
                 raise PublicationError(
                     f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(self.params[name].shape)}")
 
-    def _fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
+        """End the update in progress as failed: generation stays blocked until a newer one commits."""
         self.blocked_reason = f"update to version {self.pending} failed: {reason}"
         self.pending = None

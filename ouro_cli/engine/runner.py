@@ -39,7 +39,7 @@ import torch
 from ouro_cli.model import OuroForCausalLM, matmul, pointwise
 
 from .async_exits import LaggedExitProbe
-from .exits import ExitState
+from .exits import ExitPolicy, ExitState
 from .host_to_device import to_device
 from .kernels import resolve_attention, resolve_gemv, resolve_rope
 from .kv_cache import PagedKVCache
@@ -81,6 +81,7 @@ class PrefillItem:
     slots: list[int]
 
 
+PADDING_POLICY = ExitPolicy.fixed(1)  # a padding row of a decode batch: one loop on the scratch slot
 MAX_GEMV_ROWS = 64  # kernels/gemv.py: decode batches up to this use the small-batch matmul
 
 
@@ -142,21 +143,20 @@ class ModelRunner:
 
     @torch.no_grad()
     def decode(self, tokens: list[int] | tuple[torch.Tensor, list[int]], positions: list[int],
-               block_tables: list[list[int]], policies: list[tuple[int, int, float, int]]
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               block_tables: list[list[int]], policies: list[ExitPolicy]) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row at `positions` (= cached length) -> (logits [B, V], depths [B]).
 
         `tokens` are the input ids, or (ids on the device, row of each input in them): the
         previous step's sampled tokens, read without a trip through the host."""
         b = len(positions)
         pad = batch_bucket(b) - b  # padding rows: token 0 at position 0 in the scratch slot, one loop
-        policies = policies + [(1, 1, float("inf"), 0)] * pad
+        policies = policies + [PADDING_POLICY] * pad
         host_ids = tokens if isinstance(tokens, list) else [0] * b
         inputs = self._inputs(host_ids + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies)
         if not isinstance(tokens, list):
             ids, rows = tokens
             inputs.ints[:b, DecodeInputs.IDS] = ids[to_device(rows, torch.long, ids.device)]
-        max_loops = max(p[0] for p in policies)
+        max_loops = max(p.stop_after for p in policies)
         if max_loops > self.kv.planes:
             raise RuntimeError(f"a decode row runs {max_loops} loops but the KV cache holds {self.kv.planes} planes")
         if self.graphs is not None:
@@ -172,7 +172,7 @@ class ModelRunner:
             loops_run = max_loops
             self.counters.decode_steps_graphed += 1
         else:
-            exits = inputs.exit_state(max_loops, may_exit_early=any(math.isfinite(p[2]) for p in policies))
+            exits = inputs.exit_state(max_loops, may_exit_early=any(math.isfinite(p.tau) for p in policies))
             logits, depth, loops_run = self._step(inputs, exits, allow_sync=True)
             self.counters.decode_steps_eager += 1
         self.counters.decode_tokens += b
@@ -181,7 +181,7 @@ class ModelRunner:
         return logits[:b], depth[:b]
 
     def _inputs(self, tokens: list[int], positions: list[int], block_tables: list[list[int]],
-                policies: list[tuple[int, int, float, int]]) -> DecodeInputs:
+                policies: list[ExitPolicy]) -> DecodeInputs:
         """The step's host inputs packed into two tensors: one host-to-device copy each (and
         one copy each into a captured graph's inputs), whatever the batch size."""
         chunks = -(-(max(positions) + 1) // self.attn_chunk)
@@ -197,7 +197,7 @@ class ModelRunner:
         device = self.kv.device
         return DecodeInputs(
             ints=to_device(ints, torch.long, device).view(len(tokens), DecodeInputs.TABLE + nb),
-            tau=to_device([p[2] for p in policies], torch.float32, device),
+            tau=to_device([p.tau for p in policies], torch.float32, device),
             width=width)
 
     def _step(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .contract import FinishReason, SamplingParams
+from .exits import ExitPolicy, exit_policies
 from .kv_cache import BlockAllocator, blocks_needed
 from .request_rng import RequestRng
 
@@ -45,6 +46,18 @@ class Sequence:
     blocks: list[int] = field(default_factory=list)
     num_cached: int = 0
     finish_reason: FinishReason | None = None
+    exit_policies: tuple[ExitPolicy, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.exit_policies = exit_policies(self.params)  # once here, not per row and step
+
+    def exit_policy(self, ahead: int = 0) -> ExitPolicy:
+        """The exit policy of this sequence's next decode row; `ahead` 1 when a step in
+        flight has already sampled the token that row feeds (not yet emitted)."""
+        table = self.exit_policies
+        if len(table) == 1:
+            return table[0]
+        return table[min(len(self.output) + ahead, len(table)) - 1]
 
     @property
     def prefill_tokens(self) -> list[int]:
@@ -81,6 +94,11 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def activate(self, seq: Sequence) -> None:
+        """Run `seq` from the next step without a prefill: its blocks and `num_cached` tokens
+        of KV are already in place (a PD decode worker's request, prefilled elsewhere)."""
+        self.running.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

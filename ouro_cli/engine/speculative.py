@@ -33,17 +33,18 @@ draft iff it equals the target's argmax and draw nothing.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
+from .exits import ExitPolicy
 from .request_rng import RequestRng, exponential, uniform
+from .runner import ModelRunner, WorkCounters
 from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample
 from .scheduler import Scheduler, Sequence
 
-if TYPE_CHECKING:
-    from .engine import LLM
+# (sequence, token, depth, logprob, scheduler) -> whether the sequence finished: EngineCore.emit
+Emit = Callable[[Sequence, int, int, float, Scheduler], bool]
 
 
 def accept_draft(target_lp: torch.Tensor, draft_lp: torch.Tensor, token: int, rng: RequestRng) -> bool:
@@ -73,16 +74,18 @@ def _batch(seqs: list[Sequence], device: torch.device) -> SamplingBatch:
 
 
 class Speculator:
-    """Runs speculative steps for the engine (which owns the runner, cache and scheduler)."""
+    """Runs speculative steps on an engine core's runner (which owns the model and the cache),
+    counting into its counters and handing each accepted token to `emit`."""
 
-    def __init__(self, engine: LLM) -> None:
-        self.engine = engine
+    def __init__(self, runner: ModelRunner, counters: WorkCounters, emit: Emit) -> None:
+        self.runner, self.counters, self.emit = runner, counters, emit
 
     @torch.no_grad()
     def step(self, seqs: list[Sequence], sched: Scheduler) -> None:
-        eng = self.engine
-        runner, counters, num_loops, device = eng.runner, eng.counters, eng.num_loops, eng.device
-        layers = runner.num_layers
+        """One speculative step (draft, verify, accept, roll back) of each of `seqs`, which own
+        KV slots for their lookahead (the scheduler reserved them)."""
+        runner, counters = self.runner, self.counters
+        num_loops, device, layers = runner.num_loops, runner.kv.device, runner.num_layers
         n = {id(s): s.lookahead for s in seqs}
         inputs = {id(s): [s.output[-1]] for s in seqs}
         draft_lp: dict[int, list[torch.Tensor]] = {id(s): [] for s in seqs}
@@ -92,7 +95,7 @@ class Speculator:
             rows = [s for s in seqs if n[id(s)] > i]
             logits, _ = runner.decode([inputs[id(s)][i] for s in rows], [s.num_cached + i for s in rows],
                                       [s.blocks for s in rows],
-                                      [(s.params.draft_loops, 1, math.inf, 0) for s in rows])
+                                      [ExitPolicy.fixed(s.params.draft_loops) for s in rows])
             batch = _batch(rows, device)
             q = processed_logprobs(logits, batch)
             tokens = sample(q, batch).tolist()
@@ -104,7 +107,7 @@ class Speculator:
         # 2. verify: x_0, d_1..d_n of every sequence in one full-depth call
         owners = [(s, i) for s in seqs for i in range(n[id(s)] + 1)]
         logits, _ = runner.decode([inputs[id(s)][i] for s, i in owners], [s.num_cached + i for s, i in owners],
-                                  [s.blocks for s, _ in owners], [(num_loops, 1, math.inf, 0)] * len(owners))
+                                  [s.blocks for s, _ in owners], [ExitPolicy.fixed(num_loops)] * len(owners))
         counters.decode_layer_tokens += len(owners) * num_loops * layers
         counters.spec_verify_rows += len(owners)
         target = processed_logprobs(logits, _batch([s for s, _ in owners], device))
@@ -137,6 +140,6 @@ class Speculator:
                     lp = float(raw[row + i, tok])
                 else:  # a greedy row sampled a point mass (sampling.token_logprobs)
                     lp = 0.0 if greedy else float(target[row + i, tok])
-                if eng._emit(s, tok, num_loops, lp, sched):
+                if self.emit(s, tok, num_loops, lp, sched):
                     break
             row += k + 1

@@ -142,8 +142,9 @@ def tokenize_prompts(codec, template, rows: list[Row], limit: int, max_response_
 
 
 def stop_tokens_for(config, codec) -> list[int]:
-    eos = config.eos_token_id
-    stops = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    from ouro_cli.engine.setup import eos_token_ids
+
+    stops = list(eos_token_ids(config))
     im_end = codec.tokenizer.token_to_id("<|im_end|>") if hasattr(codec.tokenizer, "token_to_id") else None
     if im_end is not None:
         stops.append(im_end)

@@ -23,6 +23,7 @@ finish. Any worker's failure blocks generation until a newer full update succeed
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 import time
@@ -46,11 +47,9 @@ from ouro_cli.engine.contract import (
     SamplingParams,
     WeightChunk,
 )
-from ouro_cli.engine.engine import DEFAULT_CONTEXT_PER_SEQ
-from ouro_cli.engine.frontend import GenerationControl, make_output, take_requests
-from ouro_cli.engine.kv_cache import blocks_needed
+from ouro_cli.engine.frontend import Admission, GenerationControl, make_output, take_requests
 from ouro_cli.engine.publication import WeightPublisher, physical_name
-from ouro_cli.engine.tokenizer import TextCodec
+from ouro_cli.engine.setup import EngineLimits, open_model
 
 from . import protocol as P
 from .transport import resolve_transport_name
@@ -69,8 +68,8 @@ class _Worker:
     device: str
     process: Any
     conn: Any
-    info: dict[str, Any] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
+    info: P.Ready | None = None
+    stats: P.WorkerStats | None = None  # the latest a message carried
     load: int = 0
     full: bool = False
 
@@ -121,43 +120,25 @@ class PDEngine(GenerationControl):
             raise ValueError("PD needs at least one prefill and one decode device")
         if len(set(prefill_devices)) != len(prefill_devices) or len(set(decode_devices)) != len(decode_devices):
             raise ValueError("a device index appears twice in one role")
-        codec = TextCodec(tokenizer) if tokenizer is not None else None
-        if isinstance(model, (str, Path)):
-            from ouro_cli.checkpoint import open_checkpoint
-            from ouro_cli.model import load
-
-            codec = codec or TextCodec.from_dir(open_checkpoint(Path(model)).assets_dir)
-            model = load(Path(model), dtype=dtype, device="cpu")
-        elif dtype is not None:
-            model.to(dtype=dtype)
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a checkpoint path or an OuroForCausalLM, got {type(model).__name__}")
-        if max_num_seqs < 1 or block_size < 1:
-            raise ValueError("max_num_seqs and block_size must be >= 1")
-        self.model, self.codec = model, codec
-        cfg = model.config
+        # the coordinator's copy stays on the CPU: it checks publications and seeds the workers
+        self.model, self.codec = open_model(model, dtype=dtype, tokenizer=tokenizer)
+        cfg = self.model.config
+        self.limits = EngineLimits.resolve(cfg, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
+                                           block_size=block_size, max_model_len=max_model_len,
+                                           max_prefill_tokens=max_prefill_tokens)
         self.num_loops = cfg.total_ut_steps
         self.vocab_size = cfg.vocab_size
-        self.max_model_len = max_model_len or cfg.max_position_embeddings
-        self.max_num_seqs, self.block_size = max_num_seqs, block_size
-        if kv_blocks is None:
-            kv_blocks = max_num_seqs * blocks_needed(min(self.max_model_len, DEFAULT_CONTEXT_PER_SEQ), block_size)
-        self.kv_blocks = kv_blocks
-        eos = cfg.eos_token_id
-        self.eos_token_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
         self.transport = resolve_transport_name(transport)
         self.timeout, self.start_timeout = timeout, start_timeout
         use_cuda = torch.cuda.is_available() if device in (None, "auto") else str(device).startswith("cuda")
-        self.publisher = WeightPublisher(model, weight_version)
+        self.publisher = WeightPublisher(self.model, weight_version)
         self._seeds = random.Random(seed)
-        self._init_control()
         self._broken: str | None = None
+        self.control = Admission(self.publisher, check=self._check_not_broken)
         self._next_request = 0
         self.final_counters: dict[str, dict[str, Any]] | None = None
 
-        options = dict(max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, block_size=block_size,
-                       max_model_len=self.max_model_len, max_prefill_tokens=max_prefill_tokens,
-                       attn_chunk=attn_chunk, cuda_graphs=cuda_graphs)
+        options = dict(attn_chunk=attn_chunk, cuda_graphs=cuda_graphs)
         self._start_workers(list(prefill_devices), list(decode_devices), use_cuda, options, weight_version,
                             dict(fault or {}))
 
@@ -178,7 +159,8 @@ class PDEngine(GenerationControl):
             for role, i, dev in roles:
                 device = f"cuda:{dev}" if use_cuda else "cpu"
                 spec = WorkerSpec(role=role, index=i, device=device, config=self.model.config, weights=weights,
-                                  engine_options=options, transport=self.transport, weight_version=version)
+                                  limits=self.limits, core_options=options, transport=self.transport,
+                                  weight_version=version)
                 spec.fault = dict(fault.get(spec.name, {}))
                 if role == P.PREFILL_ROLE:
                     peers = {f"D{di}": peer_pipes[(i, di)][0] for di in range(len(decode))}
@@ -197,10 +179,10 @@ class PDEngine(GenerationControl):
             waiting = {w.name for w in self.workers}
             deadline = time.monotonic() + self.start_timeout
             while waiting:
-                w, msg = self._next(deadline - time.monotonic(), "start-up (READY)", waiting)
-                if msg[0] != P.READY:
-                    raise self._failure(f"{w.describe()} sent {msg[0]!r} during start-up")
-                w.info = msg[1]
+                w, msg = self._next(deadline - time.monotonic(), "start-up (ready)", waiting)
+                if not isinstance(msg, P.Ready):
+                    raise self._failure(f"{w.describe()} sent {type(msg).__name__} during start-up")
+                w.info = msg
                 waiting.discard(w.name)
         except BaseException:
             if self._broken is None:
@@ -211,7 +193,7 @@ class PDEngine(GenerationControl):
         self.decoders = [w for w in self.workers if w.role == P.DECODE_ROLE]
 
     def _next(self, timeout: float, waiting_for: str, owing: set[str] | None = None,
-              poll: float | None = None) -> tuple[_Worker, tuple] | None:
+              poll: float | None = None) -> tuple[_Worker, object] | None:
         """The next message from any worker. WorkerFailed when one exits or reports an error, or
         when nothing arrives within `timeout`; with `poll`, None after `poll` seconds of silence."""
         if timeout <= 0:
@@ -230,8 +212,8 @@ class PDEngine(GenerationControl):
                     msg = r.recv()
                 except (EOFError, OSError):
                     continue
-                if msg[0] == P.ERROR:
-                    raise self._failure(f"{w.describe()} failed during {msg[1]}: {msg[2]}\n{msg[3]}")
+                if isinstance(msg, P.Error):
+                    raise self._failure(f"{w.describe()} failed during {msg.where}: {msg.message}\n{msg.traceback}")
                 return w, msg
         w = by_sentinel[next(r for r in ready if r in by_sentinel)]
         w.process.join(1.0)
@@ -252,7 +234,7 @@ class PDEngine(GenerationControl):
         for w in self.workers:
             if w.process is not None and w.process.is_alive():
                 try:
-                    w.conn.send((P.STOP,))
+                    w.conn.send(P.Stop())
                 except (OSError, ValueError):
                     pass
         deadline = time.monotonic() + min(grace, self.timeout)
@@ -271,9 +253,9 @@ class PDEngine(GenerationControl):
             w.process.join(10.0)
         for w in self.workers:
             w.conn.close()
-        self._closed = True
+        self.control.closed = True
 
-    def _send(self, w: _Worker, msg: tuple) -> None:
+    def _send(self, w: _Worker, msg: object) -> None:
         try:
             w.conn.send(msg)
         except (OSError, ValueError) as err:
@@ -284,7 +266,7 @@ class PDEngine(GenerationControl):
 
     def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
-        with self._admitted():
+        with self.control.admitted():
             reqs = self._make_requests(prompts, params)
             version = self.publisher.committed_version
             self._run(reqs)
@@ -299,14 +281,13 @@ class PDEngine(GenerationControl):
         held = False
         last = time.monotonic()
         while pending or live:
-            with self._cond:
-                paused, abort = self._paused, self._abort
+            paused, abort = self.control.requested()
             if abort:
                 self._cancel(reqs, live)
                 return
             if paused != held:
                 for d in self.decoders:
-                    self._send(d, (P.PAUSE,) if paused else (P.RESUME,))
+                    self._send(d, P.Pause() if paused else P.Resume())
                 held = paused
             if not paused:
                 self._dispatch(pending, live)
@@ -321,7 +302,7 @@ class PDEngine(GenerationControl):
 
     def _dispatch(self, pending: list[_Request], live: dict[str, _Request]) -> None:
         while pending:
-            free = [d for d in self.decoders if d.load < self.max_num_seqs and not d.full]
+            free = [d for d in self.decoders if d.load < self.limits.max_num_seqs and not d.full]
             if not free:
                 return
             d = min(free, key=lambda x: (x.load, x.index))
@@ -329,52 +310,49 @@ class PDEngine(GenerationControl):
             r.d, r.state = d, "reserving"
             d.load += 1
             live[r.rid] = r
-            self._send(d, (P.RESERVE, r.rid, len(r.prompt), r.max_kv_tokens))
+            self._send(d, P.Reserve(r.rid, len(r.prompt), r.max_kv_tokens))
 
-    def _handle(self, w: _Worker, msg: tuple, pending: list[_Request], live: dict[str, _Request]) -> None:
-        tag = msg[0]
-        if tag == P.RESERVED:
-            _, rid, dst_slots, row = msg
-            r = live[rid]
-            p = min(self.prefillers, key=lambda x: (x.load, x.index))
-            r.p, r.state = p, "prefilling"
-            p.load += 1
-            self._send(p, (P.PREFILL, rid, r.prompt, r.d.name, dst_slots, row))
-        elif tag == P.RESERVE_FAILED:
-            r = live.pop(msg[1])
-            w.load -= 1
-            if w.load == 0:
-                raise self._failure(f"{w.describe()} cannot reserve KV for request {r.rid} on an empty cache (bug)")
-            w.full = True
-            r.d, r.state = None, "pending"
-            heapq.heappush(pending, r)
-        elif tag == P.COMMITTED:
-            _, rid, nbytes, seconds, stats = msg
-            w.stats = stats
-            r = live[rid]
-            r.state = "activating"
-            self._send(r.d, (P.ACTIVATE, rid, r.index, r.prompt, r.params, r.max_kv_tokens))
-        elif tag == P.ACTIVATED:
-            r = live[msg[1]]
-            r.state = "decoding"
-            self._send(r.p, (P.RELEASE, r.rid))
-            r.p.load -= 1
-        elif tag == P.TOKENS:
-            _, new, finished, stats = msg
-            w.stats = stats
-            self._take_tokens(new, finished, live)
-        else:
-            raise self._failure(f"{w.describe()} sent an unexpected {tag!r}")
+    def _handle(self, w: _Worker, msg: object, pending: list[_Request], live: dict[str, _Request]) -> None:
+        match msg:
+            case P.Reserved():
+                r = live[msg.rid]
+                p = min(self.prefillers, key=lambda x: (x.load, x.index))
+                r.p, r.state = p, "prefilling"
+                p.load += 1
+                self._send(p, P.Prefill(msg.rid, r.prompt, r.d.name, msg.dst_slots, msg.row))
+            case P.ReserveFailed():
+                r = live.pop(msg.rid)
+                w.load -= 1
+                if w.load == 0:
+                    raise self._failure(f"{w.describe()} cannot reserve KV for request {r.rid} on an empty cache (bug)")
+                w.full = True
+                r.d, r.state = None, "pending"
+                heapq.heappush(pending, r)
+            case P.Committed():
+                w.stats = msg.stats
+                r = live[msg.rid]
+                r.state = "activating"
+                self._send(r.d, P.Activate(msg.rid, r.index, r.prompt, r.params, r.max_kv_tokens))
+            case P.Activated():
+                r = live[msg.rid]
+                r.state = "decoding"
+                self._send(r.p, P.Release(r.rid))
+                r.p.load -= 1
+            case P.Tokens():
+                w.stats = msg.stats
+                self._take_tokens(msg, live)
+            case _:
+                raise self._failure(f"{w.describe()} sent an unexpected {type(msg).__name__}")
 
-    def _take_tokens(self, new: list, finished: list, live: dict[str, _Request]) -> None:
-        for rid, ids, depths, lps in new:
-            r = live[rid]
-            r.output += ids
-            r.depths += depths
-            r.logprobs += lps
-        for rid, reason in finished:
-            r = live.pop(rid)
-            r.finish_reason, r.state = reason, "done"
+    def _take_tokens(self, msg: P.Tokens, live: dict[str, _Request]) -> None:
+        for new in msg.new:
+            r = live[new.rid]
+            r.output += new.ids
+            r.depths += new.depths
+            r.logprobs += new.logprobs
+        for done in msg.finished:
+            r = live.pop(done.rid)
+            r.finish_reason, r.state = done.reason, "done"
             r.d.load -= 1
             r.d.full = False
 
@@ -382,27 +360,28 @@ class PDEngine(GenerationControl):
         """Abort: P first (so no late WRITE lands in blocks D gives back), then D."""
         for group in (self.prefillers, self.decoders):
             for w in group:
-                self._send(w, (P.CANCEL,))
+                self._send(w, P.Cancel())
             waiting = {w.name for w in group}
             deadline = time.monotonic() + self.timeout
             while waiting:
                 w, msg = self._next(deadline - time.monotonic(), "cancellation", waiting)
-                if msg[0] == P.CANCELLED:
-                    w.stats = msg[2]
+                if isinstance(msg, P.Cancelled):
+                    w.stats = msg.stats
                     waiting.discard(w.name)
-                elif msg[0] == P.TOKENS:
-                    w.stats = msg[3]
-                    self._take_tokens(msg[1], msg[2], live)
-                elif msg[0] not in (P.COMMITTED, P.ACTIVATED, P.RESERVED, P.RESERVE_FAILED):
-                    raise self._failure(f"{w.describe()} sent {msg[0]!r} during cancellation")
+                elif isinstance(msg, P.Tokens):
+                    w.stats = msg.stats
+                    self._take_tokens(msg, live)
+                elif not isinstance(msg, P.Committed | P.Activated | P.Reserved | P.ReserveFailed):
+                    raise self._failure(f"{w.describe()} sent {type(msg).__name__} during cancellation")
         for r in reqs:
             if r.finish_reason is None:
                 r.finish_reason = "abort"
 
     def _make_requests(self, prompts: Seq[Prompt], params) -> list[_Request]:
+        lim = self.limits
         intake = take_requests(prompts, params, codec=self.codec, vocab_size=self.vocab_size, num_loops=self.num_loops,
-                               seeds=self._seeds, first_id=self._next_request, max_model_len=self.max_model_len,
-                               block_size=self.block_size, kv_blocks=self.kv_blocks,
+                               seeds=self._seeds, first_id=self._next_request, max_model_len=lim.max_model_len,
+                               block_size=lim.block_size, kv_blocks=lim.kv_blocks,
                                cache_name="a decode worker's cache", adjust=_no_speculation)
         self._next_request += len(intake)
         return [_Request(index=r.index, rid=r.request_id, prompt=r.ids, params=r.params, max_kv_tokens=r.kv_tokens,
@@ -416,28 +395,28 @@ class PDEngine(GenerationControl):
     # ---- weight publication ---------------------------------------------------------------
 
     def start_weight_update(self, version: int) -> None:
-        with self._cond:
-            self._check_idle_for_update()
+        with self.control.lock:
+            self.control.check_idle_for_update()
             self.publisher.start(version)  # version > every version ever attempted, checked here once
-            self._broadcast((P.START_UPDATE, version), f"start of the update to version {version}")
+            self._broadcast(P.StartUpdate(version), f"start of the update to version {version}")
 
     def update_weights(self, chunk: WeightChunk) -> None:
-        with self._cond:
-            self._check_open()
+        with self.control.lock:
+            self.control.check_open()
             items = [(physical_name(name), tensor) for name, tensor in chunk]
             self.publisher.update(items)  # the whole chunk checked before any worker sees it
             staged = [(name, t.detach()) for name, t in items]
-            self._broadcast((P.UPDATE, staged), f"a chunk of the update to version {self.publisher.pending}")
+            self._broadcast(P.Update(staged), f"a chunk of the update to version {self.publisher.pending}")
 
     def finish_weight_update(self) -> None:
-        with self._cond:
-            self._check_open()
+        with self.control.lock:
+            self.control.check_open()
             pub = self.publisher
             if pub.in_progress and not set(pub.params) - pub.received:
-                self._broadcast((P.FINISH_UPDATE,), f"the commit of version {pub.pending}")
+                self._broadcast(P.FinishUpdate(), f"the commit of version {pub.pending}")
             pub.finish()
 
-    def _broadcast(self, msg: tuple, what: str) -> None:
+    def _broadcast(self, msg: object, what: str) -> None:
         """Send to every worker and wait for every answer; any refusal fails the update (generation
         stays blocked until a newer full update), a dead or silent worker fails the engine."""
         for w in self.workers:
@@ -447,15 +426,15 @@ class PDEngine(GenerationControl):
         deadline = time.monotonic() + self.timeout
         while waiting:
             w, answer = self._next(deadline - time.monotonic(), what, waiting)
-            if answer[0] == P.FAILED:
-                failed.append(f"{w.describe()}: {answer[1]}")
-            elif answer[0] != P.OK:
-                raise self._failure(f"{w.describe()} answered {answer[0]!r} to {what}")
+            if isinstance(answer, P.Failed):
+                failed.append(f"{w.describe()}: {answer.reason}")
+            elif not isinstance(answer, P.Ok):
+                raise self._failure(f"{w.describe()} answered {type(answer).__name__} to {what}")
             waiting.discard(w.name)
         if failed:
             reason = f"{what} failed on {'; '.join(failed)}"
             if self.publisher.in_progress:
-                self.publisher._fail(reason)
+                self.publisher.fail(reason)
             raise PublicationError(reason)
 
     def get_weight_version(self) -> int:
@@ -470,36 +449,37 @@ class PDEngine(GenerationControl):
     def work_counters(self) -> Mapping[str, int]:
         total: dict[str, int] = {}
         for w in self.workers:
-            for key, value in w.stats.get("work", {}).items():
+            for key, value in (w.stats.work if w.stats else {}).items():
                 total[key] = total.get(key, 0) + value
-        prefill = [w.stats.get("worker", {}) for w in self.prefillers] if hasattr(self, "prefillers") else []
-        total["kv_transfers"] = sum(s.get("transfers", 0) for s in prefill)
-        total["kv_transfer_bytes"] = sum(s.get("bytes", 0) for s in prefill)
+        prefill = [w.stats.worker for w in getattr(self, "prefillers", []) if w.stats]
+        total["kv_transfers"] = sum(s.transfers for s in prefill)
+        total["kv_transfer_bytes"] = sum(s.bytes for s in prefill)
         return total
 
     def worker_counters(self) -> dict[str, dict[str, Any]]:
         """Latest per-worker counters (tokens, bytes, transfers, seconds, blocks in use, weight version)."""
         if self.final_counters is not None:
             return self.final_counters
-        return {w.name: dict(w.stats.get("worker", {})) for w in self.workers}
+        return {w.name: dataclasses.asdict(w.stats.worker) if w.stats else {} for w in self.workers}
 
     def stop(self) -> dict[str, dict[str, Any]]:
         """The stop/stopped handshake: every worker reports its counters and leaves its loop; all joined."""
-        with self._cond:
-            if self._generating:
+        control = self.control
+        with control.lock:
+            if control.generating:
                 raise EngineBusy("close() while generate is running; pause with abort=True first")
-            if self._closed:
+            if control.closed:
                 return self.final_counters or {}
             for w in self.workers:
-                self._send(w, (P.STOP,))
+                self._send(w, P.Stop())
             counters: dict[str, dict[str, Any]] = {}
             waiting = {w.name for w in self.workers}
             deadline = time.monotonic() + self.timeout
             while waiting:
                 w, msg = self._next(deadline - time.monotonic(), "stopped", waiting)
-                if msg[0] == P.STOPPED:
-                    counters[w.name] = {**msg[1], "role": w.role, "device": w.device}
-                    w.stats = {"worker": msg[1], "work": msg[2]}
+                if isinstance(msg, P.Stopped):
+                    counters[w.name] = {**dataclasses.asdict(msg.stats.worker), "role": w.role, "device": w.device}
+                    w.stats = msg.stats
                     waiting.discard(w.name)
             stuck = []
             for w in self.workers:
@@ -509,20 +489,19 @@ class PDEngine(GenerationControl):
                     w.process.kill()
                     w.process.join()
                 w.conn.close()
-            self._closed = True
+            control.closed = True
             self.final_counters = counters
             if stuck:
                 raise WorkerFailed(f"answered stop but did not exit within {self.timeout:g} s: {', '.join(stuck)}")
             return counters
 
     def close(self) -> None:
-        if not self._closed:
+        if not self.control.closed:
             self.stop()
 
-    def _check_open(self) -> None:
+    def _check_not_broken(self) -> None:
         if self._broken is not None:
             raise WorkerFailed(f"PD engine failed earlier: {self._broken}")
-        super()._check_open()
 
     def __enter__(self) -> PDEngine:
         return self

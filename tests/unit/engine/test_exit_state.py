@@ -62,3 +62,28 @@ def test_compiled_update_makes_the_eager_decisions(monkeypatch):
     for name in ("depth", "active", "stop_after"):
         assert torch.equal(getattr(eager, name), getattr(compiled, name)), name
     torch.testing.assert_close(compiled.cdf, eager.cdf, rtol=2e-7, atol=0)
+
+
+def test_a_sequence_names_the_policy_of_each_row():
+    """The policy a Sequence computed once gives each decode row what SamplingParams say
+    (contract.py): a trace's depth for token j, K past the trace, the threshold's numbers."""
+    from ouro_cli.engine.contract import SamplingParams
+    from ouro_cli.engine.exits import ExitPolicy
+    from ouro_cli.engine.request_rng import RequestRng
+    from ouro_cli.engine.scheduler import Sequence
+
+    def seq(**kw):
+        p = SamplingParams(max_tokens=8, max_loops=3, **kw).resolved(T, 0)
+        return Sequence(index=0, request_id="0", prompt=[1], params=p, rng=RequestRng(0), max_kv_tokens=9)
+
+    traced = seq(exit_mode="trace", exit_trace=(2, 1, 4))
+    depths = []
+    for n in range(1, 7):  # the row that follows n generated tokens
+        traced.output = [0] * n
+        depths.append(traced.exit_policy())
+        assert traced.exit_policy(ahead=1) == ExitPolicy(([2, 1, 4] + [3] * 9)[n], 1, math.inf, 0)
+    assert depths == [ExitPolicy(d, 1, math.inf, 0) for d in (2, 1, 4, 3, 3, 3)]
+    delayed = seq(exit_threshold=0.4, exit_mode="delayed", min_loops=2)
+    delayed.output = [0, 0]
+    assert delayed.exit_policy() == (3, 2, 0.4, 1) and delayed.exit_policy().tau == 0.4
+    assert seq().exit_policy() == ExitPolicy(3, 1, math.inf, 0)

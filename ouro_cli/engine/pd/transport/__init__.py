@@ -30,7 +30,7 @@ NIXL_INSTALL_HINT = "pip install nixl  (the UCX backend ships in the wheel; or b
 
 class KVTransport(Protocol):
     name: str
-    notifies_itself: bool  # False: P sends protocol.NOTIFY over the P–D pipe after write()
+    notifies_itself: bool  # False: P sends a protocol.Notify over the P–D pipe after write()
 
     def register(self, k: torch.Tensor, v: torch.Tensor, landing: torch.Tensor) -> Any:
         """Decode side: make the KV planes and landing rows writable by peers; a picklable registration."""

@@ -1,0 +1,275 @@
+"""`EngineCore`: one engine's model, KV cache, runner and weights, and the steps that advance requests.
+
+Everything that runs the engine drives this core through its public step methods:
+
+- `LLM` (engine.py), the user facade, takes requests, holds them at step boundaries for
+  pause and abort, and calls `step` until its scheduler is empty;
+- the PD decode worker (pd/worker.py) activates requests whose KV another process
+  prefilled (`Scheduler.activate`), samples their token 0 with `sample` and calls `step`;
+  the PD prefill worker prefills into its own blocks with `runner.prefill`;
+- self-speculation (speculative.py), which the core runs for the sequences that
+  speculate, decodes through `runner.decode` and emits through `emit`.
+
+One `step`: the scheduler's plan, then `prefill` of the admitted sequences (token 0 of
+each fresh one sampled from its last prompt position) and `decode` of the running ones.
+A decode step is `launch_decode` (queue the step and the sampling of its tokens) then
+`finish_step` (read the tokens back, the step's one device-to-host wait, and `emit`
+them); with overlap the next step is queued before that wait. Every step is a
+deterministic function of the requests, their seeds, the weights and the configuration,
+never of timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ouro_cli.model import fuse_projections
+
+from .contract import EngineError, WeightChunk
+from .host_to_device import HostCopy, to_device
+from .kv_cache import PagedKVCache
+from .publication import WeightPublisher
+from .runner import ModelRunner, PrefillItem, WorkCounters
+from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample, token_logprobs
+from .scheduler import Scheduler, Sequence, StepPlan
+from .setup import EngineLimits, eos_token_ids
+from .speculative import Speculator
+
+
+@dataclasses.dataclass
+class DecodeStep:
+    """A queued step's sampled tokens: `tokens` [B] on the device (the next step's inputs),
+    `host` their copy with logprobs and depths on the way back; `depths` when already known."""
+
+    seqs: list[Sequence]
+    tokens: torch.Tensor
+    host: HostCopy
+    depths: list[int] | None
+
+
+class EngineCore:
+    """The model (put in eval mode; its projections fused on CUDA), a paged per-loop KV
+    cache of `limits.kv_blocks` blocks, the model runner, the work counters, the weight
+    publisher and the EOS set, and the step methods that use them.
+
+    `attn_chunk` is decode attention's chunk length; on CUDA decode steps are captured as
+    CUDA graphs unless `cuda_graphs=False`; `async_exits` reads exit signals one loop late
+    (async_exits.py); `weight_version` names the loaded weights. The core keeps no request
+    state between calls: sequences live in the `Scheduler` the caller passes to each step.
+    """
+
+    def __init__(self, model: nn.Module, limits: EngineLimits, *, attn_chunk: int = 128,
+                 cuda_graphs: bool | None = None, async_exits: bool = False, weight_version: int = 0) -> None:
+        model.eval()
+        if next(model.parameters()).is_cuda:
+            fuse_projections(model)  # fewer, wider GEMMs per decode loop (model/fusion.py)
+        self.model, self.limits = model, limits
+        cfg = model.config
+        self.num_loops = cfg.total_ut_steps
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.kv = PagedKVCache(num_layers=cfg.num_hidden_layers, num_loops=self.num_loops,
+                               num_blocks=limits.kv_blocks, block_size=limits.block_size,
+                               num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.dim_per_head, dtype=self.dtype,
+                               device=self.device)
+        self.counters = WorkCounters()
+        self.runner = ModelRunner(model, self.kv, self.counters, attn_chunk,
+                                  cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs,
+                                  async_exits=async_exits)
+        self.speculator = Speculator(self.runner, self.counters, self.emit)
+        self.publisher = WeightPublisher(model, weight_version)
+        self.eos_token_ids = eos_token_ids(cfg)
+
+    def scheduler(self) -> Scheduler:
+        """A scheduler over the cache's current blocks (make it after `kv.set_planes`) and the limits."""
+        lim = self.limits
+        return Scheduler(self.kv.allocator, lim.block_size, lim.max_num_seqs, lim.max_prefill_tokens)
+
+    # ---- steps --------------------------------------------------------------------------
+
+    def step(self, sched: Scheduler, *, overlap: bool = False, hold: Callable[[], bool] | None = None) -> StepPlan:
+        """One scheduler step: plan it, prefill the admitted sequences, decode the running ones
+        (`decode`'s `overlap` and `hold`). -> the plan that ran."""
+        plan = sched.schedule()
+        self.counters.preemptions += len(plan.preempted)
+        if not plan.prefill and not plan.decode:
+            raise EngineError(f"the scheduler could not make progress (this is a bug): running "
+                              f"{[(q.request_id, q.num_cached, len(q.blocks)) for q in sched.running]}, waiting "
+                              f"{[q.request_id for q in sched.waiting]}, {self.kv.allocator.num_free} blocks free")
+        if plan.prefill:
+            self.prefill(plan.prefill, sched)
+        if plan.decode:
+            self.decode(plan.decode, sched, overlap=overlap, hold=hold)
+        return plan
+
+    def prefill(self, seqs: list[Sequence], sched: Scheduler) -> None:
+        """Prefill the admitted sequences, each computed once per distinct (tokens, depths), and
+        sample token 0 of each fresh one (a recomputed sequence already holds its next input).
+
+        A GRPO group submits its prompt G times; the copies admitted in one step share one
+        prefill, and the others receive its K/V (every layer and plane) by a slot copy.
+        Prefill is deterministic, so this gives the bits a separate prefill would."""
+        fresh, logits = [], []
+        done: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], torch.Tensor]] = {}
+        for seq in seqs:
+            tokens, depths = seq.prefill_tokens, seq.prefill_depths(self.num_loops)
+            slots = self.kv.slots(seq.blocks, 0, len(tokens))
+            key = (tuple(tokens), tuple(depths))
+            if key in done:
+                source_slots, last = done[key]
+                self.kv.copy_slots(source_slots, slots)
+                self.counters.prefill_tokens_shared += len(tokens)
+            else:
+                last = self.runner.prefill(PrefillItem(tokens, depths, slots))
+                done[key] = (slots, last)
+            seq.num_cached = len(tokens)
+            if seq.is_fresh:
+                fresh.append(seq)
+                logits.append(last)
+        if fresh:
+            self.sample(fresh, torch.stack(logits), [self.num_loops] * len(fresh), sched)
+
+    def decode(self, seqs: list[Sequence], sched: Scheduler, *, overlap: bool = False,
+               hold: Callable[[], bool] | None = None) -> None:
+        """Decode one token for each of `seqs` (those that speculate: one speculative step).
+
+        With `overlap`, keep decoding while the batch stays as it is, queueing step n + 1
+        (fed the device's sampled tokens) before reading step n's tokens back: the host's
+        per-step work (emitting, scheduling, building the next inputs) runs while the device
+        computes, instead of between two steps; `hold()` True (a pause asked for) ends the
+        run at the next step. A sequence that ends at step n (a stop token) has then also
+        run step n + 1: that row is discarded (`decode_rows_discarded`); it computed with
+        its own KV blocks and seed stream only, so no other row sees it. Returns with no
+        step in flight."""
+        speculative = [s for s in seqs if s.params.speculative_tokens]
+        if speculative:
+            self.speculator.step(speculative, sched)
+            seqs = [s for s in seqs if not s.params.speculative_tokens]
+            if not seqs:
+                return
+            overlap = False  # the speculating sequences wait for the next schedule
+        step = self.launch_decode(seqs)
+        while step is not None:
+            follow = None
+            try:
+                follow = self._follow_on(step, sched, hold) if overlap else None
+            finally:
+                self.finish_step(step, sched)
+            step = follow
+
+    def launch_decode(self, seqs: list[Sequence], fed: DecodeStep | None = None) -> DecodeStep:
+        """Queue a decode step of `seqs` and its sampling. Inputs are each row's last token,
+        or with `fed` the tokens `fed` sampled (not yet emitted: one token ahead)."""
+        ahead = 0 if fed is None else 1
+        if fed is None:
+            tokens: list[int] | tuple[torch.Tensor, list[int]] = [s.output[-1] for s in seqs]
+        else:
+            row = {id(s): i for i, s in enumerate(fed.seqs)}
+            tokens = (fed.tokens, [row[id(s)] for s in seqs])
+            self.counters.decode_steps_overlapped += 1
+        logits, depths = self.runner.decode(tokens, [s.num_cached for s in seqs], [s.blocks for s in seqs],
+                                            [s.exit_policy(ahead) for s in seqs])
+        for seq in seqs:
+            seq.num_cached += 1
+        return self.launch_sample(seqs, logits, depths)
+
+    def _follow_on(self, step: DecodeStep, sched: Scheduler, hold: Callable[[], bool] | None) -> DecodeStep | None:
+        """Queue the step after `step` (whose tokens are not yet read) when the batch would not
+        change: nothing waits to be admitted (or the batch is full), no hold is asked for, and
+        every continuing row gets its KV slot without preempting anyone. Rows that end at
+        `step` by length are left out; rows that end on a stop token cannot be known yet."""
+        if (sched.waiting and len(sched.running) < sched.max_num_seqs) or (hold is not None and hold()):
+            return None
+        seqs = [s for s in step.seqs if s.finish_reason is None and len(s.output) + 1 < s.params.max_tokens]
+        if not seqs or not sched.reserve_decode_slots(seqs):
+            return None
+        return self.launch_decode(seqs, fed=step)
+
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor, depths: torch.Tensor | list[int],
+               sched: Scheduler) -> list[int]:
+        """Sample each row's next token from `logits` [B, V] and emit it; `depths` [B] may still be
+        on the device (a decode step's): it comes back with the tokens in one transfer.
+        -> the depths."""
+        return self.finish_step(self.launch_sample(seqs, logits, depths), sched)
+
+    def launch_sample(self, seqs: list[Sequence], logits: torch.Tensor,
+                      depths: torch.Tensor | list[int]) -> DecodeStep:
+        """Queue the sampling of each row's next token and its copy to the host."""
+        ps = [s.params for s in seqs]
+        batch = SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
+                              [s.rng for s in seqs], self.device)
+        processed = processed_logprobs(logits, batch)
+        tokens = sample(processed, batch)
+        chosen = token_logprobs(processed, tokens, batch)
+        if any(p.logprobs_mode == "raw" for p in ps):
+            raw = raw_logprobs(logits).gather(1, tokens[:, None]).squeeze(1)
+            use_raw = to_device([p.logprobs_mode == "raw" for p in ps], torch.bool, chosen.device)
+            chosen = torch.where(use_raw, raw, chosen)
+        on_device = isinstance(depths, torch.Tensor)
+        rows = [tokens.double(), chosen.double()] + ([depths.double()] if on_device else [])
+        return DecodeStep(seqs, tokens, HostCopy(torch.stack(rows)), None if on_device else list(depths))
+
+    def finish_step(self, step: DecodeStep, sched: Scheduler) -> list[int]:
+        """Wait for `step`'s tokens (the step's one device-to-host wait) and emit them; rows
+        of sequences that already ended are discarded. -> the depths."""
+        host = step.host.values()
+        depths = [int(d) for d in host[2]] if step.depths is None else step.depths
+        emitted = 0
+        for seq, token, depth, lp in zip(step.seqs, host[0], depths, host[1], strict=True):
+            if seq.finish_reason is not None:  # ended at the step before (overlap): run, not emitted
+                self.counters.decode_rows_discarded += 1
+                self.counters.decode_tokens -= 1
+                continue
+            self.emit(seq, int(token), depth, lp, sched)
+            emitted += depth
+        if step.depths is None:
+            self.counters.decode_layer_tokens += emitted * self.runner.num_layers
+        return depths
+
+    def emit(self, seq: Sequence, token: int, depth: int, logprob: float, sched: Scheduler) -> bool:
+        """Append one generated token; finish the sequence on a stop token or at max_tokens (-> True)."""
+        seq.output.append(token)
+        seq.depths.append(depth)
+        seq.logprobs.append(logprob)
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            seq.finish_reason = "stop"
+        elif len(seq.output) >= p.max_tokens:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            sched.finish(seq)
+            return True
+        return False
+
+    # ---- weights and memory (the caller checks the core is idle) --------------------------
+
+    def start_weight_update(self, version: int) -> None:
+        self.publisher.start(version)
+        self.kv.invalidate()  # cached KV belongs to the old weights
+
+    def update_weights(self, chunk: WeightChunk) -> None:
+        self.publisher.update(chunk)
+
+    def finish_weight_update(self) -> None:
+        self.publisher.finish()
+
+    def release_memory(self) -> None:
+        """Free the KV cache and the CUDA graphs captured on it."""
+        self.kv.release()
+        self.runner.drop_graphs()
+
+    def restore_memory(self) -> None:
+        """Allocate the KV cache again (zeroed); decode steps are captured again on first use."""
+        self.kv.restore()
+
+    def close(self) -> None:
+        """Drop the captured steps and free the cache now, not when the core is collected."""
+        self.runner.graphs, self.runner.graph_pool = None, None
+        self.kv.release()
+
+    def work_counters(self) -> dict[str, int]:
+        return self.counters.as_dict()
