@@ -59,8 +59,7 @@ class _Removable:
 def record_sublayers(model, taps: dict[str, list], pick) -> list:
     """Hooks appending `pick(...)` of each layer's attention and MLP inputs and outputs, and of
     q and k after RoPE, to `taps` (one list per name in TAPS, one entry per layer call).
-    q and k come from wrapping pointwise.rotary (undone by the last returned hook's remove);
-    an engine that rotates inside its attention kernel (OURO_DECODE_ROPE=kernel) records none."""
+    q and k come from wrapping pointwise.rotary (undone by the last returned hook's remove)."""
     from ouro_cli.model import pointwise
 
     def keep(name, which):

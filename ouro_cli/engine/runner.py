@@ -36,12 +36,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ouro_cli.kernels import resolve_attention, resolve_gemv
 from ouro_cli.model import OuroForCausalLM, matmul, pointwise
 
 from .async_exits import LaggedExitProbe
 from .exits import ExitState
 from .host_to_device import to_device
-from .kernels import resolve_attention, resolve_gemv, resolve_rope
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
 
@@ -96,10 +96,9 @@ class ModelRunner:
         self.model, self.kv, self.counters = model, kv, counters
         self.attention = resolve_attention(attention, kv.device)  # "torch" | "triton" (kernels/__init__.py)
         if self.attention == "triton":
-            from .kernels import decode_attention as triton_kernels
+            from ouro_cli.kernels import decode_attention as triton_kernels
             self.triton_kernels = triton_kernels
         self.gemv = resolve_gemv(None, kv.device)  # the projections' small-batch kernel (None: F.linear)
-        self.rope_in_kernel = resolve_rope(None, self.attention)  # the attention kernel applies RoPE
         self.async_exits = async_exits  # read exit signals one loop late (async_exits.py)
         self.num_loops = model.num_loops
         self.num_layers = len(model.model.layers)
@@ -220,15 +219,13 @@ class ModelRunner:
             ops = self.triton_kernels
 
         def attend_for_layer(layer: int):
-            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None = None,
-                       sin: torch.Tensor | None = None) -> torch.Tensor:
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 k, v = k[:, 0], v[:, 0]
                 if self.attention == "triton":
                     k_plane, v_plane = kv.plane(layer, plane)
                     prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
-                    rope = None if cos is None else (cos[:, 0], sin[:, 0])
                     return ops.write_kv_and_attend(q[:, 0], k_plane, v_plane, *prev, new_slots, k, v, exits.active,
-                                                   ctx_slots, lengths, rope=rope)[:, None]
+                                                   ctx_slots, lengths)[:, None]
                 if plane > 0:  # exited rows carry their last plane forward instead of new K/V
                     keep = exits.active[:, None, None]
                     k_prev, v_prev = kv.read(layer, plane - 1, new_slots)
@@ -236,7 +233,6 @@ class ModelRunner:
                 kv.write(layer, plane, new_slots, k, v)
                 o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
                 return o[:, None]
-            attend.applies_rotary = self.rope_in_kernel
             return attend
 
         loops_run = 0

@@ -73,7 +73,7 @@ PAGED_NEEDS_CUDA = ("OURO_REPLAY_ATTENTION=paged runs a Triton kernel: it needs 
 
 def replay_attention_mode() -> str:
     """OURO_REPLAY_ATTENTION: "sdpa" (default) or "paged": every query through the engine's
-    decode attention kernel, in its reduction order (engine/kernels/replay_attention.py)."""
+    decode attention kernel, in its reduction order (kernels/replay_attention.py)."""
     mode = os.environ.get("OURO_REPLAY_ATTENTION", "sdpa")
     if mode not in REPLAY_ATTENTION_MODES:
         raise SettingError(f"OURO_REPLAY_ATTENTION must be one of {', '.join(REPLAY_ATTENTION_MODES)}, got {mode!r}")
@@ -86,7 +86,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise SettingError(PAGED_NEEDS_CUDA)
         # the kernel lives with the engine's: this mode exists to give the engine's bits
-        from ouro_cli.engine.kernels.replay_attention import paged_replay_attention
+        from ouro_cli.kernels.replay_attention import paged_replay_attention
 
         return paged_replay_attention(q, k, v, mask, sdpa_attention)
     return sdpa_attention(q, k, v, mask)

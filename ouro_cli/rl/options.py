@@ -136,7 +136,7 @@ class TrainOptions:
         OURO_COMPILE_LAYERS, before anything runs."""
         import torch
 
-        from ouro_cli.engine.kernels import check_settings
+        from ouro_cli.kernels import check_settings
 
         cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
         check_settings(torch.device("cuda" if cuda else "cpu"))

@@ -146,11 +146,8 @@ def test_unknown_plugin_path_is_named_before_any_model_loads(tmp_path, flag, val
     ("OURO_REPLAY_ATTENTION", "bogus", "OURO_REPLAY_ATTENTION must be one of"),
     ("OURO_REPLAY_ATTENTION", "paged", "OURO_REPLAY_ATTENTION=paged runs a Triton kernel"),
     ("OURO_DECODE_GEMV", "magic", "OURO_DECODE_GEMV) must be one of"),
-    ("OURO_DECODE_ROPE", "fast", "OURO_DECODE_ROPE) must be one of"),
-    ("OURO_DECODE_ROPE", "kernel", "OURO_DECODE_ROPE=kernel needs the Triton decode attention"),
     ("OURO_COMPILE_LAYERS", "yes", "OURO_COMPILE_LAYERS must be auto, 0 or 1"),
-], ids=["replay-value", "replay-on-cpu", "gemv-value", "rope-value", "rope-without-triton-attention",
-        "compile-layers-value"])
+], ids=["replay-value", "replay-on-cpu", "gemv-value", "compile-layers-value"])
 def test_bad_kernel_switch_fails_before_anything_runs(tmp_path, knob, value, named):
     (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
     proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"), "--device", "cpu",

@@ -1,4 +1,4 @@
-"""The small-M linear kernel (ouro_cli/engine/kernels/gemv.py) on CPU, under the Triton
+"""The small-M linear kernel (ouro_cli/kernels/gemv.py) on CPU, under the Triton
 interpreter: it equals a dense fp64 x @ w.T to 1e-5 in fp32 and to 1 ulp in bf16 (M of 1,
 3, 8, 16 and 40, the last in two row tiles; N and K on and off the tiles; default and small
 tiles); a row's output is bitwise the same alone, among the first rows of a batch of up to

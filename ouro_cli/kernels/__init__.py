@@ -20,13 +20,6 @@ shape (same weights; measured with its earlier tiles, and its order of summation
 depend on the tiles), which cuBLAS at 8 rows does not for down_proj (it splits K); the
 engine-vs-trainer bf16 agreement did not change measurably with it (0.046 both ways with
 "triton"; 0.0452 with "auto").
-
-OURO_DECODE_ROPE=kernel (opt-in; default "torch") lets the decode attention kernel apply
-RoPE to q and the new k itself, instead of a separate elementwise kernel before it. Its bf16
-results equal pointwise.rotary's bit for bit on the H200 (tests/gpu, kernel and engine under
-CUDA graphs), but the gain is within run-to-run noise (1.4B, K = 4: 173.8 / 2,588 / 7,090
-tok/s at batch 1 / 16 / 64 against 174.3 / 2,573 / 7,056 for the default, one call), so the
-default keeps the plain path.
 """
 
 from __future__ import annotations
@@ -39,7 +32,6 @@ from ouro_cli.errors import SettingError
 
 ATTENTION_MODES = ("auto", "torch", "triton")
 GEMV_MODES = ("auto", "cublas", "triton")
-ROPE_MODES = ("torch", "kernel")
 DEFAULT_GEMV = "auto"
 
 
@@ -65,7 +57,7 @@ def resolve_attention(attention: str | None, device: torch.device) -> str:
 
 
 def resolve_gemv(mode: str | None, device: torch.device):
-    """The decode step's small-batch matmul kernel on `device` (engine/kernels/gemv.py), or
+    """The decode step's small-batch matmul kernel on `device` (kernels/gemv.py), or
     None for F.linear (cuBLAS on CUDA). "auto": the kernel on the shapes where it was
     measured faster, on CUDA with triton; "triton": on every product of <= 64 rows."""
     mode = mode or os.environ.get("OURO_DECODE_GEMV", DEFAULT_GEMV)
@@ -79,19 +71,6 @@ def resolve_gemv(mode: str | None, device: torch.device):
     return small_m_linear if mode == "triton" else small_m_linear_where_faster
 
 
-def resolve_rope(mode: str | None, attention: str) -> bool:
-    """Whether the decode kernel rotates q and k itself (OURO_DECODE_ROPE=kernel: one kernel
-    fewer per layer-loop) instead of pointwise.rotary before it (default "torch").
-    `attention` is the resolved decode attention path; "kernel" needs "triton"."""
-    mode = mode or os.environ.get("OURO_DECODE_ROPE", "torch")
-    if mode not in ROPE_MODES:
-        raise SettingError(f"decode RoPE (OURO_DECODE_ROPE) must be one of {', '.join(ROPE_MODES)}, got {mode!r}")
-    if mode == "kernel" and attention != "triton":
-        raise SettingError("OURO_DECODE_ROPE=kernel needs the Triton decode attention (OURO_DECODE_ATTENTION=triton, "
-                           "or auto on CUDA)")
-    return mode == "kernel"
-
-
 def check_settings(device: torch.device) -> None:
     """The OURO_* kernel switches, read where they are used, checked up front for a run on
     `device`: a bad value is one SettingError before any model loads, not a failure midway."""
@@ -101,7 +80,6 @@ def check_settings(device: torch.device) -> None:
     compile_layers()  # OURO_COMPILE_LAYERS: auto, 0 or 1
     no_kernel_device = device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
     attention = resolve_attention(None, device)
-    resolve_rope(None, attention)
     if attention == "triton" and no_kernel_device:
         raise SettingError("OURO_DECODE_ATTENTION=triton needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)")
     if resolve_gemv(None, device) is not None and no_kernel_device:
