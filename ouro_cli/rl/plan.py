@@ -31,7 +31,7 @@ PLAN_VERSION = 1
 
 # may differ between a run and its resumption
 FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_interval",
-             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "test_break_resume", "save_on_interrupt",
+             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "save_on_interrupt",
              "gpu_memory_utilization",  # the memory plan it yields is recorded (contract "sizing") and reused
              "async_save", "offload_optimizer"}  # where tensors live, not what they hold
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr"}
@@ -92,6 +92,16 @@ def read_plan(path: Path) -> dict[str, Any]:
     if plan.get("plan_version") != PLAN_VERSION or "contract" not in plan:
         raise UserError(f"{path} is not an ouro plan of version {PLAN_VERSION}")
     return plan
+
+
+def resume_options(plan: dict[str, Any], given: dict[str, Any], *, updates: int, run_dir: str) -> TrainOptions:
+    """The options of a resumed run: the plan's, then the flags given (None: not given). Flags
+    that would change the contract are refused later, by `check_same_contract`, once the
+    contract of this invocation is known."""
+    values = dict(plan["options"])
+    values.update({k: v for k, v in given.items() if v is not None})
+    values.update(updates=updates, run_dir=run_dir, overwrite=False)
+    return TrainOptions.from_dict(values).validate()
 
 
 def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool) -> None:

@@ -51,6 +51,7 @@ from ouro_cli.engine.frontend import GenerationControl, make_output, take_reques
 from ouro_cli.engine.kv_cache import blocks_needed
 from ouro_cli.engine.publication import WeightPublisher, physical_name
 from ouro_cli.engine.tokenizer import TextCodec
+from ouro_cli.testing import faults
 
 from . import protocol as P
 from .transport import resolve_transport_name
@@ -115,8 +116,7 @@ class PDEngine(GenerationControl):
                  kv_blocks: int | None = None, block_size: int = 16, max_model_len: int | None = None,
                  max_prefill_tokens: int = 8192, attn_chunk: int = 128, cuda_graphs: bool | None = None,
                  seed: int | None = None, tokenizer=None, weight_version: int = 0, transport: str = "auto",
-                 timeout: float = 300.0, start_timeout: float = 300.0,
-                 fault: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 timeout: float = 300.0, start_timeout: float = 300.0) -> None:
         if not prefill_devices or not decode_devices:
             raise ValueError("PD needs at least one prefill and one decode device")
         if len(set(prefill_devices)) != len(prefill_devices) or len(set(decode_devices)) != len(decode_devices):
@@ -158,13 +158,12 @@ class PDEngine(GenerationControl):
         options = dict(max_num_seqs=max_num_seqs, kv_blocks=kv_blocks, block_size=block_size,
                        max_model_len=self.max_model_len, max_prefill_tokens=max_prefill_tokens,
                        attn_chunk=attn_chunk, cuda_graphs=cuda_graphs)
-        self._start_workers(list(prefill_devices), list(decode_devices), use_cuda, options, weight_version,
-                            dict(fault or {}))
+        self._start_workers(list(prefill_devices), list(decode_devices), use_cuda, options, weight_version)
 
     # ---- workers --------------------------------------------------------------------------
 
     def _start_workers(self, prefill: list[int], decode: list[int], use_cuda: bool, options: dict[str, Any],
-                       version: int, fault: dict[str, Any]) -> None:
+                       version: int) -> None:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -179,7 +178,7 @@ class PDEngine(GenerationControl):
                 device = f"cuda:{dev}" if use_cuda else "cpu"
                 spec = WorkerSpec(role=role, index=i, device=device, config=self.model.config, weights=weights,
                                   engine_options=options, transport=self.transport, weight_version=version)
-                spec.fault = dict(fault.get(spec.name, {}))
+                spec.fault = faults.pd_fault(spec.name)  # tests only (ouro_cli/testing/faults.py)
                 if role == P.PREFILL_ROLE:
                     peers = {f"D{di}": peer_pipes[(i, di)][0] for di in range(len(decode))}
                 else:
