@@ -105,6 +105,14 @@ def render(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
+def at_least(minimum: int, **values: int | None) -> None:
+    """Each option given (not None) must be at least `minimum`; the first that is not is a
+    UserError naming its flag."""
+    for name, value in values.items():
+        if value is not None and value < minimum:
+            raise UserError(f"--{name.replace('_', '-')} must be at least {minimum}, got {value}")
+
+
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not MISSING:
         return f.default

@@ -31,9 +31,11 @@ def _eval(json_output: bool, **flags: Any) -> None:
         from ouro_cli import config as tree
         from ouro_cli.rl.evaluate import run_eval
         from ouro_cli.rl.options import EvalOptions
+        from ouro_cli.settings import from_environment
 
         given = {k: (v or None) if isinstance(v, list) else v for k, v in flags.items()}
-        options = tree.build(EvalOptions, {k: v for k, v in given.items() if v is not None}, check=False).validate()
+        values = {**from_environment(EvalOptions), **{k: v for k, v in given.items() if v is not None}}
+        options = tree.build(EvalOptions, values, check=False).validate()
         result = run_eval(options, log=lambda line: console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True))
         _table(result["evaluations"])
         console.print(f"evaluations: {result['out']}/evaluations.jsonl ({result.pop('seconds'):.1f}s)")

@@ -110,6 +110,7 @@ def _train_command():
 # What `ouro resume` accepts besides --updates: the options a run may change (plan.FREE_KEYS and,
 # with --override-scheduler, the LR), and some of its contract, which must equal the run's.
 RESUME_OPTIONS = ("depths", "lr", "seed", "temperature", "group_size", "prompts_per_update", "max_num_seqs",
+                  "kv_transport", "compile", "compile_layers", "decode_attention", "decode_gemv", "replay_attention",
                   "eval_interval", "save_interval", "export_hf", "save_on_interrupt", "async_save")
 
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ouro_cli.model import OuroForCausalLM, fuse_projections
+from ouro_cli.settings import ExecutionSettings
 
 from .contract import (
     EngineBusy,
@@ -79,6 +80,8 @@ class LLM(GenerationControl):
     run the delayed exit policy (their effective params say so) and speculation is refused.
     `overlap` (default: on CUDA) queues decode step n + 1 before reading step n's tokens
     while the batch stays the same (`_decode`); outputs are those of stepping one at a time.
+    `execution` (ouro_cli/settings.py) becomes the model's execution settings, which choose
+    the decode kernels and the compilation (None: keep the model's own).
     """
 
     def __init__(self, model: str | Path | OuroForCausalLM, *, device: str | torch.device | None = None,
@@ -86,7 +89,7 @@ class LLM(GenerationControl):
                  block_size: int = 16, max_model_len: int | None = None, max_prefill_tokens: int = 8192,
                  attn_chunk: int = 128, cuda_graphs: bool | None = None, seed: int | None = None,
                  tokenizer=None, weight_version: int = 0, async_scheduling: bool = False,
-                 overlap: bool | None = None) -> None:
+                 overlap: bool | None = None, execution: ExecutionSettings | None = None) -> None:
         codec = TextCodec(tokenizer) if tokenizer is not None else None
         if isinstance(model, (str, Path)):
             from ouro_cli.checkpoint import open_checkpoint
@@ -99,6 +102,8 @@ class LLM(GenerationControl):
             model.to(device=device, dtype=dtype)
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a checkpoint path or an OuroForCausalLM, got {type(model).__name__}")
+        if execution is not None:
+            model.execution = execution
         if max_num_seqs < 1 or block_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_num_seqs, block_size and max_prefill_tokens must be >= 1")
         model.eval()

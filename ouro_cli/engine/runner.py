@@ -24,19 +24,21 @@ per layer and loop profiled on the H200 at 1.4B, with the Triton kernels, fused 
 and compiled elementwise math; 11 since the input norm and the KV write were fused into
 neighbouring kernels, by count; ~100 in plain torch). Eager mode additionally stops early
 when every row has exited, its only host sync inside the step. On CUDA the KV write and
-the attention of a layer-loop run as one Triton kernel (kernels/, `attention=`); the
-torch code (paged_attention.py) stays the reference and the CPU path.
+the attention of a layer-loop run as one Triton kernel (ouro_cli/kernels/), and small
+batches' projections through the Triton small-batch matmul, as the model's execution
+settings say (`model.execution`, ouro_cli/settings.py: `decode_attention`, `decode_gemv`;
+`attention=` overrides the first); the torch code (paged_attention.py) stays the reference
+and the CPU path.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from ouro_cli.kernels import resolve_attention, resolve_gemv
 from ouro_cli.model import OuroForCausalLM, matmul, pointwise
 
 from .async_exits import LaggedExitProbe
@@ -94,11 +96,12 @@ class ModelRunner:
     def __init__(self, model: OuroForCausalLM, kv: PagedKVCache, counters: WorkCounters, attn_chunk: int = 128,
                  cuda_graphs: bool = False, async_exits: bool = False, attention: str | None = None) -> None:
         self.model, self.kv, self.counters = model, kv, counters
-        self.attention = resolve_attention(attention, kv.device)  # "torch" | "triton" (kernels/__init__.py)
+        execution = model.execution if attention is None else replace(model.execution, decode_attention=attention)
+        self.attention = execution.decode_attention_on(kv.device.type)  # "torch" | "triton"
         if self.attention == "triton":
             from ouro_cli.kernels import decode_attention as triton_kernels
             self.triton_kernels = triton_kernels
-        self.gemv = resolve_gemv(None, kv.device)  # the projections' small-batch kernel (None: F.linear)
+        self.gemv = execution.decode_gemv_kernel(kv.device.type)  # the projections' small-batch kernel (None: F.linear)
         self.async_exits = async_exits  # read exit signals one loop late (async_exits.py)
         self.num_loops = model.num_loops
         self.num_layers = len(model.model.layers)
@@ -203,7 +206,7 @@ class ModelRunner:
         """The decode step on padded device inputs -> (logits [B, V], depths [B], loops run).
 
         Without `allow_sync` it never reads the device from the host (CUDA-graph capture)."""
-        with matmul.use_small_batch(self.gemv, MAX_GEMV_ROWS):
+        with matmul.use_small_batch(self.gemv, MAX_GEMV_ROWS), pointwise.executing(self.model.execution):
             return self._step_body(inputs, exits, allow_sync)
 
     def _step_body(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:

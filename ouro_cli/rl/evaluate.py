@@ -86,7 +86,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
         net = from_state_dict(source.config, dict(source.iter_tensors()), device=device)
     sampling = RolloutSampling.of(options.sampling, num_loops=source.config.num_loops, seed=options.seed,
                                   stop_token_ids=stop_tokens_for(source.config, codec), decode=codec.decode)
-    engine = LLM(net, max_num_seqs=options.max_num_seqs)
+    engine = LLM(net, max_num_seqs=options.max_num_seqs, execution=options.execution)
     start = time.perf_counter()
     try:
         results = evaluate(engine, rows, prompt_ids, sampling, ks=ks, reward_fn=reward_fn)
@@ -98,7 +98,8 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
         attach_active(staging / "logs" / "warnings.log", shown=target / "logs" / "warnings.log")
         for r in results:
             append_jsonl(staging / "evaluations.jsonl", {"model": str(options.model), **r})
-        artifacts.write_manifest(staging, "ouro eval", {**options.to_dict(), "depths": ks, "device": device},
+        artifacts.write_manifest(staging, "ouro eval", {**options.to_dict(), "depths": ks, "device": device,
+                                                        "execution": options.execution.effective(device)},
                                  [Path(options.data)])
         artifacts.mark_complete(staging)
     return {"out": str(target), "evaluations": results, "seconds": time.perf_counter() - start,

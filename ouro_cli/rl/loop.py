@@ -202,6 +202,7 @@ def _make_engine(options, model, sizing: RunSizing, device: torch.device, log: C
         from ouro_cli.engine.pd import make_pd_engine
 
         engine = make_pd_engine(model, options.prefill_devices, options.decode_devices, device=device.type,
+                                transport=options.kv_transport, worker_threads=options.pd_worker_threads,
                                 **engine_options)
         log(f"engine: PD, prefill {options.prefill_devices} decode {options.decode_devices}, "
             f"KV transport {engine.transport}")
@@ -266,13 +267,14 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     contract["sizing"] = plans.sizing_entry(sizing)
     cursor = DataCursor(len(rows), options.seed)
     if resume:
-        plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler)
+        plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler,
+                                  device_type=options.trainer.resolved_device)
         plan = saved
     else:
         plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
 
     log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
-    trainer = Trainer(str(source_path), _trainer_config(options, sizing))
+    trainer = Trainer(str(source_path), _trainer_config(options, sizing), execution=options.execution)
     # the process group exists from here on (the trainer creates or joins it)
     contract_sha = plans.contract_hash(contract)
     agreed = _agree(contract_sha, "execution plan")
@@ -288,6 +290,7 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         start_update = int(extra["next_update"])
     weights = {name: t.detach().clone() for name, t in trainer.named_weights_for_publication()}
     engine_model = from_state_dict(config, weights, device=trainer.device)
+    engine_model.execution = options.execution  # the engine computes with its model's settings
     del weights
     check_fits(sizing, DeviceMemory.of(trainer.device), _in_use(trainer.device))
     log(describe(sizing, config, DeviceMemory.of(trainer.device), block_size=options.engine.block_size, seq_tokens=seq_tokens,
@@ -554,7 +557,8 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
     try:
         if session.is_main:
             (run.root / "COMPLETE").unlink(missing_ok=True)
-            write_manifest(run.root, command, options.to_dict(), [Path(options.data)])
+            effective = options.execution.effective(session.trainer.device.type)  # what the kernels are here
+            write_manifest(run.root, command, {**options.to_dict(), "execution": effective}, [Path(options.data)])
             if continuing:  # updates logged after the checkpoint (a crash) run again
                 if session.start_update:
                     run_records.repair_tracker(run, log)

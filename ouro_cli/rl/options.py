@@ -1,8 +1,9 @@
 """The options of `ouro train` and `ouro eval`: one tree each, typed, defaulted and validated here.
 
 `TrainOptions` nests the trainer's own config (`trainer.TrainerConfig`), the engine's
-(`EngineOptions`), the sampling (`SamplingOptions`) and the prompt/reward task
-(`TaskOptions`); `EvalOptions` shares the last two. Each default and help line is
+(`EngineOptions`), the sampling (`SamplingOptions`), the prompt/reward task
+(`TaskOptions`) and the kernels and compilation (`settings.ExecutionSettings`);
+`EvalOptions` shares the last three. Each default and help line is
 written once, on its field; the CLI builds its flags from them (cli/options.py), a TOML
 `--config` file may set any of them by flat name or under its section's heading
 (ouro_cli/config.py), and flags given on the command line override the file. The
@@ -19,11 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ouro_cli import config as tree
 from ouro_cli.config import P_DATA, P_ENGINE, P_GRPO, P_RUN, option, section
 from ouro_cli.errors import UserError
+from ouro_cli.settings import ExecutionSettings, from_environment
 from ouro_cli.trainer.config import DEFAULT_SEED, TrainerConfig
 
 BUNDLED = Path(__file__).resolve().parents[1] / "bundled" / "tiny"  # package data (ouro_cli/bundled)
@@ -58,12 +60,9 @@ class SamplingOptions:
     def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise UserError("--temperature must be > 0 (GRPO samples; processed logprobs need T > 0)")
-        if self.max_response_len < 1:
-            raise UserError(f"--max-response-len must be at least 1, got {self.max_response_len}")
+        tree.at_least(1, max_response_len=self.max_response_len, min_loops=self.min_loops)
         if not 0 < self.exit_threshold <= 1:
             raise UserError("--exit-threshold must lie in (0, 1]")
-        if self.min_loops < 1:
-            raise UserError(f"--min-loops must be at least 1, got {self.min_loops}")
 
 
 @dataclass
@@ -88,16 +87,19 @@ class EngineOptions:
                                         "processes).", panel=P_ENGINE, aliases=("--ouro-prefill-devices",))
     decode_devices: list[int] = option(factory=list, help="Decode worker devices (PD disaggregation).",
                                        panel=P_ENGINE, aliases=("--ouro-decode-devices",))
+    kv_transport: Literal["auto", "nixl", "shm"] = option(
+        "auto", help="How PD workers move KV: auto (NIXL when installed, else shared memory), nixl or shm.",
+        panel=P_ENGINE, env="OURO_PD_TRANSPORT")
+    pd_worker_threads: int = option(1, help="Torch threads of each PD worker process (CPU workers).", panel=P_ENGINE,
+                                    env="OURO_PD_THREADS")
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "kv_blocks"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-        if self.block_size < 1:
-            raise UserError(f"--block-size must be at least 1, got {self.block_size}")
+        tree.at_least(1, max_num_seqs=self.max_num_seqs, kv_blocks=self.kv_blocks, block_size=self.block_size,
+                      pd_worker_threads=self.pd_worker_threads)
         if self.speculative_tokens < 0:
             raise UserError(f"--speculative-tokens must be >= 0, got {self.speculative_tokens}")
+        if self.kv_transport not in ("auto", "nixl", "shm"):
+            raise UserError(f"--kv-transport must be auto, nixl or shm, got {self.kv_transport!r}")
         if self.disaggregated:
             self._check_disaggregation()
 
@@ -173,6 +175,9 @@ class TrainOptions:
     # ---- the trainer: its seed and devices, optimizer, loss, micro-batching, checkpoints ----
     trainer: TrainerConfig = section(TrainerConfig)
 
+    # ---- kernels and compilation, for the trainer and the engine alike ----------
+    execution: ExecutionSettings = section(ExecutionSettings)
+
     def validate(self) -> TrainOptions:
         """The rules of the job as a whole (each section checked itself when it was built)."""
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -182,23 +187,16 @@ class TrainOptions:
         if self.group_size < 2:  # before the >= 1 rule, so that 0 and 1 get the same answer
             raise UserError(f"--group-size must be at least 2: GRPO normalises rewards within a group, "
                             f"got {self.group_size}")
-        for name in ("updates", "prompts_per_update", "eval_prompts"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        tree.at_least(1, updates=self.updates, prompts_per_update=self.prompts_per_update,
+                      eval_prompts=self.eval_prompts)
         if self.save_interval < 0 or self.eval_interval < 0:
             raise UserError("--save-interval and --eval-interval must be >= 0")
         if self.save_on_interrupt not in ("auto", "on", "off"):
             raise UserError(f"--save-on-interrupt must be auto, on or off, got {self.save_on_interrupt!r}")
         self._validate_speculation()
         self.trainer.validate()
-        self._validate_kernel_settings()
+        self.execution.check(self.trainer.resolved_device)
         return self
-
-    def _validate_kernel_settings(self) -> None:
-        """The OURO_* kernel switches, before anything runs."""
-        from ouro_cli.kernels import check_settings
-
-        check_settings(_device(self.trainer.resolved_device))
 
     def _validate_speculation(self) -> None:
         """Speculation verifies every draft at full depth T: it needs `--depths T` alone (the loop
@@ -249,26 +247,27 @@ class EvalOptions:
     device: str = option("auto", help="auto, cpu or cuda.")
     max_num_seqs: int = option(64, help="Sequences decoded together (the KV cache holds that many of up to 2,048 "
                                "tokens).")
+    execution: ExecutionSettings = section(ExecutionSettings)
     out: str | None = option(None, help="Output directory (outside every input).", shown="evals/ouro-eval-<timestamp>")
     overwrite: bool = option(False, help="Replace a non-empty output directory (never an input).")
 
     def validate(self) -> EvalOptions:
-        if self.prompts < 1:
-            raise UserError(f"--prompts must be at least 1, got {self.prompts}")
-        if self.max_num_seqs < 1:
-            raise UserError(f"--max-num-seqs must be at least 1, got {self.max_num_seqs}")
+        tree.at_least(1, prompts=self.prompts, max_num_seqs=self.max_num_seqs)
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        self.execution.check(self.resolved_device)
         return self
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
 
     def to_dict(self) -> dict[str, Any]:
         return tree.flat(self)
-
-
-def _device(kind: str):
-    import torch
-
-    return torch.device(kind)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -277,7 +276,9 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 def resolve(flags: dict[str, Any], config_file: str | None) -> TrainOptions:
-    """Defaults, then the TOML file, then the flags the user actually gave (non-None)."""
-    values: dict[str, Any] = read_toml(config_file) if config_file else {}
+    """Defaults, then the OURO_* variables of the options that have one (settings.py), then the
+    TOML file, then the flags the user actually gave (non-None)."""
+    values = from_environment(TrainOptions)
+    values.update(read_toml(config_file) if config_file else {})
     values.update({k: v for k, v in flags.items() if v is not None})
     return tree.build(TrainOptions, values, check=False).validate()  # the file's types are checked, the flags' typed

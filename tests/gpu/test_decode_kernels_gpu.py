@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from ouro_cli.engine import LLM, SamplingParams
+from ouro_cli.settings import ExecutionSettings
 from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
@@ -67,8 +68,8 @@ def test_write_and_attend_matches_the_two_steps(dtype):
 
 
 def _generate(model, monkeypatch, attention, graphs, n=4, dtype=None, params=PARAMS):
-    monkeypatch.setenv("OURO_DECODE_ATTENTION", attention)
-    llm = LLM(model, device="cuda", dtype=dtype, max_num_seqs=n, kv_blocks=64, block_size=4, cuda_graphs=graphs)
+    llm = LLM(model, device="cuda", dtype=dtype, max_num_seqs=n, kv_blocks=64, block_size=4, cuda_graphs=graphs,
+              execution=ExecutionSettings(decode_attention=attention))
     try:
         assert llm.runner.attention == attention
         return llm.generate(prompts(5, seed=1), params)
@@ -119,11 +120,11 @@ def test_engine_on_second_gpu_captures_its_graphs_there(monkeypatch):
     """An engine on cuda:1 in a process whose current device is cuda:0 (a PD decode
     worker's situation before it set its device): its CUDA graphs capture and replay on
     cuda:1 and give what the same engine gives on cuda:0."""
-    monkeypatch.setenv("OURO_DECODE_ATTENTION", "triton")
     torch.cuda.set_device(0)
     outs = {}
     for device in ("cuda:0", "cuda:1"):
-        llm = LLM(tiny_model(0), device=device, max_num_seqs=4, kv_blocks=64, block_size=4, cuda_graphs=True)
+        llm = LLM(tiny_model(0), device=device, max_num_seqs=4, kv_blocks=64, block_size=4, cuda_graphs=True,
+                  execution=ExecutionSettings(decode_attention="triton"))
         try:
             outs[device] = llm.generate(prompts(5, seed=1), PARAMS)
             assert llm.runner.graphs, "no decode step was captured"

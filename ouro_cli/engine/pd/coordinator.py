@@ -51,6 +51,7 @@ from ouro_cli.engine.frontend import GenerationControl, make_output, take_reques
 from ouro_cli.engine.kv_cache import blocks_needed
 from ouro_cli.engine.publication import WeightPublisher, physical_name
 from ouro_cli.engine.tokenizer import TextCodec
+from ouro_cli.settings import ExecutionSettings
 from ouro_cli.testing import faults
 
 from . import protocol as P
@@ -107,8 +108,10 @@ class PDEngine(GenerationControl):
     `prefill_devices` / `decode_devices` are device indices: CUDA devices when CUDA is
     used, otherwise each index is one CPU worker process. `transport` is "auto" (NIXL
     when installed, else shared memory), "nixl" or "shm". `timeout` bounds how long any
-    worker may stay silent while it owes an answer. Other options are `LLM`'s and apply
-    to every worker (`max_num_seqs` and `kv_blocks` per decode worker).
+    worker may stay silent while it owes an answer. `worker_threads` is each worker's torch
+    thread count (it matters for CPU workers). Other options are `LLM`'s and apply to every
+    worker (`max_num_seqs` and `kv_blocks` per decode worker); the workers compute with the
+    model's execution settings (`execution` replaces them, as in `LLM`).
     """
 
     def __init__(self, model: str | Path | nn.Module, *, prefill_devices: Seq[int], decode_devices: Seq[int],
@@ -116,7 +119,8 @@ class PDEngine(GenerationControl):
                  kv_blocks: int | None = None, block_size: int = 16, max_model_len: int | None = None,
                  max_prefill_tokens: int = 8192, attn_chunk: int = 128, cuda_graphs: bool | None = None,
                  seed: int | None = None, tokenizer=None, weight_version: int = 0, transport: str = "auto",
-                 timeout: float = 300.0, start_timeout: float = 300.0) -> None:
+                 timeout: float = 300.0, start_timeout: float = 300.0, worker_threads: int = 1,
+                 execution: ExecutionSettings | None = None) -> None:
         if not prefill_devices or not decode_devices:
             raise ValueError("PD needs at least one prefill and one decode device")
         if len(set(prefill_devices)) != len(prefill_devices) or len(set(decode_devices)) != len(decode_devices):
@@ -132,6 +136,9 @@ class PDEngine(GenerationControl):
             model.to(dtype=dtype)
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a checkpoint path or an OuroForCausalLM, got {type(model).__name__}")
+        if execution is not None:
+            model.execution = execution
+        self.worker_threads = worker_threads
         if max_num_seqs < 1 or block_size < 1:
             raise ValueError("max_num_seqs and block_size must be >= 1")
         self.model, self.codec = model, codec
@@ -177,7 +184,8 @@ class PDEngine(GenerationControl):
             for role, i, dev in roles:
                 device = f"cuda:{dev}" if use_cuda else "cpu"
                 spec = WorkerSpec(role=role, index=i, device=device, config=self.model.config, weights=weights,
-                                  engine_options=options, transport=self.transport, weight_version=version)
+                                  engine_options=options, transport=self.transport, weight_version=version,
+                                  execution=self.model.execution, threads=self.worker_threads)
                 spec.fault = faults.pd_fault(spec.name)  # tests only (ouro_cli/testing/faults.py)
                 if role == P.PREFILL_ROLE:
                     peers = {f"D{di}": peer_pipes[(i, di)][0] for di in range(len(decode))}

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ouro_cli.settings import ExecutionSettings
+
 from . import protocol as P
 
 
@@ -45,6 +47,8 @@ class WorkerSpec:
     transport: str
     weight_version: int = 0
     fault: dict[str, Any] = field(default_factory=dict)
+    execution: ExecutionSettings = field(default_factory=ExecutionSettings)  # the coordinator model's
+    threads: int = 1  # torch threads of this process
 
     @property
     def name(self) -> str:
@@ -65,7 +69,7 @@ class Counters:
 
 def worker_main(spec: WorkerSpec, conn: Connection, peers: dict[str, Connection]) -> None:
     os.dup2(2, 1)  # workers never print results; NIXL/UCX log to stdout, which `--json` keeps for one document
-    torch.set_num_threads(int(os.environ.get("OURO_PD_THREADS", "1")))
+    torch.set_num_threads(spec.threads)
     try:
         worker = (PrefillWorker if spec.role == P.PREFILL_ROLE else DecodeWorker)(spec, conn, peers)
     except BaseException as err:  # noqa: BLE001 — report, then exit
@@ -100,7 +104,7 @@ class _Worker:
         weights = {n: t.to(spec.device, copy=True) for n, t in spec.weights.items()}  # own memory, not the spawner's
         spec.weights = {}
         model = from_state_dict(spec.config, weights, device=spec.device)
-        self.llm = LLM(model, weight_version=spec.weight_version, **spec.engine_options)
+        self.llm = LLM(model, weight_version=spec.weight_version, execution=spec.execution, **spec.engine_options)
         self.counters = Counters(weight_version=spec.weight_version)
         self.transport = make_transport(spec.transport, f"{self.name}-{os.getpid()}")
         self.running = True

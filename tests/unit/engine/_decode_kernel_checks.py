@@ -155,9 +155,8 @@ def check_engine(device="cpu") -> None:
     """The engine with attention="triton", and then also the projections on the small-batch
     matmul (gemv="triton"), reports the torch path's logprobs (fp32) and still equals the
     trainer's replay; exits are mixed so the carry-forward path runs."""
-    import os
-
     from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import max_replay_error
 
@@ -166,14 +165,14 @@ def check_engine(device="cpu") -> None:
     model = tiny_model(0).to(device)
     outs = {}
     for attention, gemv in (("torch", "cublas"), ("triton", "cublas"), ("triton", "triton")):
-        os.environ["OURO_DECODE_ATTENTION"], os.environ["OURO_DECODE_GEMV"] = attention, gemv
-        llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
+        llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False,
+                  execution=ExecutionSettings(decode_attention=attention, decode_gemv=gemv))
         try:
             assert llm.runner.attention == attention and (llm.runner.gemv is None) == (gemv == "cublas")
             outs[attention, gemv] = llm.generate(prompts(3, seed=1), params)
         finally:
             llm.close()
-    del os.environ["OURO_DECODE_ATTENTION"], os.environ["OURO_DECODE_GEMV"]
+    model.execution = ExecutionSettings()
     reference = outs.pop(("torch", "cublas"))
     for out in outs.values():
         assert len({d for o in out for d in o.exit_depths[1:]}) >= 2
@@ -196,7 +195,7 @@ def _packed_layout(device):
 
 
 def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
-    """OURO_REPLAY_ATTENTION=paged (kernels/replay_attention.py): equals SDPA to `tol` under
+    """`replay_attention="paged"` (kernels/replay_attention.py): equals SDPA to `tol` under
     packed, padded and plain causal layouts; every query's output is bitwise the decode
     kernel's for that query alone over its context; gradients are SDPA's, bit for bit; a
     mask that is not a contiguous run is refused."""
@@ -241,27 +240,24 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
 def check_replay_mode_engine(device="cpu") -> None:
     """The tiny model's engine (triton decode attention) against its replay with the replay's
     attention in the decode kernel's order, and with SDPA: both within 1e-5 (fp32)."""
-    import os
-
     from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import max_replay_error
 
     params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
               for s in range(3)]
     model = tiny_model(0).to(device)
-    os.environ["OURO_DECODE_ATTENTION"] = "triton"
-    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
+    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False,
+              execution=ExecutionSettings(decode_attention="triton"))
     try:
         outs = llm.generate(prompts(3, seed=1), params)  # prefill runs the replay path too (sdpa here)
     finally:
         llm.close()
-        del os.environ["OURO_DECODE_ATTENTION"]
     errors = {}
     for mode in ("sdpa", "paged"):
-        os.environ["OURO_REPLAY_ATTENTION"] = mode
+        model.execution = ExecutionSettings(replay_attention=mode)
         errors[mode] = max_replay_error(model, outs, 1.0)
-    del os.environ["OURO_REPLAY_ATTENTION"]
     print("max |Δ logprob| of the engine vs its replay, by replay attention:", errors)
     assert max(errors.values()) <= 1e-5
 

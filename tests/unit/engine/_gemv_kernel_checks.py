@@ -103,7 +103,7 @@ def check_bad_input(device="cpu") -> None:
 
 
 def check_auto_routing(device="cpu") -> None:
-    """OURO_DECODE_GEMV=auto: the kernel's bits where the shapes are its own (M <= 16, N <=
+    """`--decode-gemv auto`: the kernel's bits where the shapes are its own (M <= 16, N <=
     8192), F.linear's elsewhere; and the pipeline stages shrink until the tiles fit."""
     import torch.nn.functional as F
 

@@ -5,7 +5,7 @@ alone or among longer rows; the KV write fused into the attention kernel equals 
 torch write exactly (and its output the unfused kernel's, bit for bit); and
 an engine running them (and the small-batch matmul, kernels/gemv.py) reports the torch
 path's logprobs and still equals the replay. The replay's attention through the decode
-kernel (OURO_REPLAY_ATTENTION=paged) equals SDPA, gives each query the decode kernel's
+kernel (`replay_attention="paged"`) equals SDPA, gives each query the decode kernel's
 bits for it alone, backpropagates SDPA's gradients, and keeps the engine's agreement.
 
 The checks live in _decode_kernel_checks.py (shared with tests/gpu) and run in one
