@@ -24,6 +24,7 @@ import torch
 
 from ouro_cli.checkpoint import layout
 from ouro_cli.errors import UserError
+from ouro_cli.rl.metrics import read_jsonl
 from ouro_cli.rl.run_dir import RunDir
 
 
@@ -137,10 +138,6 @@ def compare_checkpoints(a: RunDir, b: RunDir, report: Report) -> None:
     report.categories.append(state)
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-
-
 def compare_rollouts(a: RunDir, b: RunDir, report: Report) -> None:
     cat = Category("rollouts")
     files_a = sorted(p.name for p in a.rollouts.glob("update_*.jsonl"))
@@ -149,7 +146,7 @@ def compare_rollouts(a: RunDir, b: RunDir, report: Report) -> None:
         cat.record(False, reason=f"run A has {len(files_a)} rollout files, run B {len(files_b)}")
     for name in files_a:
         update = int(name[len("update_"):-len(".jsonl")])
-        ra, rb = _lines(a.rollouts / name), _lines(b.rollouts / name)
+        ra, rb = read_jsonl(a.rollouts / name), read_jsonl(b.rollouts / name)
         if len(ra) != len(rb):
             cat.record(False, update=update, reason=f"{len(ra)} vs {len(rb)} samples")
             continue
@@ -168,8 +165,8 @@ def compare_rollouts(a: RunDir, b: RunDir, report: Report) -> None:
 
 def compare_state_hashes(a: RunDir, b: RunDir, report: Report) -> None:
     cat = Category("state hashes")
-    ma = {m["update"]: m.get("state_sha256") for m in _lines(a.metrics)}
-    mb = {m["update"]: m.get("state_sha256") for m in _lines(b.metrics)}
+    ma = {m["update"]: m.get("state_sha256") for m in read_jsonl(a.metrics)}
+    mb = {m["update"]: m.get("state_sha256") for m in read_jsonl(b.metrics)}
     for update in sorted(set(ma) | set(mb)):
         ha, hb = ma.get(update), mb.get(update)
         if ha is None and hb is None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ROOTS = ("ouro_cli", "tests", "bench", "tools", "examples", "docs")
+ROOTS = ("ouro_cli", "tests", "bench", "scripts", "examples", "docs")
 TOP_FILES = ("README.md", "Makefile", ".ci/run")
 SKIP_DIRS = {"__pycache__", ".venv", "build", ".git"}
 # Files that a citation may name although the repository does not hold them: the public
