@@ -3,7 +3,8 @@
 A command whose options are a tree does not spell its flags out: `with_options` gives
 its function one keyword parameter per option, named by the option's flat name, with the
 option's flag, help line, panel and default (`[default: ...]`, from the field's default
-or the words the option states for a None or a path). Every parameter defaults to None,
+or the words the option states for a None or a path), and the environment variable that
+stands in for it when it is not given. Every parameter defaults to None,
 so that a value the user did not give can come from elsewhere (a TOML file, the run's
 plan); the command resolves them (rl/options.py `resolve`). Further spellings of a flag
 are hidden aliases (common.hidden_alias), so that the help's option column fits 80
@@ -51,6 +52,8 @@ def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None
         hidden_alias(alias, leaf.flag.split("/")[0])  # "--async-save/--sync-save": the first is the name
     required = leaf.default is MISSING
     text = help or leaf.info.help
+    if leaf.info.env and help is None:
+        text = f"{text} Or set {leaf.info.env}."  # the environment stands in for it (ouro_cli/settings.py)
     if not required:
         text = f"{text} \\[default: {leaf.shown_default if default is None else default}]"
     info = typer.Option(leaf.flag, help=text, rich_help_panel=leaf.info.panel if panels else None, show_default=False)
