@@ -58,7 +58,7 @@ from .metrics import (
     plot,
     rollout_summary,
 )
-from .options import TrainOptions
+from .options import EngineOptions, TrainOptions
 from .phases import hand_back, phase
 from .prompts import stop_tokens_for, tokenize_prompts
 from .publish import publish
@@ -190,7 +190,7 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
         recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute))
 
 
-def _make_engine(options, model, sizing: RunSizing, device: torch.device, log: Callable[[str], None]):
+def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch.device, log: Callable[[str], None]):
     """The run's engine (`EngineOptions`): the factory's, or the PD engine's spawned prefill and
     decode workers behind the same contract; the memory plan sizes its cache and batch."""
     engine_options = dict(max_num_seqs=sizing.max_num_seqs, kv_blocks=sizing.kv_blocks, block_size=options.block_size)
@@ -267,9 +267,10 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     contract["sizing"] = plans.sizing_entry(sizing)
     cursor = DataCursor(len(rows), options.seed)
     if resume:
+        device_type = options.trainer.resolved_device
         plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler,
-                                  device_type=options.trainer.resolved_device)
-        plan = saved
+                                  device_type=device_type)
+        plan = {**saved, "contract": plans.upgrade(saved["contract"], device_type)}  # an older plan gains what it lacked
     else:
         plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
 
