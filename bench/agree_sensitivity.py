@@ -2,7 +2,7 @@
 |Δ logprob| that nudging a few embedding values by one ulp causes, on the same rollouts.
 
     python bench/agree_sensitivity.py                         # CPU: Ouro-1.4B shape, random bf16 (~2 min)
-    python bench/agree_sensitivity.py --device cuda           # the lent GPU
+    python bench/agree_sensitivity.py --device cuda           # on a GPU
     python bench/agree_sensitivity.py --shape tiny --dtype fp32
 
 The engine samples rollouts (K = 2, 3, 4 and a τ = 0.7 exit, as bench/gpu_table.py's agree

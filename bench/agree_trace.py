@@ -3,7 +3,7 @@
     python bench/agree_trace.py --device cuda                  # Ouro-1.4B shape, random bf16 weights
     python bench/agree_trace.py --device cuda --sdpa math      # replay attention on SDPA's math kernel
     python bench/agree_trace.py --device cuda --attention torch
-    OURO_REPLAY_ATTENTION=paged OURO_DECODE_GEMV=triton python bench/agree_trace.py --device cuda
+    python bench/agree_trace.py --device cuda --replay-attention paged --decode-gemv triton
                                                                # replay attention in the decode kernel's order,
                                                                # projections with many-row bits (exactness mode)
     python bench/agree_trace.py --device cpu --shape tiny      # smoke run
@@ -20,13 +20,13 @@ first); then the two log-probabilities of the sampled token.
 Reading it: a difference at bf16 rounding level (~4e-3) from layer 0 of loop 1 that
 grows along the loops is rounding amplified by depth; a jump at one layer, or a large
 difference in the first layer, names an operation that differs (then vary `--sdpa`,
-`--attention`, OURO_REPLAY_ATTENTION and OURO_DECODE_GEMV). Not part of the test run.
+`--attention`, `--replay-attention` and `--decode-gemv`, the execution settings of
+ouro_cli/settings.py). Not part of the test run.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -39,6 +39,7 @@ import decode as decode_bench  # noqa: E402
 
 from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
 from ouro_cli.model import OuroConfig, from_state_dict, tiny_config  # noqa: E402
+from ouro_cli.settings import ExecutionSettings  # noqa: E402
 
 
 def record_layers(model, rows: list[torch.Tensor], pick) -> list:
@@ -59,8 +60,7 @@ class _Removable:
 def record_sublayers(model, taps: dict[str, list], pick) -> list:
     """Hooks appending `pick(...)` of each layer's attention and MLP inputs and outputs, and of
     q and k after RoPE, to `taps` (one list per name in TAPS, one entry per layer call).
-    q and k come from wrapping pointwise.rotary (undone by the last returned hook's remove);
-    an engine that rotates inside its attention kernel (OURO_DECODE_ROPE=kernel) records none."""
+    q and k come from wrapping pointwise.rotary (undone by the last returned hook's remove)."""
     from ouro_cli.model import pointwise
 
     def keep(name, which):
@@ -101,9 +101,14 @@ def main() -> None:
     ap.add_argument("--sdpa", choices=["default", "math", "flash", "efficient", "cudnn"], default="default",
                     help="SDPA backend of the replay's attention")
     ap.add_argument("--attention", choices=["auto", "torch", "triton"], default="auto",
-                    help="the engine's decode attention (OURO_DECODE_ATTENTION)")
+                    help="the engine's decode attention (execution setting decode_attention)")
+    ap.add_argument("--replay-attention", choices=["sdpa", "paged"], default="sdpa",
+                    help="the replay's attention (execution setting replay_attention)")
+    ap.add_argument("--decode-gemv", choices=["auto", "cublas", "triton"], default="auto",
+                    help="the engine's projections (execution setting decode_gemv)")
     args = ap.parse_args()
-    os.environ["OURO_DECODE_ATTENTION"] = args.attention
+    execution = ExecutionSettings(decode_attention=args.attention, replay_attention=args.replay_attention,
+                                  decode_gemv=args.decode_gemv)
     cuda = args.device.startswith("cuda")
     shape = args.shape or ("1.4b" if cuda else "tiny")
     config = OuroConfig() if shape == "1.4b" else tiny_config()
@@ -112,10 +117,11 @@ def main() -> None:
     model = decode_bench.random_model(config, dtype, args.device)
     replay_model = from_state_dict(config, {n: p.detach().clone() for n, p in model.named_parameters()},
                                    device=args.device, dtype=dtype)
+    replay_model.execution = execution
     num_layers, loops = config.num_hidden_layers, config.total_ut_steps
 
     llm = LLM(model, max_num_seqs=1, kv_blocks=-(-(args.prompt + args.new_tokens + 1) // 16), block_size=16,
-              cuda_graphs=False)
+              cuda_graphs=False, execution=execution)
     prompt = decode_bench.make_prompts(1, args.prompt, config.vocab_size)[0]
     engine_rows: list[torch.Tensor] = []
     engine_taps: dict[str, list] = {name: [] for name in TAPS}
@@ -149,8 +155,8 @@ def main() -> None:
     replay_lp = float(torch.log_softmax(logits[0, -1].float(), -1)[out.output_token_ids[-1]])
 
     print(f"{shape} {args.dtype} on {args.device}; prompt {args.prompt}, {args.new_tokens} new tokens, K = {loops}; "
-          f"engine attention {args.attention}, replay attention {os.environ.get('OURO_REPLAY_ATTENTION', 'sdpa')} "
-          f"(SDPA backend {args.sdpa}), projections {os.environ.get('OURO_DECODE_GEMV', 'cublas')}")
+          f"engine attention {args.attention}, replay attention {args.replay_attention} "
+          f"(SDPA backend {args.sdpa}), projections {args.decode_gemv}")
     picks = sorted({0, 1, num_layers // 2, num_layers - 1})
     print("loop  " + "  ".join(f"layer {i:>2}" for i in picks) + "   max over layers   (relative max |Δ|)")
     for t in range(loops):

@@ -3,7 +3,7 @@
     python bench/decode_attention.py                        # 1.4B heads, rows 8 16 64, 192 positions
 
 For each number of rows and each (BLOCK, num_warps): µs per call of
-kernels/decode_attention.write_kv_and_attend (bf16, RoPE in the kernel, plane t > 0 so
+kernels/decode_attention.write_kv_and_attend (bf16, plane t > 0 so
 the carry-forward reads run), 20 calls captured to a CUDA graph and replayed
 (gemv.graph_time), over a paged plane of random slots, with the KV bytes read and the
 ratio to the default tile. A row's bits depend on BLOCK and num_warps, so a change of
@@ -25,7 +25,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from gemv import graph_time  # noqa: E402
 
-from ouro_cli.engine.kernels import decode_attention as kernels  # noqa: E402
+from ouro_cli.kernels import decode_attention as kernels  # noqa: E402
 
 
 def main() -> None:
@@ -56,14 +56,13 @@ def bench_rows(rows: int, args) -> None:
     ctx = torch.randperm(slots, device=dev, generator=g)[:rows * args.positions].view(rows, args.positions)
     lengths = torch.full((rows,), args.positions, device=dev)
     new = [torch.randn(rows, n, d, device=dev, dtype=dt, generator=g) for n in (args.heads, hkv, hkv)]
-    cos, sin = (torch.randn(rows, d, device=dev, dtype=dt, generator=g) for _ in range(2))
     inputs = (new[0], k_planes[1], v_planes[1], k_planes[0], v_planes[0], ctx[:, -1].contiguous(), new[1], new[2],
               torch.ones(rows, dtype=torch.bool, device=dev), ctx, lengths)
     kv_bytes = 2 * rows * hkv * args.positions * d * dt.itemsize
     base = None
     print(f"rows {rows}, {args.positions} positions, {hkv} kv heads x {d}: {kv_bytes / 1e6:.1f} MB of K/V per call")
     for block, warps in itertools.product(args.blocks, args.warps):
-        call = functools.partial(kernels.write_kv_and_attend, *inputs, block=block, num_warps=warps, rope=(cos, sin))
+        call = functools.partial(kernels.write_kv_and_attend, *inputs, block=block, num_warps=warps)
         try:
             us = graph_time(lambda i, call=call: call(), args.reps) * 1e6
         except Exception as e:  # tiles that do not fit

@@ -1,5 +1,5 @@
 """Small-M linear layers on CUDA: cuBLAS (F.linear) against the Triton kernel of
-ouro_cli/engine/kernels/gemv.py, at the decode step's shapes.
+ouro_cli/kernels/gemv.py, at the decode step's shapes.
 
     python bench/gemv.py                                # Ouro-1.4B shapes, M = 8, 16, 64, bf16
     python bench/gemv.py --sweep --json gemv.json       # also a grid of tiles; results as JSON
@@ -71,7 +71,7 @@ def short(config: dict[str, int]) -> str:
 
 
 def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, reps: int, l2_bytes: int) -> list[dict]:
-    from ouro_cli.engine.kernels.gemv import default_config, small_m_linear
+    from ouro_cli.kernels.gemv import default_config, small_m_linear
 
     dtype = torch.bfloat16
     weight_bytes = n * k * dtype.itemsize

@@ -5,7 +5,8 @@
 `ResourceError`: the command could not finish because a resource ran out or failed
 (device memory, disk space, a killed writer process) — exit 1, one line naming the phase,
 the sizes involved and the option to change.
-`SettingError` is the UserError of a bad OURO_* environment switch (also a ValueError,
+`SettingError` is the UserError of a bad execution setting (ouro_cli/settings.py: an option or
+the OURO_* variable that stands in for it; also a ValueError,
 for library callers).
 `Interrupted`: a run stopped on SIGINT or SIGTERM — exit 128 + the signal (130, 143), one
 line saying where it stopped and how to continue.

@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from . import convert, data, eval, export, probe_ucx, status, train, verify_resume
+from . import compare, convert, data, eval, export, probe_ucx, status, train, verify_resume
 from .common import DEBUG_ENV
 
 EPILOG = """Examples:
@@ -24,6 +24,8 @@ EPILOG = """Examples:
 
   ouro export runs/grpo-1 export/ouro-grpo                    # HF directory of the trained model
 
+  ouro compare runs/one-rank runs/two-ranks                   # two placements of one job, within tolerance
+
   ouro convert hf-to-mcore ./Ouro-1.4B ckpt/ouro-1.4b-mcore   # HF → Megatron checkpoint
 
   ouro --debug train --config recipe.toml                     # a failure shows its traceback
@@ -31,7 +33,7 @@ EPILOG = """Examples:
 
 app = typer.Typer(
     name="ouro",
-    help="On-policy RL (GRPO) for Ouro looped language models: convert, train, resume, export, eval, data.",
+    help="On-policy RL (GRPO) for Ouro looped language models: convert, train, resume, export, eval, data, compare.",
     epilog=EPILOG,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -59,6 +61,7 @@ app.command(name="verify-resume", epilog=verify_resume.EPILOG,
             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(verify_resume.verify_resume)
 app.command(name="status", epilog=status.STATUS_EPILOG)(status.status)
 app.command(name="plot", epilog=status.PLOT_EPILOG)(status.plot)
+app.command(name="compare", epilog=compare.EPILOG)(compare.compare)
 app.command(name="probe-ucx", epilog=probe_ucx.EPILOG, context_settings={"allow_extra_args": True})(probe_ucx.probe_ucx)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ouro_cli.model import OuroForCausalLM
+from ouro_cli.settings import ExecutionSettings
 
 from .contract import (
     EngineBusy,
@@ -60,6 +61,8 @@ class LLM(GenerationControl):
     `overlap` (default: on CUDA) queues decode step n + 1 before reading step n's tokens
     while the batch stays the same (`EngineCore.decode`); outputs are those of stepping one
     at a time. `core` is the engine core; `model`, `device`, `kv` and `runner` are its parts.
+    `execution` (ouro_cli/settings.py) becomes the model's execution settings, which choose
+    the decode kernels and the compilation (None: keep the model's own).
     """
 
     def __init__(self, model: str | Path | OuroForCausalLM, *, device: str | torch.device | None = None,
@@ -67,8 +70,10 @@ class LLM(GenerationControl):
                  block_size: int = 16, max_model_len: int | None = None, max_prefill_tokens: int = 8192,
                  attn_chunk: int = 128, cuda_graphs: bool | None = None, seed: int | None = None,
                  tokenizer=None, weight_version: int = 0, async_scheduling: bool = False,
-                 overlap: bool | None = None) -> None:
+                 overlap: bool | None = None, execution: ExecutionSettings | None = None) -> None:
         model, self.codec = open_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
+        if execution is not None:
+            model.execution = execution
         limits = EngineLimits.resolve(model.config, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                                       block_size=block_size, max_model_len=max_model_len,
                                       max_prefill_tokens=max_prefill_tokens)

@@ -24,15 +24,18 @@ per layer and loop profiled on the H200 at 1.4B, with the Triton kernels, fused 
 and compiled elementwise math; 11 since the input norm and the KV write were fused into
 neighbouring kernels, by count; ~100 in plain torch). Eager mode additionally stops early
 when every row has exited, its only host sync inside the step. On CUDA the KV write and
-the attention of a layer-loop run as one Triton kernel (kernels/, `attention=`); the
-torch code (paged_attention.py) stays the reference and the CPU path.
+the attention of a layer-loop run as one Triton kernel (ouro_cli/kernels/), and small
+batches' projections through the Triton small-batch matmul, as the model's execution
+settings say (`model.execution`, ouro_cli/settings.py: `decode_attention`, `decode_gemv`;
+`attention=` overrides the first); the torch code (paged_attention.py) stays the reference
+and the CPU path.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -41,7 +44,6 @@ from ouro_cli.model import OuroForCausalLM, matmul, pointwise
 from .async_exits import LaggedExitProbe
 from .exits import ExitPolicy, ExitState
 from .host_to_device import to_device
-from .kernels import resolve_attention, resolve_gemv, resolve_rope
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
 
@@ -95,12 +97,12 @@ class ModelRunner:
     def __init__(self, model: OuroForCausalLM, kv: PagedKVCache, counters: WorkCounters, attn_chunk: int = 128,
                  cuda_graphs: bool = False, async_exits: bool = False, attention: str | None = None) -> None:
         self.model, self.kv, self.counters = model, kv, counters
-        self.attention = resolve_attention(attention, kv.device)  # "torch" | "triton" (kernels/__init__.py)
+        execution = model.execution if attention is None else replace(model.execution, decode_attention=attention)
+        self.attention = execution.decode_attention_on(kv.device.type)  # "torch" | "triton"
         if self.attention == "triton":
-            from .kernels import decode_attention as triton_kernels
+            from ouro_cli.kernels import decode_attention as triton_kernels
             self.triton_kernels = triton_kernels
-        self.gemv = resolve_gemv(None, kv.device)  # the projections' small-batch kernel (None: F.linear)
-        self.rope_in_kernel = resolve_rope(None, self.attention)  # the attention kernel applies RoPE
+        self.gemv = execution.decode_gemv_kernel(kv.device.type)  # the projections' small-batch kernel (None: F.linear)
         self.async_exits = async_exits  # read exit signals one loop late (async_exits.py)
         self.num_loops = model.num_loops
         self.num_layers = len(model.model.layers)
@@ -204,7 +206,7 @@ class ModelRunner:
         """The decode step on padded device inputs -> (logits [B, V], depths [B], loops run).
 
         Without `allow_sync` it never reads the device from the host (CUDA-graph capture)."""
-        with matmul.use_small_batch(self.gemv, MAX_GEMV_ROWS):
+        with matmul.use_small_batch(self.gemv, MAX_GEMV_ROWS), pointwise.executing(self.model.execution):
             return self._step_body(inputs, exits, allow_sync)
 
     def _step_body(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -220,15 +222,13 @@ class ModelRunner:
             ops = self.triton_kernels
 
         def attend_for_layer(layer: int):
-            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor | None = None,
-                       sin: torch.Tensor | None = None) -> torch.Tensor:
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 k, v = k[:, 0], v[:, 0]
                 if self.attention == "triton":
                     k_plane, v_plane = kv.plane(layer, plane)
                     prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
-                    rope = None if cos is None else (cos[:, 0], sin[:, 0])
                     return ops.write_kv_and_attend(q[:, 0], k_plane, v_plane, *prev, new_slots, k, v, exits.active,
-                                                   ctx_slots, lengths, rope=rope)[:, None]
+                                                   ctx_slots, lengths)[:, None]
                 if plane > 0:  # exited rows carry their last plane forward instead of new K/V
                     keep = exits.active[:, None, None]
                     k_prev, v_prev = kv.read(layer, plane - 1, new_slots)
@@ -236,7 +236,6 @@ class ModelRunner:
                 kv.write(layer, plane, new_slots, k, v)
                 o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
                 return o[:, None]
-            attend.applies_rotary = self.rope_in_kernel
             return attend
 
         loops_run = 0

@@ -7,13 +7,14 @@ would turn softmax into NaN and poison gradients through `torch.where`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ouro_cli.errors import SettingError
+
+from . import pointwise
 
 
 @dataclass
@@ -66,27 +67,22 @@ def _positions_within_documents(docs: torch.Tensor, valid: torch.Tensor) -> torc
     return torch.where(valid, idx - start_idx, torch.zeros_like(idx))
 
 
-REPLAY_ATTENTION_MODES = ("sdpa", "paged")
-PAGED_NEEDS_CUDA = ("OURO_REPLAY_ATTENTION=paged runs a Triton kernel: it needs CUDA (or the Triton "
-                    "interpreter, TRITON_INTERPRET=1)")
-
-
-def replay_attention_mode() -> str:
-    """OURO_REPLAY_ATTENTION: "sdpa" (default) or "paged": every query through the engine's
-    decode attention kernel, in its reduction order (engine/kernels/replay_attention.py)."""
-    mode = os.environ.get("OURO_REPLAY_ATTENTION", "sdpa")
-    if mode not in REPLAY_ATTENTION_MODES:
-        raise SettingError(f"OURO_REPLAY_ATTENTION must be one of {', '.join(REPLAY_ATTENTION_MODES)}, got {mode!r}")
-    return mode
+PAGED_NEEDS_CUDA = ("--replay-attention paged runs a Triton kernel: it needs CUDA (or the Triton interpreter, "
+                    "TRITON_INTERPRET=1)")
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D]; scale head_dim**-0.5; GQA by head groups."""
-    if replay_attention_mode() == "paged":
-        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D]; scale head_dim**-0.5; GQA by head groups.
+
+    SDPA, or with the model's `replay_attention="paged"` (ouro_cli/settings.py) every query
+    through the decode attention kernel, in its reduction order (kernels/replay_attention.py);
+    that mode never runs inside a compiled region (`compile_layers` leaves them out for it)."""
+    if not torch.compiler.is_compiling() and pointwise.active().replay_attention == "paged":
+        from ouro_cli.kernels import interpreted
+
+        if not q.is_cuda and not interpreted():
             raise SettingError(PAGED_NEEDS_CUDA)
-        # the kernel lives with the engine's: this mode exists to give the engine's bits
-        from ouro_cli.engine.kernels.replay_attention import paged_replay_attention
+        from ouro_cli.kernels.replay_attention import paged_replay_attention
 
         return paged_replay_attention(q, k, v, mask, sdpa_attention)
     return sdpa_attention(q, k, v, mask)

@@ -19,8 +19,6 @@ from .config import OuroConfig
 from .matmul import linear
 
 # attend(q [B,S,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,D]) -> o [B,S,Hq,D], q and k rotated (RoPE).
-# An attend whose attribute `applies_rotary` is true is called as attend(q, k, v, cos, sin)
-# with q and k unrotated and rotates them itself (the engine's fused decode kernel).
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -79,11 +77,8 @@ class Attention(nn.Module):
         q = q.view(b, s, self.num_heads, self.head_dim)
         k = k.view(b, s, self.num_kv_heads, self.head_dim)
         v = v.view(b, s, self.num_kv_heads, self.head_dim)
-        if getattr(attend, "applies_rotary", False):  # the engine's decode kernel rotates q and k itself
-            o = attend(q, k, v, cos, sin)
-        else:
-            q, k = pointwise.rotary(q, k, cos, sin)
-            o = attend(q, k, v)
+        q, k = pointwise.rotary(q, k, cos, sin)
+        o = attend(q, k, v)
         return linear(o.reshape(b, s, self.num_heads * self.head_dim), self.o_proj.weight)
 
 

@@ -3,8 +3,8 @@
 Every weight multiplication of the model goes through `linear(x, w)` (= F.linear). A
 caller may install, for the duration of a `with use_small_batch(kernel, max_rows)`
 block, a kernel that takes over products whose input has at most `max_rows` rows. The
-engine's decode step on CUDA installs its Triton small-batch kernel there (OURO_DECODE_GEMV,
-engine/kernels/gemv.py: on a given weight its rows have the bits cuBLAS gives at the
+engine's decode step on CUDA installs its Triton small-batch kernel there (`--decode-gemv`,
+kernels/gemv.py: on a given weight its rows have the bits cuBLAS gives at the
 replay's many rows, which cuBLAS at a few rows does not always).
 Everything else (the trainer, the engine's prefill, CPU) keeps F.linear. The model package does not import the kernel; the caller
 hands it in.

@@ -15,11 +15,17 @@ loops never duplicate a tensor. Two ways to run it share the same layer code:
 Masked positions are still computed and then discarded with `torch.where`; this
 keeps shapes static and the replay exactly equal to per-token execution. Counting
 that work (incl. padding) is the trainer's concern.
+
+`execution` (ouro_cli/settings.py) says how the model computes on a GPU: whether its
+elementwise math compiles, whole layer calls as regions or not, and which attention the
+replay uses. Both entry points run under it; whoever runs the model sets it (the trainer,
+the engine), and a model built without it has the defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,6 +36,9 @@ from .attention import SequenceLayout, dense_attention
 from .config import OuroConfig
 from .layers import Attend, DecoderLayer, RMSNorm, Rotary
 from .matmul import linear
+
+if TYPE_CHECKING:
+    from ouro_cli.settings import ExecutionSettings
 
 
 class OuroModel(nn.Module):
@@ -43,11 +52,12 @@ class OuroModel(nn.Module):
 
 
 class OuroForCausalLM(nn.Module):
-    def __init__(self, config: OuroConfig) -> None:
+    def __init__(self, config: OuroConfig, execution: ExecutionSettings | None = None) -> None:
         super().__init__()
         self.config = config
         self.model = OuroModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.execution = execution or pointwise.DEFAULTS
 
     @property
     def num_loops(self) -> int:
@@ -69,9 +79,10 @@ class OuroForCausalLM(nn.Module):
         attend_for_layer: Callable[[int], Attend],
     ) -> torch.Tensor:
         """One pass through the layer stack, closed by `model.norm` (the loop's exit state)."""
-        x = self.model.layers[0].input_layernorm(h)
-        for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
-            h, x = layer(h, x, cos, sin, attend_for_layer(i), closing)
+        with pointwise.executing(self.execution):
+            x = self.model.layers[0].input_layernorm(h)
+            for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
+                h, x = layer(h, x, cos, sin, attend_for_layer(i), closing)
         return x
 
     def closing_norms(self) -> list[torch.Tensor]:
@@ -117,6 +128,12 @@ class OuroForCausalLM(nn.Module):
         (`model.norm` runs fused into the last layer's closing kernel, so a module hook on it
         would never fire.)
         """
+        with pointwise.executing(self.execution):
+            return self._forward(input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
+                                 kv_sink, state_sink)
+
+    def _forward(self, input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at, kv_sink,
+                 state_sink) -> torch.Tensor:
         layout = SequenceLayout.build(input_ids, attention_mask, document_ids, position_ids)
         h = self.embed(input_ids)
         cos, sin = self.rope(layout.position_ids, h.dtype)
@@ -125,7 +142,8 @@ class OuroForCausalLM(nn.Module):
             depths = _check_depths(depths, input_ids.shape, num_loops)
             num_loops = int(depths.max())
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
-        step = pointwise.region(_layer_step, h)  # one compiled region per layer call (OURO_COMPILE_LAYERS)
+        # one compiled region per layer call (compile_layers); bound to the settings, for recompute's re-run
+        step = pointwise.under(pointwise.region(_layer_step, h), self.execution)
         for t in range(1, num_loops + 1):
             active = None if depths is None or bool((depths >= t).all()) else (depths >= t)
             first = self.model.layers[0].input_layernorm

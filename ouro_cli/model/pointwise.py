@@ -9,12 +9,17 @@ add and the norm that follows it into one); weights are arguments, never capture
 one compiled kernel serves every layer.
 
 CPU (the tests' exact path, fp32/fp64 against independent references) runs the plain
-eager functions; `OURO_COMPILE=0` turns compilation off on CUDA too, `OURO_COMPILE=always`
-turns it on for CPU as well. Where they compile, each whole layer call of the
-full-sequence forward (the trainer's replay) compiles as one region (`region`), these
-functions traced inside it (`OURO_COMPILE_LAYERS`, default "auto"; "0": one compiled call
-per function): every compiled call costs host time in guards and wrappers, and a training
-step that paid it once per function was host-bound (docs/performance.md §8).
+eager functions. Where they compile is an execution setting (ouro_cli/settings.py) of the
+model that runs them: `compile="off"` turns compilation off on CUDA too, "always" turns it
+on for CPU as well. Where they compile, each whole layer call of the full-sequence forward
+(the trainer's replay) compiles as one region (`region`), these functions traced inside it
+(`compile_layers`, default "auto"; "off": one compiled call per function): every compiled
+call costs host time in guards and wrappers, and a training step that paid it once per
+function was host-bound (docs/performance.md §8).
+
+The model's entry points (OuroForCausalLM.forward, run_loop) and the engine's decode step
+run these functions under their model's settings (`executing`); outside such a block they
+use the defaults, never the environment.
 Both the engine and the trainer call these same functions, so on a GPU they stay one
 forward pass; the compiled kernels keep eager's intermediate roundings (bf16 results on
 CPU are bit-identical to eager).
@@ -24,14 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from ouro_cli.errors import SettingError
+from ouro_cli.settings import ExecutionSettings
+
+DEFAULTS = ExecutionSettings()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -42,7 +48,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rms_norm_generic(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`rms_norm`, compiled shape-generic like `region` (the replay's norm before its first layer)."""
-    return _dispatch(_rms_norm, x, dynamic=True if compile_layers() else None)(x, weight, eps)
+    return _dispatch(_rms_norm, x, dynamic=True if active().layer_regions else None)(x, weight, eps)
 
 
 def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -67,28 +73,43 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _dispatch(_silu_mul, gate)(gate, up)
 
 
-COMPILE_LAYERS_MODES = ("auto", "0", "1")
+_local = threading.local()  # .settings: the active ExecutionSettings; .eager: inside `eager()`
 
 
-def compile_layers() -> bool:
-    """OURO_COMPILE_LAYERS: whether each whole layer call of the full-sequence forward
-    compiles as one region, so that a step pays the compiled-call overhead once per layer
-    call instead of once per elementwise function. "auto" (default): yes, unless
-    OURO_REPLAY_ATTENTION=paged (its Triton launch is not traced: the functions then compile
-    one by one); "1": yes, and paged replay attention beside it is an error; "0": no."""
-    mode = os.environ.get("OURO_COMPILE_LAYERS", "auto")
-    if mode not in COMPILE_LAYERS_MODES:
-        raise SettingError(f"OURO_COMPILE_LAYERS must be auto, 0 or 1, got {mode!r}")
-    paged = os.environ.get("OURO_REPLAY_ATTENTION") == "paged"
-    if mode == "1" and paged:
-        raise SettingError("OURO_COMPILE_LAYERS=1 does not combine with OURO_REPLAY_ATTENTION=paged")
-    return mode == "1" or (mode == "auto" and not paged)
+@contextlib.contextmanager
+def _in_this_thread(name: str, value) -> Iterator[None]:
+    before = getattr(_local, name, None)
+    setattr(_local, name, value)
+    try:
+        yield
+    finally:
+        setattr(_local, name, before)
+
+
+def executing(settings: ExecutionSettings) -> contextlib.AbstractContextManager[None]:
+    """Run these functions under `settings` inside the block (per thread)."""
+    return _in_this_thread("settings", settings)
+
+
+def active() -> ExecutionSettings:
+    """The settings of the block this thread runs in (`executing`), else the defaults."""
+    return getattr(_local, "settings", None) or DEFAULTS
+
+
+def under(fn: Callable, settings: ExecutionSettings) -> Callable:
+    """`fn` that runs under `settings` whenever it is called: for a function called again
+    outside the block that made it (activation recompute re-runs a layer call in backward)."""
+    def run(*args):
+        with executing(settings):
+            return fn(*args)
+
+    return run
 
 
 def region(fn: Callable, x: torch.Tensor) -> Callable:
-    """`fn` (one layer call) compiled as one region where these functions compile and
-    `compile_layers()` says so, else itself. Inside the region the functions above are traced
-    inline, not called compiled (`_dispatch` sees the compilation).
+    """`fn` (one layer call) compiled as one region where these functions compile and the
+    active settings' `compile_layers` says so, else itself. Inside the region the functions
+    above are traced inline, not called compiled (`_dispatch` sees the compilation).
 
     The region is compiled shape-generic from its first call (`dynamic=True`): the trainer's
     micro-batches change their rows and row width every update, and a specialised first
@@ -97,7 +118,7 @@ def region(fn: Callable, x: torch.Tensor) -> Callable:
     default), so only the token dimensions are symbolic, and duck sizing is off: a token
     dimension that happens to equal a head count or head size at the first call would
     otherwise be fused with it and specialised."""
-    return _dispatch(fn, x, dynamic=True) if compile_layers() else fn
+    return _dispatch(fn, x, dynamic=True) if active().layer_regions else fn
 
 
 def compile_seconds() -> float:
@@ -113,7 +134,7 @@ def compile_seconds() -> float:
 
 def fused(fn: Callable, x: torch.Tensor) -> Callable:
     """`fn` (a function of tensors, elementwise work only) as these functions run: compiled
-    into fused kernels where x's device compiles (CUDA unless OURO_COMPILE=0), else itself.
+    into fused kernels where x's device compiles (CUDA, unless the settings say otherwise), else itself.
     For elementwise bookkeeping outside the layers (the engine's exit state)."""
     return _dispatch(fn, x)
 
@@ -153,35 +174,19 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 # ---- dispatch -----------------------------------------------------------------------
 
-def compile_mode() -> str:
-    """OURO_COMPILE: "1" (default: compile on CUDA), "0" (never), "always" (CPU too: lets the
-    CPU tests exercise the compiled path)."""
-    return os.environ.get("OURO_COMPILE", "1")
-
-
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def eager():
+def eager() -> contextlib.AbstractContextManager[None]:
     """Run the plain functions inside this block, on any device.
 
     A compiled call costs more host time (guards, wrappers) than a few eager kernel
     launches. That pays off where the GPU work is large (training) or the host cost is paid
     once (CUDA-graph capture), not in the engine's host-bound prefill (docs/performance.md §6)."""
-    before = getattr(_local, "eager", False)
-    _local.eager = True
-    try:
-        yield
-    finally:
-        _local.eager = before
+    return _in_this_thread("eager", True)
 
 
 def _dispatch(fn: Callable, x: torch.Tensor, dynamic: bool | None = None) -> Callable:
-    mode = compile_mode()
-    if getattr(_local, "eager", False) or torch.compiler.is_compiling():
-        return fn
-    if mode == "always" or (x.is_cuda and mode != "0"):
+    if torch.compiler.is_compiling() or getattr(_local, "eager", False):
+        return fn  # traced into an enclosing region, or asked to stay eager
+    if active().compiles(x.device.type):
         return _compiled(fn, dynamic)
     return fn
 

@@ -131,13 +131,15 @@ def check_mapping(flags: dict[str, str | None]) -> None:
 
 
 def columns_for(options: Any, *, held_out: bool = False) -> Columns:
-    """The mapping of a run's `--data`, or (held_out) of its `--eval-data`, whose own flags
-    (`--eval-prompt-key` ...) default to those of `--data`."""
-    columns = Columns(options.prompt_key, options.label_key, options.id_key, options.label_parser)
+    """The mapping of a run's `--data` (`options.columns`, rl/options.py ColumnOptions), or
+    (held_out) of its `--eval-data`, whose own flags (`--eval-prompt-key` ...,
+    `options.eval_columns`) default to those of `--data`."""
+    c = options.columns
+    columns = Columns(c.prompt_key, c.label_key, c.id_key, c.label_parser)
     if not held_out:
         return columns
-    return columns.replace(options.eval_prompt_key, options.eval_label_key, options.eval_id_key,
-                           options.eval_label_parser)
+    e = options.eval_columns
+    return columns.replace(e.eval_prompt_key, e.eval_label_key, e.eval_id_key, e.eval_label_parser)
 
 
 # ---- validating a row ----------------------------------------------------------------

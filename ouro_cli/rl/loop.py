@@ -22,6 +22,7 @@ after update u as version u + 2. Rollouts of update u therefore carry version u 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -57,12 +58,13 @@ from .metrics import (
     device_hours,
     rollout_summary,
 )
-from .options import TrainOptions
+from .options import EngineOptions, TrainOptions
 from .phases import hand_back, phase
 from .plots import plot_run
+from .prompts import stop_tokens_for, tokenize_prompts
 from .publish import publish
 from .rewards import check_labels, load_reward, reward_problem
-from .rollout import RolloutCheckFailed, RolloutSample, generate_groups
+from .rollout import RolloutCheckFailed, RolloutSample, RolloutSampling, generate_groups
 from .run_dir import RunDir
 from .schedule import depth_for_update, validate_depths
 from .sizing import DeviceMemory, RunSizing, check_fits, describe, size_run
@@ -82,15 +84,12 @@ class Session:
     eval_rows: list[Row]
     eval_prompt_ids: list[list[int]]
     reward_fn: Callable
-    codec: Any
-    stop_token_ids: list[int]
-    num_loops: int
+    sampling: RolloutSampling  # the rollouts'; evaluations use it with the run seed (`eval_sampling`)
     trainer: Any
     engine: Any
     cursor: DataCursor
     plan: dict[str, Any]
     start_update: int
-    rollout_seed: int
     sizing: RunSizing
     rank: int = 0
     world: int = 1
@@ -104,6 +103,10 @@ class Session:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def eval_sampling(self) -> RolloutSampling:
+        return dataclasses.replace(self.sampling, seed=self.options.seed)
+
 
 # ---- setup ---------------------------------------------------------------------------
 
@@ -111,15 +114,16 @@ def _check_inputs(options: TrainOptions):
     """Everything that can be wrong with the inputs, found before any model loads."""
     rows = load_dataset(options.data, columns_for(options))
     eval_rows = load_dataset(options.eval_data, columns_for(options, held_out=True)) if options.eval_data else []
-    reward_fn = load_reward(options.reward_function)
-    check_labels(reward_fn, options.reward_function,
+    reward_fn = load_reward(options.task.reward_function)
+    check_labels(reward_fn, options.task.reward_function,
                  [(f"{options.data}:{r.line}", r.label) for r in rows]
                  + [(f"{options.eval_data}:{r.line}", r.label) for r in eval_rows])
-    if not options.prefill_devices:  # a bad --engine path is a usage error, found before any model loads
+    if not options.engine.disaggregated:  # a bad --engine path is a usage error, found before any model loads
         from ouro_cli.engine.factory import load_factory
 
-        load_factory(options.engine)
-    template = get_template(options.prompt_template) if options.prompt_template != "tokenizer" else None
+        load_factory(options.engine.factory)
+    name = options.task.prompt_template
+    template = get_template(name) if name != "tokenizer" else None
     if template is not None:
         template.check([(f"{options.data}:{r.line}", r.prompt) for r in rows])
     if options.prompts_per_update > len(rows):
@@ -128,42 +132,12 @@ def _check_inputs(options: TrainOptions):
     return rows, eval_rows, reward_fn, template
 
 
-def tokenize_prompts(codec, template, rows: list[Row], limit: int, max_response_len: int, where: str) -> list[list[int]]:
-    ids = []
-    for row in rows:
-        tokens = codec.encode(template.render(row.prompt))
-        if not tokens:
-            raise UserError(f"{where}:{row.line}: the prompt renders to no tokens")
-        if len(tokens) + max_response_len > limit:
-            raise UserError(f"{where}:{row.line}: prompt of {len(tokens)} tokens + --max-response-len "
-                            f"{max_response_len} exceeds the sequence limit {limit}")
-        ids.append(tokens)
-    return ids
-
-
-def stop_tokens_for(config, codec) -> list[int]:
-    from ouro_cli.engine.setup import eos_token_ids
-
-    stops = list(eos_token_ids(config))
-    im_end = codec.tokenizer.token_to_id("<|im_end|>") if hasattr(codec.tokenizer, "token_to_id") else None
-    if im_end is not None:
-        stops.append(im_end)
-    return sorted(set(stops))
-
-
 def _trainer_config(options: TrainOptions, sizing: RunSizing):
-    from ouro_cli.trainer import TrainerConfig
-
-    return TrainerConfig(device=options.device, params_dtype=options.dtype, seed=options.seed, eps_low=options.eps_low,
-                         eps_high=options.eps_high, aggregation=options.aggregation,
-                         micro_batch_size=options.micro_batch_size,
-                         max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch, recompute=sizing.recompute,
-                         lr=options.lr,
-                         min_lr=options.min_lr, lr_schedule=options.lr_schedule, warmup_steps=options.warmup_steps,
-                         decay_steps=options.updates if options.lr_schedule == "cosine" else None,
-                         clip_grad=options.clip_grad, use_distributed_optimizer=options.use_distributed_optimizer,
-                         keep_last=options.keep_last, async_save=options.async_save,
-                         offload_optimizer=options.offload_optimizer)
+    """The run's trainer config with what the run decides filled in: the memory plan's micro-batch
+    tokens and recompute (rl/sizing.py), and a cosine schedule's length (its updates)."""
+    return dataclasses.replace(options.trainer, max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
+                               recompute="on" if sizing.recompute else "off",
+                               decay_steps=options.updates if options.trainer.lr_schedule == "cosine" else None)
 
 
 def _all_gather(value: Any) -> list[Any]:
@@ -198,27 +172,47 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
     """The run's memory plan (rl/sizing.py); a resumed run keeps the one its plan recorded."""
     import os
 
-    from ouro_cli.trainer import TrainerConfig
-
-    trainer_config = TrainerConfig(device=options.device, params_dtype=options.dtype)
-    device_type = trainer_config.resolved_device
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if device_type == "cuda" else torch.device("cpu")
+    t, e = options.trainer, options.engine
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if t.resolved_device == "cuda" \
+        else torch.device("cpu")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_samples = -(-options.prompts_per_update // world) * options.group_size
     recorded = (saved or {}).get("contract", {}).get("sizing") or {}
-    planes = config.num_loops if options.speculative_tokens else max(options.depths + options.eval_depths)
+    planes = config.num_loops if e.speculative_tokens else max(options.depths + options.eval_depths)
     return size_run(
-        config, DeviceMemory.of(device), utilization=options.gpu_memory_utilization, dtype=trainer_config.torch_dtype,
-        block_size=options.block_size, seq_tokens=seq_tokens,
+        config, DeviceMemory.of(device), utilization=options.gpu_memory_utilization, dtype=t.torch_dtype,
+        block_size=e.block_size, seq_tokens=seq_tokens,
         sequences_needed=max(local_samples, min(options.eval_prompts, eval_rows)),
         tokens_per_update=local_samples * seq_tokens, planes=planes,
-        engine_releases_memory=not options.prefill_devices and options.engine == TrainOptions().engine,
-        offload_optimizer=options.offload_optimizer,
-        optimizer_shards=world if options.use_distributed_optimizer else 1,
-        kv_blocks=recorded.get("kv_blocks", options.kv_blocks),
-        max_num_seqs=recorded.get("max_num_seqs", options.max_num_seqs),
-        max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", options.max_tokens_per_micro_batch),
-        recompute={True: "on", False: "off"}.get(recorded.get("recompute"), options.recompute))
+        engine_releases_memory=e.releases_memory, offload_optimizer=t.offload_optimizer,
+        optimizer_shards=world if t.use_distributed_optimizer else 1,
+        kv_blocks=recorded.get("kv_blocks", e.kv_blocks),
+        max_num_seqs=recorded.get("max_num_seqs", e.max_num_seqs),
+        max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", t.max_tokens_per_micro_batch),
+        recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute))
+
+
+def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch.device, log: Callable[[str], None]):
+    """The run's engine (`EngineOptions`): the factory's, or the PD engine's spawned prefill and
+    decode workers behind the same contract; the memory plan sizes its cache and batch."""
+    engine_options = dict(max_num_seqs=sizing.max_num_seqs, kv_blocks=sizing.kv_blocks, block_size=options.block_size)
+    if options.cuda_graphs:
+        if device.type != "cuda":
+            raise UserError("--cuda-graphs needs a CUDA device (decode steps are captured as CUDA graphs)")
+        engine_options["cuda_graphs"] = True
+    if options.disaggregated:
+        from ouro_cli.engine.pd import make_pd_engine
+
+        engine = make_pd_engine(model, options.prefill_devices, options.decode_devices, device=device.type,
+                                transport=options.kv_transport, worker_threads=options.pd_worker_threads,
+                                **engine_options)
+        log(f"engine: PD, prefill {options.prefill_devices} decode {options.decode_devices}, "
+            f"KV transport {engine.transport}")
+        return engine
+    from ouro_cli.engine import make_engine
+
+    return make_engine(options.factory, model, **engine_options,
+                       **({"async_scheduling": True} if options.async_scheduling else {}))
 
 
 def _in_use(device: torch.device) -> int:
@@ -232,12 +226,11 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     rows, eval_rows, reward_fn, template = _check_inputs(options)  # before anything heavy is imported
 
     from ouro_cli.checkpoint import open_checkpoint
-    from ouro_cli.engine import make_engine
     from ouro_cli.engine.tokenizer import TextCodec
     from ouro_cli.model import from_state_dict
     from ouro_cli.trainer import Trainer
 
-    log(f"data: {len(rows)} training rows, {len(eval_rows)} held-out rows; reward {options.reward_function}")
+    log(f"data: {len(rows)} training rows, {len(eval_rows)} held-out rows; reward {options.task.reward_function}")
 
     source_path = run.checkpoint if resume else Path(options.model)
     source = open_checkpoint(source_path)
@@ -245,7 +238,7 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     num_loops = config.num_loops
     validate_depths(options.depths, num_loops)
     validate_depths(options.eval_depths, num_loops)
-    if options.speculative_tokens and options.depths != [num_loops]:
+    if options.engine.speculative_tokens and options.depths != [num_loops]:
         raise UserError(f"--speculative-tokens needs --depths {num_loops} (the model's total_ut_steps T): drafts are "
                         f"verified at full depth, got --depths {' '.join(map(str, options.depths))}")
     if options.max_position_embeddings not in (None, config.max_position_embeddings):
@@ -259,8 +252,9 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         from transformers import AutoTokenizer
 
         template = get_template("tokenizer", AutoTokenizer.from_pretrained(str(source.assets_dir)))
-    prompt_ids = tokenize_prompts(codec, template, rows, limit, options.max_response_len, options.data)
-    eval_prompt_ids = tokenize_prompts(codec, template, eval_rows, limit, options.max_response_len, options.eval_data or "")
+    response_len = options.sampling.max_response_len
+    prompt_ids = tokenize_prompts(codec, template, rows, limit, response_len, options.data)
+    eval_prompt_ids = tokenize_prompts(codec, template, eval_rows, limit, response_len, options.eval_data or "")
 
     contract = plans.build_contract(options, data_sha256=data_sha256(options.data), model_config=config.to_dict(),
                                     tokenizer_sha256=plans.file_sha256(source.assets_dir / "tokenizer.json"),
@@ -270,18 +264,20 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         from ouro_cli.checkpoint.layout import latest_iteration_dir
 
         saved = plans.read_plan(latest_iteration_dir(run.checkpoint) / run.plan.name)
-    seq_tokens = max(map(len, prompt_ids + eval_prompt_ids)) + options.max_response_len
+    seq_tokens = max(map(len, prompt_ids + eval_prompt_ids)) + response_len
     sizing = _size(options, config, seq_tokens, len(eval_rows), saved)
     contract["sizing"] = plans.sizing_entry(sizing)
     cursor = DataCursor(len(rows), options.seed)
     if resume:
-        plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler)
-        plan = saved
+        device_type = options.trainer.resolved_device
+        plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler,
+                                  device_type=device_type)
+        plan = {**saved, "contract": plans.upgrade(saved["contract"], device_type)}  # an older plan gains what it lacked
     else:
         plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
 
     log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
-    trainer = Trainer(str(source_path), _trainer_config(options, sizing))
+    trainer = Trainer(str(source_path), _trainer_config(options, sizing), execution=options.execution)
     # the process group exists from here on (the trainer creates or joins it)
     contract_sha = plans.contract_hash(contract)
     agreed = _agree(contract_sha, "execution plan")
@@ -297,32 +293,21 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         start_update = int(extra["next_update"])
     weights = {name: t.detach().clone() for name, t in trainer.named_weights_for_publication()}
     engine_model = from_state_dict(config, weights, device=trainer.device)
+    engine_model.execution = options.execution  # the engine computes with its model's settings
     del weights
     check_fits(sizing, DeviceMemory.of(trainer.device), _in_use(trainer.device))
-    log(describe(sizing, config, DeviceMemory.of(trainer.device), block_size=options.block_size, seq_tokens=seq_tokens,
+    log(describe(sizing, config, DeviceMemory.of(trainer.device), block_size=options.engine.block_size, seq_tokens=seq_tokens,
                  dtype=trainer.config.torch_dtype, planes=sorted(set(options.depths) | set(options.eval_depths))))
-    engine_options = dict(max_num_seqs=sizing.max_num_seqs, kv_blocks=sizing.kv_blocks, block_size=options.block_size)
-    if options.cuda_graphs:
-        if trainer.device.type != "cuda":
-            raise UserError("--cuda-graphs needs a CUDA device (decode steps are captured as CUDA graphs)")
-        engine_options["cuda_graphs"] = True
-    if options.prefill_devices:  # prefill/decode disaggregation: spawned P and D workers behind the same contract
-        from ouro_cli.engine.pd import make_pd_engine
-
-        engine = make_pd_engine(engine_model, options.prefill_devices, options.decode_devices,
-                                device=options.device, **engine_options)
-        log(f"engine: PD, prefill {options.prefill_devices} decode {options.decode_devices}, "
-            f"KV transport {engine.transport}")
-    else:
-        engine = make_engine(options.engine, engine_model, **engine_options,
-                             **({"async_scheduling": True} if options.async_scheduling else {}))
+    engine = _make_engine(options.engine, engine_model, sizing, trainer.device, log)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    sampling = RolloutSampling.of(
+        options.sampling, num_loops=num_loops, seed=options.seed + (1 if resume and faults.broken_resume() else 0),
+        stop_token_ids=stop_tokens_for(config, codec), decode=codec.decode,
+        speculative_tokens=options.engine.speculative_tokens, async_scheduling=options.engine.async_scheduling)
     session = Session(options=options, run=run, rows=rows, prompt_ids=prompt_ids, eval_rows=eval_rows,
-                      eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, codec=codec,
-                      stop_token_ids=stop_tokens_for(config, codec), num_loops=num_loops, trainer=trainer, engine=engine,
-                      cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
-                      rollout_seed=options.seed + (1 if resume and options.test_break_resume else 0), sizing=sizing,
-                      devices={str(trainer.device), *getattr(engine, "devices", set)()})
+                      eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, sampling=sampling, trainer=trainer,
+                      engine=engine, cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
+                      sizing=sizing, devices={str(trainer.device), *getattr(engine, "devices", set)()})
     if session.is_main and options.loggers:
         session.trackers = Trackers(options.loggers, run.warnings_log.parent, options.to_dict(), run.root.name)
     if session.is_main and not resume:
@@ -344,13 +329,8 @@ def rollout_stage(s: Session, update: int, k: int) -> tuple[list[RolloutSample],
     positions = range(s.rank, len(batch), s.world)
     mine = [batch[p] for p in positions]
     try:
-        return generate_groups(
-            s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], group_size=s.options.group_size,
-            k=k, num_loops=s.num_loops, seed=s.rollout_seed, update=update, positions=positions,
-            temperature=s.options.temperature, max_tokens=s.options.max_response_len,
-            exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
-            stop_token_ids=s.stop_token_ids, decode=s.codec.decode, speculative_tokens=s.options.speculative_tokens,
-            async_scheduling=s.options.async_scheduling), agreed
+        return generate_groups(s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], s.sampling,
+                               group_size=s.options.group_size, k=k, update=update, positions=positions), agreed
     except RolloutCheckFailed as err:
         raise CheckFailed(f"update {update}: {err}") from err
 
@@ -368,7 +348,7 @@ def score_stage(s: Session, update: int, samples: list[RolloutSample]) -> None:
         else:
             problem = reward_problem(value)
         if problem is not None:
-            problem = (f"update {update}: reward function {s.options.reward_function} {problem} for problem_id "
+            problem = (f"update {update}: reward function {s.options.task.reward_function} {problem} for problem_id "
                        f"{sample.row.problem_id!r}; a reward must be a finite real number (bool, int or float)")
             break
         sample.reward = float(value)
@@ -383,7 +363,7 @@ def train_stage(s: Session, samples: list[RolloutSample]) -> dict[str, float]:
     from ouro_cli.trainer import Sample
 
     batch = [Sample(prompt_ids=x.prompt_ids, response_ids=x.response_ids, exit_depths=x.exit_depths,
-                    rollout_logprobs=x.logprobs, advantage=x.advantage, temperature=s.options.temperature)
+                    rollout_logprobs=x.logprobs, advantage=x.advantage, temperature=s.sampling.temperature)
              for x in samples]
     return s.trainer.train_step(batch)
 
@@ -429,12 +409,8 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
 
 
 def _evaluate(s: Session, n: int) -> list[dict[str, Any]]:
-    return evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], ks=s.options.eval_depths,
-                    num_loops=s.num_loops, reward_fn=s.reward_fn, seed=s.options.seed,
-                    temperature=s.options.temperature, max_tokens=s.options.max_response_len,
-                    exit_threshold=s.options.exit_threshold, min_loops=s.options.min_loops,
-                    stop_token_ids=s.stop_token_ids, decode=s.codec.decode,
-                    speculative_tokens=s.options.speculative_tokens, async_scheduling=s.options.async_scheduling)
+    return evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
+                    reward_fn=s.reward_fn)
 
 
 def _gather(samples: list[RolloutSample], update: int) -> list[dict[str, Any]]:
@@ -589,7 +565,8 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
     try:
         if session.is_main:
             (run.root / "COMPLETE").unlink(missing_ok=True)
-            write_manifest(run.root, command, options.to_dict(), [Path(options.data)])
+            effective = options.execution.effective(session.trainer.device.type)  # what the kernels are here
+            write_manifest(run.root, command, {**options.to_dict(), "execution": effective}, [Path(options.data)])
             if continuing:  # updates logged after the checkpoint (a crash) run again
                 if session.start_update:
                     run_records.repair_tracker(run, log)

@@ -1,276 +1,328 @@
-"""`TrainOptions`: every option of `ouro train`, typed, defaulted and validated in one place.
+"""The options of `ouro train` and `ouro eval`: one tree each, typed, defaulted and validated here.
 
-The CLI maps its flags onto these fields; a TOML `--config` file may set any of them
-(flags given on the command line override it). The resolved options are recorded in
-the run's manifest, and the subset that defines the run's contract goes into
-`ouro-plan.json` (see plan.py), which `ouro resume` holds the run to.
+`TrainOptions` nests the trainer's own config (`trainer.TrainerConfig`), the engine's
+(`EngineOptions`), the sampling (`SamplingOptions`), the prompt/reward task
+(`TaskOptions`) and the kernels and compilation (`settings.ExecutionSettings`);
+`EvalOptions` shares the last three. Each default and help line is
+written once, on its field; the CLI builds its flags from them (cli/options.py), a TOML
+`--config` file may set any of them by flat name or under its section's heading
+(ouro_cli/config.py), and flags given on the command line override the file. The
+resolved options are recorded in the run's manifest, and the part that defines what the
+run computes goes into `ouro-plan.json` (plan.py), which `ouro resume` holds the run to.
 
-Combinations an execution mode cannot run (speculation with a depth schedule, threshold
-exits or async scheduling; CUDA graphs without CUDA) fail loudly instead of being ignored.
+`validate` is the one place a tree is checked: each section's own rules (a section
+checks itself when it is built), then the rules that span sections. Combinations an
+execution mode cannot run (speculation with a depth schedule, threshold exits or async
+scheduling; CUDA graphs without CUDA) fail loudly instead of being ignored.
 """
 
 from __future__ import annotations
 
-import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from types import UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal
 
+from ouro_cli import config as tree
+from ouro_cli.config import P_DATA, P_ENGINE, P_GRPO, P_RUN, option, section
 from ouro_cli.errors import UserError
 from ouro_cli.rl.data import Columns, check_mapping
+from ouro_cli.settings import ExecutionSettings, from_environment
+from ouro_cli.trainer.config import DEFAULT_SEED, TrainerConfig
 
 BUNDLED = Path(__file__).resolve().parents[1] / "bundled" / "tiny"  # package data (ouro_cli/bundled)
+DEFAULT_ENGINE = "ouro_cli.engine.factory:default_factory"  # engine/factory.py DEFAULT_FACTORY
+DEFAULT_DEPTHS = (2, 3, 4)
+
+# Option names of runs written by earlier versions that no longer exist: dropped when a plan is read.
+RETIRED = {"test_break_resume"}  # now ouro_cli/testing/faults.py (OURO_TEST_BREAK_RESUME)
+
 
 @dataclass
-class TrainOptions:
-    # ---- what to train on --------------------------------------------------------
-    model: str = str(BUNDLED / "model")
-    data: str = str(BUNDLED / "train.jsonl")
-    prompt_key: str = Columns.prompt  # where a --data row holds its prompt, label and id (rl/data.py)
-    label_key: str = Columns.label
-    id_key: str = Columns.id  # a row without one is named by its index
-    label_parser: str = Columns.label_parser  # none, or gsm8k (the number after "####")
-    run_dir: str | None = None
-    prompt_template: str = "chatml"
-    reward_function: str = "ouro_cli.rl.rewards.boxed_answer"
+class TaskOptions:
+    """How a prompt is rendered and a response graded."""
 
-    # ---- the GRPO update ---------------------------------------------------------
-    updates: int = 80
-    depths: list[int] = field(default_factory=lambda: [2, 3, 4])
-    prompts_per_update: int = 16
-    group_size: int = 8
-    temperature: float = 1.0
-    max_response_len: int = 48
-    seq_length: int | None = None  # prompt + response limit; None: the model's max positions
-    max_position_embeddings: int | None = None  # must match the model when given
-    exit_threshold: float = 1.0
-    min_loops: int = 1
-    seed: int = 1234
+    prompt_template: str = option("chatml", help="chatml, raw, or tokenizer (the model's chat template).",
+                                  panel=P_DATA)
+    reward_function: str = option("ouro_cli.rl.rewards.boxed_answer", help="Dotted path of f(response, label) -> float.",
+                                  panel=P_DATA, aliases=("--ouro-reward-function",))  # checked by template.py, rewards/
 
-    # ---- optimizer ---------------------------------------------------------------
-    lr: float = 1e-4
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    min_lr: float = 0.0
-    clip_grad: float = 1.0
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    aggregation: str = "token_mean"
-    micro_batch_size: int | None = None  # a cap on samples per micro-batch; None: only the token budget
-    max_tokens_per_micro_batch: int | None = None  # None: what fits in the memory left (rl/sizing.py)
-    recompute: str = "auto"  # auto: on only when the memory budget needs it; on; off
-    use_distributed_optimizer: bool = False
-    offload_optimizer: bool = False  # main weights and Adam moments in host memory between optimizer steps
 
-    # ---- engine ------------------------------------------------------------------
-    engine: str = "ouro_cli.engine.factory:default_factory"
-    device: str = "auto"
-    dtype: str = "auto"
-    gpu_memory_utilization: float = 0.9  # fraction of device (CPU: host) memory the run may fill
-    max_num_seqs: int | None = None  # cap on sequences decoded together; None: what a call submits (<= 512)
-    kv_blocks: int | None = None  # paged KV blocks at T planes; None: sized from the memory budget
-    block_size: int = 16
-    cuda_graphs: bool = False  # require CUDA-graph decode (the engine's default on CUDA anyway)
-    async_scheduling: bool = False
-    speculative_tokens: int = 0
-    prefill_devices: list[int] = field(default_factory=list)
-    decode_devices: list[int] = field(default_factory=list)
+@dataclass
+class SamplingOptions:
+    """How a response is sampled, in rollouts and in evaluations."""
 
-    # ---- saving, evaluation, export ---------------------------------------------
-    save_interval: int = 20  # also always at the end; 0: only at the end
-    keep_last: int | None = 2
-    async_save: bool = False  # write checkpoints in the background while the next update runs
-    eval_data: str | None = str(BUNDLED / "eval.jsonl")
-    eval_prompt_key: str | None = None  # the --eval-data mapping; None: as for --data
-    eval_label_key: str | None = None
-    eval_id_key: str | None = None
-    eval_label_parser: str | None = None
-    eval_prompts: int = 200
-    eval_interval: int = 0  # 0: before the first and after the last update only
-    eval_depths: list[int] = field(default_factory=lambda: [2, 3, 4])
-    export_hf: str | None = None
-    overwrite: bool = False
-    loggers: list[str] = field(default_factory=list)  # experiment trackers beside metrics.jsonl (rl/loggers.py)
-    state_digest: bool = False  # sha256 of model + optimizer state per update (verify-resume)
-    save_on_interrupt: str = "auto"  # SIGINT/SIGTERM: save first? on, off, or auto (rl/stop.py)
-    test_break_resume: bool = False  # test-only: reseed the sampler after a resume (must be caught)
+    temperature: float = option(1.0, help="Sampling temperature.", panel=P_GRPO)
+    max_response_len: int = option(48, help="Tokens per response.", panel=P_GRPO,
+                                   aliases=("--rollout-max-response-len",))
+    exit_threshold: float = option(1.0, help="Native early exit at CDF >= threshold (1 = exactly K loops).",
+                                   panel=P_GRPO, aliases=("--ouro-exit-threshold",))
+    min_loops: int = option(1, help="Fewest loops a decoded token runs.", panel=P_GRPO)
 
-    def validate(self) -> TrainOptions:
-        if isinstance(self.recompute, bool):  # plans and TOML files written before "auto" existed
-            self.recompute = "on" if self.recompute else "off"
-        if self.recompute not in ("auto", "on", "off"):
-            raise UserError(f"--recompute must be auto, on or off, got {self.recompute!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
-        for name in ("max_num_seqs", "kv_blocks", "max_tokens_per_micro_batch", "micro_batch_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-        if self.cuda_graphs and self.device == "cpu":
-            raise UserError("--cuda-graphs captures decode steps on a GPU; it cannot run with --device cpu")
-        if self.group_size < 2:  # before the >= 1 rule, so that 0 and 1 get the same answer
-            raise UserError(f"--group-size must be at least 2: GRPO normalises rewards within a group, "
-                            f"got {self.group_size}")
-        positive = ("updates", "prompts_per_update", "max_response_len", "block_size", "eval_prompts")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+    def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise UserError("--temperature must be > 0 (GRPO samples; processed logprobs need T > 0)")
+        tree.at_least(1, max_response_len=self.max_response_len, min_loops=self.min_loops)
         if not 0 < self.exit_threshold <= 1:
             raise UserError("--exit-threshold must lie in (0, 1]")
-        if self.save_interval < 0 or self.eval_interval < 0:
-            raise UserError("--save-interval and --eval-interval must be >= 0")
-        if not self.lr > 0:
-            raise UserError("--lr must be > 0")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise UserError("--lr-schedule must be constant or cosine")
-        if self.aggregation not in ("token_mean", "sequence_mean"):
-            raise UserError("--aggregation must be token_mean or sequence_mean")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise UserError("--device must be auto, cpu or cuda")
-        if self.dtype not in ("auto", "fp32", "bf16"):
-            raise UserError("--dtype must be auto, fp32 or bf16")
-        from .loggers import check_loggers
 
-        check_loggers(self.loggers)
-        if self.save_on_interrupt not in ("auto", "on", "off"):
-            raise UserError(f"--save-on-interrupt must be auto, on or off, got {self.save_on_interrupt!r}")
-        if self.keep_last is not None and self.keep_last < 1:
-            raise UserError("--keep-last must be at least 1")
-        self._validate_speculation()
-        self._validate_disaggregation()
-        self._validate_columns()
-        self._validate_kernel_settings()
-        return self
 
-    def _validate_columns(self) -> None:
-        """The column mappings of --data and --eval-data (rl/data.py reads through them)."""
-        names = ("prompt_key", "label_key", "id_key", "label_parser", "eval_prompt_key", "eval_label_key",
-                 "eval_id_key", "eval_label_parser")
-        check_mapping({f"--{name.replace('_', '-')}": getattr(self, name) for name in names})
+@dataclass
+class ColumnOptions:
+    """Where a data row holds its prompt, label and id (rl/data.py reads through this mapping)."""
 
-    def _validate_kernel_settings(self) -> None:
-        """OURO_DECODE_ATTENTION / OURO_DECODE_GEMV / OURO_DECODE_ROPE / OURO_REPLAY_ATTENTION /
-        OURO_COMPILE_LAYERS, before anything runs."""
-        import torch
+    prompt_key: str = option(Columns.prompt, help="Field of a row holding the prompt; dots reach into nested "
+                             "fields.", panel=P_DATA)
+    label_key: str = option(Columns.label, help="Field holding the label, e.g. answer or "
+                            "reward_model.ground_truth.", panel=P_DATA)
+    id_key: str = option(Columns.id, help="Field holding the problem id (a row without one: its index).",
+                         panel=P_DATA)
+    label_parser: str = option(Columns.label_parser, help="none, or gsm8k: the label is the number after '####' "
+                               "in GSM8K's answer text.", panel=P_DATA)
 
-        from ouro_cli.engine.kernels import check_settings
+    def __post_init__(self) -> None:
+        check_mapping({"--prompt-key": self.prompt_key, "--label-key": self.label_key, "--id-key": self.id_key,
+                       "--label-parser": self.label_parser})
 
-        cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
-        check_settings(torch.device("cuda" if cuda else "cpu"))
 
-    def _validate_disaggregation(self) -> None:
+@dataclass
+class EvalColumnOptions:
+    """The column mapping of `--eval-data`; each key not given is `--data`'s (rl/data.py columns_for)."""
+
+    eval_prompt_key: str | None = option(None, help="--prompt-key of --eval-data.", panel=P_RUN,
+                                         shown="--prompt-key's")
+    eval_label_key: str | None = option(None, help="--label-key of --eval-data.", panel=P_RUN, shown="--label-key's")
+    eval_id_key: str | None = option(None, help="--id-key of --eval-data.", panel=P_RUN, shown="--id-key's")
+    eval_label_parser: str | None = option(None, help="--label-parser of --eval-data.", panel=P_RUN,
+                                           shown="--label-parser's")
+
+    def __post_init__(self) -> None:
+        check_mapping({"--eval-prompt-key": self.eval_prompt_key, "--eval-label-key": self.eval_label_key,
+                       "--eval-id-key": self.eval_id_key, "--eval-label-parser": self.eval_label_parser})
+
+
+@dataclass
+class EngineOptions:
+    """The rollout engine a run builds (engine/factory.py, or the PD engine of engine/pd/)."""
+
+    factory: str = option(DEFAULT_ENGINE, name="engine", help="Dotted path of an engine factory.", panel=P_ENGINE,
+                          shown="the built-in engine")  # its dotted path does not fit an 80-column help
+    max_num_seqs: int | None = option(
+        None, help="Cap on sequences decoded together.", panel=P_ENGINE, aliases=("--ouro-max-num-seqs",),
+        shown="as many as a rollout submits, up to 512; the KV cache limits what runs at once")
+    kv_blocks: int | None = option(None, help="Paged KV blocks of T planes per layer.", panel=P_ENGINE,
+                                   aliases=("--ouro-kv-blocks",), shown="sized from --gpu-memory-utilization")
+    block_size: int = option(16, help="Tokens per KV block.", panel=P_ENGINE)
+    cuda_graphs: bool = option(False, help="Require CUDA-graph decode steps (on by default on CUDA; an error without "
+                               "a GPU).", panel=P_ENGINE, aliases=("--ouro-cuda-graphs",))
+    async_scheduling: bool = option(False, help="Queue each decode loop before reading the last exit signal (forces "
+                                    "delayed exits).", panel=P_ENGINE, aliases=("--ouro-async-scheduling",))
+    speculative_tokens: int = option(0, help="Self-speculation: draft N tokens at 2 loops, verify at T (needs "
+                                     "--depths T alone).", panel=P_ENGINE, aliases=("--ouro-speculative-tokens",))
+    prefill_devices: list[int] = option(factory=list, help="Prefill worker devices (PD disaggregation; CPU: worker "
+                                        "processes).", panel=P_ENGINE, aliases=("--ouro-prefill-devices",))
+    decode_devices: list[int] = option(factory=list, help="Decode worker devices (PD disaggregation).",
+                                       panel=P_ENGINE, aliases=("--ouro-decode-devices",))
+    kv_transport: Literal["auto", "nixl", "shm"] = option(
+        "auto", help="How PD workers move KV: auto (NIXL when installed, else shared memory), nixl or shm.",
+        panel=P_ENGINE, env="OURO_PD_TRANSPORT")
+    pd_worker_threads: int = option(1, help="Torch threads of each PD worker process (CPU workers).", panel=P_ENGINE,
+                                    env="OURO_PD_THREADS")
+
+    def __post_init__(self) -> None:
+        tree.at_least(1, max_num_seqs=self.max_num_seqs, kv_blocks=self.kv_blocks, block_size=self.block_size,
+                      pd_worker_threads=self.pd_worker_threads)
+        if self.speculative_tokens < 0:
+            raise UserError(f"--speculative-tokens must be >= 0, got {self.speculative_tokens}")
+        if self.kv_transport not in ("auto", "nixl", "shm"):
+            raise UserError(f"--kv-transport must be auto, nixl or shm, got {self.kv_transport!r}")
+        if self.disaggregated:
+            self._check_disaggregation()
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.prefill_devices or self.decode_devices)
+
+    @property
+    def releases_memory(self) -> bool:
+        """The built-in local engine hands its KV cache back for the train step (rl/sizing.py)."""
+        return not self.disaggregated and self.factory == DEFAULT_ENGINE
+
+    def _check_disaggregation(self) -> None:
         """`--prefill-devices/--decode-devices` run the PD engine (ouro_cli.engine.pd): both or
         neither, each index once per role (CUDA indices; on CPU each index is a worker process)."""
-        if not (self.prefill_devices or self.decode_devices):
-            return
         if not (self.prefill_devices and self.decode_devices):
             raise UserError("--prefill-devices and --decode-devices go together: give both")
         for flag, devices in (("--prefill-devices", self.prefill_devices), ("--decode-devices", self.decode_devices)):
             if len(set(devices)) != len(devices) or min(devices) < 0:
                 raise UserError(f"{flag} must list distinct device indices >= 0, got {devices}")
-        if self.engine != TrainOptions().engine:
+        if self.factory != DEFAULT_ENGINE:
             raise UserError("--prefill-devices/--decode-devices build the PD engine; drop --engine")
         if self.speculative_tokens or self.async_scheduling:
             raise UserError("--prefill-devices/--decode-devices do not run with --speculative-tokens or "
                             "--async-scheduling yet")
 
+
+@dataclass
+class TrainOptions:
+    """Every option of `ouro train` (and what `ouro resume` reads back from the plan)."""
+
+    # ---- what to train on --------------------------------------------------------
+    model: str = option(str(BUNDLED / "model"), help="HF directory or Megatron checkpoint to start from.",
+                        panel=P_DATA, shown="bundled tiny model")
+    data: str = option(str(BUNDLED / "train.jsonl"), help="Training data: JSONL, Parquet, or a datasets "
+                       "save_to_disk directory.", panel=P_DATA, shown="bundled")
+    columns: ColumnOptions = section(ColumnOptions)
+    task: TaskOptions = section(TaskOptions)
+
+    # ---- the GRPO update ---------------------------------------------------------
+    depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="Decode budget K per update, cycled: "
+                               "--depths 2 3 4.", panel=P_GRPO, aliases=("--ouro-depths",))
+    updates: int = option(80, help="Number of GRPO updates.", panel=P_GRPO)
+    prompts_per_update: int = option(16, help="Prompts per update (global).", panel=P_GRPO)
+    group_size: int = option(8, help="Samples per prompt.", panel=P_GRPO)
+    sampling: SamplingOptions = section(SamplingOptions)
+    seq_length: int | None = option(None, help="Prompt + response token limit.", panel=P_GRPO, shown="the model's")
+    max_position_embeddings: int | None = option(None, help="Must equal the model's value when given.", panel=P_GRPO,
+                                                 shown="the model's")
+
+    # ---- the engine --------------------------------------------------------------
+    engine: EngineOptions = section(EngineOptions)
+    gpu_memory_utilization: float = option(0.9, help="Fraction of device memory the run may fill, trainer "
+                                           "included; host memory on CPU.", panel=P_ENGINE)
+
+    # ---- saving, evaluation, export ---------------------------------------------
+    run_dir: str | None = option(None, help="Run directory.", panel=P_RUN, shown="runs/ouro-<timestamp>")
+    save_interval: int = option(20, help="Checkpoint every N updates (0: only at the end), and always at the end.",
+                                panel=P_RUN)
+    eval_data: str | None = option(str(BUNDLED / "eval.jsonl"), help="Held-out JSONL.", panel=P_RUN,
+                                   aliases=("--ouro-eval-data",), shown="bundled")
+    eval_columns: EvalColumnOptions = section(EvalColumnOptions)
+    eval_prompts: int = option(200, help="Held-out prompts per evaluation.", panel=P_RUN,
+                               aliases=("--ouro-eval-prompts",))
+    eval_interval: int = option(0, help="Evaluate every N updates (always at start and end).", panel=P_RUN,
+                                aliases=("--ouro-eval-interval",))
+    eval_depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="K values evaluated.", panel=P_RUN)
+    export_hf: str | None = option(None, help="Export the final model as an HF directory here.", panel=P_RUN,
+                                   aliases=("--ouro-export-hf",))
+    overwrite: bool = option(False, help="Start over in a non-empty run directory.", panel=P_RUN)
+    loggers: list[str] = option(factory=list, name="loggers", flag="--logger", help="Also log to tensorboard "
+                                "(RUN/logs/tensorboard) or wandb (the wandb extra; WANDB_MODE=offline works); "
+                                "repeat for both.", panel=P_RUN)
+    state_digest: bool = option(False, help="Record a sha256 of model + optimizer state per update.", panel=P_RUN)
+    save_on_interrupt: str = option("auto", help="On SIGINT/SIGTERM, save before stopping: on, off, or auto (when a "
+                                    "checkpoint is due within 3 updates).", panel=P_RUN)
+
+    # ---- the trainer: its seed and devices, optimizer, loss, micro-batching, checkpoints ----
+    trainer: TrainerConfig = section(TrainerConfig)
+
+    # ---- kernels and compilation, for the trainer and the engine alike ----------
+    execution: ExecutionSettings = section(ExecutionSettings)
+
+    def validate(self) -> TrainOptions:
+        """The rules of the job as a whole (each section checked itself when it was built)."""
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
+        if self.engine.cuda_graphs and self.trainer.device == "cpu":
+            raise UserError("--cuda-graphs captures decode steps on a GPU; it cannot run with --device cpu")
+        if self.group_size < 2:  # before the >= 1 rule, so that 0 and 1 get the same answer
+            raise UserError(f"--group-size must be at least 2: GRPO normalises rewards within a group, "
+                            f"got {self.group_size}")
+        tree.at_least(1, updates=self.updates, prompts_per_update=self.prompts_per_update,
+                      eval_prompts=self.eval_prompts)
+        if self.save_interval < 0 or self.eval_interval < 0:
+            raise UserError("--save-interval and --eval-interval must be >= 0")
+        if self.save_on_interrupt not in ("auto", "on", "off"):
+            raise UserError(f"--save-on-interrupt must be auto, on or off, got {self.save_on_interrupt!r}")
+        from .loggers import check_loggers
+
+        check_loggers(self.loggers)
+        self._validate_speculation()
+        self.trainer.validate()
+        self.execution.check(self.trainer.resolved_device)
+        return self
+
     def _validate_speculation(self) -> None:
         """Speculation verifies every draft at full depth T: it needs `--depths T` alone (the loop
         checks K = T once the model is known), no threshold exits, synchronous scheduling; held-out
         evaluations then run at K = T only (`--eval-depths` left at its default is set to it)."""
-        if self.speculative_tokens < 0:
-            raise UserError(f"--speculative-tokens must be >= 0, got {self.speculative_tokens}")
-        if not self.speculative_tokens:
+        if not self.engine.speculative_tokens:
             return
-        if self.async_scheduling:
+        if self.engine.async_scheduling:
             raise UserError("--speculative-tokens needs synchronous scheduling; drop --async-scheduling")
         if len(self.depths) != 1:
             raise UserError(f"--speculative-tokens needs --depths T alone (the full depth, e.g. --depths 4), "
                             f"got --depths {' '.join(map(str, self.depths))}")
-        if self.exit_threshold != 1:
+        if self.sampling.exit_threshold != 1:
             raise UserError("--speculative-tokens needs --exit-threshold 1: drafts are verified at full depth")
-        if self.eval_depths not in (TrainOptions().eval_depths, self.depths):
+        if self.eval_depths not in (list(DEFAULT_DEPTHS), self.depths):
             raise UserError(f"--speculative-tokens evaluates at K = {self.depths[0]} only; drop --eval-depths or "
                             f"pass --eval-depths {self.depths[0]}")
         self.eval_depths = list(self.depths)
 
+    @property
+    def seed(self) -> int:
+        """The run seed (the trainer's): data order, sampling, initialisation."""
+        return self.trainer.seed
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The options by flat name: what the manifest and the plan record."""
+        return tree.flat(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainOptions:
+        """Options recorded by `to_dict` (by this version or an earlier one), not yet validated."""
+        return tree.build(cls, {k: v for k, v in values.items() if k not in RETIRED}, where="ouro-plan.json",
+                          check=False)
 
 
-def option_names() -> set[str]:
-    return {f.name for f in fields(TrainOptions)}
+@dataclass
+class EvalOptions:
+    """Every option of `ouro eval`."""
+
+    model: str = option(help="HF directory, Megatron checkpoint or run directory.", argument=True)
+    data: str = option(help="Held-out data: JSONL, Parquet or a datasets save_to_disk directory.")
+    columns: ColumnOptions = section(ColumnOptions)
+    depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="Decode budgets K to evaluate: "
+                               "--depths 2 3 4.")
+    prompts: int = option(64, help="Evaluate the first N prompts.")
+    task: TaskOptions = section(TaskOptions)
+    sampling: SamplingOptions = section(SamplingOptions)
+    seed: int = option(DEFAULT_SEED, help="Sampling seed.")
+    device: str = option("auto", help="auto, cpu or cuda.")
+    max_num_seqs: int = option(64, help="Sequences decoded together (the KV cache holds that many of up to 2,048 "
+                               "tokens).")
+    execution: ExecutionSettings = section(ExecutionSettings)
+    out: str | None = option(None, help="Output directory (outside every input).", shown="evals/ouro-eval-<timestamp>")
+    overwrite: bool = option(False, help="Replace a non-empty output directory (never an input).")
+
+    def validate(self) -> EvalOptions:
+        tree.at_least(1, prompts=self.prompts, max_num_seqs=self.max_num_seqs)
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        self.execution.check(self.resolved_device)
+        return self
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def to_dict(self) -> dict[str, Any]:
+        return tree.flat(self)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Options from a TOML file: top-level keys named like the flags (dashes or underscores),
-    each value of its option's type (`check_types`)."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError as err:
-        raise UserError(f"--config {path} does not exist") from err
-    except tomllib.TOMLDecodeError as err:
-        raise UserError(f"--config {path} is not valid TOML: {err}") from err
-    flat: dict[str, Any] = {}
-    for key, value in raw.items():
-        if isinstance(value, dict):  # allow [sections] for readability; keys stay flat
-            flat.update({k.replace("-", "_"): v for k, v in value.items()})
-        else:
-            flat[key.replace("-", "_")] = value
-    unknown = sorted(set(flat) - option_names())
-    if unknown:
-        raise UserError(f"--config {path}: unknown option {unknown[0]!r}")
-    check_types(flat, f"--config {path}")
-    hints = get_type_hints(TrainOptions)
-    return {k: float(v) if hints[k] is float else v for k, v in flat.items()}
-
-
-_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def check_types(values: dict[str, Any], where: str) -> None:
-    """Every value must have its option's type (the field annotations): an int is a float, a
-    bool is not an int, a list holds its element type; a mismatch names the key."""
-    hints = get_type_hints(TrainOptions)
-    for key, value in values.items():
-        expected = hints[key]
-        if not _has_type(value, expected):
-            wanted = " or ".join(_describe(t) for t in get_args(expected) if t is not type(None)) \
-                if get_origin(expected) in (Union, UnionType) else _describe(expected)
-            raise UserError(f"{where}: {key} must be {wanted}, got {value!r} ({type(value).__name__})")
-
-
-def _has_type(value: Any, expected: Any) -> bool:
-    origin = get_origin(expected)
-    if origin in (Union, UnionType):
-        return any(_has_type(value, t) for t in get_args(expected))
-    if origin is list:
-        return isinstance(value, list) and all(_has_type(v, get_args(expected)[0]) for v in value)
-    if expected is type(None):
-        return value is None
-    if expected is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, expected)
-
-
-def _describe(expected: Any) -> str:
-    if get_origin(expected) is list:
-        return f"a list of {_describe(get_args(expected)[0]).removeprefix('an ').removeprefix('a ')}s"
-    return _TYPE_NAMES.get(expected, getattr(expected, "__name__", str(expected)))
+    """`ouro train` options from a TOML file (ouro_cli/config.py `read_toml`)."""
+    return tree.read_toml(path, TrainOptions)
 
 
 def resolve(flags: dict[str, Any], config_file: str | None) -> TrainOptions:
-    """Defaults, then the TOML file, then the flags the user actually gave (non-None)."""
-    values: dict[str, Any] = read_toml(config_file) if config_file else {}
+    """Defaults, then the OURO_* variables of the options that have one (settings.py), then the
+    TOML file, then the flags the user actually gave (non-None)."""
+    values = from_environment(TrainOptions)
+    values.update(read_toml(config_file) if config_file else {})
     values.update({k: v for k, v in flags.items() if v is not None})
-    try:
-        options = TrainOptions(**values)
-    except TypeError as err:
-        raise UserError(f"bad option: {err}") from err
-    return options.validate()
+    return tree.build(TrainOptions, values, check=False).validate()  # the file's types are checked, the flags' typed

@@ -3,16 +3,22 @@
 The contract is everything that decides what a run computes: the depth schedule, seeds,
 sampling, reward, template, batch and group sizes, response length, the optimizer, the
 engine settings, the memory plan's batch sizes (`sizing`: KV blocks, sequences in flight,
-micro-batch tokens, recompute), and the sha256 of the data, the model config and the
-tokenizer. It is
+micro-batch tokens, recompute), the kernels and compilation as they resolve on the run's
+device (`execution`, ouro_cli/settings.py `effective`), and the sha256 of the data, the
+model config and the tokenizer. It is
 written when a run starts and again, atomically, inside every checkpoint (before the
 checkpoint commits) and beside it, with `next_update` and the data cursor. `ouro resume`
 rebuilds the options from the plan and rejects any flag that would change the contract,
 naming the key; the cursor saved in the checkpoint must agree with the plan's.
 
 Options outside the contract may change on resume: the number of updates, evaluation
-and save cadence, export, keep-last, save-on-interrupt (and the LR schedule with
-`--override-scheduler`).
+and save cadence, export, keep-last, save-on-interrupt, where tensors live and how PD
+workers move them (and the LR schedule with `--override-scheduler`).
+
+Plans written before a key of the contract existed are read as having had its value of
+then: a run without `execution` ran with the default kernels, and a run without an option
+added since (the column mapping of `--data`) ran with that option's default (`upgrade`), so
+it resumes under the defaults and refuses any other setting, naming it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ouro_cli.artifacts import write_json_atomic
+from ouro_cli.config import leaves
 from ouro_cli.errors import UserError
+from ouro_cli.settings import ExecutionSettings, from_environment, variables
 
 from .options import TrainOptions
 
@@ -31,10 +39,12 @@ PLAN_VERSION = 1
 
 # may differ between a run and its resumption
 FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_interval",
-             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "test_break_resume", "save_on_interrupt",
+             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "save_on_interrupt",
              "gpu_memory_utilization",  # the memory plan it yields is recorded (contract "sizing") and reused
              "async_save", "offload_optimizer", "loggers",  # where tensors live, what is logged
+             "kv_transport", "pd_worker_threads",  # how PD workers move bytes; their host threads
              "eval_prompt_key", "eval_label_key", "eval_id_key", "eval_label_parser"}  # like eval_data
+EXECUTION_KEYS = set(leaves(ExecutionSettings))  # recorded as what they resolve to (contract "execution")
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr"}
 
 
@@ -46,8 +56,9 @@ def file_sha256(path: Path | None) -> str | None:
 
 def build_contract(options: TrainOptions, *, data_sha256: str, model_config: dict[str, Any],
                    tokenizer_sha256: str | None, template: dict[str, str], num_loops: int) -> dict[str, Any]:
-    contract = {k: v for k, v in options.to_dict().items() if k not in FREE_KEYS}
+    contract = {k: v for k, v in options.to_dict().items() if k not in FREE_KEYS | EXECUTION_KEYS}
     contract.update(
+        execution=options.execution.effective(options.trainer.resolved_device),
         data_sha256=data_sha256,
         model_config_sha256=hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest(),
         tokenizer_sha256=tokenizer_sha256,
@@ -95,20 +106,47 @@ def read_plan(path: Path) -> dict[str, Any]:
     return plan
 
 
-def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool) -> None:
-    """Reject a resume whose contract differs from the run's, naming the first differing key.
-    A key the run's contract lacks is an option added since the run began: its default is what
-    the run ran with (the column mapping of --data before it existed was the default one)."""
-    defaults = TrainOptions().to_dict()
+def resume_options(plan: dict[str, Any], given: dict[str, Any], *, updates: int, run_dir: str) -> TrainOptions:
+    """The options of a resumed run: the plan's, then the flags given (None: not given). Flags
+    that would change the contract are refused later, by `check_same_contract`, once the
+    contract of this invocation is known."""
+    values = dict(plan["options"])
+    values.update(from_environment(TrainOptions))  # a variable that is set stands in for a flag given
+    values.update({k: v for k, v in given.items() if v is not None})
+    values.update(updates=updates, run_dir=run_dir, overwrite=False)
+    return TrainOptions.from_dict(values).validate()
+
+
+def upgrade(contract: dict[str, Any], device_type: str) -> dict[str, Any]:
+    """A contract of an earlier version with the keys it lacks, as they were then (module docstring)."""
+    if "execution" not in contract:
+        contract = {**contract, "execution": ExecutionSettings().effective(device_type)}
+    added = {k: v for k, v in TrainOptions().to_dict().items()
+             if k not in contract and k not in FREE_KEYS | EXECUTION_KEYS}
+    return {**contract, **added}
+
+
+def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool,
+                        device_type: str) -> None:
+    """Reject a resume whose contract differs from the run's, naming the first differing key (a
+    setting of `execution` or `sizing` by its own name)."""
+    saved = upgrade(saved, device_type)
     for key in sorted(set(saved) | set(new)):
         if allow_scheduler and key in SCHEDULER_KEYS:
             continue
-        if key not in saved and key in defaults and new.get(key) == defaults[key]:
+        a, b = saved.get(key), new.get(key)
+        if a == b:
             continue
-        if saved.get(key) != new.get(key):
-            hint = " (pass --override-scheduler to change the LR schedule)" if key in SCHEDULER_KEYS else ""
-            raise UserError(f"resume would change {key}: the run has {saved.get(key)!r}, "
-                            f"this invocation {new.get(key)!r}{hint}")
+        if key in ("execution", "sizing") and isinstance(a, dict) and isinstance(b, dict):
+            part = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+            hint = ""
+            if key == "execution":
+                flag = leaves(ExecutionSettings)[part].flag
+                hint = f" (set by {flag} or {variables(ExecutionSettings)[part]}; resume with the run's)"
+            raise UserError(f"resume would change {key}.{part}: the run has {a.get(part)!r}, this invocation "
+                            f"{b.get(part)!r}{hint}")
+        hint = " (pass --override-scheduler to change the LR schedule)" if key in SCHEDULER_KEYS else ""
+        raise UserError(f"resume would change {key}: the run has {a!r}, this invocation {b!r}{hint}")
 
 
 def check_cursor(plan: dict[str, Any], checkpoint_extra: dict[str, Any]) -> None:

@@ -65,25 +65,48 @@ class RolloutSample:
         }
 
 
-def sampling_params(*, k: int, temperature: float, max_tokens: int, seed: int, exit_threshold: float,
-                    min_loops: int, stop_token_ids: Sequence[int], speculative_tokens: int = 0) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=0,
-                          logprobs_mode="processed", stop_token_ids=tuple(stop_token_ids), min_loops=min(min_loops, k),
-                          max_loops=k, exit_threshold=exit_threshold, speculative_tokens=speculative_tokens)
+@dataclass(frozen=True)
+class RolloutSampling:
+    """How every request of a run's rollouts, or of an evaluation, is sampled and checked:
+    fixed for the run, while K, the seeds and the group vary per call (`generate_groups`)."""
+
+    num_loops: int                        # T: the prefill depth every output must report
+    seed: int                             # the seed the request seeds derive from (`request_seed`)
+    temperature: float
+    max_tokens: int
+    exit_threshold: float
+    min_loops: int
+    stop_token_ids: tuple[int, ...]
+    decode: Callable[[list[int]], str]    # response ids -> the text the reward grades
+    speculative_tokens: int = 0
+    async_scheduling: bool = False        # how the engine was built (part of the config hash)
+
+    @classmethod
+    def of(cls, options, *, num_loops: int, seed: int, stop_token_ids: Sequence[int],
+           decode: Callable[[list[int]], str], speculative_tokens: int = 0,
+           async_scheduling: bool = False) -> RolloutSampling:
+        """From the run's `SamplingOptions` (rl/options.py) and what the model and the engine fix."""
+        return cls(num_loops=num_loops, seed=seed, temperature=options.temperature,
+                   max_tokens=options.max_response_len, exit_threshold=options.exit_threshold,
+                   min_loops=options.min_loops, stop_token_ids=tuple(stop_token_ids), decode=decode,
+                   speculative_tokens=speculative_tokens, async_scheduling=async_scheduling)
+
+    def params(self, k: int, seed: int) -> SamplingParams:
+        """The engine request of one sample at decode budget `k`."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=seed, logprobs=0,
+                              logprobs_mode="processed", stop_token_ids=self.stop_token_ids,
+                              min_loops=min(self.min_loops, k), max_loops=k, exit_threshold=self.exit_threshold,
+                              speculative_tokens=self.speculative_tokens)
 
 
-def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], *, group_size: int, k: int,
-                    num_loops: int, seed: int, update: int, temperature: float, max_tokens: int,
-                    exit_threshold: float, min_loops: int, stop_token_ids: Sequence[int],
-                    decode: Callable[[list[int]], str], positions: Sequence[int] | None = None,
-                    purpose: str = "rollout", speculative_tokens: int = 0,
-                    async_scheduling: bool = False) -> list[RolloutSample]:
+def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampling: RolloutSampling, *,
+                    group_size: int, k: int, update: int, positions: Sequence[int] | None = None,
+                    purpose: str = "rollout") -> list[RolloutSample]:
     """One request per (row, group member); returns checked samples in (row, member) order.
 
     `positions` are the rows' places in the update's global batch (default 0, 1, …): they
     pick the seeds and become each sample's `group`, so records from several ranks sort
-    back into the global order. `async_scheduling` says how the engine was built (it is
-    part of the config hash)."""
+    back into the global order."""
     positions = list(range(len(rows))) if positions is None else list(positions)
     if len(positions) != len(rows):
         raise ValueError(f"{len(rows)} rows but {len(positions)} batch positions")
@@ -91,24 +114,21 @@ def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]]
     for i, row in enumerate(rows):
         for g in range(group_size):
             index = positions[i] * group_size + g
-            params.append(sampling_params(k=k, temperature=temperature, max_tokens=max_tokens,
-                                          seed=request_seed(seed, update, index, purpose),
-                                          exit_threshold=exit_threshold, min_loops=min_loops,
-                                          stop_token_ids=stop_token_ids, speculative_tokens=speculative_tokens))
+            params.append(sampling.params(k, request_seed(sampling.seed, update, index, purpose)))
             owners.append((row, positions[i], list(prompt_ids[i])))
     outputs = engine.generate([o[2] for o in owners], params)
     committed = engine.get_weight_version()
     samples = []
     for (row, group, prompt), out in zip(owners, outputs, strict=True):
         eff = out.sampling_params
-        _check_output(out, committed, num_loops, k)
-        settings = execution_settings(eff, prefill_depth=num_loops, async_scheduling=async_scheduling,
+        _check_output(out, committed, sampling.num_loops, k)
+        settings = execution_settings(eff, prefill_depth=sampling.num_loops, async_scheduling=sampling.async_scheduling,
                                       speculative_tokens=eff.speculative_tokens)
         samples.append(RolloutSample(
             row=row, group=group, prompt_ids=prompt, response_ids=list(out.output_token_ids),
             exit_depths=list(out.exit_depths), logprobs=[float(x) for x in out.log_probs],
             finish_reason=out.finish_reason, weight_version=out.weight_version, seed=eff.seed, k=eff.max_loops,
-            config_hash=config_hash(settings), text=decode(list(out.output_token_ids))))
+            config_hash=config_hash(settings), text=sampling.decode(list(out.output_token_ids))))
     for group in range(len(rows)):
         try:
             validate_group(samples[group * group_size:(group + 1) * group_size])

@@ -1,10 +1,10 @@
-"""Test-only fault injection: a process signals itself at a named point of a run.
+"""Test-only fault injection, kept out of the options a user sees: nothing here changes a
+run unless a test asks for it through the variables below, which this module alone reads.
 
-The kill-test harness (tests/integration/test_kill_resume.py) must interrupt a run at exact
-places, not at a time that may fall anywhere. Code that has such a place calls
-`point(name)`; nothing happens unless the environment variable `OURO_TEST_FAULT` names
-it. This module is the only reader of that variable, and no user-facing behaviour
-depends on it: it exists for the tests, like `--test-break-resume`.
+Signals at named points (`OURO_TEST_FAULT`): the kill-test harness
+(tests/integration/test_kill_resume.py) must interrupt a run at exact places, not at a
+time that may fall anywhere. Code that has such a place calls `point(name)`; nothing
+happens unless `OURO_TEST_FAULT` names it.
 
     OURO_TEST_FAULT="POINT[@N]=SIGNAL[+SIGNAL...]"
 
@@ -17,15 +17,26 @@ Points: `rollout` (the engine has sampled, nothing has trained), `save.staged` (
 written every file of `iter_N.staging/`, nothing is committed), `save.renamed` (`iter_N/` is
 complete and in place, the tracker still names the previous iteration, or nothing for a
 first save), `save.tracker` (the tracker names `iter_N`; older iterations not yet pruned).
+
+A broken resume (`OURO_TEST_BREAK_RESUME=1`, `broken_resume`): a resumed run draws its
+samples with another seed, the kind of bug `ouro verify-resume` exists to catch
+(tests/integration/test_verify_resume_cli.py checks that it does).
+
+PD worker faults (`pd_faults`): the PD engine's tests make a worker fail or stall
+(tests/unit/engine/test_pd.py); the coordinator hands what is set here to its workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 ENV = "OURO_TEST_FAULT"
+BREAK_RESUME_ENV = "OURO_TEST_BREAK_RESUME"
 POINTS = ("rollout", "save.staged", "save.renamed", "save.tracker")
 
 
@@ -51,3 +62,30 @@ def point(name: str) -> None:
     if _reached[name] == _FAULT[1]:
         for sig in _FAULT[2]:
             os.kill(os.getpid(), sig)
+
+
+def broken_resume() -> bool:
+    """Whether a resumed run should reseed its sampler (a deliberately broken resume)."""
+    return os.environ.get(BREAK_RESUME_ENV, "") not in ("", "0")
+
+
+_pd_faults: dict[str, dict[str, Any]] = {}
+
+
+@contextlib.contextmanager
+def pd_faults(faults: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
+    """PD engines started inside the block give worker `name` the faults `faults[name]`
+    (engine/pd/worker.py: `fail_update_version`, `hang_on_prefill`)."""
+    before = dict(_pd_faults)
+    _pd_faults.clear()
+    _pd_faults.update({name: dict(f) for name, f in faults.items()})
+    try:
+        yield
+    finally:
+        _pd_faults.clear()
+        _pd_faults.update(before)
+
+
+def pd_fault(worker: str) -> dict[str, Any]:
+    """The faults set for PD worker `worker` (P0, D0, ...); empty in every real run."""
+    return dict(_pd_faults.get(worker, {}))

@@ -1,4 +1,5 @@
-"""Compare two runs bit for bit: the proof behind `ouro verify-resume`.
+"""`ouro verify-resume`'s back-end: run a job continuously and with a fresh-process resume
+(`verify`), and compare two runs bit for bit (`compare_runs`).
 
 Categories, each compared exactly:
 - checkpoint tensors: every tensor of the final Megatron checkpoints (model, fp32 main
@@ -16,6 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,8 @@ from typing import Any
 import torch
 
 from ouro_cli.checkpoint import layout
-from ouro_cli.errors import UserError
+from ouro_cli.errors import ResourceError, UserError
+from ouro_cli.rl.metrics import read_jsonl
 from ouro_cli.rl.run_dir import RunDir
 
 
@@ -51,6 +57,7 @@ class Report:
     run_a: str
     run_b: str
     categories: list[Category] = field(default_factory=list)
+    path: str | None = None  # where report.json was written
 
     @property
     def identical(self) -> bool:
@@ -137,10 +144,6 @@ def compare_checkpoints(a: RunDir, b: RunDir, report: Report) -> None:
     report.categories.append(state)
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-
-
 def compare_rollouts(a: RunDir, b: RunDir, report: Report) -> None:
     cat = Category("rollouts")
     files_a = sorted(p.name for p in a.rollouts.glob("update_*.jsonl"))
@@ -149,7 +152,7 @@ def compare_rollouts(a: RunDir, b: RunDir, report: Report) -> None:
         cat.record(False, reason=f"run A has {len(files_a)} rollout files, run B {len(files_b)}")
     for name in files_a:
         update = int(name[len("update_"):-len(".jsonl")])
-        ra, rb = _lines(a.rollouts / name), _lines(b.rollouts / name)
+        ra, rb = read_jsonl(a.rollouts / name), read_jsonl(b.rollouts / name)
         if len(ra) != len(rb):
             cat.record(False, update=update, reason=f"{len(ra)} vs {len(rb)} samples")
             continue
@@ -168,8 +171,8 @@ def compare_rollouts(a: RunDir, b: RunDir, report: Report) -> None:
 
 def compare_state_hashes(a: RunDir, b: RunDir, report: Report) -> None:
     cat = Category("state hashes")
-    ma = {m["update"]: m.get("state_sha256") for m in _lines(a.metrics)}
-    mb = {m["update"]: m.get("state_sha256") for m in _lines(b.metrics)}
+    ma = {m["update"]: m.get("state_sha256") for m in read_jsonl(a.metrics)}
+    mb = {m["update"]: m.get("state_sha256") for m in read_jsonl(b.metrics)}
     for update in sorted(set(ma) | set(mb)):
         ha, hb = ma.get(update), mb.get(update)
         if ha is None and hb is None:
@@ -196,3 +199,118 @@ def compare_runs(run_a: Path, run_b: Path) -> Report:
                   b={"cursor": pb["cursor"], "next_update": pb["next_update"]})
     report.categories.append(cursor)
     return report
+
+
+# ---- the verify-resume job ------------------------------------------------------------
+
+REFERENCE, RESUMED, REPORT, MARKER, LOGS = "reference", "resumed", "report.json", "verify-resume.json", "logs"
+
+
+def verify(train_args: list[str], *, model: str, inputs: list[Path], updates: int, resume_at: int, work: Path,
+           log: Callable[[str], None] = lambda s: None) -> Report:
+    """`ouro verify-resume`: the reference and the resumed run in `work`, compared; report.json beside them.
+
+    W must be empty or one of verify-resume's own earlier work directories (its marker
+    `verify-resume.json` or a `report.json`, and nothing but the two runs besides), and must
+    lie outside `inputs` (the train options' model and data), so that the runs' `--overwrite`
+    can only replace earlier runs of verify-resume. W is locked (ouro_cli.rl.lock) while this
+    works in it.
+
+    Disk: before anything runs, W's filesystem must hold two checkpoints of the model (the
+    size follows from its parameter count: bf16 weights, fp32 main weights and both Adam
+    moments at most), which is what the runs hold at once: the reference run's checkpoint is
+    replaced by its digest once it is complete (`drop_checkpoint`), and both runs keep one
+    iteration (`--keep-last 1` unless given), the resumed run holding its M-th while it
+    writes its N-th. At Ouro-1.4B that is 40 GB."""
+    from ouro_cli.artifacts import write_json_atomic
+    from ouro_cli.rl.lock import RunLock
+    from ouro_cli.warnings_log import attach_active
+
+    check_work_dir(work, inputs)
+    check_disk(work, model)
+    with RunLock(work, "ouro verify-resume", log=log):
+        write_json_atomic(work / MARKER, {"updates": updates, "resume_at": resume_at, "train_args": train_args})
+        attach_active(work / LOGS / "warnings.log")
+        run_pair(train_args, updates, resume_at, work / REFERENCE, work / RESUMED, log)
+        return compare_and_write(work / REFERENCE, work / RESUMED, work / REPORT)
+
+
+def compare_held(run_a: Path, run_b: Path) -> Report:
+    """`ouro verify-resume --compare`: two existing runs, each locked while read; report.json beside RUN_A."""
+    import contextlib
+
+    from ouro_cli.rl.lock import RunLock
+
+    with contextlib.ExitStack() as held:
+        for run in dict.fromkeys((run_a.resolve(), run_b.resolve())):
+            held.enter_context(RunLock(run, "ouro verify-resume --compare", create=False))
+        return compare_and_write(run_a, run_b, run_a.parent / REPORT)
+
+
+def compare_and_write(run_a: Path, run_b: Path, path: Path) -> Report:
+    report = compare_runs(run_a, run_b)
+    report.path = str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    return report
+
+
+CHECKPOINT_BYTES_PER_PARAM = 2 + 4 + 4 + 4  # bf16 weights, fp32 main weights, Adam's two moments
+DISK_MARGIN = 1.05
+
+
+def check_disk(work: Path, model: str) -> None:
+    """W's filesystem must hold the two checkpoints the runs hold at once (`verify`);
+    earlier runs in W, which the new ones replace, count as free."""
+    import shutil
+
+    from ouro_cli.checkpoint import open_checkpoint
+    from ouro_cli.rl.sizing import GIB, parameter_counts
+
+    total, _ = parameter_counts(open_checkpoint(Path(model)).config)
+    need = int(2 * total * CHECKPOINT_BYTES_PER_PARAM * DISK_MARGIN)
+    where = work if work.exists() else next(p for p in work.absolute().parents if p.exists())
+    earlier = sum(f.stat().st_size for run in (REFERENCE, RESUMED) for f in (work / run).rglob("*") if f.is_file())
+    free = shutil.disk_usage(where).free + earlier
+    if free < need:
+        raise ResourceError(f"verify-resume needs about {need / GIB:.1f} GiB of disk for its two runs' checkpoints "
+                            f"(two of {total * CHECKPOINT_BYTES_PER_PARAM / GIB:.1f} GiB), {where} has "
+                            f"{free / GIB:.1f} GiB free; choose a --work-dir on a larger disk")
+
+
+def check_work_dir(work: Path, inputs: list[Path]) -> None:
+    """The output guard (artifacts.py) for W, plus: empty, or an earlier work dir of verify-resume."""
+    from ouro_cli.artifacts import check_outside_inputs, check_writable
+    from ouro_cli.rl.lock import LOCK_FILE
+
+    check_outside_inputs(work, inputs, what="work directory")
+    check_writable(work, what="work directory")
+    if not work.is_dir():
+        return
+    names = {p.name for p in work.iterdir()} - {LOCK_FILE}
+    ours = {REFERENCE, RESUMED, REPORT, MARKER, LOGS}
+    if names and (not names & {REPORT, MARKER} or names - ours):
+        other = sorted(names - ours) or sorted(names)
+        raise UserError(f"work directory {work} is not empty ({other[0]}) and is not an earlier verify-resume work "
+                        f"directory (those hold only {', '.join(sorted(ours))}); choose an empty one")
+
+
+def _ouro(args: list[str], what: str, log: Callable[[str], None]) -> None:
+    log(f"$ ouro {' '.join(args)}")
+    proc = subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], env=os.environ.copy(),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise UserError(f"the {what} failed (exit {proc.returncode}): {tail[0]}")
+
+
+def run_pair(train_args: list[str], updates: int, resume_at: int, run_a: Path, run_b: Path,
+             log: Callable[[str], None]) -> None:
+    """The reference run (N updates) and the resumed one (M, then a fresh-process resume to N),
+    each an `ouro train`/`ouro resume` subprocess given `train_args`."""
+    keep = [] if "--keep-last" in train_args else ["--keep-last", "1"]  # one iteration each: the disk check
+    common = [*train_args, *keep, "--state-digest", "--overwrite"]
+    _ouro(["train", *common, "--updates", str(updates), "--run-dir", str(run_a)], "reference run", log)
+    drop_checkpoint(RunDir(run_a))  # its digest is all the comparison needs
+    _ouro(["train", *common, "--updates", str(resume_at), "--run-dir", str(run_b)], f"first {resume_at} updates", log)
+    _ouro(["resume", str(run_b), "--updates", str(updates)], "resume", log)

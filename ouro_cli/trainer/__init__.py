@@ -5,10 +5,9 @@
 `Trainer` (trainer.py) is the API; config.py holds every option; setup.py the process
 group; megatron_model.py the Megatron module under HF names; batching.py, loss.py and
 step.py one GRPO step; checkpointing.py and rng.py the saved training state.
-Importing this package does not import Megatron (the Trainer does, on first use).
+Importing this package imports neither Megatron (the Trainer does, on first use) nor torch.
 """
 
-from .batching import Sample
 from .config import TrainerConfig
 
 
@@ -17,6 +16,10 @@ def __getattr__(name):
         from .trainer import Trainer
 
         return Trainer
+    if name == "Sample":  # lazy too: `ouro --help` reads TrainerConfig without importing torch
+        from .batching import Sample
+
+        return Sample
     raise AttributeError(name)
 
 

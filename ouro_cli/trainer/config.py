@@ -1,10 +1,13 @@
 """`TrainerConfig`: every option of the Megatron-core GRPO trainer, typed, defaulted and
-validated in one place (the CLI maps its flags onto these fields).
+validated in one place. `ouro train` nests it in its options (rl/options.py), so its
+flags, TOML keys and recorded options are these fields (ouro_cli/config.py); the fields
+declared with `option` are the ones a run may set, the others belong to the Python API.
 
 Defaults follow docs/architecture.md §3: clipped policy gradient with ε_low 0.2 / ε_high 0.28,
-token-mean aggregation, Adam, gradient clipping at 1.0, constant LR. The parameter
-dtype defaults to bf16 on CUDA (fp32 main weights in the optimizer) and fp32 on CPU,
-where bf16 buys nothing and exactness tests need fp32.
+token-mean aggregation, Adam, gradient clipping at 1.0, constant LR 1e-4 (tuned for the
+bundled tiny model). The parameter dtype defaults to bf16 on CUDA (fp32 main weights in the
+optimizer) and fp32 on CPU, where bf16 buys nothing and exactness tests need fp32.
+Importing this module does not import torch (`ouro --help` builds its flags from it).
 """
 
 from __future__ import annotations
@@ -12,61 +15,75 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import torch
-
+from ouro_cli.config import P_ENGINE, P_GRPO, P_OPT, P_RUN, option
 from ouro_cli.errors import UserError
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = ("fp32", "bf16")
+DEFAULT_SEED = 1234
 
 
 @dataclass
 class TrainerConfig:
     # ---- where and how it runs --------------------------------------------------
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    params_dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = option("auto", help="auto, cpu or cuda.", panel=P_ENGINE)
+    params_dtype: Literal["auto", "fp32", "bf16"] = option(
+        "auto", name="dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32 or bf16.", panel=P_ENGINE)
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     context_parallel: int = 1
-    seed: int = 1234
+    seed: int = option(DEFAULT_SEED, help="Run seed: data order, sampling, init.", panel=P_GRPO)
     deterministic: bool = True  # CUDA: deterministic kernels in forward/backward (determinism.py)
 
-    # ---- GRPO loss ----------------------------------------------------------------
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
-
-    # ---- micro-batching -----------------------------------------------------------
-    micro_batch_size: int | None = None  # at most this many samples per micro-batch; None: no count limit
-    max_tokens_per_micro_batch: int | None = None  # at most this many positions (padding included); None: no limit
-    pack: bool = True  # several samples per row (document masking) instead of one padded row each
-    pack_length: int | None = None  # max tokens per packed row; None: the longest local sample
-    recompute: bool = False  # re-run each layer call in backward instead of keeping activations
-
     # ---- optimizer and schedule ---------------------------------------------------
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = 0
-    decay_steps: int | None = None  # cosine: steps from the start to min_lr (incl. warmup)
+    lr: float = option(1e-4, help="Learning rate (the default suits the bundled tiny model).", panel=P_OPT)
+    lr_schedule: Literal["constant", "cosine"] = option("constant", help="constant or cosine.", panel=P_OPT)
+    warmup_steps: int = option(0, help="LR warmup updates.", panel=P_OPT)
+    min_lr: float = option(0.0, help="Cosine: the LR it decays to.", panel=P_OPT)
+    decay_steps: int | None = None  # cosine: steps from the start to min_lr (incl. warmup); the job: its updates
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
-    clip_grad: float = 1.0  # 0 disables clipping
-    use_distributed_optimizer: bool = False
+    clip_grad: float = option(1.0, help="Gradient-norm clip (0 = off).", panel=P_OPT)
+    use_distributed_optimizer: bool = option(
+        False, help="Shard optimizer state over data-parallel ranks.", panel=P_OPT, flag="--dist-optimizer",
+        aliases=("--use-distributed-optimizer",))
     overlap_grad_reduce: bool = False
-    offload_optimizer: bool = False  # main weights and Adam moments in host memory between steps
+    offload_optimizer: bool = option(
+        False, help="Keep the fp32 main weights and Adam moments in host memory between optimizer steps (frees 12 "
+        "bytes per parameter on the device for two host copies of them per step).", panel=P_OPT)
+
+    # ---- GRPO loss ----------------------------------------------------------------
+    eps_low: float = option(0.2, help="Ratio clip below 1.", panel=P_OPT)
+    eps_high: float = option(0.28, help="Ratio clip above 1.", panel=P_OPT)
+    aggregation: Literal["token_mean", "sequence_mean"] = option(
+        "token_mean", help="token_mean or sequence_mean.", panel=P_OPT)
+
+    # ---- micro-batching -----------------------------------------------------------
+    max_tokens_per_micro_batch: int | None = option(
+        None, help="Tokens per training micro-batch, padding included.", panel=P_OPT,
+        shown="what fits in the memory left")  # the job sizes it (rl/sizing.py); the trainer alone: no limit
+    micro_batch_size: int | None = option(
+        None, help="At most this many samples per micro-batch.", panel=P_OPT, shown="no limit beside the token budget")
+    pack: bool = True  # several samples per row (document masking) instead of one padded row each
+    pack_length: int | None = None  # max tokens per packed row; None: the longest local sample
+    # "auto": on when the run's memory plan needs it (rl/sizing.py decides before the trainer is
+    # built); a trainer given "auto" by itself does not recompute. True/False read as on/off.
+    recompute: str = option("auto", help="Activation recompute per layer call: auto (on only when the memory "
+                            "budget needs it), on or off.", panel=P_OPT)
 
     # ---- checkpoints --------------------------------------------------------------
-    keep_last: int | None = None  # keep the newest N iterations; None keeps all
-    async_save: bool = False  # write checkpoints in the background (Trainer.save, checkpointing.py)
+    keep_last: int | None = option(2, help="Checkpoint iterations to keep (none: all).", panel=P_RUN)
+    async_save: bool = option(
+        False, help="Write checkpoints in the background while the next update runs; the next save and the end of "
+        "the run wait for it.", panel=P_RUN, flag="--async-save/--sync-save")
 
     extra: dict[str, Any] = field(default_factory=dict)  # recorded, not interpreted
 
     def __post_init__(self) -> None:
         self.validate()
 
-    def validate(self) -> None:
+    def validate(self) -> TrainerConfig:
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise UserError(message)
@@ -75,39 +92,56 @@ class TrainerConfig:
             value = getattr(self, name)
             need(value == 1, f"{name}={value} is not supported yet: the trainer is data parallel only "
                  "(TP = PP = CP = 1); scale out with more data-parallel ranks")
-        need(self.device in ("auto", "cpu", "cuda"), f"device {self.device!r}: use auto, cpu or cuda")
-        need(self.params_dtype in ("auto", *_DTYPES), f"params_dtype {self.params_dtype!r}: use auto, fp32 or bf16")
-        need(self.resolved_device != "cuda" or torch.cuda.is_available(), "device=cuda but no CUDA device is visible")
-        need(self.eps_low >= 0 and self.eps_high >= 0, "eps_low and eps_high must be >= 0")
-        need(self.eps_low < 1, "eps_low must be < 1 (the ratio is clipped at 1 - eps_low)")
-        need(self.aggregation in ("token_mean", "sequence_mean"), f"aggregation {self.aggregation!r}: use token_mean or sequence_mean")
-        need(self.micro_batch_size is None or self.micro_batch_size >= 1, "micro_batch_size must be >= 1")
+        need(self.device in ("auto", "cpu", "cuda"), f"--device must be auto, cpu or cuda, got {self.device!r}")
+        need(self.params_dtype in ("auto", *DTYPES), f"--dtype must be auto, fp32 or bf16, got {self.params_dtype!r}")
+        if self.device == "cuda":  # "auto" picks CUDA only where it is there
+            import torch
+
+            need(torch.cuda.is_available(), "device=cuda but no CUDA device is visible")
+        if isinstance(self.recompute, bool):  # plans written before "auto" existed, and the Python API
+            self.recompute = "on" if self.recompute else "off"
+        need(self.recompute in ("auto", "on", "off"), f"--recompute must be auto, on or off, got {self.recompute!r}")
+        need(self.eps_low >= 0 and self.eps_high >= 0, "--eps-low and --eps-high must be >= 0")
+        need(self.eps_low < 1, "--eps-low must be < 1 (the ratio is clipped at 1 - eps_low)")
+        need(self.aggregation in ("token_mean", "sequence_mean"),
+             f"--aggregation must be token_mean or sequence_mean, got {self.aggregation!r}")
+        need(self.micro_batch_size is None or self.micro_batch_size >= 1,
+             f"--micro-batch-size must be at least 1, got {self.micro_batch_size}")
         need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 2,
-             "max_tokens_per_micro_batch must be >= 2")
+             f"--max-tokens-per-micro-batch must be at least 2, got {self.max_tokens_per_micro_batch}")
         need(self.pack_length is None or self.pack_length >= 2, "pack_length must be >= 2 tokens")
-        need(self.lr > 0, "lr must be > 0")
-        need(0 <= self.min_lr <= self.lr, "min_lr must lie in [0, lr]")
-        need(self.lr_schedule in ("constant", "cosine"), f"lr_schedule {self.lr_schedule!r}: use constant or cosine")
-        need(self.warmup_steps >= 0, "warmup_steps must be >= 0")
-        if self.lr_schedule == "cosine":
-            need(self.decay_steps is not None and self.decay_steps > self.warmup_steps,
-                 "lr_schedule=cosine needs decay_steps > warmup_steps")
+        need(self.lr > 0, "--lr must be > 0")
+        need(0 <= self.min_lr <= self.lr, "--min-lr must lie in [0, lr]")
+        need(self.lr_schedule in ("constant", "cosine"),
+             f"--lr-schedule must be constant or cosine, got {self.lr_schedule!r}")
+        need(self.warmup_steps >= 0, "--warmup-steps must be >= 0")
+        # cosine needs decay_steps when the scheduler is built (optimizer.py); the job sets it
+        need(self.decay_steps is None or self.decay_steps > self.warmup_steps, "decay_steps must exceed warmup_steps")
         need(self.weight_decay >= 0, "weight_decay must be >= 0")
         need(0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "adam betas must lie in [0, 1)")
-        need(self.clip_grad >= 0, "clip_grad must be >= 0 (0 disables clipping)")
-        need(self.keep_last is None or self.keep_last >= 1, "keep_last must be >= 1")
+        need(self.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping)")
+        need(self.keep_last is None or self.keep_last >= 1, "--keep-last must be at least 1")
+        return self
+
+    @property
+    def recomputes(self) -> bool:
+        return self.recompute == "on"
 
     @property
     def resolved_device(self) -> str:
         if self.device == "auto":
+            import torch
+
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def torch_dtype(self):
+        import torch
+
         if self.params_dtype == "auto":
             return torch.bfloat16 if self.resolved_device == "cuda" else torch.float32
-        return _DTYPES[self.params_dtype]
+        return {"fp32": torch.float32, "bf16": torch.bfloat16}[self.params_dtype]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,6 +18,8 @@ import torch
 from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from ouro_cli.errors import UserError
+
 from .config import TrainerConfig
 
 
@@ -46,6 +48,8 @@ def build_scheduler(config: TrainerConfig, optimizer: MegatronOptimizer) -> Opti
     optimizer steps (step k of warmup uses lr * k / warmup_steps, so the very first
     warmup step has LR 0). With no warmup the first step uses the full LR.
     """
+    if config.lr_schedule == "cosine" and config.decay_steps is None:
+        raise UserError("lr_schedule=cosine needs decay_steps (the steps from the start to min_lr)")
     # Megatron wants decay_steps > warmup_steps even when nothing decays.
     decay_steps = config.decay_steps if config.lr_schedule == "cosine" else config.warmup_steps + 1
     return OptimizerParamScheduler(

@@ -49,7 +49,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
         with sync, deterministic_kernels(device, config.deterministic):
             logits = ddp_model(  # [N, V]: only where a response token is scored
                 mb.input_ids, mb.depths, attention_mask=mb.attention_mask, document_ids=mb.document_ids,
-                recompute=config.recompute, logits_at=(mb.score_rows, mb.score_cols),
+                recompute=config.recomputes, logits_at=(mb.score_rows, mb.score_cols),
             )
             new, logp = token_logprobs(logits, mb.targets, mb.temperatures)
             del logits
@@ -69,7 +69,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             maxes["mismatch_max"] = max(maxes["mismatch_max"], float(mismatch.max()))
             maxes["micro_batch_tokens_max"] = max(maxes["micro_batch_tokens_max"], mb.padded_tokens)
         maxes["micro_batches"] = len(micro_batches)
-        work.add_micro_batch(mb, num_layers, config.recompute)
+        work.add_micro_batch(mb, num_layers, config.recomputes)
     sums.update(work.as_dict())
     return _reduce(sums, maxes, device)
 

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ouro_cli.model import OuroForCausalLM
+from ouro_cli.settings import ExecutionSettings
 
 from . import checkpointing, setup
 from .batching import Sample, build_micro_batch, loss_weights, plan_micro_batches
@@ -32,9 +33,12 @@ from .step import Stopwatch, forward_backward, optimizer_step
 
 class Trainer:
     """GRPO on one Ouro model. A given `OuroForCausalLM` is adopted, not copied: it is moved
-    to the trainer's device and dtype and its parameters are the ones trained."""
+    to the trainer's device and dtype and its parameters are the ones trained. `execution`
+    (ouro_cli/settings.py) becomes the model's execution settings: how its replay computes
+    (None: keep a given model's, the defaults for a loaded one)."""
 
-    def __init__(self, model: OuroForCausalLM | str | Path, config: TrainerConfig | None = None) -> None:
+    def __init__(self, model: OuroForCausalLM | str | Path, config: TrainerConfig | None = None, *,
+                 execution: ExecutionSettings | None = None) -> None:
         self.config = config or TrainerConfig()
         self.context = setup.initialize(self.config)
         self.device = self.context.device
@@ -45,6 +49,8 @@ class Trainer:
             from ouro_cli.model import load
 
             hf = load(model, dtype=dtype, device=self.device)
+        if execution is not None:
+            hf.execution = execution
         self.num_loops = hf.config.num_loops
         self.num_layers = hf.config.num_hidden_layers
         self.pad_id = hf.config.pad_token_id or 0

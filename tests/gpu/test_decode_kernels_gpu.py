@@ -11,8 +11,7 @@ Engine level, on the tiny model: attention="triton" under CUDA graphs gives the 
 results bit for bit; in fp32 it reports the torch path's tokens, depths and logprobs
 (to 1e-5) and equals the trainer's replay (to 1e-5); in bf16, at a fixed depth, the
 logprobs of the tokens both paths agree on stay within 5e-2 of the torch path's.
-Overlapped decoding gives the outputs of stepping one at a time, bit for bit; RoPE inside
-the kernel (OURO_DECODE_ROPE=kernel) gives pointwise.rotary's bits in bf16.
+Overlapped decoding gives the outputs of stepping one at a time, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,12 +20,11 @@ import pytest
 import torch
 
 from ouro_cli.engine import LLM, SamplingParams
+from ouro_cli.settings import ExecutionSettings
 from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
     check_replay_attention,
-    check_rope_engine,
-    check_rope_in_kernel,
     check_write_and_attend,
 )
 from tests.unit.engine.conftest import prompts, tiny_model
@@ -70,8 +68,8 @@ def test_write_and_attend_matches_the_two_steps(dtype):
 
 
 def _generate(model, monkeypatch, attention, graphs, n=4, dtype=None, params=PARAMS):
-    monkeypatch.setenv("OURO_DECODE_ATTENTION", attention)
-    llm = LLM(model, device="cuda", dtype=dtype, max_num_seqs=n, kv_blocks=64, block_size=4, cuda_graphs=graphs)
+    llm = LLM(model, device="cuda", dtype=dtype, max_num_seqs=n, kv_blocks=64, block_size=4, cuda_graphs=graphs,
+              execution=ExecutionSettings(decode_attention=attention))
     try:
         assert llm.runner.attention == attention
         return llm.generate(prompts(5, seed=1), params)
@@ -122,11 +120,11 @@ def test_engine_on_second_gpu_captures_its_graphs_there(monkeypatch):
     """An engine on cuda:1 in a process whose current device is cuda:0 (a PD decode
     worker's situation before it set its device): its CUDA graphs capture and replay on
     cuda:1 and give what the same engine gives on cuda:0."""
-    monkeypatch.setenv("OURO_DECODE_ATTENTION", "triton")
     torch.cuda.set_device(0)
     outs = {}
     for device in ("cuda:0", "cuda:1"):
-        llm = LLM(tiny_model(0), device=device, max_num_seqs=4, kv_blocks=64, block_size=4, cuda_graphs=True)
+        llm = LLM(tiny_model(0), device=device, max_num_seqs=4, kv_blocks=64, block_size=4, cuda_graphs=True,
+                  execution=ExecutionSettings(decode_attention="triton"))
         try:
             outs[device] = llm.generate(prompts(5, seed=1), PARAMS)
             assert llm.runner.graphs, "no decode step was captured"
@@ -148,20 +146,3 @@ def test_overlapped_decode_equals_one_step_at_a_time(dtype):
     overlapped, c = run(tiny_model(0), 8, overlap=True, **options)
     _assert_identical(overlapped, serial)
     assert c["decode_steps_overlapped"] > 0 and c["decode_rows_discarded"] > 0 and c["decode_steps_eager"] == 0
-
-
-ROPE_DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-
-
-@ROPE_DTYPES
-def test_rope_in_the_kernel_matches_pointwise_rotary(dtype):
-    """OURO_DECODE_ROPE=kernel at the kernel: bf16 bit for bit; fp32 to 1e-6, since the
-    compiler may fuse x·cos + rot·sin."""
-    check_rope_in_kernel("cuda", dtype, exact=dtype == torch.bfloat16)
-
-
-@ROPE_DTYPES
-def test_rope_in_the_kernel_engine_matches_the_default(dtype):
-    """OURO_DECODE_ROPE=kernel in the engine under CUDA graphs: bf16 logprobs bit for bit,
-    fp32 to 1e-5; tokens and exit depths equal."""
-    check_rope_engine("cuda", dtype, tol=0.0 if dtype == torch.bfloat16 else 1e-5)

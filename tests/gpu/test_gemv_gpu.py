@@ -1,4 +1,4 @@
-"""The small-M linear kernel (ouro_cli/engine/kernels/gemv.py) on CUDA (skipped without a GPU
+"""The small-M linear kernel (ouro_cli/kernels/gemv.py) on CUDA (skipped without a GPU
 or triton).
 
 At the Ouro-1.4B shapes (qkv, o_proj, gate_up, down, lm_head) and M of 8, 16 and 64 in bf16,
@@ -46,7 +46,7 @@ def test_small_shapes_are_batch_invariant(dtype):
 
 
 def test_graph_replay_equals_eager():
-    from ouro_cli.engine.kernels.gemv import small_m_linear
+    from ouro_cli.kernels.gemv import small_m_linear
 
     n, k = SHAPES["gate_up"]
     for m in ROWS:

@@ -1,5 +1,5 @@
 """On CUDA the layer's elementwise math runs compiled, by default each layer call as one region
-(OURO_COMPILE_LAYERS=0: one compiled call per function): the model still matches eager."""
+(`compile_layers="off"`: one compiled call per function): the model still matches eager."""
 
 from __future__ import annotations
 
@@ -7,37 +7,37 @@ import pytest
 import torch
 
 from ouro_cli.model import build, tiny_config
+from ouro_cli.settings import ExecutionSettings
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("layers", ["auto", "0"])
+@pytest.mark.parametrize("layers", ["auto", "off"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 0.05)])
-def test_compiled_model_matches_eager(monkeypatch, dtype, tol, layers):
+def test_compiled_model_matches_eager(dtype, tol, layers):
     torch.backends.cuda.matmul.allow_tf32 = False
-    monkeypatch.setenv("OURO_COMPILE_LAYERS", layers)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 128, (3, 24), generator=g).cuda()
     depths = torch.randint(1, 5, (3, 24), generator=g).cuda()
     model = build(tiny_config(), seed=3, device="cuda", dtype=dtype)
+    model.execution = ExecutionSettings(compile_layers=layers)
     compiled = model(ids, depths=depths)
-    monkeypatch.setenv("OURO_COMPILE", "0")
+    model.execution = ExecutionSettings(compile="off")
     eager = model(ids, depths=depths)
     scale = eager.float().abs().max() if dtype == torch.bfloat16 else 1.0
     assert (compiled.float() - eager.float()).abs().max() <= tol * scale
 
 
-def test_compiled_layers_match_eager_on_cuda(monkeypatch):
+def test_compiled_layers_match_eager_on_cuda():
     """Layer regions on CUDA (fp32, packed documents, mixed depths, recompute): the
     logits and gradients of the per-layer compiled regions are eager's to fp32 rounding."""
     from tests.unit.model.test_compiled_layers import run
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    monkeypatch.setenv("OURO_COMPILE", "0")
     model = build(tiny_config(), seed=3, device="cuda", dtype=torch.float32)
+    model.execution = ExecutionSettings(compile="off")
     eager_logits, eager_grads = run(model, recompute=True)
-    monkeypatch.setenv("OURO_COMPILE", "1")
-    monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
+    model.execution = ExecutionSettings(compile="auto", compile_layers="on")
     logits, grads = run(model, recompute=True)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-5)
     for name, grad in grads.items():

@@ -1,4 +1,4 @@
-"""What every failure leaves behind (issue 26), run as the real CLI: each test reproduces a
+"""What every failure leaves behind, run as the real CLI: each test reproduces a
 failure and checks the exit code, the one line, and what is on disk.
 
 - overlapping outputs: `--overwrite` never deletes an input (train, eval, export, verify-resume);

@@ -142,22 +142,68 @@ def test_unknown_plugin_path_is_named_before_any_model_loads(tmp_path, flag, val
     assert named in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("knob,value,named", [
-    ("OURO_REPLAY_ATTENTION", "bogus", "OURO_REPLAY_ATTENTION must be one of"),
-    ("OURO_REPLAY_ATTENTION", "paged", "OURO_REPLAY_ATTENTION=paged runs a Triton kernel"),
-    ("OURO_DECODE_GEMV", "magic", "OURO_DECODE_GEMV) must be one of"),
-    ("OURO_DECODE_ROPE", "fast", "OURO_DECODE_ROPE) must be one of"),
-    ("OURO_DECODE_ROPE", "kernel", "OURO_DECODE_ROPE=kernel needs the Triton decode attention"),
-    ("OURO_COMPILE_LAYERS", "yes", "OURO_COMPILE_LAYERS must be auto, 0 or 1"),
-], ids=["replay-value", "replay-on-cpu", "gemv-value", "rope-value", "rope-without-triton-attention",
-        "compile-layers-value"])
-def test_bad_kernel_switch_fails_before_anything_runs(tmp_path, knob, value, named):
+@pytest.mark.parametrize("given,named", [
+    ({"OURO_REPLAY_ATTENTION": "bogus"}, "OURO_REPLAY_ATTENTION='bogus': must be one of sdpa, paged"),
+    ({"OURO_REPLAY_ATTENTION": "paged"}, "--replay-attention paged runs a Triton kernel"),
+    (["--replay-attention", "paged"], "--replay-attention paged runs a Triton kernel"),
+    ({"OURO_DECODE_GEMV": "magic"}, "OURO_DECODE_GEMV='magic': must be one of auto, cublas, triton"),
+    (["--decode-gemv", "magic"], "--decode-gemv must be auto, cublas or triton, got 'magic'"),
+    (["--decode-attention", "triton"], "--decode-attention triton needs CUDA"),
+    ({"OURO_COMPILE_LAYERS": "yes"}, "OURO_COMPILE_LAYERS='yes': must be one of 1, 0, auto, on, off"),
+    ({"OURO_COMPILE": "2"}, "OURO_COMPILE='2': must be one of 1, 0, auto, off, always"),
+], ids=["replay-value", "replay-on-cpu", "replay-flag-on-cpu", "gemv-value", "gemv-flag-value",
+        "attention-flag-on-cpu", "compile-layers-value", "compile-value"])
+def test_bad_execution_setting_fails_before_anything_runs(tmp_path, given, named):
+    """An execution setting, as a flag or as its environment variable, is checked before
+    anything runs; the error names the flag or the variable."""
     (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
+    flags, env = (given, {}) if isinstance(given, list) else ([], given)
     proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"), "--device", "cpu",
-                "--run-dir", str(tmp_path / "run"), cwd=tmp_path, env={knob: value, "TRITON_INTERPRET": "0"})
+                "--run-dir", str(tmp_path / "run"), *flags, cwd=tmp_path, env={**env, "TRITON_INTERPRET": "0"})
     assert proc.returncode == 2
     assert named in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
+    """The run's contract holds what its kernel settings select on its device: a resume that
+    would select other ones (a flag, or the variable standing in for it) is refused naming the
+    setting, and writes nothing; one that selects the same (cuBLAS projections asked for on a
+    CPU run, where no Triton kernel runs) is not refused for it. A plan written before
+    settings were recorded resumes under the defaults and refuses others the same way."""
+    root, run, _ = trained
+    before = (run / "ouro-plan.json").read_text()
+    contract = json.loads(before)["contract"]
+    assert contract["execution"] == {"compile": "off", "compile_layers": "off", "decode_attention": "torch",
+                                     "decode_gemv": "cublas", "replay_attention": "sdpa"}
+    for flags, env in ((["--compile", "always"], {}), ([], {"OURO_COMPILE": "always"})):
+        proc = ouro("resume", str(run), "--updates", "9", *flags, cwd=root, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert "error: resume would change execution.compile: the run has 'off', this invocation 'on' (set by " \
+               "--compile or OURO_COMPILE" in proc.stderr
+    assert (run / "ouro-plan.json").read_text() == before
+
+    import shutil
+
+    old = tmp_path / "old"  # as an earlier version wrote it: no execution settings in the plan
+    shutil.copytree(run, old)
+    for plan_file in [old / "ouro-plan.json", *old.glob("checkpoint/iter_*/ouro-plan.json")]:
+        plan = json.loads(plan_file.read_text())
+        del plan["contract"]["execution"]
+        for key in ("compile", "compile_layers", "decode_attention", "decode_gemv", "replay_attention"):
+            del plan["options"][key]
+        plan_file.write_text(json.dumps(plan))
+    proc = ouro("resume", str(old), "--updates", "9", cwd=root, env={"OURO_DECODE_GEMV": "triton",
+                                                                     "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert "resume would change execution.decode_gemv: the run has 'cublas', this invocation 'triton'" in proc.stderr
+
+    done = json.loads(before)["next_update"]
+    proc = ouro("resume", str(run), "--updates", str(done + 1), "--decode-gemv", "cublas", cwd=root)
+    assert proc.returncode == 0, proc.stderr  # what runs on CPU anyway
+    proc = ouro("resume", str(old), "--updates", str(done + 1), cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert _metrics(old)[-1]["rewards"] == _metrics(run)[-1]["rewards"]
 
 
 def test_cuda_graphs_without_a_gpu_fail_clearly(tmp_path):

@@ -1,11 +1,11 @@
 """`torchrun --nproc-per-node 2 -m ouro_cli.cli.app train` on CPU (gloo) against one rank
-with the same global batch, and `tools/compare_runs.py` on the pair.
+with the same global batch, and `ouro compare` on the pair.
 
 Two ranks sample exactly what one rank samples (seeds follow the global batch position,
 records are written in global order), every metrics line shows both ranks, the plan
 they agreed on and their bit-identical parameters, and the final weights match one
 rank's to fp32 reduction order (gradients summed over ranks instead of within one
-batch: ~1e-7). compare_runs passes the pair at 1e-5 and fails a tampered copy and a
+batch: ~1e-7). `ouro compare` passes the pair at 1e-5 and fails a tampered copy and a
 tolerance below the measured difference.
 """
 
@@ -34,12 +34,10 @@ def _lines(path: Path) -> list[dict]:
 
 
 def _compare(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(REPO / "tools" / "compare_runs.py"), *args], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return ouro("compare", *args, cwd=REPO)
 
 
-def test_two_ranks_match_one_rank_and_compare_runs_judges_the_pair(tmp_path):
+def test_two_ranks_match_one_rank_and_ouro_compare_judges_the_pair(tmp_path):
     make_checkpoint(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -65,13 +63,12 @@ def test_two_ranks_match_one_rank_and_compare_runs_judges_the_pair(tmp_path):
         assert [(r["problem_id"], r["seed"]) for r in a] == [(r["problem_id"], r["seed"]) for r in b]
         assert [r["response_ids"] for r in a] == [r["response_ids"] for r in b]
 
-    report = tmp_path / "report.json"
     # fp32 Adam at lr 1e-4: an element with a noise-level gradient may step differently by up to ~lr
-    proc = _compare(str(tmp_path / "one"), str(tmp_path / "two"), "--weights-atol", "1e-4", "--json", str(report))
+    proc = _compare(str(tmp_path / "one"), str(tmp_path / "two"), "--weights-atol", "1e-4", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "WITHIN TOLERANCE" in proc.stdout
-    doc = json.loads(report.read_text())
-    assert doc["identical_fraction"] == 1.0 and all(doc["checks"].values())
+    assert "WITHIN TOLERANCE" in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] and doc["identical_fraction"] == 1.0 and all(doc["checks"].values())
     assert 0 < doc["weights_max_abs_diff"] < 1e-4  # summation order through Adam, not a bug
     assert doc["training_update"]["rel_diff"] < 1e-3  # of what one rank learned, two ranks learned alike (5e-4 seen)
     assert doc["throughput"]["b"]["ranks"] == 2
@@ -83,5 +80,9 @@ def test_two_ranks_match_one_rank_and_compare_runs_judges_the_pair(tmp_path):
     records[5]["response_ids"][0] += 1
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     proc = _compare(str(tmp_path / "one"), str(tmp_path / "tampered"))
-    assert proc.returncode == 1 and "rollout_tokens=FAIL" in proc.stdout, proc.stdout
-    assert _compare(str(tmp_path / "one"), str(tmp_path / "missing")).returncode == 2
+    assert proc.returncode == 1 and "rollout_tokens=FAIL" in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]  # the one error line names the checks that failed
+    assert last.startswith("error: ") and f"tampered is beyond tolerance of {tmp_path / 'one'}: " in last
+    assert "rollout_tokens" in last
+    missing = _compare(str(tmp_path / "one"), str(tmp_path / "missing"))
+    assert missing.returncode == 2 and "missing is not a directory" in missing.stderr

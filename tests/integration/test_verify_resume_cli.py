@@ -30,10 +30,10 @@ def test_verify_resume_passes_and_catches_a_broken_resume(tmp_path):
     assert (work / "reference" / "checkpoint_digest.json").is_file() and not (work / "reference" / "checkpoint").exists()
     assert [p.name for p in (work / "resumed" / "checkpoint").glob("iter_*")] == ["iter_0000004"]
 
-    broken = tmp_path / "broken"
-    for args in (["train", *opts, "--updates", "2", "--state-digest", "--test-break-resume", "--run-dir", str(broken)],
-                 ["resume", str(broken), "--updates", "4"]):
-        step = ouro(*args, cwd=tmp_path)
+    broken = tmp_path / "broken"  # its resume reseeds the sampler (ouro_cli/testing/faults.py)
+    for args, env in ((["train", *opts, "--updates", "2", "--state-digest", "--run-dir", str(broken)], {}),
+                      (["resume", str(broken), "--updates", "4"], {"OURO_TEST_BREAK_RESUME": "1"})):
+        step = ouro(*args, cwd=tmp_path, env=env)
         assert step.returncode == 0, step.stderr
     proc = ouro("verify-resume", "--compare", str(work / "reference"), str(broken), "--json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr

@@ -1,7 +1,7 @@
 """Every page, section, module and file that the code's prose cites exists in the repository.
 
 Docstrings and comments send the reader to the specification (`docs/model.md §3`), to other
-modules (`ouro_cli.rl.publish`) and to files (`engine/kernels/gemv.py`); a citation of
+modules (`ouro_cli.rl.publish`) and to files (`kernels/gemv.py`); a citation of
 something renamed, or kept outside the repository, sends a newcomer nowhere. This reads
 the prose only (Python docstrings and comments, shell comments, the Markdown pages), not
 string literals, which tests use for deliberately wrong paths.
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ROOTS = ("ouro_cli", "tests", "bench", "tools", "examples", "docs")
+ROOTS = ("ouro_cli", "tests", "bench", "scripts", "examples", "docs")
 TOP_FILES = ("README.md", "Makefile", ".ci/run")
 SKIP_DIRS = {"__pycache__", ".venv", "build", ".git"}
 # Files that a citation may name although the repository does not hold them: the public
@@ -174,7 +174,7 @@ def test_a_dangling_citation_is_reported(prose, problem):
 
 @pytest.mark.parametrize("prose", [
     "docs/model.md §3", "(model.md §2–3)", "`ouro_cli.rl.publish`", "ouro_cli.engine.factory:default_factory",
-    "ouro_cli.rl.rewards.boxed_answer", "engine/kernels/gemv.py", "kv_cache.py", "modeling_ouro.py", "*.py",
+    "ouro_cli.rl.rewards.boxed_answer", "kernels/gemv.py", "kv_cache.py", "modeling_ouro.py", "*.py",
 ])
 def test_a_good_citation_passes(prose):
     assert _citation_problems(REPO / "ouro_cli" / "engine" / "runner.py", prose) == []

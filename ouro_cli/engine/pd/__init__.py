@@ -13,7 +13,6 @@ and the shared-memory fallback).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,10 +22,8 @@ from .transport import NIXL_INSTALL_HINT, nixl_available
 
 def make_pd_engine(model: Any, prefill_devices: Sequence[int] = (0,), decode_devices: Sequence[int] = (1,),
                    **engine_options: Any) -> PDEngine:
-    """An engine factory (`factory(model, **options)`) for `ouro train --prefill-devices/--decode-devices`.
-
-    The KV transport is `transport=` when given, else $OURO_PD_TRANSPORT, else "auto"."""
-    engine_options.setdefault("transport", os.environ.get("OURO_PD_TRANSPORT", "auto"))
+    """An engine factory (`factory(model, **options)`) for `ouro train --prefill-devices/--decode-devices`
+    (`PDEngine`'s options; the KV transport `transport=`, default "auto")."""
     return PDEngine(model, prefill_devices=list(prefill_devices), decode_devices=list(decode_devices),
                     **engine_options)
 

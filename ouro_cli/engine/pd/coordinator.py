@@ -50,6 +50,8 @@ from ouro_cli.engine.contract import (
 from ouro_cli.engine.frontend import Admission, GenerationControl, make_output, take_requests
 from ouro_cli.engine.publication import WeightPublisher, physical_name
 from ouro_cli.engine.setup import EngineLimits, open_model
+from ouro_cli.settings import ExecutionSettings
+from ouro_cli.testing import faults
 
 from . import protocol as P
 from .transport import resolve_transport_name
@@ -105,8 +107,10 @@ class PDEngine(GenerationControl):
     `prefill_devices` / `decode_devices` are device indices: CUDA devices when CUDA is
     used, otherwise each index is one CPU worker process. `transport` is "auto" (NIXL
     when installed, else shared memory), "nixl" or "shm". `timeout` bounds how long any
-    worker may stay silent while it owes an answer. Other options are `LLM`'s and apply
-    to every worker (`max_num_seqs` and `kv_blocks` per decode worker).
+    worker may stay silent while it owes an answer. `worker_threads` is each worker's torch
+    thread count (it matters for CPU workers). Other options are `LLM`'s and apply to every
+    worker (`max_num_seqs` and `kv_blocks` per decode worker); the workers compute with the
+    model's execution settings (`execution` replaces them, as in `LLM`).
     """
 
     def __init__(self, model: str | Path | nn.Module, *, prefill_devices: Seq[int], decode_devices: Seq[int],
@@ -114,14 +118,17 @@ class PDEngine(GenerationControl):
                  kv_blocks: int | None = None, block_size: int = 16, max_model_len: int | None = None,
                  max_prefill_tokens: int = 8192, attn_chunk: int = 128, cuda_graphs: bool | None = None,
                  seed: int | None = None, tokenizer=None, weight_version: int = 0, transport: str = "auto",
-                 timeout: float = 300.0, start_timeout: float = 300.0,
-                 fault: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 timeout: float = 300.0, start_timeout: float = 300.0, worker_threads: int = 1,
+                 execution: ExecutionSettings | None = None) -> None:
         if not prefill_devices or not decode_devices:
             raise ValueError("PD needs at least one prefill and one decode device")
         if len(set(prefill_devices)) != len(prefill_devices) or len(set(decode_devices)) != len(decode_devices):
             raise ValueError("a device index appears twice in one role")
         # the coordinator's copy stays on the CPU: it checks publications and seeds the workers
         self.model, self.codec = open_model(model, dtype=dtype, tokenizer=tokenizer)
+        if execution is not None:
+            self.model.execution = execution
+        self.worker_threads = worker_threads
         cfg = self.model.config
         self.limits = EngineLimits.resolve(cfg, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                                            block_size=block_size, max_model_len=max_model_len,
@@ -139,13 +146,12 @@ class PDEngine(GenerationControl):
         self.final_counters: dict[str, dict[str, Any]] | None = None
 
         options = dict(attn_chunk=attn_chunk, cuda_graphs=cuda_graphs)
-        self._start_workers(list(prefill_devices), list(decode_devices), use_cuda, options, weight_version,
-                            dict(fault or {}))
+        self._start_workers(list(prefill_devices), list(decode_devices), use_cuda, options, weight_version)
 
     # ---- workers --------------------------------------------------------------------------
 
     def _start_workers(self, prefill: list[int], decode: list[int], use_cuda: bool, options: dict[str, Any],
-                       version: int, fault: dict[str, Any]) -> None:
+                       version: int) -> None:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -160,8 +166,9 @@ class PDEngine(GenerationControl):
                 device = f"cuda:{dev}" if use_cuda else "cpu"
                 spec = WorkerSpec(role=role, index=i, device=device, config=self.model.config, weights=weights,
                                   limits=self.limits, core_options=options, transport=self.transport,
-                                  weight_version=version)
-                spec.fault = dict(fault.get(spec.name, {}))
+                                  weight_version=version, execution=self.model.execution,
+                                  threads=self.worker_threads)
+                spec.fault = faults.pd_fault(spec.name)  # tests only (ouro_cli/testing/faults.py)
                 if role == P.PREFILL_ROLE:
                     peers = {f"D{di}": peer_pipes[(i, di)][0] for di in range(len(decode))}
                 else:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ouro_cli.engine.setup import EngineLimits
+from ouro_cli.settings import ExecutionSettings
 
 from . import protocol as P
 
@@ -50,6 +51,8 @@ class WorkerSpec:
     transport: str
     weight_version: int = 0
     fault: dict[str, Any] = field(default_factory=dict)
+    execution: ExecutionSettings = field(default_factory=ExecutionSettings)  # the coordinator model's
+    threads: int = 1  # torch threads of this process
 
     @property
     def name(self) -> str:
@@ -58,7 +61,7 @@ class WorkerSpec:
 
 def worker_main(spec: WorkerSpec, conn: Connection, peers: dict[str, Connection]) -> None:
     os.dup2(2, 1)  # workers never print results; NIXL/UCX log to stdout, which `--json` keeps for one document
-    torch.set_num_threads(int(os.environ.get("OURO_PD_THREADS", "1")))
+    torch.set_num_threads(spec.threads)
     try:
         worker = (PrefillWorker if spec.role == P.PREFILL_ROLE else DecodeWorker)(spec, conn, peers)
     except BaseException as err:  # noqa: BLE001 — report, then exit

@@ -1,4 +1,4 @@
-"""Checks of the Triton decode kernels (ouro_cli/engine/kernels), shared by the CPU tests
+"""Checks of the Triton decode kernels (ouro_cli/kernels), shared by the CPU tests
 (run here as a script under the Triton interpreter, in a process of its own) and the
 GPU tests (imported, on CUDA).
 
@@ -70,7 +70,7 @@ def dense_reference(q, k_plane, v_plane, ctx, lengths) -> torch.Tensor:
 
 def check_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
     """The kernel equals the torch reference (and a dense fp64 one) to `tol`."""
-    from ouro_cli.engine.kernels.decode_attention import paged_decode_attention
+    from ouro_cli.kernels.decode_attention import paged_decode_attention
 
     for case, (b, hq, hkv, d, lengths, tile) in enumerate(ATTENTION_CASES):
         width = -(-max(lengths) // 64) * 64
@@ -87,7 +87,7 @@ def check_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
 
 def check_batch_invariance(device="cpu", dtype=torch.float32) -> None:
     """A row's output is the same bits alone (narrow slot table) or among longer rows (wide table)."""
-    from ouro_cli.engine.kernels.decode_attention import paged_decode_attention
+    from ouro_cli.kernels.decode_attention import paged_decode_attention
 
     hq, hkv, d = 8, 2, 32
     lengths = [150, 37, 1, 300, 64]
@@ -113,7 +113,7 @@ def check_write_and_attend(device="cpu", dtype=torch.float32) -> None:
     """The fused write-and-attend kernel leaves plane t of the engine's cache exactly as runner.py's
     torch write does (active rows write new K/V at their slot, exited rows copy plane t-1; plane
     0: always new), and its output is, bit for bit, the attention kernel's over those planes."""
-    from ouro_cli.engine.kernels.decode_attention import paged_decode_attention, write_kv_and_attend
+    from ouro_cli.kernels.decode_attention import paged_decode_attention, write_kv_and_attend
 
     g = torch.Generator().manual_seed(3)
     b, hq, hkv, d, layers, loops = 6, 4, 2, 24, 2, 3
@@ -151,93 +151,12 @@ def check_write_and_attend(device="cpu", dtype=torch.float32) -> None:
             assert torch.equal(out, apart), (layer, plane)
 
 
-def check_rope_in_kernel(device="cpu", dtype=torch.float32, exact=True) -> None:
-    """write_kv_and_attend with rope=(cos, sin) on unrotated q and k writes the planes and
-    returns the output of pointwise.rotary followed by the kernel without it: bit for bit
-    when `exact` (fp32 on CPU; bf16 on CUDA and under the interpreter, whose roundings the
-    kernel does on the bits). Not exact: fp32 on CUDA, where the compiler may fuse the
-    kernel's x·cos + rotated·sin into one rounding (1e-6)."""
-    from ouro_cli.engine.kernels.decode_attention import write_kv_and_attend
-    from ouro_cli.model import pointwise
-    from ouro_cli.model.layers import Rotary
-
-    g = torch.Generator().manual_seed(5)
-    b, hq, hkv, d = 5, 6, 2, 24
-    caches = []
-    for _ in range(2):  # the same cache twice, one per path
-        kv = PagedKVCache(num_layers=1, num_loops=2, num_blocks=16, block_size=4, num_kv_heads=hkv, head_dim=d,
-                          dtype=dtype, device=device)
-        kv.k.copy_(torch.randn(kv.k.shape, generator=torch.Generator().manual_seed(6)))
-        kv.v.copy_(torch.randn(kv.v.shape, generator=torch.Generator().manual_seed(7)))
-        caches.append(kv)
-    lengths = [1, 9, 30, 4, 17]
-    # each row's new slot is its own and its last position; the rest read-only slots (two rows
-    # writing one slot, or one reading another's new slot, would race on a GPU)
-    perm = torch.randperm(64, generator=g)
-    new_slots, others = perm[:b].to(device), perm[b:]
-    ctx = torch.stack([others[torch.randperm(len(others), generator=g)[:32]] for _ in lengths])
-    for row, n in enumerate(lengths):
-        ctx[row, n - 1] = new_slots[row]
-    ctx, lens = ctx.to(device), torch.tensor(lengths, device=device)
-    active = torch.tensor([True, False, True, True, False], device=device)
-    qkv = torch.randn(b, 1, (hq + 2 * hkv) * d, generator=g).to(device, dtype)  # strided views, as in the runner
-    q, k, v = (x.view(b, 1, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], -1))
-    pos = torch.tensor([[n - 1] for n in lengths], device=device) * 37  # far positions: large angles
-    cos, sin = Rotary(d, 10000.0)(pos, dtype)
-    qr, kr = pointwise.rotary(q, k, cos, sin)
-    outs = []
-    for kv, (qq, kk, rope) in zip(caches, [(qr, kr, None), (q, k, (cos[:, 0], sin[:, 0]))], strict=True):
-        outs.append(write_kv_and_attend(qq[:, 0], *kv.plane(0, 1), *kv.plane(0, 0), new_slots, kk[:, 0], v[:, 0],
-                                        active, ctx, lens, block=16, rope=rope))
-    (ref, fused), (ref_out, fused_out) = (c.k.float() for c in caches), (o.float() for o in outs)
-    assert torch.equal(caches[0].v, caches[1].v)
-    if exact:
-        assert torch.equal(ref, fused) and torch.equal(ref_out, fused_out)
-    else:
-        assert torch.allclose(ref, fused, rtol=1e-6, atol=1e-6) and torch.allclose(ref_out, fused_out, 1e-6, 1e-6)
-    assert not torch.equal(qr, q)  # the check rotates something
-
-
-def check_rope_engine(device="cpu", dtype=torch.float32, tol=0.0) -> None:
-    """The engine with OURO_DECODE_ROPE=kernel gives the default's tokens and exit depths
-    (pointwise.rotary before the kernel) and its logprobs to `tol` (0: bit for bit); mixed
-    exits, so exited rows carry rotated K forward."""
-    import os
-
-    from ouro_cli.engine import LLM, SamplingParams
-    from tests.unit.engine.conftest import prompts, tiny_model
-
-    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
-              for s in range(3)]
-    outs = {}
-    os.environ["OURO_DECODE_ATTENTION"] = "triton"
-    try:
-        for rope in ("torch", "kernel"):
-            os.environ["OURO_DECODE_ROPE"] = rope
-            llm = LLM(tiny_model(0), device=device, dtype=dtype, max_num_seqs=3, kv_blocks=16, block_size=4,
-                      cuda_graphs=device != "cpu")
-            try:
-                assert llm.runner.rope_in_kernel == (rope == "kernel")
-                outs[rope] = llm.generate(prompts(3, seed=1), params)
-            finally:
-                llm.close()
-    finally:
-        os.environ.pop("OURO_DECODE_ATTENTION", None)
-        os.environ.pop("OURO_DECODE_ROPE", None)
-    if dtype == torch.float32:
-        assert len({d for o in outs["torch"] for d in o.exit_depths[1:]}) >= 2
-    for a, b in zip(outs["torch"], outs["kernel"], strict=True):
-        assert a.output_token_ids == b.output_token_ids and a.exit_depths == b.exit_depths
-        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) <= tol
-
-
 def check_engine(device="cpu") -> None:
     """The engine with attention="triton", and then also the projections on the small-batch
     matmul (gemv="triton"), reports the torch path's logprobs (fp32) and still equals the
     trainer's replay; exits are mixed so the carry-forward path runs."""
-    import os
-
     from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import max_replay_error
 
@@ -246,14 +165,14 @@ def check_engine(device="cpu") -> None:
     model = tiny_model(0).to(device)
     outs = {}
     for attention, gemv in (("torch", "cublas"), ("triton", "cublas"), ("triton", "triton")):
-        os.environ["OURO_DECODE_ATTENTION"], os.environ["OURO_DECODE_GEMV"] = attention, gemv
-        llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
+        llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False,
+                  execution=ExecutionSettings(decode_attention=attention, decode_gemv=gemv))
         try:
             assert llm.runner.attention == attention and (llm.runner.gemv is None) == (gemv == "cublas")
             outs[attention, gemv] = llm.generate(prompts(3, seed=1), params)
         finally:
             llm.close()
-    del os.environ["OURO_DECODE_ATTENTION"], os.environ["OURO_DECODE_GEMV"]
+    model.execution = ExecutionSettings()
     reference = outs.pop(("torch", "cublas"))
     for out in outs.values():
         assert len({d for o in out for d in o.exit_depths[1:]}) >= 2
@@ -276,12 +195,12 @@ def _packed_layout(device):
 
 
 def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
-    """OURO_REPLAY_ATTENTION=paged (kernels/replay_attention.py): equals SDPA to `tol` under
+    """`replay_attention="paged"` (kernels/replay_attention.py): equals SDPA to `tol` under
     packed, padded and plain causal layouts; every query's output is bitwise the decode
     kernel's for that query alone over its context; gradients are SDPA's, bit for bit; a
     mask that is not a contiguous run is refused."""
-    from ouro_cli.engine.kernels.decode_attention import paged_decode_attention
-    from ouro_cli.engine.kernels.replay_attention import (
+    from ouro_cli.kernels.decode_attention import paged_decode_attention
+    from ouro_cli.kernels.replay_attention import (
         paged_forward,
         paged_replay_attention,
         visible_runs,
@@ -321,37 +240,31 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
 def check_replay_mode_engine(device="cpu") -> None:
     """The tiny model's engine (triton decode attention) against its replay with the replay's
     attention in the decode kernel's order, and with SDPA: both within 1e-5 (fp32)."""
-    import os
-
     from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import max_replay_error
 
     params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
               for s in range(3)]
     model = tiny_model(0).to(device)
-    os.environ["OURO_DECODE_ATTENTION"] = "triton"
-    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
+    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False,
+              execution=ExecutionSettings(decode_attention="triton"))
     try:
         outs = llm.generate(prompts(3, seed=1), params)  # prefill runs the replay path too (sdpa here)
     finally:
         llm.close()
-        del os.environ["OURO_DECODE_ATTENTION"]
     errors = {}
     for mode in ("sdpa", "paged"):
-        os.environ["OURO_REPLAY_ATTENTION"] = mode
+        model.execution = ExecutionSettings(replay_attention=mode)
         errors[mode] = max_replay_error(model, outs, 1.0)
-    del os.environ["OURO_REPLAY_ATTENTION"]
     print("max |Δ logprob| of the engine vs its replay, by replay attention:", errors)
     assert max(errors.values()) <= 1e-5
 
 
 CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,
           "write_and_attend": check_write_and_attend, "engine": check_engine,
-          "replay_attention": check_replay_attention, "replay_mode_engine": check_replay_mode_engine,
-          "rope_in_kernel": check_rope_in_kernel,
-          "rope_in_kernel_bf16": lambda: check_rope_in_kernel(dtype=torch.bfloat16),
-          "rope_engine": check_rope_engine}
+          "replay_attention": check_replay_attention, "replay_mode_engine": check_replay_mode_engine}
 
 if __name__ == "__main__":
     sys.exit(run_checks(CHECKS, sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""Checks of the small-M linear kernel (ouro_cli/engine/kernels/gemv.py), shared by the CPU
+"""Checks of the small-M linear kernel (ouro_cli/kernels/gemv.py), shared by the CPU
 tests (run here as a script under the Triton interpreter, in a process of its own) and the
 GPU tests (imported, on CUDA, at the Ouro-1.4B shapes).
 
@@ -54,7 +54,7 @@ def assert_close_to_reference(got: torch.Tensor, x: torch.Tensor, w: torch.Tenso
 
 def check_reference(device="cpu", dtype=torch.float32, shapes=SHAPES, rows=ROWS, configs=CONFIGS) -> None:
     """The kernel equals the fp64 product to fp32 precision (fp32) or to 1 ulp (16-bit)."""
-    from ouro_cli.engine.kernels.gemv import small_m_linear
+    from ouro_cli.kernels.gemv import small_m_linear
 
     for case, (n, k) in enumerate(shapes):
         for m in rows:
@@ -67,7 +67,7 @@ def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:2],
                            configs=CONFIGS) -> None:
     """Row i's output is the same bits alone (M = 1), among the first rows of the batch, in the
     whole batch of each size in `rows` (16-, 32- and two 32-row tiles), and with the rows reversed."""
-    from ouro_cli.engine.kernels.gemv import small_m_linear
+    from ouro_cli.kernels.gemv import small_m_linear
 
     for case, (n, k) in enumerate(shapes):
         x, w = operands(max(rows), n, k, dtype, device, seed=10 + case)
@@ -82,7 +82,7 @@ def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:2],
 
 def check_bad_input(device="cpu") -> None:
     """Shapes and dtypes it does not take raise ValueError before any launch."""
-    from ouro_cli.engine.kernels.gemv import small_m_linear
+    from ouro_cli.kernels.gemv import small_m_linear
 
     x, w = operands(4, 32, 64, torch.float32, device)
     bad = {
@@ -103,11 +103,11 @@ def check_bad_input(device="cpu") -> None:
 
 
 def check_auto_routing(device="cpu") -> None:
-    """OURO_DECODE_GEMV=auto: the kernel's bits where the shapes are its own (M <= 16, N <=
+    """`--decode-gemv auto`: the kernel's bits where the shapes are its own (M <= 16, N <=
     8192), F.linear's elsewhere; and the pipeline stages shrink until the tiles fit."""
     import torch.nn.functional as F
 
-    from ouro_cli.engine.kernels import gemv
+    from ouro_cli.kernels import gemv
 
     for m, n, k, kernel in [(1, 64, 96, True), (16, 40, 256, True), (17, 64, 96, False), (3, 8193, 16, False)]:
         x, w = operands(m, n, k, torch.float32, device)

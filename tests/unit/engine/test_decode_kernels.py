@@ -5,10 +5,8 @@ alone or among longer rows; the KV write fused into the attention kernel equals 
 torch write exactly (and its output the unfused kernel's, bit for bit); and
 an engine running them (and the small-batch matmul, kernels/gemv.py) reports the torch
 path's logprobs and still equals the replay. The replay's attention through the decode
-kernel (OURO_REPLAY_ATTENTION=paged) equals SDPA, gives each query the decode kernel's
+kernel (`replay_attention="paged"`) equals SDPA, gives each query the decode kernel's
 bits for it alone, backpropagates SDPA's gradients, and keeps the engine's agreement.
-RoPE inside the kernel (OURO_DECODE_ROPE=kernel) gives pointwise.rotary's bits (fp32; bf16
-only to a few ulps here, since the interpreter truncates fp32 -> bf16 casts; exact on CUDA).
 
 The checks live in _decode_kernel_checks.py (shared with tests/gpu) and run in one
 subprocess with TRITON_INTERPRET=1, which must be set before the kernels are imported
@@ -24,8 +22,7 @@ from ._interpreted import interpreter_report
 
 pytest.importorskip("triton")
 
-CHECKS = ["attention", "batch_invariance", "write_and_attend", "engine", "replay_attention", "replay_mode_engine",
-          "rope_in_kernel", "rope_in_kernel_bf16", "rope_engine"]
+CHECKS = ["attention", "batch_invariance", "write_and_attend", "engine", "replay_attention", "replay_mode_engine"]
 
 
 @pytest.fixture(scope="module")

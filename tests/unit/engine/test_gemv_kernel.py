@@ -1,9 +1,9 @@
-"""The small-M linear kernel (ouro_cli/engine/kernels/gemv.py) on CPU, under the Triton
+"""The small-M linear kernel (ouro_cli/kernels/gemv.py) on CPU, under the Triton
 interpreter: it equals a dense fp64 x @ w.T to 1e-5 in fp32 and to 1 ulp in bf16 (M of 1,
 3, 8, 16 and 40, the last in two row tiles; N and K on and off the tiles; default and small
 tiles); a row's output is bitwise the same alone, among the first rows of a batch of up to
 64 and in reversed order; shapes or dtypes it does not take raise ValueError; and
-OURO_DECODE_GEMV=auto routes each product by its shape. (In the interpreter the kernel's
+`--decode-gemv auto` routes each product by its shape. (In the interpreter the kernel's
 dot is an fp32 product and sum, not the interpreter's tl.dot, numpy's matmul, whose BLAS
 may sum a row by its place in the tile and which mishandles bf16: see gemv.py.)
 

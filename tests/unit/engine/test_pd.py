@@ -21,6 +21,7 @@ import torch
 
 from ouro_cli.engine import LLM, GenerationBlocked, PublicationError, SamplingParams
 from ouro_cli.engine.pd import PDEngine, WorkerFailed, make_pd_engine
+from ouro_cli.testing import faults
 
 from .conftest import prompts, tiny_model
 
@@ -56,7 +57,8 @@ def _publish(engine, version: int, model) -> None:
 
 @pytest.fixture(scope="module")
 def pd():
-    engine = make_pd_engine(tiny_model(0), [0], [1], timeout=30, fault={"D0": {"fail_update_version": 2}}, **OPTIONS)
+    with faults.pd_faults({"D0": {"fail_update_version": 2}}):
+        engine = make_pd_engine(tiny_model(0), [0], [1], timeout=30, **OPTIONS)
     yield engine
     engine.close()
 
@@ -166,7 +168,8 @@ def test_decode_worker_killed_mid_request_fails_clearly_and_joins_all():
 
 
 def test_hanging_prefill_worker_times_out_naming_it():
-    engine = make_pd_engine(tiny_model(0), [0], [1], timeout=3, fault={"P0": {"hang_on_prefill": True}}, **OPTIONS)
+    with faults.pd_faults({"P0": {"hang_on_prefill": True}}):
+        engine = make_pd_engine(tiny_model(0), [0], [1], timeout=3, **OPTIONS)
     start = time.monotonic()
     with pytest.raises(WorkerFailed, match=r"no answer within 3 s .*prefill worker P0"):
         engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))

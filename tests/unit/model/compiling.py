@@ -1,14 +1,18 @@
-"""A test helper: make every pointwise function compile from here on, on CPU too, and
-record which ones do."""
+"""A test helper: record which pointwise functions compile, or forbid them to; `ALWAYS`, the
+execution settings that compile them on CPU too."""
 
 from __future__ import annotations
 
 from ouro_cli.model import pointwise
+from ouro_cli.settings import ExecutionSettings
+
+ALWAYS = ExecutionSettings(compile="always")
 
 
 def record_compiles(monkeypatch) -> list[str]:
-    """Set OURO_COMPILE=always and route `pointwise._compiled` through a recorder (uncached,
-    so every compilation is seen) -> the names of the functions compiled, in order."""
+    """Route `pointwise._compiled` through a recorder (uncached, so every compilation is seen)
+    -> the names of the functions compiled, in order. On CPU only code running under settings
+    that compile there (`ALWAYS`) compiles."""
     names: list[str] = []
     original = pointwise._compiled.__wrapped__
 
@@ -17,7 +21,6 @@ def record_compiles(monkeypatch) -> list[str]:
         return original(fn, dynamic)
 
     monkeypatch.setattr(pointwise, "_compiled", record)
-    monkeypatch.setenv("OURO_COMPILE", "always")
     return names
 
 

@@ -1,9 +1,9 @@
-"""OURO_COMPILE_LAYERS (default "auto"): each layer call of the full-sequence forward runs as
-one compiled region (pointwise.region). On CPU with OURO_COMPILE=always it gives the eager
-logits and gradients to fp32 rounding (the compiler reorders reductions; bits are not
-promised), with mixed depths, packed documents and recompute; the engine's eager prefill
-block keeps it off; "auto" steps aside for the paged replay attention, "1" refuses it, and
-a bad value is a SettingError."""
+"""The execution setting `compile_layers` (default "auto"): each layer call of the
+full-sequence forward runs as one compiled region (pointwise.region). On CPU with
+`compile="always"` it gives the eager logits and gradients to fp32 rounding (the compiler
+reorders reductions; bits are not promised), with mixed depths, packed documents and
+recompute; the engine's eager prefill block keeps it off; "auto" steps aside for the
+paged replay attention, "on" refuses it, and a bad value is a SettingError."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import torch
 
 from ouro_cli.errors import SettingError
 from ouro_cli.model import build, pointwise, tiny_config
+from ouro_cli.settings import ExecutionSettings
 
-from .compiling import forbid_compiles, record_compiles
+from .compiling import ALWAYS, forbid_compiles, record_compiles
 
 
 def run(model, recompute: bool):
@@ -35,7 +36,7 @@ def test_compiled_layers_match_eager(monkeypatch, recompute):
     model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
     eager_logits, eager_grads = run(model, recompute)
     compiled = record_compiles(monkeypatch)
-    monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
+    model.execution = ExecutionSettings(compile="always", compile_layers="on")
     logits, grads = run(model, recompute)
     assert "_layer_step" in compiled
     # inside the region the layer's own functions are traced inline; only the norm that opens
@@ -51,10 +52,10 @@ def test_new_token_shapes_do_not_recompile(monkeypatch):
     """The replay compiles once, shape-generic: after the first micro-batch (whose 2 rows and
     16 positions equal the tiny model's KV heads and head size, which duck sizing would
     have fused and specialised), other row counts and lengths compile nothing."""
-    monkeypatch.setenv("OURO_COMPILE", "always")
     torch._dynamo.reset()  # nothing compiled by earlier tests
     pointwise._compiled.cache_clear()
     model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
+    model.execution = ALWAYS
     g = torch.Generator().manual_seed(0)
     spent = []
     for rows, length in ((2, 16), (3, 21), (5, 9)):
@@ -68,30 +69,22 @@ def test_new_token_shapes_do_not_recompile(monkeypatch):
 
 
 def test_eager_block_keeps_layers_uncompiled(monkeypatch):
-    monkeypatch.setenv("OURO_COMPILE", "always")
-    monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
     forbid_compiles(monkeypatch)
     model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
+    model.execution = ExecutionSettings(compile="always", compile_layers="on")
     with pointwise.eager(), torch.no_grad():
         model(torch.randint(3, 100, (1, 8)))
 
 
-@pytest.mark.parametrize("mode,replay,on", [(None, None, True), ("auto", "sdpa", True), (None, "paged", False),
-                                            ("1", None, True), ("0", None, False), ("0", "paged", False)])
-def test_modes(monkeypatch, mode, replay, on):
-    for name, value in (("OURO_COMPILE_LAYERS", mode), ("OURO_REPLAY_ATTENTION", replay)):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-    assert pointwise.compile_layers() is on
+@pytest.mark.parametrize("mode,replay,on", [("auto", "sdpa", True), ("auto", "paged", False), ("on", "sdpa", True),
+                                            ("off", "sdpa", False), ("off", "paged", False)])
+def test_modes(mode, replay, on):
+    assert ExecutionSettings(compile_layers=mode, replay_attention=replay).layer_regions is on
 
 
-def test_bad_value_is_a_setting_error(monkeypatch):
-    monkeypatch.setenv("OURO_COMPILE_LAYERS", "yes")
-    with pytest.raises(SettingError, match="OURO_COMPILE_LAYERS must be auto, 0 or 1"):
-        pointwise.compile_layers()
-    monkeypatch.setenv("OURO_COMPILE_LAYERS", "1")
-    monkeypatch.setenv("OURO_REPLAY_ATTENTION", "paged")  # not traced: the paged replay launches Triton itself
-    with pytest.raises(SettingError, match="does not combine with OURO_REPLAY_ATTENTION=paged"):
-        pointwise.compile_layers()
+def test_bad_value_is_a_setting_error():
+    with pytest.raises(SettingError, match="--compile-layers must be auto, on or off, got 'yes'"):
+        ExecutionSettings(compile_layers="yes")
+    # not traced: the paged replay launches Triton itself
+    with pytest.raises(SettingError, match="--compile-layers on does not combine with --replay-attention paged"):
+        ExecutionSettings(compile_layers="on", replay_attention="paged")

@@ -10,7 +10,7 @@ import torch
 
 from ouro_cli.model import pointwise
 
-from .compiling import forbid_compiles
+from .compiling import ALWAYS, forbid_compiles, record_compiles
 
 
 def test_compiled_functions_match_eager_forward_and_backward():
@@ -46,16 +46,28 @@ def test_cpu_tensors_run_eager(monkeypatch):
 
 
 def test_eager_block_never_compiles(monkeypatch):
-    monkeypatch.setenv("OURO_COMPILE", "always")
     forbid_compiles(monkeypatch)
     x, w = torch.randn(3, 8), torch.ones(8)
-    with pointwise.eager():
+    with pointwise.executing(ALWAYS):
+        with pointwise.eager():
+            pointwise.rms_norm(x, w, 1e-6)
+        try:
+            pointwise.rms_norm(x, w, 1e-6)
+        except AssertionError:
+            return
+    raise AssertionError("outside the eager block, compile=\"always\" must compile")
+
+
+def test_settings_come_from_the_block_never_the_environment(monkeypatch):
+    """The environment's old switch no longer reaches the math; the model's settings do."""
+    compiled = record_compiles(monkeypatch)
+    monkeypatch.setenv("OURO_COMPILE", "always")
+    x, w = torch.randn(3, 8), torch.ones(8)
+    pointwise.rms_norm(x, w, 1e-6)  # defaults: eager on CPU
+    assert compiled == []
+    with pointwise.executing(ALWAYS):
         pointwise.rms_norm(x, w, 1e-6)
-    try:
-        pointwise.rms_norm(x, w, 1e-6)
-    except AssertionError:
-        return
-    raise AssertionError("outside the block, OURO_COMPILE=always must compile")
+    assert compiled == ["_rms_norm"]
 
 
 def test_compiled_bf16_keeps_eager_roundings():

@@ -29,8 +29,8 @@ def test_a_value_of_the_wrong_type_is_named(tmp_path, line, named):
 def test_an_integer_is_a_number_and_flags_still_override(tmp_path):
     (tmp_path / "c.toml").write_text("lr = 1\nupdates = 5\n[engine]\nmax-num-seqs = 4\n")
     options = resolve({"updates": 7}, str(tmp_path / "c.toml"))
-    assert options.lr == 1.0 and isinstance(options.lr, float)
-    assert options.updates == 7 and options.max_num_seqs == 4
+    assert options.trainer.lr == 1.0 and isinstance(options.trainer.lr, float)
+    assert options.updates == 7 and options.engine.max_num_seqs == 4
 
 
 @pytest.mark.parametrize("size", [0, 1])
@@ -44,3 +44,27 @@ def test_save_on_interrupt_takes_three_values():
     assert TrainOptions(save_on_interrupt="on").validate().save_on_interrupt == "on"
     with pytest.raises(UserError, match="--save-on-interrupt must be auto, on or off"):
         TrainOptions(save_on_interrupt="yes").validate()
+
+
+def test_toml_takes_flat_keys_and_the_trees_sections(tmp_path):
+    """Flat keys, any [heading] (as before the tree), the tree's own sections and dotted keys all
+    reach the same options; a section's heading must hold that section's options."""
+    (tmp_path / "flat.toml").write_text("lr = 0.5\nmax_num_seqs = 3\ntemperature = 0.7\n")
+    (tmp_path / "headings.toml").write_text("[optimizer]\nlr = 0.5\n[rollouts]\nmax-num-seqs = 3\ntemperature = 0.7\n")
+    (tmp_path / "nested.toml").write_text("[trainer]\nlr = 0.5\n[engine]\nmax_num_seqs = 3\n[sampling]\n"
+                                          "temperature = 0.7\n")
+    (tmp_path / "dotted.toml").write_text("trainer.lr = 0.5\nengine.max_num_seqs = 3\nsampling.temperature = 0.7\n")
+    for name in ("flat", "headings", "nested", "dotted"):
+        options = resolve({}, str(tmp_path / f"{name}.toml"))
+        assert (options.trainer.lr, options.engine.max_num_seqs, options.sampling.temperature) == (0.5, 3, 0.7), name
+    (tmp_path / "misplaced.toml").write_text("[trainer]\neval_prompts = 3\n")
+    with pytest.raises(UserError, match=r"misplaced.toml: eval_prompts is not an option of \[trainer\]"):
+        read_toml(tmp_path / "misplaced.toml")
+
+
+def test_a_recorded_plan_reads_back_into_the_tree():
+    """The flat options a plan records (to_dict) build the same tree; a retired option of an
+    earlier version (test_break_resume) is dropped."""
+    options = resolve({"lr": 0.25, "depths": [3], "max_num_seqs": 5}, None)
+    again = TrainOptions.from_dict({**options.to_dict(), "test_break_resume": False}).validate()
+    assert again == options and again.trainer.lr == 0.25 and again.engine.max_num_seqs == 5

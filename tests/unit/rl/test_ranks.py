@@ -20,7 +20,7 @@ from ouro_cli.errors import CheckFailed
 from ouro_cli.rl.data import Row
 from ouro_cli.rl.digest import params_sha256
 from ouro_cli.rl.loop import check_rank_params
-from ouro_cli.rl.rollout import generate_groups, request_seed
+from ouro_cli.rl.rollout import RolloutSampling, generate_groups, request_seed
 
 T = 4
 
@@ -50,9 +50,10 @@ class EchoEngine:
 
 def _groups(rows, positions=None):
     engine = EchoEngine()
-    samples = generate_groups(engine, rows, [[1, 2]] * len(rows), group_size=2, k=2, num_loops=T, seed=1234,
-                              update=3, temperature=1.0, max_tokens=2, exit_threshold=1.0, min_loops=1,
-                              stop_token_ids=[0], decode=lambda ids: "", positions=positions)
+    sampling = RolloutSampling(num_loops=T, seed=1234, temperature=1.0, max_tokens=2, exit_threshold=1.0, min_loops=1,
+                               stop_token_ids=(0,), decode=lambda ids: "")
+    samples = generate_groups(engine, rows, [[1, 2]] * len(rows), sampling, group_size=2, k=2, update=3,
+                              positions=positions)
     return [(s.row.problem_id, s.group, s.seed) for s in samples]
 
 

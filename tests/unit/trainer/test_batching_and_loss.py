@@ -116,7 +116,7 @@ def test_token_logprobs_use_temperature_and_entropy_is_finite():
 
 
 @pytest.mark.parametrize("bad", [dict(tensor_parallel=2), dict(pipeline_parallel=2), dict(context_parallel=2),
-                                 dict(eps_low=1.0), dict(lr_schedule="cosine", decay_steps=None),
+                                 dict(eps_low=1.0), dict(lr_schedule="cosine", warmup_steps=4, decay_steps=3),
                                  dict(micro_batch_size=0), dict(aggregation="sum")])
 def test_config_rejects_what_it_cannot_run(bad):
     with pytest.raises(UserError):

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Issue 11 on a 2-GPU machine, on the bundled tiny Ouro (ouro_cli/bundled/tiny), bf16 on CUDA:
+# The two-GPU checks on a machine with two CUDA devices, on the bundled tiny Ouro
+# (ouro_cli/bundled/tiny), bf16 on CUDA: data parallelism and prefill/decode disaggregation
+# against one GPU, and the UCX transports between the two devices.
 #   a. data parallel: `ouro train` on 1 GPU (run A) and under torchrun on 2 GPUs (run B),
-#      same seed and global batch; tools/compare_runs.py A B; both ranks in B's metrics.
+#      same seed and global batch; `ouro compare A B`; both ranks in B's metrics.
 #      The control: run A2 is A on 1 GPU with two micro-batches (another gradient summation
-#      order, nothing else changed); compare_runs A A2 is the floor that A B is read against
+#      order, nothing else changed); `ouro compare A A2` is the floor that A B is read against
 #   b. prefill/decode: local `ouro train --max-num-seqs 1` on GPU 0 (run D) and
 #      `--prefill-devices 0 --decode-devices 1` (run C); `ouro verify-resume --compare D C`
-#      (bit for bit) and compare_runs D C (tolerance)
+#      (bit for bit) and `ouro compare D C` (tolerance)
 #   c. `ouro probe-ucx --devices 0 1` over UCX settings (before C, whose UCX_TLS is the
 #      recommendation when one delivered); a missing NIXL is recorded, never fatal
 #   d. $OUT/summary.txt: every step's exit code and time, the key numbers, throughput
 #
-#   bash tools/two_gpu.sh                                  # the GPU machine, repo root as cwd
-#   DEVICE=cpu bash tools/two_gpu.sh                       # dry run here: gloo ranks, CPU PD workers
-#   DEVICE=cpu DTYPE=bf16 bash tools/two_gpu.sh            # dry run with the bf16 tolerances
+#   bash scripts/two_gpu.sh                                # on the GPU machine, repo root as cwd
+#   DEVICE=cpu bash scripts/two_gpu.sh                     # dry run on any machine: gloo ranks, CPU PD workers
+#   DEVICE=cpu DTYPE=bf16 bash scripts/two_gpu.sh          # dry run with the bf16 tolerances
 #
 # Environment: OUT (default /tmp/two_gpu_out; at most 6 files land there: summary.txt,
 # dp.log, pd.log, probe.log, metrics.jsonl, reports.tar.gz with compare_{ab,aa2,dc}.json and
@@ -22,7 +24,8 @@
 # PROMPTS, GROUP, PD_PROMPTS, PD_GROUP, RESP, BUDGET (seconds for the whole script, default
 # 470: each step gets at most what is left, so later steps are skipped, never overrun).
 #
-# Tolerance (bf16): --atol 1e-3 --rtol 2^-7 --min-identical 0.9 --max-update-diff 0.1.
+# Tolerance: `ouro compare --tolerance bf16` (--atol 1e-3 --rtol 2^-7 --min-identical 0.9
+# --max-update-diff 0.1; fp32: --tolerance fp32).
 # Weights: rtol 2^-7 is one bf16 rounding step (two fp32 main weights less than lr apart
 # can round to neighbouring bf16 values); atol 1e-3 covers weights near zero, where the
 # difference is bounded by Adam's steps (≤ ~lr = 1e-4 per update each). That elementwise
@@ -30,10 +33,10 @@
 # move a weight ~3e-4), hence --max-update-diff 0.1 on ‖w_B − w_A‖ / ‖w_A − w_0‖ over the
 # fp32 main weights (1 = B learned nothing of what A learned). Logprob, loss and mismatch
 # tolerances calibrate themselves to each run's own engine-vs-trainer mismatch
-# (tools/compare_runs.py). --min-identical 0.9: a one-ulp weight difference flips a token
+# (ouro_cli/tools/compare.py). --min-identical 0.9: a one-ulp weight difference flips a token
 # now and then and the sample parts from there. A CPU bf16 dry run measured 381/384
 # identical samples, weights max |Δ| 4.9e-4 (one ulp), update difference 0.028, max
-# |Δlogp| 0.07 against a tolerance of 0.16. fp32: 1e-5, 0, 1, 1e-3.
+# |Δlogp| 0.07 against a tolerance of 0.16.
 # On two H200s these elementwise bf16 tolerances fail for the control A vs A2 as much as for
 # A vs B (update difference 0.18 and 0.20, max |Δlogp| 0.30 and 0.22): a GPU's bf16 kernels
 # amplify a different summation order more than the CPU does. So the verdict on data
@@ -51,8 +54,7 @@ else DTYPE=${DTYPE:-fp32}; PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .v
 fi
 UPDATES=${UPDATES:-3} PROMPTS=${PROMPTS:-16} GROUP=${GROUP:-8} RESP=${RESP:-48}
 PD_PROMPTS=${PD_PROMPTS:-4} PD_GROUP=${PD_GROUP:-4}  # one sequence at a time: a smaller global batch
-if [ "$DTYPE" = bf16 ]; then TOL=(--atol 1e-3 --rtol 0.0078125 --min-identical 0.9 --max-update-diff 0.1)
-else TOL=(--atol 1e-5 --rtol 0 --min-identical 1 --max-update-diff 1e-3); fi
+TOL=(--tolerance "$DTYPE")
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
 rm -f "$OUT"/{summary.txt,dp.log,pd.log,probe.log,metrics.jsonl,reports.tar.gz}
@@ -60,7 +62,7 @@ ENV_LOG="$WORK/env.txt" STEPS="$WORK/steps.tsv" REPORTS="$WORK/reports"
 mkdir -p "$REPORTS"
 : > "$STEPS"
 
-if [ "$DEVICE" = cuda ] && ls .whl/*.whl >/dev/null 2>&1; then  # as tools/gpu_check.sh
+if [ "$DEVICE" = cuda ] && ls .whl/*.whl >/dev/null 2>&1; then  # as scripts/gpu_check.sh
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > "$WORK/pip.txt" 2>&1
   echo -e "install-wheels\t$?\t$SECONDS" >> "$STEPS"
@@ -110,7 +112,7 @@ COMMON=(--model "$TINY/model" --data "$TINY/train.jsonl" --eval-data "$TINY/eval
         --dtype "$DTYPE" --depths 2 3 4 --updates "$UPDATES" --max-response-len "$RESP" --eval-prompts 16
         --eval-depths 4 --save-interval 0 --seed 1234 --overwrite)
 DP=(--prompts-per-update "$PROMPTS" --group-size "$GROUP")
-COMPARE=("$PYTHON" tools/compare_runs.py "${TOL[@]}")
+COMPARE=("${OURO[@]}" compare "${TOL[@]}")
 
 # ---- a. one GPU vs two data-parallel ranks ------------------------------------------------
 step A-1rank "$OUT/dp.log" 120 - env CUDA_VISIBLE_DEVICES=0 "${OURO[@]}" train "${COMMON[@]}" "${DP[@]}" \
@@ -119,9 +121,9 @@ step B-2ranks "$OUT/dp.log" 150 - env CUDA_VISIBLE_DEVICES=0,1 "${TORCHRUN[@]}" 
   "${COMMON[@]}" "${DP[@]}" --run-dir "$WORK/B"
 step A2-1rank-2mb "$OUT/dp.log" 120 - env CUDA_VISIBLE_DEVICES=0 "${OURO[@]}" train "${COMMON[@]}" "${DP[@]}" \
   --micro-batch-size $((PROMPTS * GROUP / 2)) --run-dir "$WORK/A2"
-RESERVE=0 step compare-A-B "$WORK/compare_ab.txt" 60 - "${COMPARE[@]}" "$WORK/A" "$WORK/B" --json "$REPORTS/compare_ab.json"
-RESERVE=0 step compare-A-A2 "$WORK/compare_aa2.txt" 60 - "${COMPARE[@]}" "$WORK/A" "$WORK/A2" \
-  --json "$REPORTS/compare_aa2.json"
+RESERVE=0 step compare-A-B "$WORK/compare_ab.txt" 60 "$REPORTS/compare_ab.json" "${COMPARE[@]}" "$WORK/A" "$WORK/B" --json
+RESERVE=0 step compare-A-A2 "$WORK/compare_aa2.txt" 60 "$REPORTS/compare_aa2.json" "${COMPARE[@]}" "$WORK/A" "$WORK/A2" \
+  --json
 cat "$WORK/compare_ab.txt" "$WORK/compare_aa2.txt" >> "$OUT/dp.log"
 
 # ---- b + c. prefill/decode on two GPUs vs the local engine, UCX probe first -----------------
@@ -139,7 +141,7 @@ if [ -n "$UCX_CHOICE" ]; then UCX_ENV=(UCX_TLS="$UCX_CHOICE"); else UCX_ENV=(); 
 step C-pd "$OUT/pd.log" 150 - env CUDA_VISIBLE_DEVICES=0,1 ${UCX_ENV[@]+"${UCX_ENV[@]}"} "${OURO[@]}" train "${COMMON[@]}" "${PD[@]}" \
   --prefill-devices 0 --decode-devices 1 --run-dir "$WORK/C"
 RESERVE=0 step verify-D-C "$OUT/pd.log" 60 "$REPORTS/verify_dc.json" "${OURO[@]}" verify-resume --compare "$WORK/D" "$WORK/C" --json
-RESERVE=0 step compare-D-C "$WORK/compare_dc.txt" 60 - "${COMPARE[@]}" "$WORK/D" "$WORK/C" --json "$REPORTS/compare_dc.json"
+RESERVE=0 step compare-D-C "$WORK/compare_dc.txt" 60 "$REPORTS/compare_dc.json" "${COMPARE[@]}" "$WORK/D" "$WORK/C" --json
 cat "$WORK/compare_dc.txt" >> "$OUT/pd.log"
 tar -czf "$OUT/reports.tar.gz" -C "$REPORTS" .
 
@@ -149,8 +151,7 @@ import json, sys
 from pathlib import Path
 
 work, reports, env_log, steps, ucx, tol = Path(sys.argv[1]), Path(sys.argv[1]) / "reports", Path(sys.argv[3]), Path(sys.argv[4]), sys.argv[5], sys.argv[6]
-sys.path.insert(0, "tools")
-from compare_runs import Run, throughput  # noqa: E402
+from ouro_cli.tools.compare import Run, throughput  # noqa: E402
 
 
 def load(path):
@@ -176,7 +177,7 @@ for line in steps.read_text().splitlines():
     name, rc, secs = line.split("\t")
     status = {"0": "ok", "skipped": "skipped", "124": "TIMED OUT", "137": "TIMED OUT"}.get(rc, f"FAILED {rc}")
     if name.startswith("compare-") and rc == "1":
-        status = "BEYOND TOL"  # compare_runs ran; its verdict is read below
+        status = "BEYOND TOL"  # ouro compare ran; its verdict is read below
     print(f"  {name:16s} {status:>10s}  {secs:>4s} s")
 
 with open(Path(sys.argv[2]) / "metrics.jsonl", "w") as f:
@@ -194,7 +195,7 @@ COMPARISONS = (("A vs B (1 vs 2 ranks)", "compare_ab.json"),
                ("D vs C (local vs PD)", "compare_dc.json"))
 for label, name in COMPARISONS:
     doc = load(reports / name)
-    print(f"\n== compare_runs {label}, {tol}")
+    print(f"\n== ouro compare {label}, {tol}")
     if doc is None:
         print("  no report (the step failed or was skipped)")
         continue

@@ -1,5 +1,5 @@
 """The whole-sequence forward's attention in the decode kernel's reduction order
-(OURO_REPLAY_ATTENTION=paged; model/attention.py dispatches here).
+(`--replay-attention paged`; model/attention.py dispatches here).
 
 Why: on a GPU the engine's decode attention (decode_attention.py) and the trainer's SDPA
 reduce the same softmax in different tile orders, so their bf16 logprobs part from the
@@ -13,7 +13,7 @@ makes a query's output the bits a decode step computes for that token over the s
 The backward is SDPA's gradient of the same attention, recomputed: this mode changes how
 the forward rounds, not the function that is differentiated.
 
-Measured on the H200 (1.4B shape, bf16, with OURO_DECODE_GEMV=triton, bench/agree_trace.py):
+Measured on the H200 (1.4B shape, bf16, with `--decode-gemv triton`, bench/agree_trace.py):
 it did not narrow the agreement there (mean |Δ logprob| over 32 tokens 0.0656, against
 0.0659 with SDPA; still 3e-3 relative after loop 1, layer 0), so the divergence starts in
 another operation. On CPU under the Triton interpreter it makes them bitwise equal.
@@ -47,7 +47,7 @@ def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
     # a contiguous run ending at the query: every key in start..i is visible, none outside
     inside = (idx[None, None, :] >= start[..., None]) & (idx[None, None, :] <= idx[None, :, None])
     if not bool(torch.equal(inside, m)):
-        raise ValueError("OURO_REPLAY_ATTENTION=paged needs each query's visible keys to be one contiguous "
+        raise ValueError("--replay-attention paged needs each query's visible keys to be one contiguous "
                          "run ending at the query (causal, contiguous documents, edge padding)")
     return start, length
 

@@ -1,10 +1,10 @@
-"""Compare two `ouro train` runs of one job placed differently: 1 vs N data-parallel ranks,
-one GPU vs prefill/decode workers, CPU vs GPU.
+"""`ouro compare`: two `ouro train` runs of one job placed differently (1 vs N data-parallel
+ranks, one GPU vs prefill/decode workers, CPU vs GPU), judged within stated tolerances.
 
-    python tools/compare_runs.py RUN_A RUN_B [--atol X] [--rtol R] [--weights-atol W]
-                                 [--min-identical F] [--max-update-diff D] [--json FILE]
+    ouro compare RUN_A RUN_B [--tolerance fp32|bf16] [--atol X] [--rtol R] [--weights-atol W]
+                             [--min-identical F] [--max-update-diff D] [--json]
 
-`ouro verify-resume --compare` asks for bit identity; this asks whether two placements
+`ouro verify-resume --compare` asks for bit identity (verify_resume.py); this asks whether two placements
 computed the same job within a stated tolerance, and shows where they part:
 
 - plan (exact): per update, the same K and, per sample, the same prompt, position and
@@ -41,47 +41,63 @@ In fp32 the floor is ~1e-5; in bf16 it is about one rounding step of the largest
 logits (|z| < 16 on the tiny model: 2^-4 = 0.0625), which is also what one last-bit
 weight difference does to a logprob.
 
+The tolerances (`Tolerance`) come as a preset for the runs' dtype, each settable on its
+own: fp32 atol 1e-5, rtol 0, min-identical 1, max-update-diff 1e-3; bf16 atol 1e-3, rtol
+2^-7 (one bf16 rounding step), min-identical 0.9 (a one-ulp weight difference flips a token
+now and then and the sample parts from there), max-update-diff 0.1.
+
 Exit 0 when everything is within tolerance, 1 when something is not, 2 on bad input.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
-import sys
-import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from ouro_cli.errors import UserError
+from ouro_cli.rl.metrics import read_jsonl
+from ouro_cli.rl.run_dir import RunDir
 
 PLAN_KEYS = ("problem_id", "group", "seed", "k", "prompt_ids")
 TOKEN_KEYS = ("response_ids", "exit_depths")
 METRIC_KEYS = ("train_loss", "logprob_mismatch_mean")  # token means of logprob differences
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+@dataclass(frozen=True)
+class Tolerance:
+    """What two placements of one job may differ by (module docstring)."""
+
+    atol: float = 1e-5             # weights and the gradient norm; the floor of the logprob tolerances
+    rtol: float = 0.0              # |Δ| <= atol + rtol·|w|
+    weights_atol: float | None = None  # the weights' own atol (None: atol); fp32 Adam runs: the LR
+    min_identical: float = 1.0     # fraction of samples whose tokens must be identical
+    max_update_diff: float = 1e-3  # largest ‖w_B − w_A‖ / ‖w_A − w_0‖
+
+    def with_(self, **given: float | None) -> Tolerance:
+        """These tolerances with the ones given (not None) replaced."""
+        return replace(self, **{k: v for k, v in given.items() if v is not None})
+
+
+PRESETS = {"fp32": Tolerance(), "bf16": Tolerance(atol=1e-3, rtol=2**-7, min_identical=0.9, max_update_diff=0.1)}
+
 
 
 class Run:
-    def __init__(self, root: Path) -> None:
-        from ouro_cli.rl.run_dir import RunDir
+    """One run directory's records: metrics by update, rollouts on demand."""
 
+    def __init__(self, root: Path) -> None:
         self.dir = RunDir(root)
         if not self.dir.is_run():
-            raise SystemExit(_usage(f"{root} is not an ouro run directory (no {self.dir.plan.name})"))
-        self.metrics = {m["update"]: m for m in _jsonl(self.dir.metrics)}
+            raise UserError(f"{root} is not an ouro run directory (no {self.dir.plan.name})")
+        self.metrics = {m["update"]: m for m in read_jsonl(self.dir.metrics)}
         if not self.metrics:
-            raise SystemExit(_usage(f"{root} has no metrics.jsonl lines"))
+            raise UserError(f"{root} has no metrics.jsonl lines")
 
     def rollouts(self, update: int) -> list[dict[str, Any]]:
-        return _jsonl(self.dir.rollout_file(update))
-
-
-def _usage(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+        return read_jsonl(self.dir.rollout_file(update))
 
 
 def _logprobs(record: dict[str, Any]) -> list[float]:
@@ -130,10 +146,11 @@ def compare_updates(a: Run, b: Run, atol: float, rtol: float) -> list[dict[str, 
 
 def update_agreement(a: Run, b: Run, model_a: dict[str, Any]) -> dict[str, Any]:
     from ouro_cli.checkpoint import CheckpointError, read_checkpoint
-    from ouro_cli.errors import UserError
-    from ouro_cli.tools.verify_resume import checkpoint_tensors
+    from ouro_cli.rl.plan import read_plan
 
-    start = json.loads(a.dir.plan.read_text())["options"]["model"]
+    from .verify_resume import checkpoint_tensors
+
+    start = read_plan(a.dir.plan)["options"]["model"]
     try:
         _, initial = read_checkpoint(start)
     except (UserError, CheckpointError) as err:
@@ -224,10 +241,13 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
-def report(a: Path, b: Path, atol: float, rtol: float, min_identical: float,
-           max_update_diff: float, weights_atol: float | None = None) -> dict[str, Any]:
+def report(a: Path, b: Path, tolerance: Tolerance) -> dict[str, Any]:
+    """The whole comparison of run B against run A as one JSON-ready document; `ok` when every
+    check is within `tolerance`."""
     run_a, run_b = Run(a), Run(b)
-    weights_atol = atol if weights_atol is None else weights_atol
+    atol, rtol, min_identical = tolerance.atol, tolerance.rtol, tolerance.min_identical
+    max_update_diff = tolerance.max_update_diff
+    weights_atol = atol if tolerance.weights_atol is None else tolerance.weights_atol
     updates = compare_updates(run_a, run_b, atol, rtol)
     weights, agreement = compare_weights(run_a, run_b, weights_atol, rtol)
     samples = sum(u.get("samples", 0) for u in updates)
@@ -250,8 +270,14 @@ def report(a: Path, b: Path, atol: float, rtol: float, min_identical: float,
             "throughput": {"a": throughput(run_a), "b": throughput(run_b)}}
 
 
-def print_report(doc: dict[str, Any]) -> None:
-    print(f"A = {doc['run_a']}\nB = {doc['run_b']}\natol {doc['atol']:g}, rtol {doc['rtol']:g}, "
+def format_report(doc: dict[str, Any]) -> str:
+    """`report`'s document as the text tables `ouro compare` prints."""
+    out: list[str] = []
+
+    def add(text: str) -> None:
+        out.extend(text.split("\n"))
+
+    add(f"A = {doc['run_a']}\nB = {doc['run_b']}\natol {doc['atol']:g}, rtol {doc['rtol']:g}, "
           f"weights atol {doc['weights_atol']:g}, "
           f"min identical {doc['min_identical']:g}, max update diff {doc['max_update_diff']:g}\n")
     rows = []
@@ -264,17 +290,17 @@ def print_report(doc: dict[str, Any]) -> None:
                      f"{_fmt(u['logprob_max_diff'])} ≤ {_fmt(u['logprob_tol'])}", _fmt(u["train_loss_diff"]),
                      _fmt(u["logprob_mismatch_mean_diff"]), f"≤ {_fmt(u['mean_tol'])}", _fmt(u["train_grad_norm_diff"]),
                      f"{u['reward_mean_a']:.4f}/{u['reward_mean_b']:.4f}", _fmt(u["ok"]) + note])
-    print(_table(["update", "K", "plan", "identical", "max|Δlogp| ≤ tol", "|Δloss|", "|Δmismatch|", "tol",
+    add(_table(["update", "K", "plan", "identical", "max|Δlogp| ≤ tol", "|Δloss|", "|Δmismatch|", "tol",
                   "|Δgrad_norm|", "reward A/B", "ok"], rows))
     w = doc["weights"]
     worst = sorted(w, key=lambda r: -r.get("max_abs_diff", math.inf))[:5]
-    print(f"\nweights: {len(w)} tensors, {sum(r.get('bitwise_equal', False) for r in w)} bitwise equal, "
+    add(f"\nweights: {len(w)} tensors, {sum(r.get('bitwise_equal', False) for r in w)} bitwise equal, "
           f"{sum(not r['ok'] for r in w)} beyond tolerance; largest differences:")
-    print(_table(["tensor", "dtype", "max|Δ|", "mean|Δ|", "differing", "ok"],
+    add(_table(["tensor", "dtype", "max|Δ|", "mean|Δ|", "differing", "ok"],
                  [[r["tensor"], r.get("dtype", "-"), _fmt(r.get("max_abs_diff")), _fmt(r.get("mean_abs_diff")),
                    f"{r.get('differing', '-')}/{r.get('numel', '-')}", _fmt(r["ok"])] for r in worst]))
     agreement = doc["training_update"]
-    print(f"training update: ‖w_B − w_A‖ / ‖w_A − w_0‖ = {_fmt(agreement['rel_diff'])} "
+    add(f"training update: ‖w_B − w_A‖ / ‖w_A − w_0‖ = {_fmt(agreement['rel_diff'])} "
           f"(limit {doc['max_update_diff']:g}; {agreement.get('fp32_main_tensors', 0)} tensors as fp32 main weights; "
           f"w_0 = {agreement['start']}){' ' + agreement['note'] if agreement.get('note') else ''}")
     ta, tb = doc["throughput"]["a"], doc["throughput"]["b"]
@@ -282,58 +308,15 @@ def print_report(doc: dict[str, Any]) -> None:
     def ratio(key: str) -> str:
         return f"{tb[key] / ta[key]:.2f}x" if ta.get(key) and tb.get(key) else "-"
 
-    print("\nthroughput (updates after the first; step time without the final save):")
-    print(_table(["", "ranks", "step_s", "rollout tok/s", "train tok/s"],
+    add("\nthroughput (updates after the first; step time without the final save):")
+    add(_table(["", "ranks", "step_s", "rollout tok/s", "train tok/s"],
                  [["A", str(ta["ranks"]), _fmt(ta["step_s"]), _fmt(ta["rollout_tok_s"], ".0f"),
                    _fmt(ta["train_tok_s"], ".0f")],
                   ["B", str(tb["ranks"]), _fmt(tb["step_s"]), _fmt(tb["rollout_tok_s"], ".0f"),
                    _fmt(tb["train_tok_s"], ".0f")],
                   ["B/A", "", ratio("step_s"), ratio("rollout_tok_s"), ratio("train_tok_s")]]))
     checks = " ".join(f"{k}={'ok' if v else 'FAIL'}" for k, v in doc["checks"].items())
-    print(f"\nidentical rollouts {doc['identical_samples']}/{doc['samples']}; weights max|Δ| "
+    add(f"\nidentical rollouts {doc['identical_samples']}/{doc['samples']}; weights max|Δ| "
           f"{_fmt(doc['weights_max_abs_diff'])}{' (bitwise equal)' if doc['weights_bitwise_equal'] else ''}")
-    print(f"{'WITHIN TOLERANCE' if doc['ok'] else 'BEYOND TOLERANCE'}: {checks}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_a", type=Path, help="reference run directory (e.g. one rank)")
-    parser.add_argument("run_b", type=Path, help="run directory to compare (e.g. two ranks)")
-    parser.add_argument("--atol", type=float, default=1e-5,
-                        help="absolute tolerance for weights and the gradient norm, and the floor of the "
-                             "self-calibrated logprob tolerances (default 1e-5: fp32)")
-    parser.add_argument("--rtol", type=float, default=0.0,
-                        help="relative tolerance for weights and the gradient norm, |Δ| <= atol + rtol·|w| "
-                             "(bf16: 2^-7 = 0.0078125, one rounding step)")
-    parser.add_argument("--weights-atol", type=float,
-                        help="absolute tolerance of the weights alone (default: --atol); fp32 Adam runs: "
-                             "the learning rate (see above)")
-    parser.add_argument("--min-identical", type=float, default=1.0,
-                        help="fraction of rollout samples whose tokens must be identical (default 1)")
-    parser.add_argument("--max-update-diff", type=float, default=1e-3,
-                        help="largest ‖w_B − w_A‖ / ‖w_A − w_0‖ accepted (default 1e-3: fp32)")
-    parser.add_argument("--json", type=Path, help="also write the whole report here as JSON")
-    args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", category=UserWarning)  # megatron's optional-dependency notices
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    for run in (args.run_a, args.run_b):
-        if not run.is_dir():
-            return _usage(f"{run} is not a directory")
-    from ouro_cli.checkpoint import CheckpointError
-    from ouro_cli.errors import UserError
-
-    try:
-        doc = report(args.run_a, args.run_b, args.atol, args.rtol, args.min_identical, args.max_update_diff,
-                     args.weights_atol)
-    except (UserError, CheckpointError) as err:  # an unreadable checkpoint: bad input, one line
-        return _usage(str(err))
-    print_report(doc)
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    return 0 if doc["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, when run as a script
-    sys.exit(main())
+    add(f"{'WITHIN TOLERANCE' if doc['ok'] else 'BEYOND TOLERANCE'}: {checks}")
+    return "\n".join(out)

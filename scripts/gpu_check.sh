@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run on the lent GPU machine (device tool): installs carried wheels, reports the device,
+# The GPU checks on a CUDA machine, from the repository root: installs any wheels found in
+# .whl/ (for a machine without network access to a package index), reports the device,
 # then runs the GPU-marked tests and any benchmarks named as arguments.
-#   bash tools/gpu_check.sh                      # GPU tests only
-#   bash tools/gpu_check.sh bench/decode.py ...  # plus benchmarks (each run with python)
+#   bash scripts/gpu_check.sh                      # GPU tests only
+#   bash scripts/gpu_check.sh bench/decode.py ...  # plus benchmarks (each run with python)
 set -uo pipefail
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 2

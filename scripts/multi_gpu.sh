@@ -10,10 +10,10 @@
 #      (bit-identical), on the 1.4B shape at a small batch;
 #   d. `ouro probe-ucx --devices 0 1`: which UCX transports deliver between the two GPUs.
 #
-#   bash tools/multi_gpu.sh            # on the GPU machine, repo root as cwd; N = the GPUs it sees
-#   CASES="a b" bash tools/multi_gpu.sh
+#   bash scripts/multi_gpu.sh            # on the GPU machine, repo root as cwd; N = the GPUs it sees
+#   CASES="a b" bash scripts/multi_gpu.sh
 #
-# Carried wheels (.whl/, see tools/gpu_check.sh) are installed first. NVLink multicast stays
+# Carried wheels (.whl/, see scripts/gpu_check.sh) are installed first. NVLink multicast stays
 # off (NCCL_NVLS_ENABLE=0): a program that uses it can take a shared host's GPUs out of
 # service. Output: $OUT (default /tmp/multi_gpu_out): e2e.json, e2e.log, pd_verify.log,
 # probe.log.

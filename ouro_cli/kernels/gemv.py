@@ -13,7 +13,7 @@ these weights at 1.4-4.1 TB/s and this kernel at the same speed within ±10 % fo
 (best tiles per shape), slower at M = 64 (x0.42-0.81: every program re-reads x). Its
 value is numerical: its bits equal cuBLAS's at M = 96 (the replay's shape) on all five
 shapes, where cuBLAS at M = 8 differs on down_proj (a split-K kernel). The engine uses
-it only when asked (OURO_DECODE_GEMV=triton, kernels/__init__.py).
+it only when asked (`--decode-gemv triton`, ouro_cli/settings.py).
 
 Determinism and batch invariance (the engine needs graph replay == eager bit for bit, and
 a row's bits independent of its batch-mates, docs/model.md §4): there is no split-K and no atomic;
@@ -174,7 +174,7 @@ AUTO_MAX_N = 8192
 
 
 def small_m_linear_where_faster(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """OURO_DECODE_GEMV=auto: this kernel where bench/gemv.py measured it faster than cuBLAS
+    """`--decode-gemv auto`: this kernel where bench/gemv.py measured it faster than cuBLAS
     on the H200 (M <= 16 rows, W up to 8192 outputs: qkv, o_proj, down at 1.4B), F.linear
     elsewhere (gate_up and lm_head, where cuBLAS reads at ~80 % of bandwidth, and M > 16,
     where this kernel loses). Which one runs depends on the shapes only."""

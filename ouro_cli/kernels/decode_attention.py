@@ -48,42 +48,12 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rounded(x, dtype: tl.constexpr):
-    """fp32 x rounded to `dtype` (to nearest, ties to even) and held as fp32. For bf16 the
-    rounding is done on the bits. With `.to(bf16, fp_downcast_rounding="rtne")` casts the
-    H200 put 27 of 240 new K values 1 ulp off pointwise.rotary's (as if the round trips had
-    been dropped and x·cos + rotated·sin rounded once); on the bits they match. The Triton
-    interpreter truncates such casts, and on the bits it rounds too."""
-    if dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    else:
-        return x.to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _rotate_half(x, partner, first_half, cos, sin):
-    """RoPE of x given x's rotate-half partner values (x[d + D/2] for d < D/2, x[d - D/2]
-    after), rounded as pointwise._rotate computes it in x's dtype: x·cos and rotated·sin
-    each rounded to that dtype, then their sum. The math runs on fp32 copies (exact for
-    bf16 products); the Triton interpreter keeps bf16 as raw integers, so nothing is
-    negated or multiplied before the widening."""
-    wide = partner.to(tl.float32)
-    rotated = tl.where(first_half, -wide, wide)
-    a = _rounded(x.to(tl.float32) * cos.to(tl.float32), x.dtype)
-    b = _rounded(rotated * sin.to(tl.float32), x.dtype)
-    return _rounded(a + b, x.dtype).to(x.dtype)  # exact: the value is already one of x.dtype's
-
-
-@triton.jit
 def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
-                             K_PREV, V_PREV, K_NEW, V_NEW, NEW_SLOTS, ACTIVE, COS, SIN,
+                             K_PREV, V_PREV, K_NEW, V_NEW, NEW_SLOTS, ACTIVE,
                              stride_qb, stride_qh, stride_kh, stride_ks, stride_sb, stride_ob, stride_oh,
-                             stride_knb, stride_knh, stride_vnb, stride_vnh, stride_cb,
+                             stride_knb, stride_knh, stride_vnb, stride_vnh,
                              G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK: tl.constexpr, IEEE: tl.constexpr, WRITE: tl.constexpr, HAS_PREV: tl.constexpr,
-                             ROPE: tl.constexpr):
+                             BLOCK: tl.constexpr, IEEE: tl.constexpr, WRITE: tl.constexpr, HAS_PREV: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     g = tl.arange(0, GP)
@@ -91,18 +61,10 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
     gd_ok = (g < G)[:, None] & (d < D)[None, :]
     kv_head = K + h * stride_kh
     v_head = V + h * stride_kh
-    if ROPE:  # q and the new k arrive unrotated: rotate them here (the partner of d is d ± D/2)
-        first_half = d < D // 2
-        partner = tl.where(first_half, d + D // 2, d - D // 2)
-        cos = tl.load(COS + b * stride_cb + d, mask=d < D, other=0.0)
-        sin = tl.load(SIN + b * stride_cb + d, mask=d < D, other=0.0)
     if WRITE:  # this row's K/V of head h into its slot first (an exited row carries plane t-1's)
         new_slot = tl.load(NEW_SLOTS + b).to(tl.int64)
         k_at = K_NEW + b * stride_knb + h * stride_knh
-        k_new = tl.load(k_at + d, mask=d < D)
-        if ROPE:
-            k_new = _rotate_half(k_new, tl.load(k_at + partner, mask=d < D), first_half, cos, sin)
-        k_new = k_new.to(K.dtype.element_ty)
+        k_new = tl.load(k_at + d, mask=d < D).to(K.dtype.element_ty)
         v_new = tl.load(V_NEW + b * stride_vnb + h * stride_vnh + d, mask=d < D).to(V.dtype.element_ty)
         if HAS_PREV:
             carry = tl.load(ACTIVE + b) == 0
@@ -114,9 +76,6 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
         tl.debug_barrier()  # the stores above, visible to every thread of the block below
     q_rows = Q + b * stride_qb + (h * G + g)[:, None] * stride_qh
     q = tl.load(q_rows + d[None, :], mask=gd_ok, other=0.0)
-    if ROPE:
-        q = _rotate_half(q, tl.load(q_rows + partner[None, :], mask=gd_ok, other=0.0), first_half[None, :],
-                         cos[None, :], sin[None, :])
     q = q.to(K.dtype.element_ty)
     length = tl.load(LENGTHS + b).to(tl.int32)
     m = tl.full([GP], float("-inf"), tl.float32)
@@ -150,7 +109,7 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
              mask=gd_ok)
 
 
-def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None, rope=None) -> torch.Tensor:
+def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None) -> torch.Tensor:
     b, hq, d = q.shape
     hkv = k_plane.shape[0]
     assert hq % hkv == 0 and k_plane.shape == v_plane.shape and k_plane.stride() == v_plane.stride()
@@ -165,22 +124,16 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=Non
             k_prev, v_prev = k_plane, v_plane
         assert k_prev.stride() == k_plane.stride() and v_prev.stride() == k_plane.stride()
         k_new, v_new = _unit_last_stride(k_new), _unit_last_stride(v_new)
-    if rope is None:
-        cos = sin = q  # unused
-    else:
-        cos, sin = (_unit_last_stride(x) for x in rope)
-        assert write is not None and d % 2 == 0 and cos.shape == sin.shape == (b, d) and cos.stride() == sin.stride()
-        assert cos.dtype == sin.dtype == q.dtype == k_new.dtype
     g = hq // hkv
     o = torch.empty_like(q)
     _decode_attention_kernel[(b, hkv)](
         q, k_plane, v_plane, ctx_slots, lengths, o, d**-0.5,
-        k_prev, v_prev, k_new, v_new, new_slots, active, cos, sin,
+        k_prev, v_prev, k_new, v_new, new_slots, active,
         q.stride(0), q.stride(1), k_plane.stride(0), k_plane.stride(1), ctx_slots.stride(0), o.stride(0), o.stride(1),
-        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), cos.stride(0),
+        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK=block, IEEE=k_plane.dtype == torch.float32, WRITE=write is not None, HAS_PREV=has_prev,
-        ROPE=rope is not None, num_warps=num_warps)
+        num_warps=num_warps)
     return o
 
 
@@ -195,16 +148,11 @@ def paged_decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torc
 def write_kv_and_attend(q: torch.Tensor, k_plane_t: torch.Tensor, v_plane_t: torch.Tensor,
                         k_prev_plane: torch.Tensor | None, v_prev_plane: torch.Tensor | None, new_slots: torch.Tensor,
                         k_new: torch.Tensor, v_new: torch.Tensor, active: torch.Tensor, ctx_slots: torch.Tensor,
-                        lengths: torch.Tensor, block: int = BLOCK, num_warps: int = NUM_WARPS,
-                        rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                        lengths: torch.Tensor, block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """runner.py's KV write of a loop and the attention over plane t, in one kernel: row b
     writes its new K/V [B, Hkv, D] at new_slots[b] of plane t when active (always on plane 0),
     else copies plane t-1's entry there (k_prev_plane None for plane 0); then attends as
     `paged_decode_attention` (the new slot is among the row's first `length` positions). The
-    planes and the output have the bits of the two steps run apart.
-
-    With `rope` = (cos, sin) [B, D] (the rows' RoPE tables in q's dtype), q and k_new come
-    unrotated and the kernel rotates them as pointwise.rotary would, before it stores k and
-    attends: one kernel fewer per layer-loop (opt-in, OURO_DECODE_ROPE=kernel)."""
+    planes and the output have the bits of the two steps run apart."""
     return _attend(q, k_plane_t, v_plane_t, ctx_slots, lengths, block, num_warps,
-                   write=(k_prev_plane, v_prev_plane, new_slots, k_new, v_new, active), rope=rope)
+                   write=(k_prev_plane, v_prev_plane, new_slots, k_new, v_new, active))

@@ -1,0 +1,98 @@
+"""Command-line flags built from an option tree (ouro_cli/config.py).
+
+A command whose options are a tree does not spell its flags out: `with_options` gives
+its function one keyword parameter per option, named by the option's flat name, with the
+option's flag, help line, panel and default (`[default: ...]`, from the field's default
+or the words the option states for a None or a path), and the environment variable that
+stands in for it when it is not given. Every parameter defaults to None,
+so that a value the user did not give can come from elsewhere (a TOML file, the run's
+plan); the command resolves them (rl/options.py `resolve`). Further spellings of a flag
+are hidden aliases (common.hidden_alias), so that the help's option column fits 80
+columns.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import typer
+
+from ouro_cli.config import P_DATA, P_ENGINE, P_EXEC, P_GRPO, P_OPT, P_RUN, Leaf
+
+from .common import JSON_OPTION, hidden_alias
+
+PANEL_ORDER = (P_DATA, P_GRPO, P_OPT, P_ENGINE, P_EXEC, P_RUN)
+
+
+def cli_type(annotation: Any) -> Any:
+    """The type Typer parses an option as: a Literal is a string (its values are checked by the
+    config, with the config's message), `X | None` stays optional."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return str
+    if origin in (Union, UnionType):
+        inner = [cli_type(t) for t in get_args(annotation) if t is not type(None)]
+        return inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
+def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None, panels: bool = True
+              ) -> inspect.Parameter:
+    """The keyword parameter of one option: its flag (or argument), help and default text."""
+    if leaf.info.argument:
+        info: Any = typer.Argument(help=help or leaf.info.help, show_default=False)
+        return inspect.Parameter(leaf.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                 annotation=Annotated[cli_type(leaf.type), info])
+    for alias in leaf.info.aliases:
+        hidden_alias(alias, leaf.flag.split("/")[0])  # "--async-save/--sync-save": the first is the name
+    required = leaf.default is MISSING
+    text = help or leaf.info.help
+    if leaf.info.env and help is None:
+        text = f"{text} Or set {leaf.info.env}."  # the environment stands in for it (ouro_cli/settings.py)
+    if not required:
+        text = f"{text} \\[default: {leaf.shown_default if default is None else default}]"
+    flag = leaf.flag
+    if cli_type(leaf.type) is bool and "/" not in flag:  # a TOML file's `true` can be turned off by a flag
+        flag = f"{flag}/--no-{flag[2:]}"
+    info = typer.Option(flag, help=text, rich_help_panel=leaf.info.panel if panels else None, show_default=False)
+    if required:
+        return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[cli_type(leaf.type),
+                                 info])
+    return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[cli_type(leaf.type) | None, info])
+
+
+def json_parameter() -> inspect.Parameter:
+    """`--json`, the flag every command has (common.JSON_OPTION), as a parameter."""
+    return inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+        bool, typer.Option("--json", help=JSON_OPTION.help, show_default=False)])
+
+
+def by_panel(leaves: Iterable[Leaf]) -> list[Leaf]:
+    """Leaves ordered by help panel (the order of PANEL_ORDER), declaration order within one."""
+    return sorted(leaves, key=lambda leaf: PANEL_ORDER.index(leaf.info.panel) if leaf.info.panel in PANEL_ORDER
+                  else len(PANEL_ORDER))
+
+
+def with_options(body: Callable[..., Any], options: list[inspect.Parameter], *, head: Iterable[inspect.Parameter] = (),
+                 tail: Iterable[inspect.Parameter] = ()) -> Callable[..., Any]:
+    """`body(**params)` as a function whose signature is `head`, then `options`, then `tail`,
+    for Typer to read (it reads `__signature__` and the annotations)."""
+
+    @functools.wraps(body)
+    def command(**params: Any) -> Any:
+        return body(**params)
+
+    parameters = [*head, *options, *tail]
+    positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in parameters
+               if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    command.__signature__ = inspect.Signature([*positional, *keyword])
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    del command.__wrapped__  # inspect.signature must read __signature__, not the body's
+    return command

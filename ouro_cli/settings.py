@@ -1,0 +1,177 @@
+"""`ExecutionSettings`: which kernels and which compilation a run computes with.
+
+The same function can be computed several ways on a GPU: the decode step's attention in
+a Triton kernel or in torch, its projections through a Triton small-batch matmul or
+cuBLAS, the elementwise layer math compiled or eager, the replay's attention in SDPA's
+reduction order or the decode kernel's. Each choice changes the bits a GPU run computes
+(on CPU, where runs stay eager and exact, most of them change nothing). So they are
+typed settings, not switches read where they act:
+
+- **Options.** They are options of `ouro train` and `ouro eval` like any other (the
+  [execution] section of the option tree, ouro_cli/config.py: flags `--compile`,
+  `--compile-layers`, `--decode-attention`, `--decode-gemv`, `--replay-attention`, TOML
+  keys), checked here with one-line errors and resolved once per command.
+- **The environment as a fallback.** An option that declares a variable (`OURO_COMPILE`,
+  ...; also the engine's `OURO_PD_TRANSPORT` and `OURO_PD_THREADS`, rl/options.py
+  `EngineOptions`) takes its value from it when neither a flag nor the TOML file gives
+  one (`from_environment`), so scripts written when these were environment switches keep
+  working. A resumed run's plan takes the TOML file's place: a variable that is set is
+  checked against it, like a flag.
+- **Passed explicitly.** The model carries its settings (`OuroForCausalLM.execution`,
+  read by model/pointwise.py and model/attention.py); the trainer and the engine are
+  given them (`Trainer(..., execution=)`, `LLM(..., execution=)`) and set them on the
+  models they run; the engine's runner picks its kernels from them; PD workers receive
+  them with their weights.
+- **Recorded.** The manifest records the options; the run's contract (rl/plan.py)
+  records what they resolve to on the run's device (`effective`), so that `ouro resume`
+  refuses a change of what a run computes, naming the setting, and accepts one that
+  changes nothing there (`--decode-gemv cublas` on a CPU run).
+
+This module is the one reader of the `OURO_*` variables of options. Other variables are
+not settings and are read where they act: the test-only switches of
+ouro_cli/testing/faults.py (`OURO_TEST_FAULT`: a process signals itself at a named point;
+`OURO_TEST_BREAK_RESUME`: a resume that reseeds its sampler), `OURO_DEBUG` (the CLI's
+error path adds the traceback, cli/common.py), the test suite's `OURO_ENGINE_FACTORIES`
+(tests/unit/engine/conftest.py), and Triton's own `TRITON_INTERPRET` (kernels/__init__.py).
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ouro_cli.config import P_EXEC, leaves, option
+from ouro_cli.errors import SettingError
+
+# Spellings the environment switches had, for each value they mean now.
+ENV_SPELLINGS = {"compile": {"1": "auto", "0": "off"}, "compile_layers": {"1": "on", "0": "off"}}
+NEEDS_KERNEL_DEVICE = "needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)"
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    compile: Literal["auto", "off", "always"] = option(
+        "auto", help="torch.compile of the elementwise layer math: auto (on CUDA), off, or always (CPU too).",
+        panel=P_EXEC, env="OURO_COMPILE")
+    compile_layers: Literal["auto", "on", "off"] = option(
+        "auto", help="Where it compiles, each layer call of the replay as one compiled region: auto (unless "
+        "--replay-attention paged), on, or off (function by function).", panel=P_EXEC, env="OURO_COMPILE_LAYERS")
+    decode_attention: Literal["auto", "torch", "triton"] = option(
+        "auto", help="The decode step's KV write and attention: auto (one Triton kernel on CUDA), torch (the "
+        "reference), or triton.", panel=P_EXEC, env="OURO_DECODE_ATTENTION")
+    decode_gemv: Literal["auto", "cublas", "triton"] = option(
+        "auto", help="The decode step's projections: auto (the Triton small-batch matmul on CUDA where it was "
+        "measured faster), cublas, or triton (every product of up to 64 rows).", panel=P_EXEC,
+        env="OURO_DECODE_GEMV")
+    replay_attention: Literal["sdpa", "paged"] = option(
+        "sdpa", help="The replay's and the prefill's attention: sdpa, or paged (the decode kernel's reduction "
+        "order, query by query: slower, for engine-trainer agreement to the bit; CUDA).", panel=P_EXEC,
+        env="OURO_REPLAY_ATTENTION")
+
+    def __post_init__(self) -> None:
+        for name, leaf in leaves(ExecutionSettings).items():
+            allowed = leaf.type.__args__
+            if getattr(self, name) not in allowed:
+                raise SettingError(f"{leaf.flag} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
+                                   f"got {getattr(self, name)!r}")
+        if self.compile_layers == "on" and self.replay_attention == "paged":
+            raise SettingError("--compile-layers on does not combine with --replay-attention paged (its Triton "
+                               "launch is not traced); leave --compile-layers at auto")
+
+    # ---- what they select -----------------------------------------------------------
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether the elementwise math on a tensor of `device_type` runs compiled."""
+        return self.compile == "always" or (self.compile == "auto" and device_type == "cuda")
+
+    @property
+    def layer_regions(self) -> bool:
+        """Whether, where the math compiles, each replay layer call compiles as one region
+        (model/pointwise.py `region`)."""
+        return self.compile_layers == "on" or (self.compile_layers == "auto" and self.replay_attention != "paged")
+
+    def decode_attention_on(self, device_type: str) -> str:
+        """The decode attention path on `device_type`: "torch" or "triton"."""
+        from ouro_cli.kernels import triton_available
+
+        if self.decode_attention == "auto":
+            return "triton" if device_type == "cuda" and triton_available() else "torch"
+        if self.decode_attention == "triton" and not triton_available():
+            raise SettingError("--decode-attention triton needs the triton package (pip install triton)")
+        return self.decode_attention
+
+    def decode_gemv_on(self, device_type: str) -> str:
+        """The decode projections' path on `device_type`: "cublas" (F.linear), "auto" (the kernel
+        where it was measured faster) or "triton"."""
+        from ouro_cli.kernels import triton_available
+
+        if self.decode_gemv == "auto" and (device_type != "cuda" or not triton_available()):
+            return "cublas"
+        if self.decode_gemv == "triton" and not triton_available():
+            raise SettingError("--decode-gemv triton needs the triton package (pip install triton)")
+        return self.decode_gemv
+
+    def decode_gemv_kernel(self, device_type: str):
+        """The small-batch matmul the engine's decode step hands the model (model/matmul.py), or
+        None for F.linear (cuBLAS on CUDA)."""
+        path = self.decode_gemv_on(device_type)
+        if path == "cublas":
+            return None
+        from ouro_cli.kernels.gemv import small_m_linear, small_m_linear_where_faster
+
+        return small_m_linear if path == "triton" else small_m_linear_where_faster
+
+    def effective(self, device_type: str) -> dict[str, str]:
+        """What these settings compute with on `device_type`: the record of the run's contract.
+        Two settings that compute the same there record the same."""
+        compiled = self.compiles(device_type)
+        return {"compile": "on" if compiled else "off",
+                "compile_layers": "on" if compiled and self.layer_regions else "off",
+                "decode_attention": self.decode_attention_on(device_type),
+                "decode_gemv": self.decode_gemv_on(device_type),
+                "replay_attention": self.replay_attention}
+
+    def check(self, device_type: str) -> None:
+        """Everything that cannot run on `device_type`, as one SettingError before any model loads."""
+        from ouro_cli.kernels import interpreted
+
+        kernel_device = device_type == "cuda" or interpreted()
+        if self.decode_attention_on(device_type) == "triton" and not kernel_device:
+            raise SettingError(f"--decode-attention triton {NEEDS_KERNEL_DEVICE}")
+        if self.decode_gemv_on(device_type) != "cublas" and not kernel_device:
+            raise SettingError(f"--decode-gemv {self.decode_gemv} {NEEDS_KERNEL_DEVICE}")
+        if self.replay_attention == "paged" and not kernel_device:
+            raise SettingError(f"--replay-attention paged runs a Triton kernel: it {NEEDS_KERNEL_DEVICE}")
+
+
+def from_environment(root: type, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The values the environment gives the options of the tree `root` that declare a variable,
+    by flat name; a value that is not one of the option's is a SettingError naming the variable."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name, leaf in leaves(root).items():
+        variable = leaf.info.env
+        if variable is None or environ.get(variable, "") == "":
+            continue
+        text = environ[variable]
+        value: Any = ENV_SPELLINGS.get(name, {}).get(text, text)
+        allowed = getattr(leaf.type, "__args__", None)
+        if leaf.type is int:
+            try:
+                value = int(text)
+            except ValueError:
+                raise SettingError(f"{variable}={text!r}: {leaf.flag} must be an integer") from None
+        elif allowed is not None and value not in allowed:
+            spelled = [*ENV_SPELLINGS.get(name, {}), *allowed]
+            raise SettingError(f"{variable}={text!r}: must be one of {', '.join(dict.fromkeys(spelled))} "
+                               f"(the option {leaf.flag})")
+        values[name] = value
+    return values
+
+
+def variables(root: type) -> dict[str, str]:
+    """Flat option name -> its environment variable, for the options of `root` that have one."""
+    return {name: leaf.info.env for name, leaf in leaves(root).items() if leaf.info.env}
