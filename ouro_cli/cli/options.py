@@ -56,15 +56,28 @@ def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None
         text = f"{text} Or set {leaf.info.env}."  # the environment stands in for it (ouro_cli/settings.py)
     if not required:
         text = f"{text} \\[default: {leaf.shown_default if default is None else default}]"
-    flag = leaf.flag
-    if cli_type(leaf.type) is bool and "/" not in flag:  # a TOML file's `true` can be turned off by a flag
-        flag = f"{flag}/--no-{flag[2:]}"
-    info = typer.Option(flag, help=text, rich_help_panel=leaf.info.panel if panels else None, show_default=False)
+    info = typer.Option(leaf.flag, help=text, rich_help_panel=leaf.info.panel if panels else None, show_default=False)
     if required:
         return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[cli_type(leaf.type),
                                  info])
     return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[cli_type(leaf.type) | None, info])
+
+
+NEGATION = "no_"  # the parameter of a boolean option's hidden --no-X flag: its name, prefixed
+
+
+def negations(leaves: Iterable[Leaf]) -> list[inspect.Parameter]:
+    """A hidden `--no-X` flag for every boolean option `--X` without a spelling of its own for
+    off, so that a `true` in a TOML file can be turned off on the command line (hidden: the
+    help's option column stays within 80 columns). `with_options` folds them back into X."""
+    params = []
+    for leaf in leaves:
+        if cli_type(leaf.type) is bool and "/" not in leaf.flag and not leaf.info.argument:
+            info = typer.Option("--no-" + leaf.flag[2:], hidden=True)
+            params.append(inspect.Parameter(NEGATION + leaf.name, inspect.Parameter.KEYWORD_ONLY, default=False,
+                                            annotation=Annotated[bool, info]))
+    return params
 
 
 def json_parameter() -> inspect.Parameter:
@@ -84,8 +97,13 @@ def with_options(body: Callable[..., Any], options: list[inspect.Parameter], *, 
     """`body(**params)` as a function whose signature is `head`, then `options`, then `tail`,
     for Typer to read (it reads `__signature__` and the annotations)."""
 
+    names = {p.name for p in options}
+
     @functools.wraps(body)
     def command(**params: Any) -> Any:
+        for name in [n for n in params if n.startswith(NEGATION) and n[len(NEGATION):] in names]:
+            if params.pop(name):  # --no-X given: X is off, over any --config file
+                params[name[len(NEGATION):]] = False
         return body(**params)
 
     parameters = [*head, *options, *tail]

@@ -22,7 +22,7 @@ from rich.markup import escape
 from ouro_cli.config import P_DATA, P_OPT
 
 from .common import console, hidden_alias, is_main_rank, run_command
-from .options import by_panel, json_parameter, parameter, with_options
+from .options import by_panel, json_parameter, negations, parameter, with_options
 
 TRAIN_EPILOG = """Examples:
 
@@ -110,8 +110,9 @@ def _train_command():
     config = inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
         Path | None, typer.Option("--config", help="TOML file with any of these options (flags override it). "
                                   "\\[default: none]", rich_help_panel=P_DATA, show_default=False)])
-    flags = [parameter(leaf) for leaf in by_panel(tree.leaves(TrainOptions).values())]
-    return with_options(_train, flags, head=[config], tail=[json_parameter()])
+    leaves = by_panel(tree.leaves(TrainOptions).values())
+    flags = [parameter(leaf) for leaf in leaves]
+    return with_options(_train, flags, head=[config], tail=[*negations(leaves), json_parameter()])
 
 
 # What `ouro resume` accepts besides --updates: the options a run may change (plan.FREE_KEYS and,
