@@ -80,6 +80,16 @@ def negations(leaves: Iterable[Leaf]) -> list[inspect.Parameter]:
     return params
 
 
+def fold_negations(params: dict[str, Any]) -> dict[str, Any]:
+    """Parsed parameters with each hidden `no_X` (see `negations`) folded into X: off when
+    `--no-X` was given (over any --config file), untouched otherwise."""
+    out = {k: v for k, v in params.items() if not k.startswith(NEGATION)}
+    for name, given in params.items():
+        if name.startswith(NEGATION) and given:
+            out[name[len(NEGATION):]] = False
+    return out
+
+
 def json_parameter() -> inspect.Parameter:
     """`--json`, the flag every command has (common.JSON_OPTION), as a parameter."""
     return inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
@@ -97,14 +107,9 @@ def with_options(body: Callable[..., Any], options: list[inspect.Parameter], *, 
     """`body(**params)` as a function whose signature is `head`, then `options`, then `tail`,
     for Typer to read (it reads `__signature__` and the annotations)."""
 
-    names = {p.name for p in options}
-
     @functools.wraps(body)
     def command(**params: Any) -> Any:
-        for name in [n for n in params if n.startswith(NEGATION) and n[len(NEGATION):] in names]:
-            if params.pop(name):  # --no-X given: X is off, over any --config file
-                params[name[len(NEGATION):]] = False
-        return body(**params)
+        return body(**fold_negations(params))
 
     parameters = [*head, *options, *tail]
     positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
