@@ -69,7 +69,7 @@ from .run_dir import RunDir
 from .schedule import depth_for_update, validate_depths
 from .sizing import DeviceMemory, RunSizing, check_fits, describe, size_run
 from .stop import StopSignals, signal_name, wants_save
-from .template import get_template
+from .template import get_template, template_for_checkpoint
 
 Progress = Callable[[dict[str, Any]], None]
 NO_SAVE = {"save_s": 0.0, "save_compile_s": 0.0, "peak_memory_save_gib": None}
@@ -248,10 +248,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     codec = TextCodec.from_dir(source.assets_dir)
     if codec is None:
         raise UserError(f"{source.path} has no tokenizer.json; ouro train needs the model's tokenizer")
-    if template is None:
-        from transformers import AutoTokenizer
-
-        template = get_template("tokenizer", AutoTokenizer.from_pretrained(str(source.assets_dir)))
+    if template is None:  # the checkpoint's chat template (never AutoTokenizer: it asks about remote code)
+        template = template_for_checkpoint("tokenizer", source.assets_dir)
     response_len = options.sampling.max_response_len
     prompt_ids = tokenize_prompts(codec, template, rows, limit, response_len, options.data)
     eval_prompt_ids = tokenize_prompts(codec, template, eval_rows, limit, response_len, options.eval_data or "")

@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ouro_cli.rl.options import read_toml, resolve
+from ouro_cli.rl.options import BUNDLED, read_toml, resolve
 
-from .test_train_cli import ouro, small
-from .tiny_checkpoint import make_checkpoint
+from .test_train_cli import ouro
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "ouro-1.4b" / "recipe.toml"
 
@@ -24,13 +23,19 @@ def test_every_key_of_the_recipe_is_an_option_and_it_validates():
 
 
 def test_train_runs_the_recipe_with_flags_over_it(tmp_path):
-    make_checkpoint(tmp_path)
+    """The recipe's own template (the tokenizer's chat template) and reward (the DeepScaleR
+    grader) on the bundled model and data; besides those paths only the sizes change, to fit
+    a CI machine, and CUDA graphs go off (no GPU)."""
     run = tmp_path / "run"
-    proc = ouro("train", "--config", str(RECIPE), *small(tmp_path), "--run-dir", str(run), "--updates", "1",
-                "--prompt-template", "chatml", "--no-cuda-graphs", "--eval-interval", "0", "--json", cwd=tmp_path)
+    sizes = ["--updates", "1", "--prompts-per-update", "2", "--group-size", "2", "--max-response-len", "8",
+             "--eval-prompts", "2", "--eval-interval", "0", "--no-cuda-graphs"]
+    proc = ouro("train", "--config", str(RECIPE), "--model", str(BUNDLED / "model"), "--data",
+                str(BUNDLED / "train.jsonl"), "--eval-data", str(BUNDLED / "eval.jsonl"), "--run-dir", str(run),
+                *sizes, "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout)
-    assert summary["updates"] == 1
+    assert json.loads(proc.stdout)["updates"] == 1
     plan = json.loads((run / "ouro-plan.json").read_text())
     contract = plan.get("contract", plan)
-    assert contract["lr"] == 1e-6 and contract["group_size"] == 3  # the file's value, and a flag over it
+    assert contract["lr"] == 1e-6 and contract["group_size"] == 2  # the file's value, and a flag over it
+    assert contract["reward_function"] == "ouro_cli.rl.rewards.math_answer"
+    assert contract["prompt_template"] == "tokenizer"
