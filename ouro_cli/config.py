@@ -208,7 +208,7 @@ def read_toml(path: str | Path, root: type) -> dict[str, Any]:
     def take(node: Mapping[str, Any], heading: str | None) -> None:
         for key, value in node.items():
             name = key.replace("-", "_")
-            if isinstance(value, dict) and (name in owned or name not in table):  # [engine] vs engine = "..."
+            if isinstance(value, dict):  # a heading: no option takes a table ([data] above data = "...")
                 take(value, name)
                 continue
             if name not in table:

@@ -32,6 +32,7 @@ from ouro_cli.trainer.config import DEFAULT_SEED, TrainerConfig
 BUNDLED = Path(__file__).resolve().parents[1] / "bundled" / "tiny"  # package data (ouro_cli/bundled)
 DEFAULT_ENGINE = "ouro_cli.engine.factory:default_factory"  # engine/factory.py DEFAULT_FACTORY
 DEFAULT_DEPTHS = (2, 3, 4)
+AUTO_REWARD, BOXED_REWARD, MATH_REWARD = "auto", "ouro_cli.rl.rewards.boxed_answer", "ouro_cli.rl.rewards.math_answer"
 
 # Option names of runs written by earlier versions that no longer exist: dropped when a plan is read.
 RETIRED = {"test_break_resume"}  # now ouro_cli/testing/faults.py (OURO_TEST_BREAK_RESUME)
@@ -43,8 +44,18 @@ class TaskOptions:
 
     prompt_template: str = option("chatml", help="chatml, raw, or tokenizer (the model's chat template).",
                                   panel=P_DATA)
-    reward_function: str = option("ouro_cli.rl.rewards.boxed_answer", help="Dotted path of f(response, label) -> float.",
-                                  panel=P_DATA, aliases=("--ouro-reward-function",))  # checked by template.py, rewards/
+    reward_function: str = option(
+        AUTO_REWARD, help="Dotted path of f(response, label[, metadata]) -> float; auto: the DeepScaleR math grader "
+        "(rewards.math_answer), or rewards.boxed_answer for the bundled integer task.", panel=P_DATA,
+        aliases=("--ouro-reward-function",))  # checked by template.py, rewards/
+
+    def resolve_reward(self, data: str) -> None:
+        """`auto` becomes the grader it stands for (what the plan records), given the data: the
+        bundled task's integer answers are graded by boxed_answer, any other data by the
+        DeepScaleR grader, which needs a `</think>` in the response (rewards/math_grader.py)."""
+        if self.reward_function == AUTO_REWARD:
+            bundled = Path(data).resolve().parent == BUNDLED.resolve()
+            self.reward_function = BOXED_REWARD if bundled else MATH_REWARD
 
 
 @dataclass
@@ -220,6 +231,7 @@ class TrainOptions:
 
     def validate(self) -> TrainOptions:
         """The rules of the job as a whole (each section checked itself when it was built)."""
+        self.task.resolve_reward(self.data)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
         if self.engine.cuda_graphs and self.trainer.device == "cpu":
@@ -296,6 +308,7 @@ class EvalOptions:
     overwrite: bool = option(False, help="Replace a non-empty output directory (never an input).")
 
     def validate(self) -> EvalOptions:
+        self.task.resolve_reward(self.data)
         tree.at_least(1, prompts=self.prompts, max_num_seqs=self.max_num_seqs)
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"--device must be auto, cpu or cuda, got {self.device!r}")

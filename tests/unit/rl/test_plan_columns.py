@@ -12,7 +12,7 @@ from ouro_cli.rl.options import TrainOptions, resolve
 
 
 def contract(**options):
-    return plans.build_contract(TrainOptions(**options), data_sha256="d" * 64, model_config={"x": 1},
+    return plans.build_contract(TrainOptions.from_dict(options), data_sha256="d" * 64, model_config={"x": 1},
                                 tokenizer_sha256=None, template={"name": "chatml"}, num_loops=4)
 
 
@@ -26,38 +26,39 @@ def test_the_mapping_of_data_is_in_the_contract_and_a_change_is_named():
                           "id_key": "extra_info.index", "label_parser": "gsm8k", **change})
         (key,) = change
         with pytest.raises(UserError, match=f"^resume would change {key}: "):
-            plans.check_same_contract(saved, new, allow_scheduler=False)
+            plans.check_same_contract(saved, new, allow_scheduler=False, device_type="cpu")
 
 
 def test_the_mapping_of_eval_data_is_free():
     saved = contract()
     plans.check_same_contract(saved, contract(eval_prompt_key="problem", eval_label_key="answer",
                                               eval_id_key="unique_id", eval_label_parser="gsm8k"),
-                              allow_scheduler=False)
+                              allow_scheduler=False, device_type="cpu")
 
 
 def test_a_run_from_before_the_mapping_resumes_with_the_default_one():
     new = contract()
     old = {k: v for k, v in new.items() if k not in ("prompt_key", "label_key", "id_key", "label_parser")}
-    plans.check_same_contract(old, new, allow_scheduler=False)
-    with pytest.raises(UserError, match="^resume would change prompt_key: the run has None, this invocation 'problem'"):
-        plans.check_same_contract(old, contract(prompt_key="problem"), allow_scheduler=False)
+    plans.check_same_contract(old, new, allow_scheduler=False, device_type="cpu")
+    with pytest.raises(UserError, match="^resume would change prompt_key: the run has 'prompt', this invocation 'problem'"):
+        plans.check_same_contract(old, contract(prompt_key="problem"), allow_scheduler=False, device_type="cpu")
 
 
 def test_options_defaults_are_the_loaders_and_eval_inherits_from_data():
     options = TrainOptions()
     assert columns_for(options) == Columns() == columns_for(options, held_out=True)
-    options = TrainOptions(prompt_key="problem", label_key="answer", label_parser="gsm8k", eval_label_key="solution",
-                           eval_label_parser="none")
+    options = TrainOptions.from_dict(dict(prompt_key="problem", label_key="answer", label_parser="gsm8k",
+                                          eval_label_key="solution", eval_label_parser="none"))
     assert columns_for(options) == Columns("problem", "answer", Columns.id, "gsm8k")
     assert columns_for(options, held_out=True) == Columns("problem", "solution", Columns.id, "none")
 
 
 def test_mapping_options_are_validated_and_come_from_toml(tmp_path):
     with pytest.raises(UserError, match="^--label-parser must be one of none, gsm8k, got 'gsm'$"):
-        TrainOptions(label_parser="gsm").validate()
+        TrainOptions.from_dict({"label_parser": "gsm"})
     with pytest.raises(UserError, match="^--eval-id-key must name a field"):
-        TrainOptions(eval_id_key="").validate()
+        TrainOptions.from_dict({"eval_id_key": ""})
     (tmp_path / "c.toml").write_text('[data]\nprompt-key = "question"\nlabel_key = "answer"\nlabel_parser = "gsm8k"\n')
     options = resolve({"label_key": "final"}, str(tmp_path / "c.toml"))
-    assert (options.prompt_key, options.label_key, options.label_parser) == ("question", "final", "gsm8k")
+    assert (options.columns.prompt_key, options.columns.label_key, options.columns.label_parser) == \
+        ("question", "final", "gsm8k")
