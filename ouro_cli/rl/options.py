@@ -285,6 +285,7 @@ class EvalOptions:
     depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="Decode budgets K to evaluate: "
                                "--depths 2 3 4.")
     prompts: int = option(64, help="Evaluate the first N prompts.")
+    samples: int = option(1, help="Samples per prompt and K: avg@N, and pass@k for k = 1, 2, 4, ... <= N.")
     task: TaskOptions = section(TaskOptions)
     sampling: SamplingOptions = section(SamplingOptions)
     seed: int = option(DEFAULT_SEED, help="Sampling seed.")
@@ -296,7 +297,7 @@ class EvalOptions:
     overwrite: bool = option(False, help="Replace a non-empty output directory (never an input).")
 
     def validate(self) -> EvalOptions:
-        tree.at_least(1, prompts=self.prompts, max_num_seqs=self.max_num_seqs)
+        tree.at_least(1, prompts=self.prompts, samples=self.samples, max_num_seqs=self.max_num_seqs)
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         self.execution.check(self.resolved_device)
