@@ -151,3 +151,19 @@ def test_n_samples_are_seeded_per_prompt_and_sample_and_summarised():
     two = []
     _evaluate(2, two)
     assert two == [r for r in responses if r["sample"] < 2]  # a larger N extends a smaller one
+
+
+def test_eval_samples_may_change_on_resume_and_must_be_positive():
+    from ouro_cli.errors import UserError
+    from ouro_cli.rl import plan as plans
+    from ouro_cli.rl.options import TrainOptions
+
+    def contract(options):
+        return plans.build_contract(options, data_sha256="d" * 64, model_config={"x": 1}, tokenizer_sha256=None,
+                                    template={"name": "chatml"}, num_loops=T)
+
+    saved = contract(TrainOptions())
+    assert "eval_samples" not in saved
+    plans.check_same_contract(saved, contract(TrainOptions(eval_samples=8)), allow_scheduler=False, device_type="cpu")
+    with pytest.raises(UserError, match="^--eval-samples must be at least 1, got 0$"):
+        TrainOptions(eval_samples=0).validate()
