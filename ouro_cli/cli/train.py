@@ -208,7 +208,8 @@ def _print_evaluations(summary: dict[str, Any]) -> None:
     after = summary["evaluations_after"]
     if not after:
         return
-    table = Table(title="held-out accuracy")
+    samples = after[0].get("samples", 1)
+    table = Table(title="held-out accuracy" + (f" (avg@{samples}; pass@k in evaluations.jsonl)" if samples > 1 else ""))
     for col in ("K", "before", "after", "mean exit depth", "mean tokens"):
         table.add_column(col, justify="right")
     for e in after:

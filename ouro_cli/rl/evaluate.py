@@ -1,8 +1,17 @@
 """Held-out evaluation: accuracy per decode budget K, with mean exit depth and tokens.
 
-One sample per prompt at the given temperature, with seeds derived from the run seed
-and the prompt's position only, so two evaluations of different policies on the same
-prompts are paired (the difference is the policy, not the dice).
+N samples per prompt (`samples`, default 1) at the given temperature. The seed of sample s
+of the prompt at position i derives from the run seed, i and s only (`eval_seed`), so two
+evaluations of different policies on the same prompts are paired (the difference is the
+policy, not the dice). Sample 0 keeps the seed a one-sample evaluation gives its prompt,
+and sample s the same seed whatever N, so N = 1 is the one-sample evaluation exactly and a
+larger N extends a smaller one.
+
+Per K, `accuracy` is the mean reward over every prompt and sample (avg@N). With N > 1 the
+result also names N (`samples`), repeats it as `avg@N`, and gives the unbiased pass@k for
+k = 1, 2, 4, … up to N (`pass_at_k`, averaged over prompts), where a sample passes when its
+reward is positive; for 0/1 rewards pass@1 equals avg@N. A one-sample result keeps exactly
+the fields it always had.
 """
 
 from __future__ import annotations
@@ -11,34 +20,91 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .data import Row
-from .rollout import RolloutSampling, generate_groups
+from .rollout import RolloutSample, RolloutSampling, generate_groups, request_seed
+
+
+def eval_seed(seed: int, prompt: int, sample: int) -> int:
+    """The seed of sample `sample` of the prompt at position `prompt`: the rollout seed of
+    purpose "eval" with the sample in the update's place (sample 0: the one-sample seed)."""
+    return request_seed(seed, sample, prompt, "eval")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from `n` samples of which `c` passed: the chance that
+    k of them drawn without replacement hold a passing one, 1 - C(n-c, k) / C(n, k).
+
+    Computed as 1 - prod_{i=n-c+1..n} (1 - k/i), the same ratio with every factor in [0, 1),
+    so no binomial coefficient is formed and nothing overflows for large n."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:  # every k-subset holds a passing sample
+        return 1.0
+    missed = 1.0
+    for i in range(n - c + 1, n + 1):
+        missed *= 1.0 - k / i
+    return 1.0 - missed
+
+
+def pass_ks(samples: int) -> list[int]:
+    """The k reported with `samples` samples per prompt: 1, 2, 4, … up to `samples`."""
+    ks, k = [], 1
+    while k <= samples:
+        ks.append(k)
+        k *= 2
+    return ks
 
 
 def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampling: RolloutSampling, *,
-             ks: Sequence[int], reward_fn: Callable[[str, Any, Any], float]) -> list[dict[str, Any]]:
-    """Accuracy, mean exit depth and tokens per K of `ks`, one sample per prompt."""
+             ks: Sequence[int], reward_fn: Callable[[str, Any, Any], float], samples: int = 1,
+             responses: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Accuracy (avg@N), mean exit depth and tokens per K of `ks` with `samples` samples per
+    prompt, and pass@k when `samples` > 1 (module docstring). `responses`, when given, gets
+    one record per (K, prompt, sample) in that order (`response_record`)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    seeds = [eval_seed(sampling.seed, i, s) for i in range(len(rows)) for s in range(samples)]
     results = []
     for k in ks:
-        samples = generate_groups(engine, rows, prompt_ids, sampling, group_size=1, k=k, update=0, purpose="eval")
-        rewards = [float(reward_fn(s.text, s.row.label, s.row.metadata)) for s in samples]
-        decode_depths = [d for s in samples for d in s.exit_depths[1:]]
-        results.append({
+        drawn = generate_groups(engine, rows, prompt_ids, sampling, group_size=samples, k=k, update=0,
+                                purpose="eval", seeds=seeds)
+        rewards = [float(reward_fn(s.text, s.row.label, s.row.metadata)) for s in drawn]
+        decode_depths = [d for s in drawn for d in s.exit_depths[1:]]
+        result = {
             "k": k,
-            "prompts": len(samples),
+            "prompts": len(rows),
             "accuracy": sum(rewards) / len(rewards),
             "mean_exit_depth": sum(decode_depths) / len(decode_depths) if decode_depths else float(sampling.num_loops),
-            "mean_tokens": sum(len(s.response_ids) for s in samples) / len(samples),
-            "truncated": sum(s.finish_reason == "length" for s in samples),
-        })
+            "mean_tokens": sum(len(s.response_ids) for s in drawn) / len(drawn),
+            "truncated": sum(s.finish_reason == "length" for s in drawn),
+        }
+        if samples > 1:
+            passed = [sum(r > 0 for r in rewards[i * samples:(i + 1) * samples]) for i in range(len(rows))]
+            result.update({"samples": samples, f"avg@{samples}": result["accuracy"]})
+            result.update({f"pass@{j}": sum(pass_at_k(samples, c, j) for c in passed) / len(rows)
+                           for j in pass_ks(samples)})
+        results.append(result)
+        if responses is not None:
+            responses.extend(response_record(s, i % samples, r) for i, (s, r) in enumerate(zip(drawn, rewards,
+                                                                                              strict=True)))
     return results
+
+
+def response_record(sample: RolloutSample, index: int, reward: float) -> dict[str, Any]:
+    """One line of responses.jsonl: which prompt, K and sample, the text, its reward, and how
+    it ran (mean decode exit depth, None when only the prefill's token was produced)."""
+    depths = sample.exit_depths[1:]
+    return {"problem_id": sample.prompt_id, "k": sample.k, "sample": index, "seed": sample.seed,
+            "text": sample.text, "reward": reward, "mean_exit_depth": sum(depths) / len(depths) if depths else None,
+            "tokens": len(sample.response_ids), "truncated": sample.finish_reason == "length"}
 
 
 def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """`ouro eval`: the held-out accuracy per K of one checkpoint (HF, Megatron or a run
-    directory), written to `options.out` (evaluations.jsonl, manifest, COMPLETE) through a
-    staged output. Inputs are checked before the model loads; returns the result document
-    (`out`, `evaluations`, and the `note` that an unfinished run was read at its latest
-    complete checkpoint)."""
+    directory) with `options.samples` samples per prompt, written to `options.out`
+    (evaluations.jsonl, responses.jsonl, manifest, COMPLETE) through a staged output, so the
+    directory appears whole or not at all. Inputs are checked before the model loads; returns
+    the result document (`out`, `evaluations`, the path of `responses`, and the `note` that an
+    unfinished run was read at its latest complete checkpoint)."""
     import time
     from pathlib import Path
 
@@ -63,7 +129,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
     from ouro_cli.mcore import single_process_group
     from ouro_cli.model import from_state_dict
 
-    from .metrics import append_jsonl
+    from .metrics import append_jsonl, write_jsonl
     from .prompts import stop_tokens_for, tokenize_prompts
     from .schedule import validate_depths
     from .template import template_for_checkpoint
@@ -88,8 +154,10 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
                                   stop_token_ids=stop_tokens_for(source.config, codec), decode=codec.decode)
     engine = LLM(net, max_num_seqs=options.max_num_seqs, execution=options.execution)
     start = time.perf_counter()
+    responses: list[dict[str, Any]] = []
     try:
-        results = evaluate(engine, rows, prompt_ids, sampling, ks=ks, reward_fn=reward_fn)
+        results = evaluate(engine, rows, prompt_ids, sampling, ks=ks, reward_fn=reward_fn, samples=options.samples,
+                           responses=responses)
     finally:
         engine.close()
     with artifacts.staged_output(target, overwrite=options.overwrite, inputs=inputs) as staging:
@@ -98,9 +166,11 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
         attach_active(staging / "logs" / "warnings.log", shown=target / "logs" / "warnings.log")
         for r in results:
             append_jsonl(staging / "evaluations.jsonl", {"model": str(options.model), **r})
+        write_jsonl(staging / "responses.jsonl", responses)
         artifacts.write_manifest(staging, "ouro eval", {**options.to_dict(), "depths": ks, "device": device,
                                                         "execution": options.execution.effective(device)},
                                  [Path(options.data)])
         artifacts.mark_complete(staging)
-    return {"out": str(target), "evaluations": results, "seconds": time.perf_counter() - start,
+    return {"out": str(target), "evaluations": results, "responses": str(target / "responses.jsonl"),
+            "seconds": time.perf_counter() - start,
             **({"note": note} if note else {})}

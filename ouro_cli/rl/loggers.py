@@ -8,7 +8,8 @@ as its step:
   one curve;
 - the decoded tokens' exit depths as a histogram (`exit_depth`);
 - every held-out evaluation as `eval/accuracy/K=k`, `eval/mean_exit_depth/K=k` and
-  `eval/mean_tokens/K=k`.
+  `eval/mean_tokens/K=k`, and with `--eval-samples N` > 1 its pass@k as `eval/pass@k/K=k`
+  (accuracy is then avg@N).
 
 TensorBoard writes event files into `RUN/logs/tensorboard/` (torch's SummaryWriter).
 Weights & Biases (the optional extra `wandb`) honours its own environment, `WANDB_MODE=offline`
@@ -97,7 +98,7 @@ class Trackers:
         if not results:
             return
         values = {f"eval/{key}/K={r['k']}": float(r[key]) for r in results
-                  for key in ("accuracy", "mean_exit_depth", "mean_tokens")}
+                  for key in ("accuracy", "mean_exit_depth", "mean_tokens", *(x for x in r if x.startswith("pass@")))}
         if self._tb is not None:
             for key, value in values.items():
                 self._tb.add_scalar(key, value, update)

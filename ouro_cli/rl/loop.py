@@ -395,9 +395,10 @@ def save_stage(s: Session, next_update: int) -> float:
 def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     if not s.eval_rows:
         return []
-    n = min(s.options.eval_prompts, len(s.eval_rows))
-    with phase({}, "evaluation", s.trainer.device, f"{n} prompts at K = {s.options.eval_depths}",
-               "--eval-prompts or --max-num-seqs"):
+    n, samples = min(s.options.eval_prompts, len(s.eval_rows)), s.options.eval_samples
+    with phase({}, "evaluation", s.trainer.device,
+               f"{n} prompts{f' x {samples} samples' if samples > 1 else ''} at K = {s.options.eval_depths}",
+               "--eval-prompts, --eval-samples or --max-num-seqs"):
         results = _evaluate(s, n)
     if s.is_main:
         for r in results:
@@ -408,7 +409,7 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
 
 def _evaluate(s: Session, n: int) -> list[dict[str, Any]]:
     return evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
-                    reward_fn=s.reward_fn)
+                    reward_fn=s.reward_fn, samples=s.options.eval_samples)
 
 
 def _gather(samples: list[RolloutSample], update: int) -> list[dict[str, Any]]:

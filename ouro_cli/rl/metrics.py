@@ -49,6 +49,13 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         f.flush()
 
 
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """`records` as a new JSONL file, one line each as `append_jsonl` writes them."""
+    with open(path, "w") as f:
+        for record in records:
+            f.write(json.dumps(record, sort_keys=True, default=_json_default) + "\n")
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None

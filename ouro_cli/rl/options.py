@@ -213,6 +213,7 @@ class TrainOptions:
     eval_interval: int = option(0, help="Evaluate every N updates (always at start and end).", panel=P_RUN,
                                 aliases=("--ouro-eval-interval",))
     eval_depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="K values evaluated.", panel=P_RUN)
+    eval_samples: int = option(1, help="Samples per held-out prompt and K (avg@N and pass@k).", panel=P_RUN)
     export_hf: str | None = option(None, help="Export the final model as an HF directory here.", panel=P_RUN,
                                    aliases=("--ouro-export-hf",))
     overwrite: bool = option(False, help="Start over in a non-empty run directory.", panel=P_RUN)
@@ -240,7 +241,7 @@ class TrainOptions:
             raise UserError(f"--group-size must be at least 2: GRPO normalises rewards within a group, "
                             f"got {self.group_size}")
         tree.at_least(1, updates=self.updates, prompts_per_update=self.prompts_per_update,
-                      eval_prompts=self.eval_prompts)
+                      eval_prompts=self.eval_prompts, eval_samples=self.eval_samples)
         if self.save_interval < 0 or self.eval_interval < 0:
             raise UserError("--save-interval and --eval-interval must be >= 0")
         if self.save_on_interrupt not in ("auto", "on", "off"):
@@ -297,6 +298,7 @@ class EvalOptions:
     depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="Decode budgets K to evaluate: "
                                "--depths 2 3 4.")
     prompts: int = option(64, help="Evaluate the first N prompts.")
+    samples: int = option(1, help="Samples per prompt and K: avg@N, and pass@k for k = 1, 2, 4, ... <= N.")
     task: TaskOptions = section(TaskOptions)
     sampling: SamplingOptions = section(SamplingOptions)
     seed: int = option(DEFAULT_SEED, help="Sampling seed.")
@@ -309,7 +311,7 @@ class EvalOptions:
 
     def validate(self) -> EvalOptions:
         self.task.resolve_reward(self.data)
-        tree.at_least(1, prompts=self.prompts, max_num_seqs=self.max_num_seqs)
+        tree.at_least(1, prompts=self.prompts, samples=self.samples, max_num_seqs=self.max_num_seqs)
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         self.execution.check(self.resolved_device)

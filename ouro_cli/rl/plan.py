@@ -38,8 +38,8 @@ from .options import TrainOptions
 PLAN_VERSION = 1
 
 # may differ between a run and its resumption
-FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_interval",
-             "eval_depths", "export_hf", "overwrite", "model", "state_digest", "save_on_interrupt",
+FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_samples",
+             "eval_interval", "eval_depths", "export_hf", "overwrite", "model", "state_digest", "save_on_interrupt",
              "gpu_memory_utilization",  # the memory plan it yields is recorded (contract "sizing") and reused
              "async_save", "offload_optimizer", "loggers",  # where tensors live, what is logged
              "kv_transport", "pd_worker_threads",  # how PD workers move bytes; their host threads

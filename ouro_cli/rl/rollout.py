@@ -101,20 +101,24 @@ class RolloutSampling:
 
 def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampling: RolloutSampling, *,
                     group_size: int, k: int, update: int, positions: Sequence[int] | None = None,
-                    purpose: str = "rollout") -> list[RolloutSample]:
+                    purpose: str = "rollout", seeds: Sequence[int] | None = None) -> list[RolloutSample]:
     """One request per (row, group member); returns checked samples in (row, member) order.
 
     `positions` are the rows' places in the update's global batch (default 0, 1, …): they
     pick the seeds and become each sample's `group`, so records from several ranks sort
-    back into the global order."""
+    back into the global order. `seeds`, one per (row, member) in that order, replace the
+    seeds derived from (update, position) (evaluate.py seeds by prompt and sample)."""
     positions = list(range(len(rows))) if positions is None else list(positions)
     if len(positions) != len(rows):
         raise ValueError(f"{len(rows)} rows but {len(positions)} batch positions")
+    if seeds is not None and len(seeds) != len(rows) * group_size:
+        raise ValueError(f"{len(rows)} rows of {group_size} samples but {len(seeds)} seeds")
     params, owners = [], []
     for i, row in enumerate(rows):
         for g in range(group_size):
-            index = positions[i] * group_size + g
-            params.append(sampling.params(k, request_seed(sampling.seed, update, index, purpose)))
+            seed = request_seed(sampling.seed, update, positions[i] * group_size + g, purpose) if seeds is None \
+                else seeds[i * group_size + g]
+            params.append(sampling.params(k, seed))
             owners.append((row, positions[i], list(prompt_ids[i])))
     outputs = engine.generate([o[2] for o in owners], params)
     committed = engine.get_weight_version()

@@ -1,7 +1,9 @@
 """`--logger tensorboard --logger wandb`: the trackers get metrics.jsonl's figures per update.
 
 TensorBoard's event files are read back with TensorBoard's own reader; Weights & Biases
-runs offline (WANDB_MODE=offline, no network) and leaves its run files in RUN/logs/.
+runs offline (WANDB_MODE=offline, no network) and leaves its run files in RUN/logs/. The
+run evaluates two samples per held-out prompt, so its evaluations carry avg@2 and pass@k
+and the trackers get pass@k beside the accuracy.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ def test_tensorboard_and_wandb_get_the_metrics(tmp_path):
 
     run = tmp_path / "run"
     proc = ouro("train", "--updates", "2", "--prompts-per-update", "4", "--group-size", "2", "--eval-prompts", "8",
-                "--logger", "tensorboard", "--logger", "wandb", "--run-dir", str(run), cwd=tmp_path,
-                env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+                "--eval-samples", "2", "--logger", "tensorboard", "--logger", "wandb", "--run-dir", str(run),
+                cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -34,6 +36,13 @@ def test_tensorboard_and_wandb_get_the_metrics(tmp_path):
     assert {"train_grad_norm", "rollout_s", "logprob_mismatch_mean", "compile_s"} <= set(tags["scalars"])
     accuracy = events.Scalars("eval/accuracy/K=4")
     assert [e.step for e in accuracy] == [0, 2]  # before the first update and after the last
+    evaluations = [json.loads(line) for line in (run / "evaluations.jsonl").read_text().splitlines()]
+    at_4 = [e for e in evaluations if e["k"] == 4]
+    assert all(e["samples"] == 2 and e["accuracy"] == e["avg@2"] for e in evaluations)
+    assert all(e["pass@1"] == pytest.approx(e["accuracy"], abs=1e-12) for e in evaluations)
+    assert all(e["pass@1"] <= e["pass@2"] for e in evaluations)
+    assert [e.value for e in accuracy] == pytest.approx([e["accuracy"] for e in at_4])
+    assert [e.value for e in events.Scalars("eval/pass@2/K=4")] == pytest.approx([e["pass@2"] for e in at_4])
     histogram = events.Histograms("exit_depth")
     assert [h.step for h in histogram] == [0, 1]
     assert histogram[0].histogram_value.num == sum(rows[0]["exit_depth_histogram"].values())

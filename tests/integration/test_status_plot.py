@@ -16,7 +16,9 @@ import time
 
 from .test_train_cli import ouro
 
-TRAIN = ["train", "--updates", "3", "--prompts-per-update", "4", "--group-size", "2", "--eval-prompts", "8"]
+# two samples per held-out prompt: status and plot read accuracy, which is then avg@2
+TRAIN = ["train", "--updates", "3", "--prompts-per-update", "4", "--group-size", "2", "--eval-prompts", "8",
+         "--eval-samples", "2"]
 
 
 def status(run, cwd):
@@ -53,6 +55,9 @@ def test_status_of_a_running_and_a_finished_run_and_plot(tmp_path):
     assert (done["updates_done"], done["updates_total"], done["next_update"]) == (3, 3, 3)
     assert done["checkpoint"]["next_update"] == 3 and done["checkpoint"]["path"].endswith("iter_0000003")
     assert set(done["last_reward_per_k"]) == {"2", "3", "4"} and len(done["plan_sha256"]) == 64
+    end = {str(e["k"]): e for e in map(json.loads, (run / "evaluations.jsonl").read_text().splitlines())
+           if e["when"] == "end"}
+    assert {k: a["accuracy"] for k, a in done["accuracy_per_k"].items()} == {k: e["avg@2"] for k, e in end.items()}
     human = ouro("status", str(run), cwd=tmp_path)
     assert human.returncode == 0 and "complete" in human.stderr and "updates 3 of 3" in human.stderr
 
