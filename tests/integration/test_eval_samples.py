@@ -57,7 +57,7 @@ def _one_sample_reference() -> tuple[list[dict], list[str]]:
     from ouro_cli.rl.rollout import RolloutSampling, generate_groups
     from ouro_cli.rl.template import get_template
 
-    defaults = EvalOptions(model=str(TINY / "model"), data=str(TINY / "eval.jsonl"))
+    defaults = EvalOptions(model=str(TINY / "model"), data=str(TINY / "eval.jsonl")).validate()
     rows = load_dataset(TINY / "eval.jsonl", Columns())[:PROMPTS]
     reward = load_reward(defaults.task.reward_function)
     with single_process_group():
