@@ -5,6 +5,7 @@ memory flags at all, on a random Ouro-1.4B with a full-size tokenizer.
     python bench/e2e.py --cases a --updates 4    # one case, more updates
     python bench/e2e.py --shape tiny --updates 2 # the same path, tiny model and cases (CPU)
     python bench/e2e.py --nproc 2 --dist-optimizer   # also on 2 data-parallel GPUs: the scaling
+    python bench/e2e.py --cases a --train-args "--async-save --save-interval 1"  # any ouro train flags
 
 Cases (prompts x samples per prompt x response tokens, `--depths 2 3 4`):
   a  32 x 8 x 512     b  8 x 8 x 2,048     (--shape tiny: 4 x 4 x 64 and 2 x 4 x 256)
@@ -33,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -109,7 +111,7 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     cmd = [*launch, "-m", "ouro_cli.cli.app", "train", "--model", str(model), "--data", str(data),
            "--eval-data", "", "--run-dir", str(run), "--depths", "2", "3", "4", "--updates", str(updates),
            "--prompts-per-update", str(prompts), "--group-size", str(group), "--max-response-len", str(response),
-           "--save-interval", "0", *extra]
+           "--save-interval", "0", "--reward-function", "ouro_cli.rl.rewards.boxed_answer", *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
     print(f"== case {label}: {prompts} prompts x {group} samples x {response} tokens, {updates} updates"
@@ -199,7 +201,10 @@ def main() -> None:
     parser.add_argument("--pd", action="store_true",
                         help="also run each case with prefill on GPU 0 and decode on GPU 1 (--prefill-devices 0 "
                              "--decode-devices 1) and compare its rollout with the local engine's")
+    parser.add_argument("--train-args", default="",
+                        help="further ouro train flags for every run, e.g. '--async-save --offload-optimizer'")
     args = parser.parse_args()
+    base = tuple(shlex.split(args.train_args))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model, data = work / f"model-{args.shape}", work / "train.jsonl"
@@ -211,16 +216,17 @@ def main() -> None:
     write_data(data)
     results, pairs = [], []
     for c in args.cases:
-        one = run_case(c, args.shape, work, model, data, args.updates, args.timeout)
+        one = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1, base)
         results.append(one)
         if args.nproc > 1:
             for extra in [()] + ([("--dist-optimizer",)] if args.dist_optimizer else []):
-                many = run_case(c, args.shape, work, model, data, args.updates, args.timeout, args.nproc, extra)
+                many = run_case(c, args.shape, work, model, data, args.updates, args.timeout, args.nproc,
+                                base + extra)
                 results.append(many)
                 pairs.append((one, many))
         if args.pd:
             pd = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1,
-                          ("--prefill-devices", "0", "--decode-devices", "1"))
+                          base + ("--prefill-devices", "0", "--decode-devices", "1"))
             results.append(pd)
             if one["updates"] and pd["updates"]:
                 print(disaggregation(one, pd))
