@@ -150,7 +150,8 @@ def _write(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda:
     state = _state(module, optimizer, scheduler, is_loading=False, iteration=iteration,
                    extra=json.loads(extra_json), rng_state=rng.capture(on_cuda))
     request = dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy(),
-                                      content_metadata=CONTENT_METADATA, async_sharded_save=async_save)
+                                      content_metadata=CONTENT_METADATA, async_sharded_save=async_save,
+                                      **_async_strategy(dist_checkpointing.save))
     summary = {"iteration": iteration, "world_size": dist.get_world_size(), "scheduler": scheduler.state_dict(),
                "adam_steps": state["adam_steps"], "extra": json.loads(extra_json)}
 
@@ -165,6 +166,16 @@ def _write(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda:
         return root / layout.iteration_dir_name(iteration)
 
     return commit, request if async_save else None
+
+
+def _async_strategy(save: Callable[..., Any]) -> dict[str, str]:
+    """megatron-core's own background writer (`async_strategy="mcore"`) where `save` takes the
+    choice: from 0.17 it defaults to NVIDIA Resiliency Extension's writer, which needs the
+    `nvidia-resiliency-ext` package (measured on the H200 with 0.19.2: every --async-save
+    failed with ModuleNotFoundError); earlier versions have only megatron-core's."""
+    import inspect
+
+    return {"async_strategy": "mcore"} if "async_strategy" in inspect.signature(save).parameters else {}
 
 
 def _save_strategy():
