@@ -56,15 +56,35 @@ def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None
         text = f"{text} Or set {leaf.info.env}."  # the environment stands in for it (ouro_cli/settings.py)
     if not required:
         text = f"{text} \\[default: {leaf.shown_default if default is None else default}]"
-    flag = leaf.flag
-    if cli_type(leaf.type) is bool and "/" not in flag:  # a TOML file's `true` can be turned off by a flag
-        flag = f"{flag}/--no-{flag[2:]}"
-    info = typer.Option(flag, help=text, rich_help_panel=leaf.info.panel if panels else None, show_default=False)
+    info = typer.Option(leaf.flag, help=text, rich_help_panel=leaf.info.panel if panels else None,
+                        show_default=False)
     if required:
         return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[cli_type(leaf.type),
                                  info])
     return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[cli_type(leaf.type) | None, info])
+
+
+NEGATED = "no__"  # the parameter of a boolean's hidden --no-X flag: "no__" + the option's name
+
+
+def parameters(leaf: Leaf, **kwargs: Any) -> list[inspect.Parameter]:
+    """`parameter(leaf)`, and for a boolean flag its hidden `--no-X` (so that a TOML file's `true`
+    can be turned off from the command line): accepted, not listed, so the help's option column
+    keeps the width of the names (`with_options` turns it into the option's False)."""
+    main = parameter(leaf, **kwargs)
+    if leaf.info.argument or cli_type(leaf.type) is not bool or "/" in leaf.flag:
+        return [main]
+    negative = typer.Option(f"--no-{leaf.flag[2:]}", hidden=True)
+    return [main, inspect.Parameter(NEGATED + leaf.name, inspect.Parameter.KEYWORD_ONLY, default=False,
+                                    annotation=Annotated[bool, negative])]
+
+
+def fold_negations(params: dict[str, Any]) -> dict[str, Any]:
+    """Parsed parameters with each hidden `--no-X` given turned into X = False (`parameters`)."""
+    out = {k: v for k, v in params.items() if not k.startswith(NEGATED)}
+    out.update({k[len(NEGATED):]: False for k, v in params.items() if k.startswith(NEGATED) and v})
+    return out
 
 
 def json_parameter() -> inspect.Parameter:
@@ -86,7 +106,7 @@ def with_options(body: Callable[..., Any], options: list[inspect.Parameter], *, 
 
     @functools.wraps(body)
     def command(**params: Any) -> Any:
-        return body(**params)
+        return body(**fold_negations(params))
 
     parameters = [*head, *options, *tail]
     positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]

@@ -80,6 +80,7 @@ def _train_options(train_args: list[str]):
     from ouro_cli.errors import UserError
 
     from .app import app
+    from .options import fold_negations
     from .train import resolve_params
 
     command = typer.main.get_command(app).commands["train"]
@@ -89,7 +90,7 @@ def _train_options(train_args: list[str]):
         if not hasattr(err, "format_message"):
             raise
         raise UserError(f"the ouro train options: {err.format_message()}") from None
-    return resolve_params(params)
+    return resolve_params(fold_negations(params))
 
 
 def _print(report) -> None:
