@@ -2,9 +2,10 @@
 
     setup        data + reward + template checked before any model loads; trainer
                  (Megatron-core) and colocated engine built; initial publication
-    per update   K = depths[u % len]; prompts = cursor; rollout → rewards →
-                 group advantages → train step → rank check → publish (version + 1)
-                 → save → evaluate → one metrics line
+    per update   K = depths[u % len]; prompts = cursor; rollout → rewards → refill
+                 rounds (--filter-groups) → group advantages → train steps (one per
+                 --mini-batches run, --epochs times) → rank check → publish (version + 1)
+                 → save → evaluate → one metrics line   (docs/grpo.md)
     end          final evaluation, optional HF export, metrics.png
 
 Data parallelism (torchrun): every rank runs this loop. The ranks check that they agree
