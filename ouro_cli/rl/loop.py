@@ -449,9 +449,10 @@ def check_step(update: int, train: dict[str, Any], last_checkpoint: int) -> None
     optimizer skipped the step (trainer/step.py), and the run stops here, before publishing.
     An update whose mini-batches held no token (every group filtered) took no step: nothing to check."""
     loss, norm = train["loss"], train["grad_norm"]
-    if loss is None and not train["step_losses"]:
+    losses = train.get("step_losses", [loss])
+    if not losses:
         return
-    if train["step_applied"] and all(math.isfinite(x) for x in train["step_losses"]) and math.isfinite(norm):
+    if train["step_applied"] and all(math.isfinite(x) for x in losses) and math.isfinite(norm):
         return
     kept = f"its checkpoint at update {last_checkpoint}" if last_checkpoint else "no checkpoint yet"
     raise CheckFailed(f"update {update}: the loss ({loss}) or the gradient norm ({norm}) is not finite; the optimizer "
