@@ -131,3 +131,11 @@ def test_defaults_and_the_budgets_they_stand_for():
     assert options(filter_groups=True, prompts_per_update=5).refill_budget == 20
     assert options(filter_groups=True, max_refill=3).refill_budget == 3
     assert options(overlong="soft", overlong_buffer=5).length_buffer == 5
+
+
+def test_trackers_get_the_per_loop_logprobs_one_curve_per_loop():
+    from ouro_cli.rl.loggers import scalars
+
+    out = scalars({"update": 3, "k": 2, "train_loop_logprob_mean": [-1.5, -1.25, None, None], "groups_trained": 4})
+    assert out["train_loop_logprob_mean/t=1"] == -1.5 and out["train_loop_logprob_mean/t=2"] == -1.25
+    assert "train_loop_logprob_mean/t=3" not in out and out["groups_trained"] == 4.0
