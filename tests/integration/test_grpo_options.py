@@ -74,3 +74,41 @@ def test_soft_overlong_penalty_shapes_the_advantage_not_the_reward(tmp_path):
             expected = [x - (sum(shaped) - x) / (G - 1) for x in shaped]  # leave-one-out
             assert all(abs(a - b) < 1e-12 for a, b in zip(got, expected, strict=True))
         assert m["train_optimizer_steps"] == 1 and len(m["train_loop_logprob_mean"]) == 4
+
+
+def test_two_ranks_filter_refill_and_split_as_one_rank_does(tmp_path):
+    """Refill rounds and mini-batches depend on batch positions and rewards only: two gloo ranks
+    draw, filter, refill and train the same groups as one rank, and keep bit-identical replicas,
+    through a refill round of one prompt (one rank draws nothing), a spent budget, and steps in
+    which one rank holds no sample or no rank does."""
+    import os
+    import subprocess
+    import sys
+
+    from .test_train_cli import REPO
+
+    make_checkpoint(tmp_path)
+    flags = ["train", "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
+             "--prompts-per-update", "4", "--group-size", "3", "--max-response-len", "6", "--depths", "2", "4",
+             "--updates", "2", "--save-interval", "0", "--reward-function", BINARY_REWARD, "--filter-groups",
+             "--max-refill", "1", "--mini-batches", "3"]  # a refill round of one prompt: rank 1 draws none
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "ouro_cli.cli.app", *flags, "--run-dir", str(tmp_path / "two")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-4000:]
+    one = ouro(*flags, "--run-dir", str(tmp_path / "one"), cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    lines = {n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+             for n in ("one", "two")}
+    keys = ("prompts_drawn", "groups_filtered", "groups_trained", "refill_rounds", "train_optimizer_steps",
+            "train_empty_mini_batches", "train_samples", "train_response_tokens")
+    assert [[m[k] for k in keys] for m in lines["one"]] == [[m[k] for k in keys] for m in lines["two"]]
+    assert sum(m["refill_rounds"] for m in lines["one"]) > 0 and any(m["refill_exhausted"] for m in lines["one"])
+    assert all(m["params_identical_across_ranks"] for m in lines["two"])
+    for update in range(2):
+        name = f"update_{update:06d}.jsonl"
+        a, b = ([json.loads(x) for x in (tmp_path / n / "rollouts" / name).read_text().splitlines()]
+                for n in ("one", "two"))
+        fields = ("group", "problem_id", "seed", "response_ids", "reward", "advantage", "trained")
+        assert [[r[f] for f in fields] for r in a] == [[r[f] for f in fields] for r in b]
