@@ -71,21 +71,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             )
             new, logp = token_logprobs(logits, mb.targets, mb.temperatures)
             del logits
-            score = new
-            if per_loop:
-                depth = mb.depths[mb.score_rows, mb.score_cols]
-                per_loop_lp = loop_logprobs(model, states, depth, new, mb.targets, mb.temperatures)
-                lambdas = None
-                if config.loop_weighting == "exit-pdf":
-                    with torch.no_grad():  # the gate is frozen: its distribution only weighs
-                        lambdas = torch.stack([model.exit_lambda(states[t].detach()) for t in sorted(states)], -1)
-                omega = loop_weights(depth, len(states), config.loop_weighting, alpha=config.loop_weight_alpha,
-                                     lambdas=lambdas, num_loops=num_loops)
-                score = weighted_score(new, per_loop_lp, omega)
-                with torch.no_grad():
-                    ran = (torch.arange(1, len(states) + 1, device=depth.device)[None, :] <= depth[:, None])
-                    loop_sums[:len(states)] += (per_loop_lp.detach() * ran).sum(0).double().cpu()
-                    loop_counts[:len(states)] += ran.sum(0).double().cpu()
+            score = _loop_weighted(model, config, mb, states, new, loop_sums, loop_counts) if per_loop else new
             del states
             terms = clipped_surrogate(score, mb.rollout_logprobs, mb.advantages, config.eps_low, config.eps_high)
             loss = (terms.loss * mb.weights).sum()
@@ -109,6 +95,25 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
     if per_loop:
         out.update(_reduce_loops(loop_sums, loop_counts, device))
     return out
+
+
+def _loop_weighted(model, config: TrainerConfig, mb: MicroBatch, states: dict[int, torch.Tensor],
+                   exit_logprobs: torch.Tensor, loop_sums: torch.Tensor, loop_counts: torch.Tensor) -> torch.Tensor:
+    """The log-probability the surrogate gets under loop weighting (loss.weighted_score), from the
+    scored positions' loop states; adds each loop's log-probabilities and token count to the sums."""
+    depth = mb.depths[mb.score_rows, mb.score_cols]
+    per_loop = loop_logprobs(model, states, depth, exit_logprobs, mb.targets, mb.temperatures)
+    lambdas = None
+    if config.loop_weighting == "exit-pdf":
+        with torch.no_grad():  # the gate is frozen: its distribution only weighs
+            lambdas = torch.stack([model.exit_lambda(states[t].detach()) for t in sorted(states)], -1)
+    omega = loop_weights(depth, len(states), config.loop_weighting, alpha=config.loop_weight_alpha,
+                         lambdas=lambdas, num_loops=model.num_loops)
+    with torch.no_grad():
+        ran = torch.arange(1, len(states) + 1, device=depth.device)[None, :] <= depth[:, None]
+        loop_sums[:len(states)] += (per_loop.detach() * ran).sum(0).double().cpu()
+        loop_counts[:len(states)] += ran.sum(0).double().cpu()
+    return weighted_score(exit_logprobs, per_loop, omega)
 
 
 def loop_logprobs(model, states: dict[int, torch.Tensor], depth: torch.Tensor, exit_logprobs: torch.Tensor,
