@@ -15,7 +15,7 @@ from typing import Any
 from rich.markup import escape
 
 from .common import console, run_command
-from .options import json_parameter, parameter, with_options
+from .options import json_parameter, parameters, with_options
 
 EPILOG = """Examples:
 
@@ -58,7 +58,7 @@ def _command():
     from ouro_cli import config as tree
     from ouro_cli.rl.options import EvalOptions
 
-    flags = [parameter(leaf, panels=False) for leaf in tree.leaves(EvalOptions).values()]
+    flags = [p for leaf in tree.leaves(EvalOptions).values() for p in parameters(leaf, panels=False)]
     return with_options(_eval, flags, tail=[json_parameter()])
 
 

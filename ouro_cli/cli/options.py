@@ -56,7 +56,8 @@ def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None
         text = f"{text} Or set {leaf.info.env}."  # the environment stands in for it (ouro_cli/settings.py)
     if not required:
         text = f"{text} \\[default: {leaf.shown_default if default is None else default}]"
-    info = typer.Option(leaf.flag, help=text, rich_help_panel=leaf.info.panel if panels else None, show_default=False)
+    info = typer.Option(leaf.flag, help=text, rich_help_panel=leaf.info.panel if panels else None,
+                        show_default=False)
     if required:
         return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[cli_type(leaf.type),
                                  info])
@@ -64,29 +65,25 @@ def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None
                              annotation=Annotated[cli_type(leaf.type) | None, info])
 
 
-NEGATION = "no_"  # the parameter of a boolean option's hidden --no-X flag: its name, prefixed
+NEGATED = "no__"  # the parameter of a boolean's hidden --no-X flag: "no__" + the option's name
 
 
-def negations(leaves: Iterable[Leaf]) -> list[inspect.Parameter]:
-    """A hidden `--no-X` flag for every boolean option `--X` without a spelling of its own for
-    off, so that a `true` in a TOML file can be turned off on the command line (hidden: the
-    help's option column stays within 80 columns). `with_options` folds them back into X."""
-    params = []
-    for leaf in leaves:
-        if cli_type(leaf.type) is bool and "/" not in leaf.flag and not leaf.info.argument:
-            info = typer.Option("--no-" + leaf.flag[2:], hidden=True)
-            params.append(inspect.Parameter(NEGATION + leaf.name, inspect.Parameter.KEYWORD_ONLY, default=False,
-                                            annotation=Annotated[bool, info]))
-    return params
+def parameters(leaf: Leaf, **kwargs: Any) -> list[inspect.Parameter]:
+    """`parameter(leaf)`, and for a boolean flag its hidden `--no-X` (so that a TOML file's `true`
+    can be turned off from the command line): accepted, not listed, so the help's option column
+    keeps the width of the names (`with_options` turns it into the option's False)."""
+    main = parameter(leaf, **kwargs)
+    if leaf.info.argument or cli_type(leaf.type) is not bool or "/" in leaf.flag:
+        return [main]
+    negative = typer.Option(f"--no-{leaf.flag[2:]}", hidden=True)
+    return [main, inspect.Parameter(NEGATED + leaf.name, inspect.Parameter.KEYWORD_ONLY, default=False,
+                                    annotation=Annotated[bool, negative])]
 
 
 def fold_negations(params: dict[str, Any]) -> dict[str, Any]:
-    """Parsed parameters with each hidden `no_X` (see `negations`) folded into X: off when
-    `--no-X` was given (over any --config file), untouched otherwise."""
-    out = {k: v for k, v in params.items() if not k.startswith(NEGATION)}
-    for name, given in params.items():
-        if name.startswith(NEGATION) and given:
-            out[name[len(NEGATION):]] = False
+    """Parsed parameters with each hidden `--no-X` given turned into X = False (`parameters`)."""
+    out = {k: v for k, v in params.items() if not k.startswith(NEGATED)}
+    out.update({k[len(NEGATED):]: False for k, v in params.items() if k.startswith(NEGATED) and v})
     return out
 
 

@@ -22,7 +22,7 @@ from rich.markup import escape
 from ouro_cli.config import P_DATA, P_OPT
 
 from .common import console, hidden_alias, is_main_rank, run_command
-from .options import by_panel, json_parameter, negations, parameter, with_options
+from .options import by_panel, json_parameter, parameters, with_options
 
 TRAIN_EPILOG = """Examples:
 
@@ -110,14 +110,14 @@ def _train_command():
     config = inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
         Path | None, typer.Option("--config", help="TOML file with any of these options (flags override it). "
                                   "\\[default: none]", rich_help_panel=P_DATA, show_default=False)])
-    leaves = by_panel(tree.leaves(TrainOptions).values())
-    flags = [parameter(leaf) for leaf in leaves]
-    return with_options(_train, flags, head=[config], tail=[*negations(leaves), json_parameter()])
+    flags = [p for leaf in by_panel(tree.leaves(TrainOptions).values()) for p in parameters(leaf)]
+    return with_options(_train, flags, head=[config], tail=[json_parameter()])
 
 
 # What `ouro resume` accepts besides --updates: the options a run may change (plan.FREE_KEYS and,
 # with --override-scheduler, the LR), and some of its contract, which must equal the run's.
-RESUME_OPTIONS = ("depths", "lr", "seed", "temperature", "group_size", "prompts_per_update", "max_num_seqs",
+RESUME_OPTIONS = ("depths", "lr", "seed", "temperature", "group_size", "prompts_per_update", "advantage",
+                  "mini_batches", "epochs", "overlong", "loop_weighting", "max_num_seqs",
                   "kv_transport", "compile", "compile_layers", "decode_attention", "decode_gemv", "replay_attention",
                   "eval_interval", "save_interval", "export_hf", "save_on_interrupt", "async_save")
 
@@ -142,7 +142,7 @@ def _resume_command():
     for leaf in by_panel(table[name] for name in RESUME_OPTIONS):
         help = ("New LR (needs --override-scheduler)." if leaf.name == "lr" else None if leaf.name in FREE_KEYS
                 else "Must equal the run's (checked).")
-        flags.append(parameter(leaf, help=help, default="the run's"))
+        flags.extend(parameters(leaf, help=help, default="the run's"))
     return with_options(_resume, flags, head=head, tail=[json_parameter()])
 
 
@@ -208,8 +208,7 @@ def _print_evaluations(summary: dict[str, Any]) -> None:
     after = summary["evaluations_after"]
     if not after:
         return
-    samples = after[0].get("samples", 1)
-    table = Table(title="held-out accuracy" + (f" (avg@{samples}; pass@k in evaluations.jsonl)" if samples > 1 else ""))
+    table = Table(title="held-out accuracy")
     for col in ("K", "before", "after", "mean exit depth", "mean tokens"):
         table.add_column(col, justify="right")
     for e in after:

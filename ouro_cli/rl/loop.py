@@ -2,9 +2,10 @@
 
     setup        data + reward + template checked before any model loads; trainer
                  (Megatron-core) and colocated engine built; initial publication
-    per update   K = depths[u % len]; prompts = cursor; rollout → rewards →
-                 group advantages → train step → rank check → publish (version + 1)
-                 → save → evaluate → one metrics line
+    per update   K = depths[u % len]; prompts = cursor; rollout → rewards → refill
+                 rounds (--filter-groups) → group advantages → train steps (one per
+                 --mini-batches run, --epochs times) → rank check → publish (version + 1)
+                 → save → evaluate → one metrics line   (docs/grpo.md)
     end          final evaluation, optional HF export, metrics.png
 
 Data parallelism (torchrun): every rank runs this loop. The ranks check that they agree
@@ -46,11 +47,12 @@ from ouro_cli.testing import faults
 
 from . import plan as plans
 from . import records as run_records
-from .advantages import group_advantages
+from .advantages import group_advantages, length_penalty, zero_variance
 from .cursor import DataCursor
 from .data import Row, columns_for, data_sha256, load_dataset
 from .digest import params_sha256, state_digest
 from .evaluate import evaluate
+from .groups import first_groups, refill_size, split_groups
 from .loggers import Trackers
 from .metrics import (
     append_jsonl,
@@ -134,10 +136,19 @@ def _check_inputs(options: TrainOptions):
 
 def _trainer_config(options: TrainOptions, sizing: RunSizing):
     """The run's trainer config with what the run decides filled in: the memory plan's micro-batch
-    tokens and recompute (rl/sizing.py), and a cosine schedule's length (its updates)."""
-    return dataclasses.replace(options.trainer, max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
+    tokens and recompute (rl/sizing.py), the aggregation "auto" stands for (constant_length under
+    --advantage dr-grpo, over --max-response-len), and the LR schedule in optimizer steps: the
+    warmup (--warmup-steps counts updates) and a cosine schedule's length (its updates), each
+    times the steps of an update (--mini-batches × --epochs; Trainer.train_update)."""
+    t, steps = options.trainer, options.optimizer_steps_per_update
+    aggregation = t.aggregation
+    if aggregation == "auto":
+        aggregation = "constant_length" if options.advantage == "dr-grpo" else "token_mean"
+    return dataclasses.replace(t, max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
                                recompute="on" if sizing.recompute else "off",
-                               decay_steps=options.updates if options.trainer.lr_schedule == "cosine" else None)
+                               aggregation=aggregation, aggregation_length=options.sampling.max_response_len,
+                               warmup_steps=t.warmup_steps * steps,
+                               decay_steps=options.updates * steps if t.lr_schedule == "cosine" else None)
 
 
 def _all_gather(value: Any) -> list[Any]:
@@ -320,12 +331,17 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
 
 # ---- one update, stage by stage ------------------------------------------------------
 
-def rollout_stage(s: Session, update: int, k: int) -> tuple[list[RolloutSample], int]:
-    """This rank's samples, and how many ranks agreed on the update's plan."""
-    batch = s.cursor.next_batch(s.options.prompts_per_update)
-    agreed = _agree((update, k, batch), "update plan (update, K, prompts)")
-    positions = range(s.rank, len(batch), s.world)
-    mine = [batch[p] for p in positions]
+def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
+                  prompts: int | None = None) -> tuple[list[RolloutSample], int]:
+    """This rank's samples of the next `prompts` (default --prompts-per-update) prompts of the
+    cursor, which take the update's batch positions start, start + 1, …; and how many ranks
+    agreed on them."""
+    batch = s.cursor.next_batch(prompts or s.options.prompts_per_update)
+    agreed = _agree((update, k, start, batch), "update plan (update, K, first position, prompts)")
+    positions = range(start + s.rank, start + len(batch), s.world)
+    mine = [batch[p - start] for p in positions]
+    if not mine:  # a refill round smaller than the rank count
+        return [], agreed
     try:
         return generate_groups(s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], s.sampling,
                                group_size=s.options.group_size, k=k, update=update, positions=positions), agreed
@@ -333,10 +349,49 @@ def rollout_stage(s: Session, update: int, k: int) -> tuple[list[RolloutSample],
         raise CheckFailed(f"update {update}: {err}") from err
 
 
+def refill_stage(s: Session, update: int, k: int, samples: list[RolloutSample]) -> tuple[list[int], dict[str, Any]]:
+    """The positions of the groups the update trains, in order, and what choosing them took.
+
+    Without --filter-groups: every group of the batch. With it: groups whose raw rewards are
+    all equal are dropped, and refill rounds (same K, same weights, the seeds of the positions
+    they take) draw more prompts from the cursor until --prompts-per-update groups remain or
+    --max-refill prompts were drawn (rl/groups.py). `samples` gains the refill rounds' samples."""
+    wanted = s.options.prompts_per_update
+    if not s.options.filter_groups:
+        return list(range(wanted)), {"prompts_drawn": wanted, "groups_filtered": 0, "groups_trained": wanted,
+                                     "refill_rounds": 0, "refill_exhausted": False}
+    flags = _group_flags(samples)
+    drawn, budget, rounds = wanted, s.options.refill_budget, 0
+    while True:
+        kept = sum(signal for _, signal in flags)
+        n = refill_size(wanted=wanted, kept=kept, drawn=drawn, budget_left=budget, per_round=wanted)
+        if n == 0:
+            break
+        more, _ = rollout_stage(s, update, k, start=drawn, prompts=n)
+        score_stage(s, update, more)
+        samples.extend(more)
+        flags += _group_flags(more)
+        drawn, budget, rounds = drawn + n, budget - n, rounds + 1
+    trained = first_groups(flags, wanted)
+    return trained, {"prompts_drawn": drawn, "groups_filtered": sum(not signal for _, signal in flags),
+                     "groups_trained": len(trained), "refill_rounds": rounds,
+                     "refill_exhausted": len(trained) < wanted}
+
+
+def _group_flags(samples: list[RolloutSample]) -> list[tuple[int, bool]]:
+    """(position, carries signal) of every group, from every rank: signal is a raw reward that
+    differs within the group (a shaped reward never decides)."""
+    rewards: dict[int, list[float]] = {}
+    for x in samples:
+        rewards.setdefault(x.group, []).append(x.reward)
+    mine = [(group, not zero_variance(r)) for group, r in rewards.items()]
+    return sorted(flag for part in _all_gather(mine) for flag in part)
+
+
 def score_stage(s: Session, update: int, samples: list[RolloutSample]) -> None:
-    """Rewards, then group advantages. A reward that is not a finite real number, or a reward
-    function that raises, stops the run (exit 1) before anything trains on the update, naming
-    the function, the problem and the value; the ranks agree first, so none waits in a collective."""
+    """Raw rewards. A reward that is not a finite real number, or a reward function that
+    raises, stops the run (exit 1) before anything trains on the update, naming the
+    function, the problem and the value; the ranks agree first, so none waits in a collective."""
     problem = None
     for sample in samples:
         try:
@@ -353,24 +408,49 @@ def score_stage(s: Session, update: int, samples: list[RolloutSample]) -> None:
     problems = [p for p in _all_gather(problem) if p is not None]
     if problems:
         raise CheckFailed(problems[0])
-    for sample, adv in zip(samples, group_advantages([x.reward for x in samples], s.options.group_size), strict=True):
+
+
+def advantage_stage(s: Session, samples: list[RolloutSample]) -> None:
+    """Shaped rewards (raw + --overlong soft's length penalty), then each group's advantages by
+    --advantage (rl/advantages.py); this rank holds whole groups."""
+    o = s.options
+    for x in samples:
+        x.penalty = length_penalty(len(x.response_ids), o.sampling.max_response_len, o.length_buffer) \
+            if o.overlong == "soft" else 0.0
+    shaped = [x.reward + x.penalty for x in samples]
+    for sample, adv in zip(samples, group_advantages(shaped, o.group_size, o.advantage), strict=True):
         sample.advantage = adv
 
 
-def train_stage(s: Session, samples: list[RolloutSample]) -> dict[str, float]:
+def train_stage(s: Session, samples: list[RolloutSample], trained: list[int]) -> dict[str, Any]:
+    """The trained groups cut into --mini-batches runs of whole groups (rl/groups.py), each this
+    rank's share of one optimizer step, --epochs times over. --overlong mask leaves truncated
+    responses out of the loss (their group's advantages were taken with them)."""
     from ouro_cli.trainer import Sample
 
-    batch = [Sample(prompt_ids=x.prompt_ids, response_ids=x.response_ids, exit_depths=x.exit_depths,
-                    rollout_logprobs=x.logprobs, advantage=x.advantage, temperature=s.sampling.temperature)
-             for x in samples]
-    return s.trainer.train_step(batch)
+    chosen = set(trained)
+    masked = 0
+    for x in samples:
+        x.trained = x.group in chosen and not (s.options.overlong == "mask" and x.finish_reason == "length")
+        masked += x.group in chosen and not x.trained
+    runs = [set(run) for run in split_groups(trained, s.options.mini_batches)]
+    batches = [[Sample(prompt_ids=x.prompt_ids, response_ids=x.response_ids, exit_depths=x.exit_depths,
+                       rollout_logprobs=x.logprobs, advantage=x.advantage, temperature=s.sampling.temperature)
+                for x in samples if x.trained and x.group in run] for run in runs]
+    metrics = s.trainer.train_update(batches, epochs=s.options.epochs)
+    metrics["overlong_masked"] = sum(_all_gather(masked))
+    return metrics
 
 
 def check_step(update: int, train: dict[str, Any], last_checkpoint: int) -> None:
     """A non-finite loss or gradient norm must never reach the engine or a checkpoint: the
-    optimizer skipped the step (trainer/step.py), and the run stops here, before publishing."""
+    optimizer skipped the step (trainer/step.py), and the run stops here, before publishing.
+    An update whose mini-batches held no token (every group filtered) took no step: nothing to check."""
     loss, norm = train["loss"], train["grad_norm"]
-    if train["step_applied"] and math.isfinite(loss) and math.isfinite(norm):
+    losses = train.get("step_losses", [loss])
+    if not losses:
+        return
+    if train["step_applied"] and all(math.isfinite(x) for x in losses) and math.isfinite(norm):
         return
     kept = f"its checkpoint at update {last_checkpoint}" if last_checkpoint else "no checkpoint yet"
     raise CheckFailed(f"update {update}: the loss ({loss}) or the gradient norm ({norm}) is not finite; the optimizer "
@@ -429,11 +509,15 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         samples, plan_agreed = rollout_stage(s, update, k)
     faults.point("rollout")
     score_stage(s, update, samples)
+    with phase(timing, "refill", device, f"update {update}, refill rounds of up to {s.options.prompts_per_update} "
+               "prompts", "--gpu-memory-utilization or --max-num-seqs"):
+        trained, selection = refill_stage(s, update, k, samples)
+    advantage_stage(s, samples)
     hand_back(s.engine, device)  # the trainer may use the KV cache's memory until the next rollout
     with phase(timing, "train", device, f"update {update}, {len(samples)} samples in micro-batches of up to "
                f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}",
                "--max-tokens-per-micro-batch or --gpu-memory-utilization, or pass --recompute on"):
-        train = train_stage(s, samples)
+        train = train_stage(s, samples, trained)
     check_step(update, train, s.plan["next_update"])
     if device.type == "cuda":
         torch.cuda.empty_cache()  # activations freed: the KV cache is allocated whole again
@@ -465,7 +549,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         "update": update, "k": k, "weight_version": samples[0].weight_version, "config_hash": samples[0].config_hash,
         "ranks": s.world, "plan_agreed_ranks": plan_agreed, "params_identical_across_ranks": identical,
         **{f"rank_{key}": [r[key] for r in ranks] for key in ranks[0]}, "rank_check_s": t_check - t_train,
-        "state_sha256": digest, **rollout_summary(records),
+        "state_sha256": digest, **rollout_summary(records), **selection,
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),

@@ -192,6 +192,23 @@ class TrainOptions:
     prompts_per_update: int = option(16, help="Prompts per update (global).", panel=P_GRPO)
     group_size: int = option(8, help="Samples per prompt.", panel=P_GRPO)
     sampling: SamplingOptions = section(SamplingOptions)
+    # what an update trains on, and how (docs/grpo.md)
+    advantage: Literal["grpo", "dr-grpo", "rloo"] = option(
+        "grpo", help="grpo: (r - group mean) / group std; dr-grpo: r - group mean, with a constant-length loss; rloo: "
+        "r - mean of the group's other rewards.", panel=P_GRPO)
+    mini_batches: int = option(1, help="Optimizer steps per update: its groups split, in order, into N mini-batches.",
+                               panel=P_GRPO)
+    epochs: int = option(1, help="Passes over the update's mini-batches.", panel=P_GRPO)
+    filter_groups: bool = option(False, help="Drop groups whose rewards are all equal and draw more prompts to refill "
+                                 "the update (DAPO dynamic sampling).", panel=P_GRPO)
+    max_refill: int | None = option(None, help="Prompts --filter-groups may draw beyond --prompts-per-update.",
+                                    panel=P_GRPO, shown="4 x --prompts-per-update")
+    overlong: Literal["none", "mask", "soft"] = option(
+        "none", help="Truncated responses: trained as any other (none), left out of the loss (mask), or penalised "
+        "over --overlong-buffer (soft).", panel=P_GRPO)
+    overlong_buffer: int | None = option(None, help="soft: the last N tokens of --max-response-len, over which the "
+                                         "length penalty falls from 0 to -1.", panel=P_GRPO,
+                                         shown="a quarter of --max-response-len")
     seq_length: int | None = option(None, help="Prompt + response token limit.", panel=P_GRPO, shown="the model's")
     max_position_embeddings: int | None = option(None, help="Must equal the model's value when given.", panel=P_GRPO,
                                                  shown="the model's")
@@ -242,6 +259,7 @@ class TrainOptions:
                             f"got {self.group_size}")
         tree.at_least(1, updates=self.updates, prompts_per_update=self.prompts_per_update,
                       eval_prompts=self.eval_prompts, eval_samples=self.eval_samples)
+        self._validate_update()
         if self.save_interval < 0 or self.eval_interval < 0:
             raise UserError("--save-interval and --eval-interval must be >= 0")
         if self.save_on_interrupt not in ("auto", "on", "off"):
@@ -253,6 +271,45 @@ class TrainOptions:
         self.trainer.validate()
         self.execution.check(self.trainer.resolved_device)
         return self
+
+    def _validate_update(self) -> None:
+        """The update's shape: mini-batches of whole groups, refill budget, overlong handling."""
+        for flag, value, allowed in (("--advantage", self.advantage, ("grpo", "dr-grpo", "rloo")),
+                                     ("--overlong", self.overlong, ("none", "mask", "soft"))):
+            if value not in allowed:
+                raise UserError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
+        tree.at_least(1, mini_batches=self.mini_batches, epochs=self.epochs,
+                      overlong_buffer=self.overlong_buffer)
+        tree.at_least(0, max_refill=self.max_refill)
+        if self.mini_batches > self.prompts_per_update:
+            raise UserError(f"--mini-batches {self.mini_batches} is more than the {self.prompts_per_update} prompts "
+                            "of an update: a mini-batch holds whole groups; use at most --prompts-per-update")
+        if self.max_refill is not None and not self.filter_groups:
+            raise UserError("--max-refill is the budget of --filter-groups; pass --filter-groups too, or drop it")
+        if self.overlong_buffer is not None:
+            if self.overlong != "soft":
+                raise UserError("--overlong-buffer is the penalty buffer of --overlong soft; pass it too, or drop it")
+            if self.overlong_buffer > self.sampling.max_response_len:
+                raise UserError(f"--overlong-buffer {self.overlong_buffer} is more than --max-response-len "
+                                f"{self.sampling.max_response_len}")
+
+    @property
+    def refill_budget(self) -> int:
+        """Prompts --filter-groups may draw beyond the update's first --prompts-per-update."""
+        if not self.filter_groups:
+            return 0
+        return 4 * self.prompts_per_update if self.max_refill is None else self.max_refill
+
+    @property
+    def length_buffer(self) -> int:
+        """--overlong soft's buffer in tokens (at least 1)."""
+        if self.overlong_buffer is not None:
+            return self.overlong_buffer
+        return max(1, self.sampling.max_response_len // 4)
+
+    @property
+    def optimizer_steps_per_update(self) -> int:
+        return self.mini_batches * self.epochs
 
     def _validate_speculation(self) -> None:
         """Speculation verifies every draft at full depth T: it needs `--depths T` alone (the loop

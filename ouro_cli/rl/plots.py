@@ -26,7 +26,7 @@ from typing import Any
 
 from .metrics import read_jsonl
 
-PHASES = (("rollout_s", "rollout"), ("train_s", "train"), ("publish_s", "publish"), ("save_s", "save"))
+PHASES = (("rollout_s", "rollout"), ("refill_s", "refill"), ("train_s", "train"), ("publish_s", "publish"), ("save_s", "save"))
 RUNNING_MEAN = 5
 
 

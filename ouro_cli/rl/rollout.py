@@ -46,8 +46,10 @@ class RolloutSample:
     k: int
     config_hash: str
     text: str
-    reward: float = 0.0
+    reward: float = 0.0  # the reward function's (raw)
+    penalty: float = 0.0  # --overlong soft's length penalty, added to the reward for the advantage
     advantage: float = 0.0
+    trained: bool = True  # False: its group was filtered or not needed, or --overlong mask left it out
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -61,7 +63,8 @@ class RolloutSample:
             "weight_version": self.weight_version, "seed": self.seed, "config_hash": self.config_hash,
             "prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "exit_depths": self.exit_depths,
             "logprobs": [float(x).hex() for x in self.logprobs], "finish_reason": self.finish_reason,
-            "reward": self.reward, "advantage": self.advantage, "text": self.text,
+            "reward": self.reward, "length_penalty": self.penalty, "advantage": self.advantage,
+            "trained": self.trained, "text": self.text,
         }
 
 

@@ -120,16 +120,23 @@ class WorkCounter:
         }
 
 
-def loss_weights(samples: Sequence[Sample], aggregation: str, global_tokens: int, global_samples: int) -> list[list[float]]:
+def loss_weights(samples: Sequence[Sample], aggregation: str, global_tokens: int, global_samples: int,
+                 length: int | None = None) -> list[list[float]]:
     """Per response token of each sample, its weight in the global-batch loss.
 
     token_mean: every response token of the global batch weighs 1 / (total response tokens);
-    sequence_mean: each sample's token mean, averaged over all samples (1 / (n_i · samples)).
+    sequence_mean: each sample's token mean, averaged over all samples (1 / (n_i · samples));
+    constant_length (Dr. GRPO): every token weighs 1 / (samples · `length`), the length budget,
+    so a sample's weight grows with its length and no length is favoured by the normaliser.
     """
     if aggregation == "token_mean":
         return [[1.0 / global_tokens] * len(s.response_ids) for s in samples]
     if aggregation == "sequence_mean":
         return [[1.0 / (len(s.response_ids) * global_samples)] * len(s.response_ids) for s in samples]
+    if aggregation == "constant_length":
+        if length is None:
+            raise ValueError("constant_length aggregation needs the length budget (aggregation_length)")
+        return [[1.0 / (length * global_samples)] * len(s.response_ids) for s in samples]
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 

@@ -4,14 +4,15 @@ flags, TOML keys and recorded options are these fields (ouro_cli/config.py); the
 declared with `option` are the ones a run may set, the others belong to the Python API.
 
 Defaults follow docs/architecture.md §3: clipped policy gradient with ε_low 0.2 / ε_high 0.28,
-token-mean aggregation, Adam, gradient clipping at 1.0, constant LR 1e-4 (tuned for the
-bundled tiny model). The parameter dtype defaults to bf16 on CUDA (fp32 main weights in the
+token-mean aggregation, the exit loop's log-probability (docs/grpo.md), Adam, gradient
+clipping at 1.0, constant LR 1e-4 (tuned for the bundled tiny model). The parameter dtype defaults to bf16 on CUDA (fp32 main weights in the
 optimizer) and fp32 on CPU, where bf16 buys nothing and exactness tests need fp32.
 Importing this module does not import torch (`ouro --help` builds its flags from it).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +20,8 @@ from ouro_cli.config import P_ENGINE, P_GRPO, P_OPT, P_RUN, option
 from ouro_cli.errors import UserError
 
 DTYPES = ("fp32", "bf16")
+AGGREGATIONS = ("auto", "token_mean", "sequence_mean", "constant_length")
+LOOP_WEIGHTINGS = ("exit", "uniform", "progressive", "exit-pdf")
 DEFAULT_SEED = 1234
 
 
@@ -56,8 +59,17 @@ class TrainerConfig:
     # ---- GRPO loss ----------------------------------------------------------------
     eps_low: float = option(0.2, help="Ratio clip below 1.", panel=P_OPT)
     eps_high: float = option(0.28, help="Ratio clip above 1.", panel=P_OPT)
-    aggregation: Literal["token_mean", "sequence_mean"] = option(
-        "token_mean", help="token_mean or sequence_mean.", panel=P_OPT)
+    aggregation: Literal["auto", "token_mean", "sequence_mean", "constant_length"] = option(
+        "auto", help="How token terms are averaged: token_mean, sequence_mean, constant_length (sum over the "
+        "batch / (samples x --max-response-len)), or auto: constant_length under --advantage dr-grpo, else "
+        "token_mean.", panel=P_OPT)
+    aggregation_length: int | None = None  # constant_length's length; the job: its --max-response-len
+    loop_weighting: Literal["exit", "uniform", "progressive", "exit-pdf"] = option(
+        "exit", help="Whose log-probability the policy gradient follows: the exit loop's (exit), or a weighted sum "
+        "over the executed loops: uniform, progressive (weight t^alpha), exit-pdf (the frozen exit gate's "
+        "distribution).", panel=P_OPT)
+    loop_weight_alpha: float = option(1.0, help="progressive: the exponent alpha of loop t's weight t^alpha.",
+                                      panel=P_OPT)
 
     # ---- micro-batching -----------------------------------------------------------
     max_tokens_per_micro_batch: int | None = option(
@@ -103,8 +115,12 @@ class TrainerConfig:
         need(self.recompute in ("auto", "on", "off"), f"--recompute must be auto, on or off, got {self.recompute!r}")
         need(self.eps_low >= 0 and self.eps_high >= 0, "--eps-low and --eps-high must be >= 0")
         need(self.eps_low < 1, "--eps-low must be < 1 (the ratio is clipped at 1 - eps_low)")
-        need(self.aggregation in ("token_mean", "sequence_mean"),
-             f"--aggregation must be token_mean or sequence_mean, got {self.aggregation!r}")
+        need(self.aggregation in AGGREGATIONS,
+             f"--aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
+        need(self.aggregation_length is None or self.aggregation_length >= 1, "aggregation_length must be >= 1")
+        need(self.loop_weighting in LOOP_WEIGHTINGS,
+             f"--loop-weighting must be one of {', '.join(LOOP_WEIGHTINGS)}, got {self.loop_weighting!r}")
+        need(math.isfinite(self.loop_weight_alpha), "--loop-weight-alpha must be a finite number")
         need(self.micro_batch_size is None or self.micro_batch_size >= 1,
              f"--micro-batch-size must be at least 1, got {self.micro_batch_size}")
         need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 2,
@@ -122,6 +138,11 @@ class TrainerConfig:
         need(self.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping)")
         need(self.keep_last is None or self.keep_last >= 1, "--keep-last must be at least 1")
         return self
+
+    @property
+    def resolved_aggregation(self) -> str:
+        """The aggregation the loss uses: "auto" is token_mean here (the job resolves it first)."""
+        return "token_mean" if self.aggregation == "auto" else self.aggregation
 
     @property
     def recomputes(self) -> bool:

@@ -13,6 +13,11 @@ terms are summed with weights that implement token-mean or sequence-mean over th
 global batch (batching.loss_weights).
 
 Log-softmax runs in fp32 over the full vocabulary, only at the scored positions.
+
+Loop weighting (`loop_weighting`, docs/grpo.md): the ratio and its clip stay on the exit
+loop's log-probability (the distribution the engine sampled), while the gradient follows
+Σ_t ω_t ∇ log π^(t) over the loops t ≤ d the token executed (`weighted_score`); `loop_weights`
+gives ω. With `exit`, ω is one-hot at t = d and nothing extra is computed.
 """
 
 from __future__ import annotations
@@ -51,3 +56,45 @@ def entropy(logp: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         p = logp.exp()
         return -torch.xlogy(p, p).sum(-1)  # 0·log 0 = 0 where a probability underflows
+
+
+def loop_weights(depths: torch.Tensor, loops: int, scheme: str, *, alpha: float = 1.0,
+                 lambdas: torch.Tensor | None = None, num_loops: int | None = None) -> torch.Tensor:
+    """ω [N, loops] over the loops t = 1..loops for tokens that executed `depths` [N] loops: zero
+    for t > d, summing to 1 over t ≤ d, no gradient.
+
+    uniform: 1/d. progressive: t^α / Σ_{s≤d} s^α. exit-pdf: the exit gate's distribution
+    p_t = λ_t Π_{s<t}(1 − λ_s) (t < T), p_T = Π_{s<T}(1 − λ_s), from `lambdas` [N, loops] (the
+    gate at each loop's exit state; T = `num_loops`), renormalised over t ≤ d; a token whose
+    executed loops all have p_t = 0 keeps its exit loop (weight 1 at t = d). exit: one-hot at d.
+    """
+    with torch.no_grad():
+        t = torch.arange(1, loops + 1, device=depths.device)
+        executed = t[None, :] <= depths[:, None]
+        if scheme == "exit":
+            raw = (t[None, :] == depths[:, None]).float()
+        elif scheme == "uniform":
+            raw = executed.float()
+        elif scheme == "progressive":
+            raw = t.double().pow(alpha).float()[None, :].expand(len(depths), loops) * executed
+        elif scheme == "exit-pdf":
+            if lambdas is None or num_loops is None:
+                raise ValueError("exit-pdf weighting needs the gate's lambdas and the model's loop count")
+            lam = lambdas.float()
+            survive = torch.cumprod(1.0 - lam, dim=-1)
+            before = torch.cat([torch.ones_like(survive[:, :1]), survive[:, :-1]], dim=-1)
+            pdf = torch.where(t[None, :] < num_loops, lam * before, before)
+            raw = pdf * executed
+            empty = raw.sum(-1, keepdim=True) == 0
+            raw = torch.where(empty, (t[None, :] == depths[:, None]).float(), raw)
+        else:
+            raise ValueError(f"unknown loop weighting {scheme!r}")
+        return raw / raw.sum(-1, keepdim=True)
+
+
+def weighted_score(exit_logprobs: torch.Tensor, loop_logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The log-probability the surrogate is fed under loop weighting: its value is the exit loop's
+    (`exit_logprobs` [N], bit for bit: the ratio, its clip and the loss value do not change), its
+    gradient Σ_t ω_t ∇ log π^(t) (`loop_logprobs` [N, L], `weights` [N, L], no gradient)."""
+    weighted = (weights * loop_logprobs).sum(-1)
+    return exit_logprobs.detach() + (weighted - weighted.detach())

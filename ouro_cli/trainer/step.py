@@ -5,6 +5,12 @@
     DDP grad sync (all-reduce, or reduce-scatter for the distributed optimizer)
     optimizer step (clip, Adam) -> LR scheduler step
 
+Under loop weighting (config.loop_weighting other than "exit") the replay's `state_sink`
+hands over every loop's exit state; the scored positions' states give each executed loop's
+log-probability (`loop_logprobs`, lm_head recomputed in backward), the per-loop weights come
+from loss.loop_weights, and the surrogate is fed loss.weighted_score. With "exit" no sink is
+passed and nothing extra runs.
+
 Gradients accumulate in Megatron's fp32 grad buffers. Each micro-batch's loss carries
 global weights (batching.loss_weights), and DDP sums across ranks
 (`calculate_per_token_loss`), so the accumulated gradient is exactly the gradient of
@@ -23,11 +29,12 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from .batching import MicroBatch, WorkCounter
 from .config import TrainerConfig
 from .determinism import deterministic_kernels
-from .loss import clipped_surrogate, entropy, token_logprobs
+from .loss import clipped_surrogate, entropy, loop_weights, token_logprobs, weighted_score
 
 # Indices into the summed statistics vector.
 _SUMS = ("loss", "clipped", "ratio", "entropy", "mismatch", "scored_tokens", "samples",
@@ -36,24 +43,37 @@ _MAXES = ("ratio_max", "mismatch_max", "micro_batches", "micro_batch_tokens_max"
 
 
 def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: TrainerConfig,
-                     device: torch.device, num_layers: int) -> dict[str, float]:
-    """Accumulate the gradients of all micro-batches into the grad buffers (no sync yet)."""
+                     device: torch.device, num_layers: int, model=None) -> dict[str, float]:
+    """Accumulate the gradients of all micro-batches into the grad buffers (no sync yet).
+    `model` (the OuroForCausalLM) computes the per-loop log-probabilities of loop weighting."""
     sums = dict.fromkeys(_SUMS, 0.0)
     maxes = dict.fromkeys(_MAXES, 0.0)
     work = WorkCounter()
+    per_loop = config.loop_weighting != "exit"
+    num_loops = model.num_loops if per_loop else 0
+    loop_sums = torch.zeros(num_loops, dtype=torch.float64)
+    loop_counts = torch.zeros(num_loops, dtype=torch.float64)
     for index, mb in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         # Only the last backward may launch gradient reduction (matters with overlap_grad_reduce).
         sync = contextlib.nullcontext() if last else ddp_model.no_sync()
         mb = mb.to(device)
+        states: dict[int, torch.Tensor] = {}
+
+        def keep_scored(loop: int, h: torch.Tensor, mb=mb, states=states) -> None:
+            states[loop] = h[mb.score_rows, mb.score_cols]  # [N, H]: the scored positions only
+
         with sync, deterministic_kernels(device, config.deterministic):
             logits = ddp_model(  # [N, V]: only where a response token is scored
                 mb.input_ids, mb.depths, attention_mask=mb.attention_mask, document_ids=mb.document_ids,
                 recompute=config.recomputes, logits_at=(mb.score_rows, mb.score_cols),
+                **({"state_sink": keep_scored} if per_loop else {}),
             )
             new, logp = token_logprobs(logits, mb.targets, mb.temperatures)
             del logits
-            terms = clipped_surrogate(new, mb.rollout_logprobs, mb.advantages, config.eps_low, config.eps_high)
+            score = _loop_weighted(model, config, mb, states, new, loop_sums, loop_counts) if per_loop else new
+            del states
+            terms = clipped_surrogate(score, mb.rollout_logprobs, mb.advantages, config.eps_low, config.eps_high)
             loss = (terms.loss * mb.weights).sum()
             loss.backward()
         with torch.no_grad():
@@ -71,7 +91,65 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
         maxes["micro_batches"] = len(micro_batches)
         work.add_micro_batch(mb, num_layers, config.recomputes)
     sums.update(work.as_dict())
-    return _reduce(sums, maxes, device)
+    out = _reduce(sums, maxes, device)
+    if per_loop:
+        out.update(_reduce_loops(loop_sums, loop_counts, device))
+    return out
+
+
+def _loop_weighted(model, config: TrainerConfig, mb: MicroBatch, states: dict[int, torch.Tensor],
+                   exit_logprobs: torch.Tensor, loop_sums: torch.Tensor, loop_counts: torch.Tensor) -> torch.Tensor:
+    """The log-probability the surrogate gets under loop weighting (loss.weighted_score), from the
+    scored positions' loop states; adds each loop's log-probabilities and token count to the sums."""
+    depth = mb.depths[mb.score_rows, mb.score_cols]
+    per_loop = loop_logprobs(model, states, depth, exit_logprobs, mb.targets, mb.temperatures)
+    lambdas = None
+    if config.loop_weighting == "exit-pdf":
+        with torch.no_grad():  # the gate is frozen: its distribution only weighs
+            lambdas = torch.stack([model.exit_lambda(states[t].detach()) for t in sorted(states)], -1)
+    omega = loop_weights(depth, len(states), config.loop_weighting, alpha=config.loop_weight_alpha,
+                         lambdas=lambdas, num_loops=model.num_loops)
+    with torch.no_grad():
+        ran = torch.arange(1, len(states) + 1, device=depth.device)[None, :] <= depth[:, None]
+        loop_sums[:len(states)] += (per_loop.detach() * ran).sum(0).double().cpu()
+        loop_counts[:len(states)] += ran.sum(0).double().cpu()
+    return weighted_score(exit_logprobs, per_loop, omega)
+
+
+def loop_logprobs(model, states: dict[int, torch.Tensor], depth: torch.Tensor, exit_logprobs: torch.Tensor,
+                  targets: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """log π^(t)(target) [N, L] for t = 1..L (L = the loops run): the exit loop's is `exit_logprobs`,
+    a loop t < d gets its own logits from its exit state (only the tokens that ran past t), a
+    loop t > d is 0 (weighted 0). Each loop's logits are recomputed in the backward pass instead
+    of kept (torch checkpoint): what stays is the [n, H] state, not [n, V] log-softmax."""
+    columns = []
+    for t in sorted(states):
+        inner = (depth > t).nonzero().squeeze(-1)
+        column = torch.zeros_like(exit_logprobs)
+        if inner.numel():
+            lp = checkpoint(_logprob_at, model, states[t][inner], targets[inner], temperatures[inner],
+                            use_reentrant=False)
+            column = column.index_put((inner,), lp)
+        columns.append(torch.where(depth == t, exit_logprobs, column))
+    return torch.stack(columns, -1)
+
+
+def _logprob_at(model, h: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    return token_logprobs(model.logits(h), targets, temperatures)[0]
+
+
+def _reduce_loops(sums: torch.Tensor, counts: torch.Tensor, device: torch.device) -> dict[str, list]:
+    """Per loop t: the mean log-probability of the sampled tokens that ran loop t (None where none
+    did), and how many did, over data-parallel ranks."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_data_parallel_group()
+    both = torch.stack([sums, counts]).to(device)
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(both, group=group)
+    s, c = both.cpu().tolist()
+    return {"loop_logprob_sum": s, "loop_tokens": [int(x) for x in c],
+            "loop_logprob_mean": [a / n if n else None for a, n in zip(s, c, strict=True)]}
 
 
 def _reduce(sums: dict[str, float], maxes: dict[str, float], device: torch.device) -> dict[str, float]:
@@ -137,3 +215,44 @@ class Stopwatch:
         now = time.perf_counter()
         elapsed, self.start = now - self.start, now
         return elapsed
+
+
+# What `combine_steps` makes of each per-step metric.
+_FIRST = ("logprob_mismatch_mean", "logprob_mismatch_max", "lr")  # before any step moved the policy
+_FIRST_EPOCH_SUMS = ("samples", "response_tokens", "tokens", "padded_tokens")  # the update's data, once
+_ALL_SUMS = ("layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "micro_batches",
+             "forward_backward_s", "grad_sync_s", "optimizer_s")  # work and time
+_TOKEN_MEANS = ("clip_fraction", "ratio_mean", "entropy")
+_MAX = ("ratio_max", "micro_batch_tokens_max")
+
+
+def combine_steps(steps: Sequence[dict | None]) -> dict:
+    """One update's metrics from its optimizer steps (`Trainer.train_update`; None: a mini-batch
+    without tokens, no step). The replay mismatch and the LR are the first step's (the only
+    one taken on the policy that sampled); the data counts are the first epoch's; work and
+    time add up; clip fraction, ratio and entropy are token means over every step; `loss` is
+    the mean of the steps' losses, `grad_norm` the largest (a non-finite one wins), and
+    `step_applied` says every step was. One step gives that step's figures."""
+    taken = [m for m in steps if m is not None]
+    out: dict = {"optimizer_steps": sum(bool(m["step_applied"]) for m in taken),
+                 "empty_mini_batches": len(steps) - len(taken),
+                 "step_losses": [m["loss"] for m in taken], "grad_norms": [m["grad_norm"] for m in taken],
+                 "lrs": [m["lr"] for m in taken], "step_applied": all(m["step_applied"] for m in taken)}
+    if not taken:
+        return {**out, "loss": None, "grad_norm": None, "lr": None, **dict.fromkeys(_FIRST_EPOCH_SUMS, 0)}
+    first_epoch = [m for m in taken if m.get("epoch", 0) == taken[0].get("epoch", 0)]
+    tokens = sum(m["response_tokens"] for m in taken)
+    norms = [m["grad_norm"] for m in taken]
+    out.update({key: taken[0][key] for key in _FIRST})
+    out.update({key: sum(m[key] for m in first_epoch) for key in _FIRST_EPOCH_SUMS})
+    out.update({key: sum(m.get(key, 0) for m in taken) for key in _ALL_SUMS})
+    out.update({key: sum(m[key] * m["response_tokens"] for m in taken) / max(tokens, 1) for key in _TOKEN_MEANS})
+    out.update({key: max(m[key] for m in taken) for key in _MAX})
+    out["loss"] = sum(m["loss"] for m in taken) / len(taken)
+    out["grad_norm"] = next((n for n in norms if not math.isfinite(n)), max(norms))
+    if "loop_logprob_sum" in taken[0]:
+        sums = [sum(x) for x in zip(*(m["loop_logprob_sum"] for m in taken), strict=True)]
+        counts = [sum(x) for x in zip(*(m["loop_tokens"] for m in taken), strict=True)]
+        out["loop_tokens"] = counts
+        out["loop_logprob_mean"] = [s / c if c else None for s, c in zip(sums, counts, strict=True)]
+    return out

@@ -2,6 +2,7 @@
 
     trainer = Trainer("path/to/hf_or_mcore", TrainerConfig(lr=1e-6, max_tokens_per_micro_batch=16384))
     metrics = trainer.train_step(samples)        # this rank's samples of the global batch
+    metrics = trainer.train_update([mb0, mb1], epochs=2)   # several steps on one batch
     trainer.save(run / "checkpoint", update, extra={"cursor": ...})
     extra = trainer.load(run / "checkpoint")
     publish(engine, trainer.named_weights_for_publication(), version)  # ouro_cli.rl.publish
@@ -16,8 +17,10 @@ trainer, nothing on CUDA); the model's forward and backward run outside it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +31,7 @@ from ouro_cli.settings import ExecutionSettings
 from . import checkpointing, setup
 from .batching import Sample, build_micro_batch, loss_weights, plan_micro_batches
 from .config import TrainerConfig
-from .step import Stopwatch, forward_backward, optimizer_step
+from .step import Stopwatch, combine_steps, forward_backward, optimizer_step
 
 
 class Trainer:
@@ -83,6 +86,33 @@ class Trainer:
         metrics.update(self.optimizer_step())
         return metrics
 
+    def train_update(self, mini_batches: Sequence[Sequence[Sample]], epochs: int = 1) -> dict[str, Any]:
+        """Several optimizer steps on one rollout batch: one `train_step` per mini-batch (this
+        rank's share of it; every rank passes the same number), in order, `epochs` times over.
+
+        Every step's ratio is taken against the rollout's logprobs, so from the second step on
+        the clip bounds how far the policy moves from the one that sampled. A mini-batch that
+        holds no response token on any rank takes no step, but the LR schedule still advances
+        by one: the schedule counts the planned steps (updates × mini-batches × epochs), so its
+        position depends on the update alone. A step the optimizer refuses (a non-finite
+        gradient) ends the update there; the caller stops the run (rl/loop.py check_step).
+        Returns the steps' metrics combined (step.combine_steps)."""
+        steps: list[dict[str, Any] | None] = []
+        for epoch in range(epochs):
+            for batch in mini_batches:
+                if self._global_counts(batch, allow_empty=True)[0] == 0:
+                    with self._megatron():
+                        self.scheduler.step(increment=1)
+                    steps.append(None)
+                    continue
+                metrics = self.train_step(batch)
+                metrics["epoch"] = epoch
+                steps.append(metrics)
+                if not (metrics["step_applied"] and math.isfinite(metrics["loss"])
+                        and math.isfinite(metrics["grad_norm"])):
+                    return combine_steps(steps)
+        return combine_steps(steps)
+
     def forward_backward(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Gradients of the global-batch GRPO loss, synced over ranks, in the grad buffers."""
         watch = Stopwatch()
@@ -92,14 +122,16 @@ class Trainer:
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
         global_tokens, global_samples = self._global_counts(samples)
-        weights = loss_weights(samples, self.config.aggregation, global_tokens, global_samples)
+        weights = loss_weights(samples, self.config.resolved_aggregation, global_tokens, global_samples,
+                               self.config.aggregation_length)
         plan = plan_micro_batches(samples, micro_batch_size=self.config.micro_batch_size,
                                   max_tokens=self.config.max_tokens_per_micro_batch, pack=self.config.pack,
                                   pack_length=self.config.pack_length)
         micro_batches = [build_micro_batch(samples, weights, self.num_loops, rows=rows, pad_id=self.pad_id)
                          for rows in plan]
         self.ddp.train()
-        metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers)
+        metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers,
+                                   model=self.module.ouro)
         metrics["forward_backward_s"] = watch.lap()
         with self._megatron():
             self.ddp.finish_grad_sync()
@@ -119,7 +151,7 @@ class Trainer:
         metrics["optimizer_s"] = watch.lap()
         return metrics
 
-    def _global_counts(self, samples: Sequence[Sample]) -> tuple[int, int]:
+    def _global_counts(self, samples: Sequence[Sample], allow_empty: bool = False) -> tuple[int, int]:
         from megatron.core import parallel_state
 
         counts = torch.tensor([sum(len(s.response_ids) for s in samples), len(samples)],
@@ -128,7 +160,7 @@ class Trainer:
         if dist.get_world_size(group) > 1:
             dist.all_reduce(counts, group=group)
         tokens, n = (int(x) for x in counts.tolist())
-        if tokens == 0:
+        if tokens == 0 and not allow_empty:
             raise ValueError("the global batch holds no response tokens")
         return tokens, n
 

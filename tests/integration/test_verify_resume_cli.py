@@ -76,3 +76,35 @@ def test_background_saves_keep_a_resume_bit_identical(tmp_path):
     assert doc["identical"]
     names = {c["name"]: c for c in doc["categories"]}
     assert names["state hashes"]["compared"] == 3 and names["checkpoint tensors"]["compared"] > 20
+
+
+def test_mini_batches_and_filtered_refills_resume_bit_identically(tmp_path):
+    """`--mini-batches 2 --filter-groups`: each update takes two optimizer steps (and a warmup counted
+    in them) on groups that refill rounds drew past the dropped ones; the data cursor and the LR
+    schedule carry that over a fresh-process resume bit for bit. A resume that would change these
+    options is refused, naming the option."""
+    import pytest
+
+    from .tiny_checkpoint import BINARY_REWARD
+
+    make_checkpoint(tmp_path)
+    opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
+            "--prompts-per-update", "3", "--group-size", "3", "--max-response-len", "6", "--depths", "2", "3", "4",
+            "--reward-function", BINARY_REWARD, "--mini-batches", "2", "--filter-groups", "--max-refill", "4",
+            "--warmup-steps", "2"]
+    work = tmp_path / "vr"
+    proc = ouro("verify-resume", "--updates", "4", "--resume-at", "2", "--work-dir", str(work), *opts, "--json",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["identical"]
+    lines = [json.loads(x) for x in (work / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m["refill_rounds"] for m in lines) > 0 and all(m["train_optimizer_steps"] == 2 for m in lines)
+    names = {c["name"]: c for c in doc["categories"]}
+    assert names["rollouts"]["compared"] == 3 * sum(m["prompts_drawn"] for m in lines) > 4 * 9  # group size 3
+    # the warmup of 2 updates is 4 optimizer steps: LR 0, 1/4, 1/2, 3/4 of --lr, then --lr
+    assert [lr for m in lines for lr in m["train_lrs"]][:5] == pytest.approx([0.0, 2.5e-5, 5e-5, 7.5e-5, 1e-4])
+    for flag, key in ((["--mini-batches", "1"], "mini_batches"), (["--epochs", "2"], "epochs"),
+                      (["--loop-weighting", "uniform"], "loop_weighting")):
+        refused = ouro("resume", str(work / "resumed"), "--updates", "5", *flag, cwd=tmp_path)
+        assert refused.returncode == 2 and f"resume would change {key}:" in refused.stderr, refused.stderr

@@ -49,3 +49,12 @@ def digit_reward(response: str, label) -> float:
 
 
 REWARD = "tests.integration.tiny_checkpoint:digit_reward"
+
+
+def first_digit_reward(response: str, label) -> float:
+    """A binary test reward (the response starts with a digit) that an untrained model often gets
+    equal across a group, so that --filter-groups drops groups and refills the update."""
+    return float(response[:1].isdigit())
+
+
+BINARY_REWARD = "tests.integration.tiny_checkpoint:first_digit_reward"

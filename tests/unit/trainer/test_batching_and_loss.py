@@ -127,4 +127,5 @@ def test_config_defaults_on_cpu():
     cfg = TrainerConfig()
     if not torch.cuda.is_available():
         assert cfg.resolved_device == "cpu" and cfg.torch_dtype == torch.float32
-    assert (cfg.eps_low, cfg.eps_high, cfg.aggregation) == (0.2, 0.28, "token_mean")
+    assert (cfg.eps_low, cfg.eps_high, cfg.aggregation) == (0.2, 0.28, "auto")
+    assert (cfg.resolved_aggregation, cfg.loop_weighting) == ("token_mean", "exit")
