@@ -197,7 +197,8 @@ def _packed_layout(device):
 def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
     """`replay_attention="paged"` (kernels/replay_attention.py): equals SDPA to `tol` under
     packed, padded and plain causal layouts; every query's output is bitwise the decode
-    kernel's for that query alone over its context; gradients are SDPA's, bit for bit; a
+    kernel's for that query alone over its context, and the same when only some queries are
+    given (`rows`); gradients are SDPA's, bit for bit; a
     mask that is not a contiguous run is refused."""
     from ouro_cli.kernels.decode_attention import paged_decode_attention
     from ouro_cli.kernels.replay_attention import (
@@ -220,6 +221,10 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
             ctx = torch.arange(n + 5, device=q.device).clamp(max=n - 1)[None]  # another table width
             alone = paged_decode_attention(q[row, i][None], *planes, ctx, torch.tensor([n], device=q.device))
             assert torch.equal(alone[0], out[row, i]), (row, i)
+        # a loop that only some positions run gives the kernel their queries alone: the same bits
+        rows = torch.tensor([0, 3, 20, 21 + 7, 2 * 21 + 5, 2 * 21 + 16], device=q.device)
+        some = paged_forward(q.reshape(b * s, hq, d)[rows][None], k, v, mask, rows)
+        assert torch.equal(some[0], out.reshape(b * s, hq, d)[rows])
     mask = _packed_layout(device).mask
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
