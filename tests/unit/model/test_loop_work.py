@@ -40,13 +40,16 @@ def batch():
 
 
 def run(model, recompute=False):
-    ids, depths, valid, docs = batch()
+    """Logits, parameter gradients, exit states and KV planes of one forward/backward over
+    `batch()` (tests/gpu reuses it on CUDA)."""
+    device = next(model.parameters()).device
+    ids, depths, valid, docs = (x.to(device) for x in batch())
     model.zero_grad(set_to_none=True)
     states, planes = {}, {}
     logits = model(ids, depths, attention_mask=valid, document_ids=docs, recompute=recompute,
                    state_sink=lambda t, h: states.__setitem__(t, h.detach()),
                    kv_sink=lambda t, i, k, v: planes.__setitem__((t, i), (k.detach(), v.detach())))
-    weight = torch.randn(logits.shape, generator=torch.Generator().manual_seed(1))
+    weight = torch.randn(logits.shape, generator=torch.Generator().manual_seed(1)).to(device)
     (logits * weight * valid[..., None]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logits.detach(), grads, states, planes
