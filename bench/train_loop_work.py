@@ -18,8 +18,9 @@ positions run than that share gathers them. For each: forward + backward time (t
 of --steps after --warmup, the two ways interleaved), layer-token evaluations executed over those the depths require
 (real positions × depth × layers) against the limit of 1.05, and the speedup over `dense`.
 
-`--sweep` times one loop alone (depths 1 or 2, a share f of the positions at 2) both ways and
-prints gathered / dense time per f: where it crosses 1 is where gathering starts to pay.
+`--sweep` times the second loop alone (depths 1 or 2, a share f of the positions at 2, less the
+time of depth 1 everywhere) both ways and prints gathered / dense per f (ideal: f): where it
+crosses 1 is where gathering stops paying.
 
 Not a test: bench/ is outside pytest's testpaths.
 """
@@ -115,19 +116,19 @@ def with_gather_below(share: float):
         ouro.GATHER_BELOW = before
 
 
-def timed(model, mbs, device, shares: dict[str, float], steps: int, warmup: int) -> dict[str, float]:
-    """Seconds of one forward + backward over all of `mbs` with each GATHER_BELOW of `shares`,
-    the paths interleaved step by step; the fastest of `steps` after `warmup` (a loaded
-    machine only ever adds time)."""
+def timed(model, runs: dict[str, tuple[list, float]], device, steps: int, warmup: int) -> dict[str, float]:
+    """Seconds of one forward + backward over the micro-batches of each of `runs` (name: (micro-batches,
+    GATHER_BELOW)), the runs interleaved step by step; the fastest of `steps` after `warmup`
+    (a loaded machine only ever adds time)."""
     import torch
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    times: dict[str, list[float]] = {path: [] for path in shares}
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(warmup + steps):
-        for path, share in shares.items():
+        for name, (mbs, share) in runs.items():
             with with_gather_below(share):
                 model.zero_grad(set_to_none=True)
                 sync()
@@ -135,8 +136,8 @@ def timed(model, mbs, device, shares: dict[str, float], steps: int, warmup: int)
                 forward_backward(model, mbs, device)
                 sync()
             if i >= warmup:
-                times[path].append(time.perf_counter() - start)
-    return {path: min(t) for path, t in times.items()}
+                times[name].append(time.perf_counter() - start)
+    return {name: min(t) for name, t in times.items()}
 
 
 def compare(model, c, args, device, schedule: str) -> dict:
@@ -148,7 +149,7 @@ def compare(model, c, args, device, schedule: str) -> dict:
     from ouro_cli.model import ouro
 
     shares = {"dense": 0.0, "gathered": ouro.GATHER_BELOW}
-    seconds = timed(model, mbs, device, shares, args.steps, args.warmup)
+    seconds = timed(model, {path: (mbs, share) for path, share in shares.items()}, device, args.steps, args.warmup)
     for path, share in shares.items():
         with with_gather_below(share):
             executed, required = work(mbs, layers)
@@ -161,25 +162,31 @@ def compare(model, c, args, device, schedule: str) -> dict:
 
 
 def sweep(model, c, args, device) -> list[dict]:
-    """One loop past the first at running shares f: gathered / dense time."""
+    """The second loop alone at running shares f, both ways: the time over that of the first
+    loop alone (depth 1 everywhere, `loop1_s`), and their ratio (ideal: f)."""
     import torch
 
     from ouro_cli.trainer.batching import MicroBatch
 
     rows, length = args.sweep_rows, args.prompt_len + args.response_len
+    n = rows * length
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, c.vocab_size, (rows, length), generator=g)
+
+    def batch(depths):
+        return [MicroBatch(ids, depths, None, None, torch.arange(rows).repeat_interleave(length),
+                           torch.arange(length).repeat(rows), ids.flatten(), torch.zeros(n), torch.zeros(n),
+                           torch.ones(n), torch.full((n,), 1.0 / n), rows, n)]
+
+    one = batch(torch.ones(rows, length, dtype=torch.long))
     out = []
     for share in args.shares:
-        depths = 1 + (torch.rand(rows, length, generator=g) < share).long()
-        cols = torch.arange(length).repeat(rows)
-        mb = MicroBatch(ids, depths, None, None, torch.arange(rows).repeat_interleave(length), cols,
-                        ids.flatten(), torch.zeros(rows * length), torch.zeros(rows * length),
-                        torch.ones(rows * length), torch.full((rows * length,), 1.0 / (rows * length)), rows,
-                        rows * length)
-        seconds = timed(model, [mb], device, {"dense": 0.0, "gathered": 1.01}, args.steps, args.warmup)
-        row = {"running_share": share, **{path + "_s": round(t, 4) for path, t in seconds.items()}}
-        row["gathered_over_dense"] = round(row["gathered_s"] / row["dense_s"], 3)
+        two = batch(1 + (torch.rand(rows, length, generator=g) < share).long())
+        seconds = timed(model, {"loop1": (one, 0.0), "dense": (two, 0.0), "gathered": (two, 1.01)}, device,
+                        args.steps, args.warmup)
+        row = {"running_share": share, **{name + "_s": round(t, 4) for name, t in seconds.items()}}
+        row["gathered_over_dense"] = round((seconds["gathered"] - seconds["loop1"])
+                                           / (seconds["dense"] - seconds["loop1"]), 3)
         out.append(row)
     return out
 
@@ -224,10 +231,13 @@ def main() -> None:
             f"{str(dtype).removeprefix('torch.')} on {args.device}, GATHER_BELOW {ouro.GATHER_BELOW}")
     if args.sweep:
         rows = sweep(model, c, args, device)
-        print(f"one loop, {args.sweep_rows} x {args.prompt_len + args.response_len} positions, {head}")
+        print(f"loop 2 of {args.sweep_rows} x {args.prompt_len + args.response_len} positions (forward + backward, "
+              f"minus loop 1 alone), {head}")
         for r in rows:
-            print(f"  running share {r['running_share']:.2f}: dense {r['dense_s'] * 1e3:8.1f} ms  gathered "
-                  f"{r['gathered_s'] * 1e3:8.1f} ms  gathered / dense {r['gathered_over_dense']:.3f}")
+            dense, gathered = r["dense_s"] - r["loop1_s"], r["gathered_s"] - r["loop1_s"]
+            print(f"  running share {r['running_share']:.2f}: dense {dense * 1e3:7.1f} ms  gathered "
+                  f"{gathered * 1e3:7.1f} ms  gathered / dense {r['gathered_over_dense']:.3f} (ideal "
+                  f"{r['running_share']:.2f})")
         results: object = rows
     else:
         print(f"{args.samples} samples x ({args.prompt_len} prompt + {args.response_len} response), micro-batches of "

@@ -208,8 +208,9 @@ class OuroForCausalLM(nn.Module):
 # A loop that fewer than this share of the positions run gathers them (`_layer_step_at_rows`);
 # at or above it, it runs every position and keeps only the running ones' results
 # (`_layer_step`): gathering costs index copies of every activation and, in the attention, a
-# mask in place of plain causality, which a few idle positions do not repay (bench/train_loop_work.py,
-# docs/performance.md §8).
+# mask in place of plain causality, which a few idle positions do not repay. On CPU a gathered
+# loop cost 0.94-0.98 of a dense one at a share of 0.9 running and 1.04-1.07 at 0.95
+# (`bench/train_loop_work.py --sweep`, docs/performance.md §8); not yet measured on a GPU.
 GATHER_BELOW = 0.9
 
 
@@ -280,6 +281,9 @@ def _layer_step_at_rows(layer: DecoderLayer, closing: torch.Tensor, x, normed, c
     attend over those copies. Returns what `_layer_step` returns, the outputs [1,N,H] for the
     running positions only and the K/V [B,S,Hkv,D] of every position. A function of its
     arguments only (pointwise.region): the token dimensions, N included, are symbolic.
+    Every gather here and in the loop around it takes each position at most once, so their
+    backward scatter-adds add one term to zero: the same bits with any kernel, atomics
+    included (the trainer's steps stay deterministic, trainer/determinism.py).
     """
     used: dict[str, torch.Tensor] = {}
 
