@@ -115,11 +115,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     SDPA, or with the model's `replay_attention="paged"` (ouro_cli/settings.py) every query
     through the decode attention kernel, in its reduction order (kernels/replay_attention.py);
     that mode never runs inside a compiled region (`compile_layers` leaves them out for it)."""
-    if not torch.compiler.is_compiling() and pointwise.active().replay_attention == "paged":
-        from ouro_cli.kernels import interpreted
-
-        if not q.is_cuda and not interpreted():
-            raise SettingError(PAGED_NEEDS_CUDA)
+    if _paged(q):
         from ouro_cli.kernels.replay_attention import paged_replay_attention
 
         return paged_replay_attention(q, k, v, mask, sdpa_attention)
@@ -135,15 +131,23 @@ def attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: t
     def sdpa(q, k, v, _mask=None):
         return sdpa_attention_at_rows(q, k, v, slots, mask)
 
-    if not torch.compiler.is_compiling() and pointwise.active().replay_attention == "paged":
-        from ouro_cli.kernels import interpreted
-
-        if not q.is_cuda and not interpreted():
-            raise SettingError(PAGED_NEEDS_CUDA)
+    if _paged(q):
         from ouro_cli.kernels.replay_attention import paged_replay_attention
 
         return paged_replay_attention(q, k, v, layout_mask, sdpa, rows=rows)
     return sdpa(q, k, v)
+
+
+def _paged(q: torch.Tensor) -> bool:
+    """Whether the active settings put the replay's attention in the decode kernel (never
+    inside a compiled region); a SettingError where it cannot run."""
+    if torch.compiler.is_compiling() or pointwise.active().replay_attention != "paged":
+        return False
+    from ouro_cli.kernels import interpreted
+
+    if not q.is_cuda and not interpreted():
+        raise SettingError(PAGED_NEEDS_CUDA)
+    return True
 
 
 def sdpa_attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
