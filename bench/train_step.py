@@ -16,8 +16,9 @@ FLOP accounting (per step, summed over ranks):
   4 × visible keys × q width, plus the LM head 2 × hidden × vocab at every position.
   Padding, skipped-but-computed loops and recompute are not counted: this is the
   number to compare with the reference (≈221 model TFLOP/s at 7,041 tok/s, docs/performance.md §2);
-- executed TFLOP/s (matmuls only) counts what the replay really ran (all loops up to the micro-batch's
-  deepest token on all positions incl. padding, and the recompute forward).
+- executed TFLOP/s (matmuls only) counts what the replay really ran (`layer_tokens_executed`: each
+  loop on the positions it ran, padding and exited positions included where it runs them all,
+  and the recompute forward).
 Not a test: bench/ is outside pytest's testpaths. Prints one JSON object.
 """
 

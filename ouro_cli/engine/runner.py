@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ouro_cli.model import OuroForCausalLM, matmul, pointwise
+from ouro_cli.model.ouro import positions_per_loop
 
 from .async_exits import LaggedExitProbe
 from .exits import ExitPolicy, ExitState
@@ -140,7 +141,8 @@ class ModelRunner:
         n = len(item.tokens)
         self.counters.prefill_tokens += n
         self.counters.prefill_layer_tokens += sum(item.depths) * self.num_layers
-        self.counters.prefill_layer_tokens_executed += n * max(item.depths) * self.num_layers
+        executed = positions_per_loop(torch.tensor([item.depths]))  # what the forward ran, loop by loop
+        self.counters.prefill_layer_tokens_executed += sum(executed) * self.num_layers
         return logits
 
     @torch.no_grad()

@@ -71,24 +71,30 @@ def _slot_table(mask: torch.Tensor | None, b: int, s: int, device: torch.device
     return _last_layout[2]
 
 
-def paged_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D] through the decode kernel, one query per row."""
-    b, s, hq, d = q.shape
-    hkv = k.shape[2]
+def paged_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D] through the decode kernel, one query per row.
+    With `rows` [N] (flat indices b·S + i), q [1,N,Hq,D] holds only those positions' queries
+    (a loop that only they run, model/attention.py `attention_at_rows`) -> [1,N,Hq,D]: each
+    query reads the same table row, so its bits are those it has among all B·S."""
+    b, s, hkv, d = k.shape
+    hq = q.shape[2]
     slots, lengths = _slot_table(mask, b, s, q.device)
+    if rows is not None:
+        slots, lengths = slots.index_select(0, rows), lengths.index_select(0, rows)
     # one plane per kv head over all B·S positions
     k_plane = k.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
     v_plane = v.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
-    o = paged_decode_attention(q.reshape(b * s, hq, d), k_plane, v_plane, slots, lengths)
-    return o.view(b, s, hq, d)
+    o = paged_decode_attention(q.reshape(-1, hq, d), k_plane, v_plane, slots, lengths)
+    return o.view(q.shape)
 
 
 class _PagedReplayAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, reference):
+    def forward(ctx, q, k, v, mask, reference, rows):
         ctx.save_for_backward(q, k, v)
         ctx.mask, ctx.reference = mask, reference
-        return paged_forward(q, k, v, mask)
+        return paged_forward(q, k, v, mask, rows)
 
     @staticmethod
     def backward(ctx, grad):
@@ -98,13 +104,13 @@ class _PagedReplayAttention(torch.autograd.Function):
             o = ctx.reference(*leaves, ctx.mask)
             wanted = [t for t in leaves if t.requires_grad]
             grads = iter(torch.autograd.grad(o, wanted, grad))
-        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None)
+        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None)
 
 
 def paged_replay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                           reference) -> torch.Tensor:
-    """The forward in the decode kernel's order; gradients from `reference(q, k, v, mask)`
-    (the SDPA attention of model/attention.py)."""
+                           reference, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The forward in the decode kernel's order (only the queries at `rows`, as `paged_forward`);
+    gradients from `reference(q, k, v, mask)` (the SDPA attention of model/attention.py)."""
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v)):
-        return paged_forward(q, k, v, mask)
-    return _PagedReplayAttention.apply(q, k, v, mask, reference)
+        return paged_forward(q, k, v, mask, rows)
+    return _PagedReplayAttention.apply(q, k, v, mask, reference, rows)

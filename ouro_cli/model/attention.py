@@ -3,6 +3,9 @@
 Used by the full-sequence forward (trainer replay, engine prefill, references). The
 mask always lets a query see itself, so padded rows never become all-masked (which
 would turn softmax into NaN and poison gradients through `torch.where`).
+
+`QueryRows` and `attention_at_rows` are the same attention for a subset of the queries over
+all keys: a loop of the forward that only some positions run (OuroForCausalLM.forward).
 """
 
 from __future__ import annotations
@@ -67,6 +70,41 @@ def _positions_within_documents(docs: torch.Tensor, valid: torch.Tensor) -> torc
     return torch.where(valid, idx - start_idx, torch.zeros_like(idx))
 
 
+@dataclass
+class QueryRows:
+    """The positions of a [B, S] layout whose queries are computed, and the keys each one sees.
+
+    `rows` [N]: their flat indices b·S + i, ascending. For SDPA the N queries are laid out per
+    layout row, padded to the widest row's count W: `slots` [N] is each one's place b·W + j in
+    that [B·W] block and `mask` [B, 1, W, S] (True = attend) its row of the layout's mask.
+    A padding slot sees key 0 only (never an all-masked row: see the module docstring) and its
+    output is never read. `layout_mask` is the whole layout's mask (None: causal), for the
+    paged replay attention, which takes the rows as they are.
+    """
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
+    layout_mask: torch.Tensor | None
+
+    @classmethod
+    def build(cls, selected: torch.Tensor, layout_mask: torch.Tensor | None) -> QueryRows:
+        """selected [B, S] bool (at least one True) -> the rows it marks."""
+        b, s = selected.shape
+        device = selected.device
+        rows = selected.flatten().nonzero().squeeze(1)
+        width = int(selected.sum(1).max())
+        rank = selected.long().cumsum(1).flatten().index_select(0, rows) - 1
+        slots = rows.div(s, rounding_mode="floor") * width + rank
+        position = torch.zeros(b * width, dtype=torch.long, device=device).index_copy(0, slots, rows % s)
+        position = position.view(b, width)
+        if layout_mask is None:
+            mask = torch.arange(s, device=device)[None, None, :] <= position[..., None]
+        else:
+            mask = layout_mask[:, 0].gather(1, position[..., None].expand(b, width, s))
+        return cls(rows, slots, mask[:, None], layout_mask)
+
+
 PAGED_NEEDS_CUDA = ("--replay-attention paged runs a Triton kernel: it needs CUDA (or the Triton interpreter, "
                     "TRITON_INTERPRET=1)")
 
@@ -77,15 +115,49 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     SDPA, or with the model's `replay_attention="paged"` (ouro_cli/settings.py) every query
     through the decode attention kernel, in its reduction order (kernels/replay_attention.py);
     that mode never runs inside a compiled region (`compile_layers` leaves them out for it)."""
-    if not torch.compiler.is_compiling() and pointwise.active().replay_attention == "paged":
-        from ouro_cli.kernels import interpreted
-
-        if not q.is_cuda and not interpreted():
-            raise SettingError(PAGED_NEEDS_CUDA)
+    if _paged(q):
         from ouro_cli.kernels.replay_attention import paged_replay_attention
 
         return paged_replay_attention(q, k, v, mask, sdpa_attention)
     return sdpa_attention(q, k, v, mask)
+
+
+def attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+                      mask: torch.Tensor, layout_mask: torch.Tensor | None) -> torch.Tensor:
+    """q [1,N,Hq,D] at the N positions of a `QueryRows` (its fields, as tensors: a compiled
+    region takes them as arguments), k/v [B,S,Hkv,D] at every position -> [1,N,Hq,D]:
+    `dense_attention`'s output at those positions. With `replay_attention="paged"` each query
+    runs the decode kernel over its own visible keys, as there; SDPA's gradient of the same."""
+    def sdpa(q, k, v, _mask=None):
+        return sdpa_attention_at_rows(q, k, v, slots, mask)
+
+    if _paged(q):
+        from ouro_cli.kernels.replay_attention import paged_replay_attention
+
+        return paged_replay_attention(q, k, v, layout_mask, sdpa, rows=rows)
+    return sdpa(q, k, v)
+
+
+def _paged(q: torch.Tensor) -> bool:
+    """Whether the active settings put the replay's attention in the decode kernel (never
+    inside a compiled region); a SettingError where it cannot run."""
+    if torch.compiler.is_compiling() or pointwise.active().replay_attention != "paged":
+        return False
+    from ouro_cli.kernels import interpreted
+
+    if not q.is_cuda and not interpreted():
+        raise SettingError(PAGED_NEEDS_CUDA)
+    return True
+
+
+def sdpa_attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+                           mask: torch.Tensor) -> torch.Tensor:
+    """`attention_at_rows` through SDPA: the queries scattered into their padded [B, W] block."""
+    b, width = mask.shape[0], mask.shape[2]
+    hq, d = q.shape[2], q.shape[3]
+    block = q.new_zeros(b * width, hq, d).index_copy(0, slots, q[0]).view(b, width, hq, d)
+    o = sdpa_attention(block, k, v, mask)
+    return o.reshape(b * width, hq, d).index_select(0, slots)[None]
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

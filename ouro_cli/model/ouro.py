@@ -12,9 +12,14 @@ loops never duplicate a tensor. Two ways to run it share the same layer code:
 - `run_loop(h, cos, sin, attend_for_layer)`: one loop for the caller's tokens with
   the caller's attention (the engine's paged KV cache drives decoding this way).
 
-Masked positions are still computed and then discarded with `torch.where`; this
-keeps shapes static and the replay exactly equal to per-token execution. Counting
-that work (incl. padding) is the trainer's concern.
+A loop runs the layer stack only on the positions that need it: those are gathered into
+one row [1, N, H] for the projections, norms and MLP, their queries attend over every
+position's keys (theirs new, the others' last-exited ones), and their exit states are
+scattered back. A loop that (nearly) every position runs instead runs on all of them and
+discards the rest with `torch.where`: gathering costs index copies of every activation,
+which a few idle positions do not repay (`GATHER_BELOW`). Padding runs no loop where a loop
+gathers. `positions_per_loop` says how many positions each loop ran: the trainer's count
+of executed work.
 
 `execution` (ouro_cli/settings.py) says how the model computes on a GPU: whether its
 elementwise math compiles, whole layer calls as regions or not, and which attention the
@@ -32,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import pointwise
-from .attention import SequenceLayout, dense_attention
+from .attention import QueryRows, SequenceLayout, attention_at_rows, dense_attention
 from .config import OuroConfig
 from .layers import Attend, DecoderLayer, RMSNorm, Rotary
 from .matmul import linear
@@ -123,10 +128,12 @@ class OuroForCausalLM(nn.Module):
         backward pass instead of keeping its activations. `kv_sink(loop, layer, k, v)`
         receives the K/V every position holds at each (loop, layer) — its last-exited
         version — which is what the engine writes into its KV planes after prefill.
-        `state_sink(loop, h)` receives loop t's exit state `model.norm(...)` [B,S,H] for every
-        position (exited ones included, before they are masked out): what the exit gate reads.
-        (`model.norm` runs fused into the last layer's closing kernel, so a module hook on it
-        would never fire.)
+        `state_sink(loop, h)` receives the exit state `model.norm(...)` [B,S,H] every position
+        holds after loop t: loop t's where it ran loop t, that of its own last loop where it
+        exited before (what the exit gate reads at a position's loops 1..depth; padding holds
+        anything). (`model.norm` runs fused into the last layer's closing kernel, so a module
+        hook on it would never fire.) Positions of padding (`attention_mask` 0) get logits,
+        K/V and states that mean nothing.
         """
         with pointwise.executing(self.execution):
             return self._forward(input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
@@ -137,37 +144,114 @@ class OuroForCausalLM(nn.Module):
         layout = SequenceLayout.build(input_ids, attention_mask, document_ids, position_ids)
         h = self.embed(input_ids)
         cos, sin = self.rope(layout.position_ids, h.dtype)
-        num_loops = self.num_loops
         if depths is not None:
-            depths = _check_depths(depths, input_ids.shape, num_loops)
-            num_loops = int(depths.max())
+            depths = _check_depths(depths, input_ids.shape, self.num_loops)
+        loops = _loops_to_run(depths, attention_mask, self.num_loops)
+        num_loops = self.num_loops if loops is None else max(int(loops.max()), 1)
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
-        # one compiled region per layer call (compile_layers); bound to the settings, for recompute's re-run
-        step = pointwise.under(pointwise.region(_layer_step, h), self.execution)
+        # one compiled region per layer call of each kind (compile_layers); bound to the settings, for recompute's re-run
+        dense = pointwise.under(pointwise.region(_layer_step, h), self.execution)
+        at_rows = pointwise.under(pointwise.region(_layer_step_at_rows, h), self.execution)
         for t in range(1, num_loops + 1):
-            active = None if depths is None or bool((depths >= t).all()) else (depths >= t)
-            first = self.model.layers[0].input_layernorm
-            x, normed = h, pointwise.rms_norm_generic(h, first.weight, first.eps)
-            for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
-                args = (layer, layout.mask, closing, x, normed, cos, sin, active, *(prev_kv[i] or (None, None)))
-                x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
-                prev_kv[i] = (k, v)
-                if kv_sink is not None:
-                    kv_sink(t, i, k, v)
-            # `normed` is now model.norm(x): the loop's exit state
+            running, gathered = _loop_plan(loops, t)
+            if gathered:
+                queries = QueryRows.build(running, layout.mask)
+                h = self._loop_at_rows(at_rows, t, h, cos, sin, queries, prev_kv, recompute, kv_sink)
+            else:
+                h = self._loop_dense(dense, t, h, cos, sin, layout.mask, running, prev_kv, recompute, kv_sink)
             if state_sink is not None:
-                state_sink(t, normed)
-            h = normed if active is None else torch.where(active[..., None], normed, h)
+                state_sink(t, h)
         if kv_sink is not None:
             for t in range(num_loops + 1, self.num_loops + 1):  # planes past everyone's depth
                 for i, kv in enumerate(prev_kv):
                     kv_sink(t, i, *kv)
         return self.logits(h if logits_at is None else h[logits_at])
 
+    def _loop_dense(self, step, t, h, cos, sin, mask, active, prev_kv, recompute, kv_sink) -> torch.Tensor:
+        """Loop t on every position; where `active` [B,S] is given, only those keep the result
+        (the others' K/V and hidden state stay those of their last loop)."""
+        first = self.model.layers[0].input_layernorm
+        x, normed = h, pointwise.rms_norm_generic(h, first.weight, first.eps)
+        for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
+            args = (layer, mask, closing, x, normed, cos, sin, active, *(prev_kv[i] or (None, None)))
+            x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
+            prev_kv[i] = (k, v)
+            if kv_sink is not None:
+                kv_sink(t, i, k, v)
+        # `normed` is now model.norm(x): the loop's exit state
+        return normed if active is None else torch.where(active[..., None], normed, h)
+
+    def _loop_at_rows(self, step, t, h, cos, sin, queries: QueryRows, prev_kv, recompute, kv_sink) -> torch.Tensor:
+        """Loop t on the positions at `queries.rows` only, gathered into one row [1,N,·]; their
+        exit states are scattered back into h, every other position keeps its own."""
+        b, s, hidden = h.shape
+        rows = queries.rows
+        x = h.reshape(b * s, hidden).index_select(0, rows)[None]
+        cos, sin = (c.reshape(b * s, -1).index_select(0, rows)[None] for c in (cos, sin))
+        first = self.model.layers[0].input_layernorm
+        normed = pointwise.rms_norm_generic(x, first.weight, first.eps)
+        for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
+            prev_k, prev_v = prev_kv[i] or (self._no_kv(h),) * 2  # only padding has run no loop before
+            args = (layer, closing, x, normed, cos, sin, rows, queries.slots, queries.mask, queries.layout_mask,
+                    prev_k, prev_v)
+            x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
+            prev_kv[i] = (k, v)
+            if kv_sink is not None:
+                kv_sink(t, i, k, v)
+        return h.reshape(b * s, hidden).index_copy(0, rows, normed[0]).view(b, s, hidden)
+
+    def _no_kv(self, h: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        return h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head)
+
+
+# A loop that fewer than this share of the positions run gathers them (`_layer_step_at_rows`);
+# at or above it, it runs every position and keeps only the running ones' results
+# (`_layer_step`): gathering costs index copies of every activation and, in the attention, a
+# mask in place of plain causality, which a few idle positions do not repay. On CPU a gathered
+# loop cost 0.94-0.98 of a dense one at a share of 0.9 running and 1.04-1.07 at 0.95
+# (`bench/train_loop_work.py --sweep`, docs/performance.md §8); not yet measured on a GPU.
+GATHER_BELOW = 0.9
+
+
+def positions_per_loop(depths: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[int]:
+    """How many positions `forward(..., depths=depths, attention_mask=attention_mask)` runs the
+    layer stack on at each loop t = 1, 2, ...: its executed work is their sum × the layers."""
+    loops = _loops_to_run(depths.long(), attention_mask, int(depths.max()))
+    total = loops.numel()
+    plans = (_loop_plan(loops, t) for t in range(1, max(int(loops.max()), 1) + 1))
+    return [int(running.sum()) if gathered else total for running, gathered in plans]
+
+
+def _loops_to_run(depths: torch.Tensor | None, attention_mask: torch.Tensor | None, num_loops: int
+                  ) -> torch.Tensor | None:
+    """Loops per position [B,S]: its depth, 0 for padding (whose results nothing reads); None
+    when every position runs all `num_loops`."""
+    if attention_mask is None:
+        return depths
+    if depths is None:
+        depths = torch.full(attention_mask.shape, num_loops, dtype=torch.long, device=attention_mask.device)
+    return depths.masked_fill(~attention_mask.bool(), 0)
+
+
+def _loop_plan(loops: torch.Tensor | None, t: int) -> tuple[torch.Tensor | None, bool]:
+    """How loop t runs: (positions that keep its result [B,S] or None for all, whether only they
+    run it). Loop 1 runs every position unless it gathers: no position has K/V to fall back on,
+    and the idle ones there are padding."""
+    if loops is None:
+        return None, False
+    running = loops >= t
+    n, total = int(running.sum()), running.numel()
+    if n < GATHER_BELOW * total and n > 0:
+        return running, True
+    if n == total or t == 1:
+        return None, False
+    return running, False
+
 
 def _layer_step(layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.Tensor, x, normed, cos, sin,
                 active, prev_k, prev_v):
-    """One layer call of the replay: mixes in last-loop K/V for positions that exited.
+    """One layer call of a loop run on every position: mixes in last-loop K/V for positions that exited.
 
     A position inactive at loop t contributes the K/V it produced at its own last loop
     (`prev_k`, `prev_v` already hold that version); its own hidden state is discarded
@@ -183,6 +267,31 @@ def _layer_step(layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.T
             k, v = torch.where(keep, k, prev_k), torch.where(keep, v, prev_v)
         used["k"], used["v"] = k, v
         return dense_attention(q, k, v, mask)
+
+    out, out_normed = layer(x, normed, cos, sin, attend, closing)
+    return out, out_normed, used["k"], used["v"]
+
+
+def _layer_step_at_rows(layer: DecoderLayer, closing: torch.Tensor, x, normed, cos, sin, rows, slots, mask,
+                        layout_mask, prev_k, prev_v):
+    """One layer call of a loop run only on the positions at `rows` (a QueryRows, field by field).
+
+    x, normed, cos, sin [1,N,·] are theirs. Their new K/V replace theirs in copies of `prev_k`,
+    `prev_v` [B,S,Hkv,D], which hold every other position's last-exited version; their queries
+    attend over those copies. Returns what `_layer_step` returns, the outputs [1,N,H] for the
+    running positions only and the K/V [B,S,Hkv,D] of every position. A function of its
+    arguments only (pointwise.region): the token dimensions, N included, are symbolic.
+    Every gather here and in the loop around it takes each position at most once, so their
+    backward scatter-adds add one term to zero: the same bits with any kernel, atomics
+    included (the trainer's steps stay deterministic, trainer/determinism.py).
+    """
+    used: dict[str, torch.Tensor] = {}
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k = prev_k.flatten(0, 1).index_copy(0, rows, k[0]).view_as(prev_k)
+        v = prev_v.flatten(0, 1).index_copy(0, rows, v[0]).view_as(prev_v)
+        used["k"], used["v"] = k, v
+        return attention_at_rows(q, k, v, rows, slots, mask, layout_mask)
 
     out, out_normed = layer(x, normed, cos, sin, attend, closing)
     return out, out_normed, used["k"], used["v"]

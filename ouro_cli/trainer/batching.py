@@ -17,10 +17,11 @@ right-padded row. Either way the loss is a sum of
 per-token terms with weights fixed by the *global* batch (token count or sample count
 over all ranks), so the gradient does not depend on how samples are grouped or packed.
 
-Work counter: Ouro's replay runs every loop t ≤ max(depth) on all positions of the
-micro-batch tensor (padding and shallow tokens included) and discards what a position
-does not need, so the layer-token evaluations executed are rows × row_length × layers
-per loop, and recompute runs them a second time in backward.
+Work counter: Ouro's replay runs loop t on the positions whose depth is at least t,
+gathered, when they are fewer than a share of the micro-batch tensor, else on all of it
+(padding and shallow tokens included, their results discarded; model/ouro.py
+`GATHER_BELOW`), so the layer-token evaluations executed are, per loop, the positions it
+ran × layers (`positions_per_loop`), and recompute runs them a second time in backward.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ouro_cli.errors import UserError
+from ouro_cli.model.ouro import positions_per_loop
 
 
 @dataclass
@@ -94,15 +96,14 @@ class MicroBatch:
 class WorkCounter:
     """Layer-token evaluations: what Ouro's replay executed vs what the depths required."""
 
-    executed: int = 0  # forward: rows × row_length × layers, for every loop run
+    executed: int = 0  # forward: layers × the positions each loop ran (model/ouro.py positions_per_loop)
     recomputed: int = 0  # backward re-runs of the forward (activation recompute)
     required: int = 0  # layers × Σ depth over real positions: the work a per-token executor does
     tokens: int = 0  # real (non-padding) positions
     padded_tokens: int = 0  # positions in the micro-batch tensors, padding included
 
     def add_micro_batch(self, mb: MicroBatch, num_layers: int, recompute: bool) -> None:
-        loops_run = int(mb.depths.max())
-        executed = mb.padded_tokens * num_layers * loops_run
+        executed = num_layers * sum(positions_per_loop(mb.depths, mb.attention_mask))
         self.executed += executed
         self.recomputed += executed if recompute else 0
         real = mb.attention_mask if mb.attention_mask is not None else torch.ones_like(mb.depths, dtype=torch.bool)

@@ -3,7 +3,8 @@
 Unpacked causal rows go to flash attention; packed rows (document masking) and padded
 rows carry a boolean mask, which SDPA serves with its fused memory-efficient kernel.
 Restricting SDPA to the fused backends makes a silent fallback to the unfused math
-path an error here.
+path an error here. A loop that only some positions run (`attention_at_rows`: their queries
+in a padded block, always with a mask) is served by a fused kernel too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ouro_cli.model.attention import SequenceLayout, dense_attention
+from ouro_cli.model.attention import QueryRows, SequenceLayout, attention_at_rows, dense_attention
 
 pytestmark = pytest.mark.gpu
 
@@ -30,3 +31,20 @@ def test_replay_attention_uses_fused_kernels(packed):
     with sdpa_kernel([SDPBackend.MATH]):
         reference = dense_attention(q.float(), k.float(), v.float(), layout.mask)
     assert (fused.float() - reference).abs().max() < 2e-2
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_attention_at_some_rows_uses_fused_kernels(packed):
+    g = torch.Generator().manual_seed(1)
+    b, s, h, d = 2, 256, 4, 64
+    ids = torch.zeros(b, s, dtype=torch.long)
+    docs = (torch.arange(s) // 100).expand(b, s).contiguous() if packed else None
+    layout = SequenceLayout.build(ids.cuda(), document_ids=None if docs is None else docs.cuda())
+    queries = QueryRows.build((torch.rand(b, s, generator=g) < 0.4).cuda(), layout.mask)
+    q, k, v = (torch.randn(b, s, h, d, generator=g).cuda().bfloat16() for _ in range(3))
+    q_rows = q.flatten(0, 1)[queries.rows][None]
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        fused = attention_at_rows(q_rows, k, v, queries.rows, queries.slots, queries.mask, layout.mask)
+    with sdpa_kernel([SDPBackend.MATH]):
+        reference = dense_attention(q.float(), k.float(), v.float(), layout.mask).flatten(0, 1)[queries.rows]
+    assert (fused[0].float() - reference).abs().max() < 2e-2

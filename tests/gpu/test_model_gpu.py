@@ -1,11 +1,12 @@
-"""The shared forward on CUDA: fp32 equals CPU, bf16 tracks fp32, recompute works."""
+"""The shared forward on CUDA: fp32 equals CPU, bf16 tracks fp32, recompute works, loops that
+gather their positions equal loops that run all of them (compiled regions on)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ouro_cli.model import build, tiny_config
+from ouro_cli.model import build, ouro, tiny_config
 
 pytestmark = pytest.mark.gpu
 
@@ -38,3 +39,21 @@ def test_bf16_cuda_tracks_fp32_and_backprops():
     assert (out.float() - ref).abs().max() < 0.05 * ref.abs().max()
     out.float().logsumexp(-1).sum().backward()
     assert m16.lm_head.weight.grad is not None
+
+
+def test_gathered_loops_match_dense_on_cuda(monkeypatch):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    from tests.unit.model.test_loop_work import run
+
+    model = build(tiny_config(), seed=2, std=0.1, device="cuda")
+    results = []
+    for share in (0.0, 1.01):  # every loop on every position; every loop gathers
+        monkeypatch.setattr(ouro, "GATHER_BELOW", share)
+        results.append(run(model))
+    (dense_logits, dense_grads, _, _), (logits, grads, _, _) = results
+    real = torch.ones_like(logits[..., 0], dtype=torch.bool)
+    real[1, :3] = real[2, 15:] = False  # the padding of test_loop_work.batch
+    torch.testing.assert_close(logits[real], dense_logits[real], rtol=1e-4, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, dense_grads[name], rtol=1e-4, atol=1e-5, msg=name)

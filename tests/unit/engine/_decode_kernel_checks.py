@@ -197,15 +197,16 @@ def _packed_layout(device):
 def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
     """`replay_attention="paged"` (kernels/replay_attention.py): equals SDPA to `tol` under
     packed, padded and plain causal layouts; every query's output is bitwise the decode
-    kernel's for that query alone over its context; gradients are SDPA's, bit for bit; a
-    mask that is not a contiguous run is refused."""
+    kernel's for that query alone over its context, and the same when only some queries are
+    given (`rows`); gradients are SDPA's, bit for bit, for all queries and for some; a mask
+    that is not a contiguous run is refused."""
     from ouro_cli.kernels.decode_attention import paged_decode_attention
     from ouro_cli.kernels.replay_attention import (
         paged_forward,
         paged_replay_attention,
         visible_runs,
     )
-    from ouro_cli.model.attention import sdpa_attention
+    from ouro_cli.model.attention import QueryRows, sdpa_attention, sdpa_attention_at_rows
 
     g = torch.Generator().manual_seed(5)
     b, s, hq, hkv, d = 3, 21, 4, 2, 16
@@ -220,12 +221,30 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
             ctx = torch.arange(n + 5, device=q.device).clamp(max=n - 1)[None]  # another table width
             alone = paged_decode_attention(q[row, i][None], *planes, ctx, torch.tensor([n], device=q.device))
             assert torch.equal(alone[0], out[row, i]), (row, i)
+        # a loop that only some positions run gives the kernel their queries alone: the same bits
+        rows = torch.tensor([0, 3, 20, 21 + 7, 2 * 21 + 5, 2 * 21 + 16], device=q.device)
+        some = paged_forward(q.reshape(b * s, hq, d)[rows][None], k, v, mask, rows)
+        assert torch.equal(some[0], out.reshape(b * s, hq, d)[rows])
     mask = _packed_layout(device).mask
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     grad_out = torch.randn(b, s, hq, d, generator=g).to(device, dtype)
     got = torch.autograd.grad(paged_replay_attention(*leaves, mask, sdpa_attention), leaves, grad_out)
     want = torch.autograd.grad(sdpa_attention(*ref_leaves, mask), ref_leaves, grad_out)
+    assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+    # the queries of some positions only (model/attention.py attention_at_rows): SDPA's gradients too
+    queries = QueryRows.build(torch.rand(b, s, generator=g).to(device) < 0.5, mask)
+    q_rows = q.reshape(b * s, hq, d)[queries.rows][None]
+    leaves = [x.clone().requires_grad_() for x in (q_rows, k, v)]
+    ref_leaves = [x.clone().requires_grad_() for x in (q_rows, k, v)]
+    grad_out = torch.randn(q_rows.shape, generator=g).to(device, dtype)
+
+    def at_rows(q, k, v, _mask=None):
+        return sdpa_attention_at_rows(q, k, v, queries.slots, queries.mask)
+    out = paged_replay_attention(*leaves, mask, at_rows, rows=queries.rows)
+    assert (out.double() - at_rows(*ref_leaves).double()).abs().max() <= tol
+    got = torch.autograd.grad(out, leaves, grad_out)
+    want = torch.autograd.grad(at_rows(*ref_leaves), ref_leaves, grad_out)
     assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
     holes = mask.clone()
     holes[0, 0, 10, 3] = False  # a gap inside a query's run

@@ -12,6 +12,7 @@ import torch
 
 from ouro_cli.errors import SettingError
 from ouro_cli.model import build, pointwise, tiny_config
+from ouro_cli.model.ouro import positions_per_loop
 from ouro_cli.settings import ExecutionSettings
 
 from .compiling import ALWAYS, forbid_compiles, record_compiles
@@ -38,7 +39,7 @@ def test_compiled_layers_match_eager(monkeypatch, recompute):
     compiled = record_compiles(monkeypatch)
     model.execution = ExecutionSettings(compile="always", compile_layers="on")
     logits, grads = run(model, recompute)
-    assert "_layer_step" in compiled
+    assert "_layer_step" in compiled and "_layer_step_at_rows" in compiled  # loops of all and of some positions
     # inside the region the layer's own functions are traced inline; only the norm that opens
     # each loop (outside the layers) is still a compiled call of its own
     assert not {"_rotary", "_silu_mul", "_add_rms_norm", "_add_rms_norm_then_norm"} & set(compiled)
@@ -51,21 +52,24 @@ def test_compiled_layers_match_eager(monkeypatch, recompute):
 def test_new_token_shapes_do_not_recompile(monkeypatch):
     """The replay compiles once, shape-generic: after the first micro-batch (whose 2 rows and
     16 positions equal the tiny model's KV heads and head size, which duck sizing would
-    have fused and specialised), other row counts and lengths compile nothing."""
+    have fused and specialised), other row counts and lengths compile nothing, nor do the
+    other counts of running positions that the loops gathering them meet."""
     torch._dynamo.reset()  # nothing compiled by earlier tests
     pointwise._compiled.cache_clear()
     model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
     model.execution = ALWAYS
     g = torch.Generator().manual_seed(0)
-    spent = []
+    spent, gathered = [], []
     for rows, length in ((2, 16), (3, 21), (5, 9)):
         ids = torch.randint(3, 100, (rows, length), generator=g)
         depths = torch.randint(1, model.config.num_loops + 1, (rows, length), generator=g)
         depths[:, :3] = model.config.num_loops  # mixed: every loop has active and exited positions
+        gathered += [n for n in positions_per_loop(depths) if n < depths.numel()]
         before = pointwise.compile_seconds()
         model(ids, depths).float().square().mean().backward()
         spent.append(pointwise.compile_seconds() - before)
     assert spent[0] > 0 and spent[1:] == [0.0, 0.0], spent
+    assert len(set(gathered)) >= 6, gathered
 
 
 def test_eager_block_keeps_layers_uncompiled(monkeypatch):

@@ -48,9 +48,11 @@ def test_packed_rows_restart_documents_and_score_the_right_positions():
     assert mb.weights.sum().item() == pytest.approx(1.0)
     work = WorkCounter()
     work.add_micro_batch(mb, num_layers=2, recompute=True)
-    assert work.executed == 2 * 10 * 2 * 4 and work.recomputed == work.executed
+    assert work.required == 2 * int(mb.depths[mb.attention_mask].sum()) == 2 * 48
+    # a quarter of the positions is padding and half the rest stops at depth 2, so every loop
+    # runs only its positions (model/ouro.py GATHER_BELOW): exactly the work required
+    assert work.executed == work.required and work.recomputed == work.executed
     assert work.tokens == 15 and work.padded_tokens == 20
-    assert work.required == 2 * int(mb.depths[mb.attention_mask].sum())
 
 
 def test_unpacked_rows_are_padded_without_document_ids():
