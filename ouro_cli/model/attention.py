@@ -163,7 +163,7 @@ def sdpa_attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sl
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """dense_attention through PyTorch's scaled_dot_product_attention (the default)."""
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-    gqa = q.shape[1] != k.shape[1]
+    gqa = bool(q.shape[1] != k.shape[1])  # a Python bool: SDPA refuses a symbolic one in a dynamic region
     if mask is None:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     else:
