@@ -163,9 +163,16 @@ def sdpa_attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sl
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """dense_attention through PyTorch's scaled_dot_product_attention (the default)."""
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-    gqa = bool(q.shape[1] != k.shape[1])  # a Python bool: SDPA refuses a symbolic one in a dynamic region
-    if mask is None:
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    # a literal, not a comparison: in a dynamic compiled region the head counts are symbolic,
+    # and SDPA refuses a symbolic enable_gqa (the branch guards on the counts instead)
+    if q.shape[1] != k.shape[1]:
+        o = _sdpa(q, k, v, mask, gqa=True)
     else:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        o = _sdpa(q, k, v, mask, gqa=False)
     return o.transpose(1, 2)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, gqa: bool) -> torch.Tensor:
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
