@@ -173,6 +173,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, gqa: bool) -> torch.Tensor:
+    """SDPA, with `enable_gqa` passed only when the heads differ (False is its default)."""
+    extra = {"enable_gqa": True} if gqa else {}
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **extra)
