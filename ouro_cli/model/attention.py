@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ouro_cli.errors import SettingError
 
-from . import pointwise
+from . import exact, pointwise
 
 
 @dataclass
@@ -76,8 +76,13 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 
     SDPA, or with the model's `replay_attention="paged"` (ouro_cli/settings.py) every query
     through the decode attention kernel, in its reduction order (kernels/replay_attention.py);
-    that mode never runs inside a compiled region (`compile_layers` leaves them out for it)."""
-    if not torch.compiler.is_compiling() and pointwise.active().replay_attention == "paged":
+    that mode never runs inside a compiled region (`compile_layers` leaves them out for it).
+    In exact mode (docs/exact.md) the decode kernel's order on CUDA, exact.dense_attention's
+    (the CPU decode step's) elsewhere."""
+    path = pointwise.active().replay_attention_on(q.device.type)
+    if path == "exact":
+        return exact.dense_attention(q, k, v, mask, sdpa_attention)
+    if not torch.compiler.is_compiling() and path == "paged":
         from ouro_cli.kernels import interpreted
 
         if not q.is_cuda and not interpreted():

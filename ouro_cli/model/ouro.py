@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import pointwise
+from . import exact, pointwise
 from .attention import SequenceLayout, dense_attention
 from .config import OuroConfig
 from .layers import Attend, DecoderLayer, RMSNorm, Rotary
@@ -96,7 +96,10 @@ class OuroForCausalLM(nn.Module):
 
     def exit_lambda(self, h: torch.Tensor) -> torch.Tensor:
         """λ_t = sigmoid(gate(h_t)) in fp32, shape h.shape[:-1]."""
-        return torch.sigmoid(self.model.early_exit_gate(h).float()).squeeze(-1)
+        gate = self.model.early_exit_gate
+        if self.execution.exact:  # a token's exit must not depend on its batch-mates either
+            return exact.exit_lambda(h, gate.weight, gate.bias)
+        return torch.sigmoid(gate(h).float()).squeeze(-1)
 
     # ---- whole-sequence forward with per-position depths ---------------------------
 
