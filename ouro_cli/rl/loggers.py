@@ -5,7 +5,7 @@ as its step:
 - every numeric field of the update's metrics line, under its own name (`reward_mean`,
   `train_grad_norm`, `rollout_s`, `logprob_mismatch_mean`, `peak_memory_train_gib`, ...),
   and the reward and mismatch again per decode budget (`reward_mean/K=3`), so each K is
-  one curve;
+  one curve, and the mismatch per exit depth (`logprob_mismatch_mean/depth=2`);
 - the decoded tokens' exit depths as a histogram (`exit_depth`);
 - every held-out evaluation as `eval/accuracy/K=k`, `eval/mean_exit_depth/K=k` and
   `eval/mean_tokens/K=k`.
@@ -50,6 +50,9 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     for key in ("reward_mean", "logprob_mismatch_mean", "mean_exit_depth"):
         if k is not None and isinstance(record.get(key), numbers.Real):
             out[f"{key}/K={k}"] = float(record[key])
+    for key in ("logprob_mismatch_mean", "logprob_mismatch_max"):  # and by exit depth
+        for depth, value in (record.get(f"{key}_by_depth") or {}).items():
+            out[f"{key}/depth={depth}"] = float(value)
     return out
 
 

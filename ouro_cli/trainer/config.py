@@ -59,6 +59,13 @@ class TrainerConfig:
     aggregation: Literal["token_mean", "sequence_mean"] = option(
         "token_mean", help="token_mean or sequence_mean.", panel=P_OPT)
 
+    # ---- rollout-trainer mismatch correction (is_correction.py; docs/exact.md §5) ---
+    is_correction: Literal["none", "tis", "mis", "geo-mask"] = option(
+        "none", help="Engine-trainer mismatch correction: none, tis (weigh by the ratio, at most HIGH), mis (mask "
+        "tokens), geo-mask (mask sequences); docs/exact.md.", panel=P_OPT)
+    is_bounds: list[float] = option(factory=lambda: [0.5, 2.0], help="LOW HIGH: the ratio band of --is-correction.",
+                                    panel=P_OPT)
+
     # ---- micro-batching -----------------------------------------------------------
     max_tokens_per_micro_batch: int | None = option(
         None, help="Tokens per training micro-batch, padding included.", panel=P_OPT,
@@ -105,6 +112,10 @@ class TrainerConfig:
         need(self.eps_low < 1, "--eps-low must be < 1 (the ratio is clipped at 1 - eps_low)")
         need(self.aggregation in ("token_mean", "sequence_mean"),
              f"--aggregation must be token_mean or sequence_mean, got {self.aggregation!r}")
+        need(self.is_correction in ("none", "tis", "mis", "geo-mask"),
+             f"--is-correction must be none, tis, mis or geo-mask, got {self.is_correction!r}")
+        need(len(self.is_bounds) == 2 and 0 <= self.is_bounds[0] <= 1 <= self.is_bounds[1],
+             f"--is-bounds takes LOW HIGH with 0 <= LOW <= 1 <= HIGH, got {' '.join(map(str, self.is_bounds))}")
         need(self.micro_batch_size is None or self.micro_batch_size >= 1,
              f"--micro-batch-size must be at least 1, got {self.micro_batch_size}")
         need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 2,

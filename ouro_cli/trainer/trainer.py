@@ -101,7 +101,8 @@ class Trainer:
                          for rows in plan]
         self.ddp.train()
         with pointwise.executing(self.execution):
-            metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers)
+            metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers,
+                                       self.num_loops)
         metrics["forward_backward_s"] = watch.lap()
         with self._megatron():
             self.ddp.finish_grad_sync()
