@@ -118,7 +118,7 @@ class ExecutionSettings:
         from ouro_cli.kernels import triton_available
 
         if self.exact:
-            if device_type != "cuda":
+            if not exact_kernels(device_type):
                 return "exact"
             if not triton_available():
                 raise SettingError("--exact on CUDA needs the triton package (pip install triton)")
@@ -156,7 +156,7 @@ class ExecutionSettings:
         """The whole-sequence forward's attention on `device_type`: "sdpa", "paged", or with
         `exact` "exact" on CPU (model/exact.py) and "paged" on CUDA (the decode kernel's order)."""
         if self.exact:
-            return "paged" if device_type == "cuda" else "exact"
+            return "paged" if exact_kernels(device_type) else "exact"
         return self.replay_attention
 
     def effective(self, device_type: str) -> dict[str, str]:
@@ -184,6 +184,14 @@ class ExecutionSettings:
             raise SettingError(f"--decode-gemv {self.decode_gemv} {NEEDS_KERNEL_DEVICE}")
         if self.replay_attention == "paged" and not kernel_device:
             raise SettingError(f"--replay-attention paged runs a Triton kernel: it {NEEDS_KERNEL_DEVICE}")
+
+
+def exact_kernels(device_type: str) -> bool:
+    """Whether exact mode on `device_type` runs its Triton kernels (CUDA, or anywhere under the
+    Triton interpreter, as the CPU tests of that path do) or its torch code (model/exact.py)."""
+    from ouro_cli.kernels import interpreted
+
+    return device_type == "cuda" or interpreted()
 
 
 def from_environment(root: type, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -21,7 +21,8 @@ bf16 as in fp32. Each op gets one summation order that no shape can change:
 - **Projections** (`linear`): on CPU the GEMM is always called on fixed tiles of
   ROW_TILE rows (the last one zero-padded), so every row is computed by a call of one
   shape, whether it is one of a decode step's 8 rows or of the trainer's thousands; on
-  CUDA a Triton kernel with fixed tiles and no split-K (kernels/fixed_tile.py).
+  CUDA a Triton kernel with fixed tiles and no split-K (kernels/fixed_tile.py; the Triton
+  path also runs under the Triton interpreter, where the CPU tests check it).
 - **Attention** (`dense_attention`, `paged_attention`, CPU): keys are visited in chunks of
   KEY_CHUNK positions at absolute offsets 0, KEY_CHUNK, ... from the sequence's (the
   document's) start and folded into an fp32 online softmax (`_fold`), the same function
@@ -128,7 +129,9 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _forward(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    if rows.is_cuda:
+    from ouro_cli.settings import exact_kernels
+
+    if exact_kernels(rows.device.type):
         from ouro_cli.kernels.fixed_tile import fixed_tile_linear
 
         return fixed_tile_linear(rows, w)

@@ -59,11 +59,42 @@ def check_bad_input(device="cpu") -> None:
         raise AssertionError(f"{what}: no ValueError")
 
 
+def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
+    """Exact mode's Triton path end to end (what it runs on CUDA: the fixed-tile projections,
+    the decode kernel for the decode step, the prefill and the replay): the tiny model's
+    engine, with threshold exits, reports the logprobs of its replay to the bit."""
+    from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.model import pointwise
+    from ouro_cli.settings import ExecutionSettings
+    from tests.unit.engine.conftest import prompts, tiny_model
+
+    exact = ExecutionSettings(exact=True)
+    assert exact.effective(device)["replay_attention"] == "paged"  # the kernels, not model/exact.py's torch
+    model = tiny_model(0).to(device, dtype)
+    params = [SamplingParams(max_tokens=5, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
+    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False, execution=exact)
+    try:
+        outs = llm.generate(prompts(3, seed=1, hi=6), params)
+    finally:
+        llm.close()
+    assert llm.runner.attention == "triton"
+    for out in outs:
+        m, r = len(out.prompt_token_ids), out.output_token_ids
+        ids = torch.tensor([out.prompt_token_ids + r], device=device)
+        depths = torch.tensor([[4] * m + out.exit_depths[1:] + [4]], device=device)
+        with torch.no_grad(), pointwise.executing(exact):
+            logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
+        ref = logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r, device=device)[:, None]).squeeze(1)
+        assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double().cpu()), out.exit_depths
+
+
 CHECKS = {"reference_fp32": check_reference,
           "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
           "batch_invariance_fp32": check_batch_invariance,
           "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
-          "bad_input": check_bad_input}
+          "bad_input": check_bad_input,
+          "exact_engine_fp32": check_exact_engine,
+          "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16)}
 
 
 if __name__ == "__main__":
