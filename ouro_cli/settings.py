@@ -4,8 +4,10 @@ The same function can be computed several ways on a GPU: the decode step's atten
 a Triton kernel or in torch, its projections through a Triton small-batch matmul or
 cuBLAS, the elementwise layer math compiled or eager, the replay's attention in SDPA's
 reduction order or the decode kernel's. Each choice changes the bits a GPU run computes
-(on CPU, where runs stay eager and exact, most of them change nothing). So they are
-typed settings, not switches read where they act:
+(on CPU, where runs stay eager and exact, most of them change nothing). `exact`
+(`--exact`, docs/exact.md) chooses them all at once: batch-invariant kernels everywhere
+(model/exact.py), eager, so that the engine's logprobs are the trainer's bit for bit. Since
+they change what a run computes, they are typed settings, not switches read where they act:
 
 - **Options.** They are options of `ouro train` and `ouro eval` like any other (the
   [execution] section of the option tree, ouro_cli/config.py: flags `--compile`,

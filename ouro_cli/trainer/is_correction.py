@@ -41,7 +41,8 @@ class Correction:
 def correct(mode: str, bounds: tuple[float, float] | list[float], new: torch.Tensor, rollout: torch.Tensor,
             sample_ids: torch.Tensor) -> Correction:
     """The correction of N scored tokens: `new` the trainer's logprobs, `rollout` the engine's,
-    `sample_ids` [N] which sample (sequence) each token belongs to."""
+    `sample_ids` [N] which sample (sequence) each token belongs to, each sample's tokens
+    consecutive (as batching.build_micro_batch lays them out)."""
     new = new.detach()
     if mode == "none":
         return Correction(torch.ones_like(new), rollout)
@@ -52,11 +53,10 @@ def correct(mode: str, bounds: tuple[float, float] | list[float], new: torch.Ten
     elif mode == "mis":
         ratio = torch.exp(log_ratio)
         weight = ((ratio >= low) & (ratio <= high)).to(new.dtype)
-    elif mode == "geo-mask":
-        count = torch.zeros(int(sample_ids.max()) + 1, dtype=new.dtype, device=new.device)
-        total = torch.zeros_like(count).index_add_(0, sample_ids, log_ratio)
-        count.index_add_(0, sample_ids, torch.ones_like(log_ratio))
-        geo = torch.exp(total / count.clamp(min=1))[sample_ids]
+    elif mode == "geo-mask":  # a sample's tokens are consecutive; split, not index_add (deterministic on CUDA)
+        counts = torch.unique_consecutive(sample_ids, return_counts=True)[1]
+        means = torch.stack([part.mean() for part in torch.split(log_ratio, counts.tolist())])
+        geo = torch.exp(means).repeat_interleave(counts)
         weight = ((geo >= low) & (geo <= high)).to(new.dtype)
     else:
         raise ValueError(f"unknown is_correction {mode!r}; expected one of {', '.join(MODES)}")
