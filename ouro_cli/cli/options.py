@@ -59,7 +59,8 @@ def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None
     flag = leaf.flag
     if cli_type(leaf.type) is bool and "/" not in flag:  # a TOML file's `true` can be turned off by a flag
         flag = f"{flag}/--no-{flag[2:]}"
-    info = typer.Option(flag, help=text, rich_help_panel=leaf.info.panel if panels else None, show_default=False)
+    info = typer.Option(flag, help=text, rich_help_panel=leaf.info.panel if panels else None, show_default=False,
+                        metavar=leaf.info.metavar)
     if required:
         return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[cli_type(leaf.type),
                                  info])

@@ -64,7 +64,7 @@ class TrainerConfig:
         "none", help="Engine-trainer mismatch correction: none, tis (weigh by the ratio, at most HIGH), mis (mask "
         "tokens), geo-mask (mask sequences); docs/exact.md.", panel=P_OPT)
     is_bounds: list[float] = option(factory=lambda: [0.5, 2.0], help="LOW HIGH: the ratio band of --is-correction.",
-                                    panel=P_OPT)
+                                    panel=P_OPT, metavar="<lo hi>")
 
     # ---- micro-batching -----------------------------------------------------------
     max_tokens_per_micro_batch: int | None = option(

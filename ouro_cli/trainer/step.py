@@ -1,7 +1,8 @@
 """One GRPO step: forward/backward over the micro-batches, gradient sync, optimizer step.
 
     zero grad buffers
-    for each micro-batch:  replay forward -> clipped surrogate -> backward (accumulate)
+    for each micro-batch:  replay forward -> clipped surrogate (weighed or masked by
+                           --is-correction, is_correction.py) -> backward (accumulate)
     DDP grad sync (all-reduce, or reduce-scatter for the distributed optimizer)
     optimizer step (clip, Adam) -> LR scheduler step
 
