@@ -71,3 +71,28 @@ def test_exact_chooses_its_kernels_and_is_recorded():
         with pytest.raises(SettingError, match=f"--exact chooses its kernels itself .*drop {named}"):
             ExecutionSettings(exact=True, **kwargs)
     ExecutionSettings(exact=True, compile="off", compile_layers="off").check("cpu")
+
+
+def test_pd_workers_compute_in_exact_mode_too():
+    """The prefill and decode workers are given the coordinator model's settings: in bf16 their
+    outputs are the local exact engine's bit for bit (which the default-mode workers' are not
+    held to), so the replay agrees with them to the bit as well."""
+    from ouro_cli.engine.pd import make_pd_engine
+
+    model = tiny_model(0).to(torch.bfloat16)
+    params = [SamplingParams(max_tokens=8, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
+    batch = prompts(3, seed=2)
+    pd = make_pd_engine(tiny_model(0).to(torch.bfloat16), [0], [1], timeout=60, device="cpu", max_num_seqs=1,
+                        kv_blocks=64, block_size=4, transport="shm", execution=EXACT)
+    try:
+        got = pd.generate(batch, params)
+    finally:
+        pd.close()
+    local = LLM(model, max_num_seqs=1, kv_blocks=64, block_size=4, execution=EXACT)
+    try:
+        expected = local.generate(batch, params)
+    finally:
+        local.close()
+    for a, b in zip(got, expected, strict=True):
+        assert (a.output_token_ids, a.exit_depths, a.log_probs) == (b.output_token_ids, b.exit_depths, b.log_probs)
+    assert _max_mismatch(model, got) == 0.0
