@@ -51,14 +51,15 @@ class OptionInfo:
     shown: str | None = None        # how the help states a default that is None or a path
     env: str | None = None          # the environment variable that stands in for the option (settings.py)
     argument: bool = False          # a positional argument instead of a flag
+    metavar: str | None = None      # how the help names the value, when not by its type
 
 
 def option(default: Any = MISSING, *, factory: Callable[[], Any] | None = None, help: str, panel: str | None = None,
            name: str | None = None, flag: str | None = None, aliases: tuple[str, ...] = (), shown: str | None = None,
-           env: str | None = None, argument: bool = False) -> Any:
+           env: str | None = None, argument: bool = False, metavar: str | None = None) -> Any:
     """A field that is an option of the tree (module docstring)."""
     metadata = {"option": OptionInfo(help=help, panel=panel, name=name, flag=flag, aliases=aliases, shown=shown,
-                                     env=env, argument=argument)}
+                                     env=env, argument=argument, metavar=metavar)}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)

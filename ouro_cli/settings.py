@@ -4,8 +4,10 @@ The same function can be computed several ways on a GPU: the decode step's atten
 a Triton kernel or in torch, its projections through a Triton small-batch matmul or
 cuBLAS, the elementwise layer math compiled or eager, the replay's attention in SDPA's
 reduction order or the decode kernel's. Each choice changes the bits a GPU run computes
-(on CPU, where runs stay eager and exact, most of them change nothing). So they are
-typed settings, not switches read where they act:
+(on CPU, where runs stay eager and exact, most of them change nothing). `exact`
+(`--exact`, docs/exact.md) chooses them all at once: batch-invariant kernels everywhere
+(model/exact.py), eager, so that the engine's logprobs are the trainer's bit for bit. Since
+they change what a run computes, they are typed settings, not switches read where they act:
 
 - **Options.** They are options of `ouro train` and `ouro eval` like any other (the
   [execution] section of the option tree, ouro_cli/config.py: flags `--compile`,
@@ -70,21 +72,40 @@ class ExecutionSettings:
         "sdpa", help="The replay's and the prefill's attention: sdpa, or paged (the decode kernel's reduction "
         "order, query by query: slower, for engine-trainer agreement to the bit; CUDA).", panel=P_EXEC,
         env="OURO_REPLAY_ATTENTION")
+    exact: bool = option(
+        False, help="Batch-invariant kernels everywhere (docs/exact.md): engine and trainer compute every "
+        "logprob with the same bits, in bf16 too; slower. Chooses the kernels itself.", panel=P_EXEC)
 
     def __post_init__(self) -> None:
         for name, leaf in leaves(ExecutionSettings).items():
-            allowed = leaf.type.__args__
+            allowed = getattr(leaf.type, "__args__", None)
+            if allowed is None:
+                if not isinstance(getattr(self, name), bool):
+                    raise SettingError(f"{leaf.flag} must be true or false, got {getattr(self, name)!r}")
+                continue
             if getattr(self, name) not in allowed:
                 raise SettingError(f"{leaf.flag} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
                                    f"got {getattr(self, name)!r}")
         if self.compile_layers == "on" and self.replay_attention == "paged":
             raise SettingError("--compile-layers on does not combine with --replay-attention paged (its Triton "
                                "launch is not traced); leave --compile-layers at auto")
+        if self.exact:  # the kernels are its own; compiling is off (`compiles`)
+            given = [leaf.flag for name, leaf in leaves(ExecutionSettings).items()
+                     if name in ("decode_attention", "decode_gemv", "replay_attention")
+                     and getattr(self, name) != leaf.default]
+            given += ["--compile always"] * (self.compile == "always") + ["--compile-layers on"] * (
+                self.compile_layers == "on")
+            if given:
+                raise SettingError(f"--exact chooses its kernels itself and runs eager (docs/exact.md): drop "
+                                   f"{given[0]}")
 
     # ---- what they select -----------------------------------------------------------
 
     def compiles(self, device_type: str) -> bool:
-        """Whether the elementwise math on a tensor of `device_type` runs compiled."""
+        """Whether the elementwise math on a tensor of `device_type` runs compiled (never with
+        `exact`: eager is one code for every shape, on both sides)."""
+        if self.exact:
+            return False
         return self.compile == "always" or (self.compile == "auto" and device_type == "cuda")
 
     @property
@@ -94,9 +115,16 @@ class ExecutionSettings:
         return self.compile_layers == "on" or (self.compile_layers == "auto" and self.replay_attention != "paged")
 
     def decode_attention_on(self, device_type: str) -> str:
-        """The decode attention path on `device_type`: "torch" or "triton"."""
+        """The decode attention path on `device_type`: "torch", "triton", or with `exact` on CPU
+        "exact" (model/exact.py; on CUDA exact mode runs the Triton kernel)."""
         from ouro_cli.kernels import triton_available
 
+        if self.exact:
+            if not exact_kernels(device_type):
+                return "exact"
+            if not triton_available():
+                raise SettingError("--exact on CUDA needs the triton package (pip install triton)")
+            return "triton"
         if self.decode_attention == "auto":
             return "triton" if device_type == "cuda" and triton_available() else "torch"
         if self.decode_attention == "triton" and not triton_available():
@@ -108,6 +136,8 @@ class ExecutionSettings:
         where it was measured faster) or "triton"."""
         from ouro_cli.kernels import triton_available
 
+        if self.exact:
+            return "exact"
         if self.decode_gemv == "auto" and (device_type != "cuda" or not triton_available()):
             return "cublas"
         if self.decode_gemv == "triton" and not triton_available():
@@ -118,11 +148,18 @@ class ExecutionSettings:
         """The small-batch matmul the engine's decode step hands the model (model/matmul.py), or
         None for F.linear (cuBLAS on CUDA)."""
         path = self.decode_gemv_on(device_type)
-        if path == "cublas":
+        if path in ("cublas", "exact"):  # exact: model/matmul.py routes every product itself
             return None
         from ouro_cli.kernels.gemv import small_m_linear, small_m_linear_where_faster
 
         return small_m_linear if path == "triton" else small_m_linear_where_faster
+
+    def replay_attention_on(self, device_type: str) -> str:
+        """The whole-sequence forward's attention on `device_type`: "sdpa", "paged", or with
+        `exact` "exact" on CPU (model/exact.py) and "paged" on CUDA (the decode kernel's order)."""
+        if self.exact:
+            return "paged" if exact_kernels(device_type) else "exact"
+        return self.replay_attention
 
     def effective(self, device_type: str) -> dict[str, str]:
         """What these settings compute with on `device_type`: the record of the run's contract.
@@ -132,12 +169,16 @@ class ExecutionSettings:
                 "compile_layers": "on" if compiled and self.layer_regions else "off",
                 "decode_attention": self.decode_attention_on(device_type),
                 "decode_gemv": self.decode_gemv_on(device_type),
-                "replay_attention": self.replay_attention}
+                "replay_attention": self.replay_attention_on(device_type),
+                "exact": "on" if self.exact else "off"}
 
     def check(self, device_type: str) -> None:
         """Everything that cannot run on `device_type`, as one SettingError before any model loads."""
         from ouro_cli.kernels import interpreted
 
+        if self.exact:  # torch on CPU; on CUDA its Triton kernels, which need triton
+            self.decode_attention_on(device_type)
+            return
         kernel_device = device_type == "cuda" or interpreted()
         if self.decode_attention_on(device_type) == "triton" and not kernel_device:
             raise SettingError(f"--decode-attention triton {NEEDS_KERNEL_DEVICE}")
@@ -145,6 +186,14 @@ class ExecutionSettings:
             raise SettingError(f"--decode-gemv {self.decode_gemv} {NEEDS_KERNEL_DEVICE}")
         if self.replay_attention == "paged" and not kernel_device:
             raise SettingError(f"--replay-attention paged runs a Triton kernel: it {NEEDS_KERNEL_DEVICE}")
+
+
+def exact_kernels(device_type: str) -> bool:
+    """Whether exact mode on `device_type` runs its Triton kernels (CUDA, or anywhere under the
+    Triton interpreter, as the CPU tests of that path do) or its torch code (model/exact.py)."""
+    from ouro_cli.kernels import interpreted
+
+    return device_type == "cuda" or interpreted()
 
 
 def from_environment(root: type, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

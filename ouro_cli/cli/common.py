@@ -159,6 +159,7 @@ def rewrite_aliases(argv: list[str], aliases: dict[str, str] = HIDDEN_ALIASES) -
 
 
 MULTI_VALUE_OPTIONS = ("--depths", "--eval-depths", "--prefill-devices", "--decode-devices")
+FLOAT_MULTI_VALUE_OPTIONS = ("--is-bounds",)  # these take numbers (`--is-bounds 0.5 2`)
 
 
 def expand_multi_value_options(argv: list[str], names: tuple[str, ...] = MULTI_VALUE_OPTIONS) -> list[str]:
@@ -166,7 +167,8 @@ def expand_multi_value_options(argv: list[str], names: tuple[str, ...] = MULTI_V
 
     Click options take one value per occurrence; this rewrites `--depths 2 3 4` into
     `--depths 2 --depths 3 --depths 4`. Only integers are consumed, so a positional
-    argument after the list (`--depths 2 3 RUN`) stays positional.
+    argument after the list (`--depths 2 3 RUN`) stays positional; the options of
+    FLOAT_MULTI_VALUE_OPTIONS consume numbers.
     """
     out: list[str] = []
     i = 0
@@ -174,9 +176,10 @@ def expand_multi_value_options(argv: list[str], names: tuple[str, ...] = MULTI_V
         arg = argv[i]
         out.append(arg)
         i += 1
-        if arg in names:
+        if arg in names or arg in FLOAT_MULTI_VALUE_OPTIONS:
+            takes = _is_int if arg in names else _is_number
             first = True
-            while i < len(argv) and _is_int(argv[i]):
+            while i < len(argv) and takes(argv[i]):
                 if not first:
                     out.append(arg)
                 out.append(argv[i])
@@ -188,6 +191,14 @@ def expand_multi_value_options(argv: list[str], names: tuple[str, ...] = MULTI_V
 def _is_int(text: str) -> bool:
     try:
         int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
     except ValueError:
         return False
     return True

@@ -57,7 +57,7 @@ def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None
     if not required:
         text = f"{text} \\[default: {leaf.shown_default if default is None else default}]"
     info = typer.Option(leaf.flag, help=text, rich_help_panel=leaf.info.panel if panels else None,
-                        show_default=False)
+                        show_default=False, metavar=leaf.info.metavar)
     if required:
         return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[cli_type(leaf.type),
                                  info])

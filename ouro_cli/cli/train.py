@@ -78,7 +78,9 @@ def resolve_params(params: dict[str, Any]):
     from ouro_cli.rl.options import resolve
 
     config = params.get("config")
-    flags = {k: (v or None) if isinstance(v, list) else v for k, v in params.items() if k not in ("config", "json_output")}
+    # a list option not given is empty: a list from typer, a tuple from click's own parsing (verify-resume)
+    flags = {k: (list(v) or None) if isinstance(v, list | tuple) else v for k, v in params.items()
+             if k not in ("config", "json_output")}
     return resolve(flags, str(config) if config else None)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ouro_cli.model import fuse_projections
+from ouro_cli.model import fuse_projections, pointwise
 
 from .contract import EngineError, WeightChunk
 from .host_to_device import HostCopy, to_device
@@ -65,8 +65,10 @@ class EngineCore:
     def __init__(self, model: nn.Module, limits: EngineLimits, *, attn_chunk: int = 128,
                  cuda_graphs: bool | None = None, async_exits: bool = False, weight_version: int = 0) -> None:
         model.eval()
-        if next(model.parameters()).is_cuda:
-            fuse_projections(model)  # fewer, wider GEMMs per decode loop (model/fusion.py)
+        if next(model.parameters()).is_cuda and not model.execution.exact:
+            # fewer, wider GEMMs per decode loop (model/fusion.py); exact mode multiplies by the
+            # trainer's very matrices (docs/exact.md)
+            fuse_projections(model)
         self.model, self.limits = model, limits
         cfg = model.config
         self.num_loops = cfg.total_ut_steps
@@ -202,11 +204,13 @@ class EngineCore:
         ps = [s.params for s in seqs]
         batch = SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
                               [s.rng for s in seqs], self.device)
-        processed = processed_logprobs(logits, batch)
+        with pointwise.executing(self.model.execution):  # the logprobs in the trainer's order (exact mode)
+            processed = processed_logprobs(logits, batch)
+            raw = raw_logprobs(logits) if any(p.logprobs_mode == "raw" for p in ps) else None
         tokens = sample(processed, batch)
         chosen = token_logprobs(processed, tokens, batch)
-        if any(p.logprobs_mode == "raw" for p in ps):
-            raw = raw_logprobs(logits).gather(1, tokens[:, None]).squeeze(1)
+        if raw is not None:
+            raw = raw.gather(1, tokens[:, None]).squeeze(1)
             use_raw = to_device([p.logprobs_mode == "raw" for p in ps], torch.bool, chosen.device)
             chosen = torch.where(use_raw, raw, chosen)
         on_device = isinstance(depths, torch.Tensor)

@@ -28,7 +28,9 @@ the attention of a layer-loop run as one Triton kernel (ouro_cli/kernels/), and 
 batches' projections through the Triton small-batch matmul, as the model's execution
 settings say (`model.execution`, ouro_cli/settings.py: `decode_attention`, `decode_gemv`;
 `attention=` overrides the first); the torch code (paged_attention.py) stays the reference
-and the CPU path.
+and the CPU path. In exact mode (docs/exact.md) the CPU step attends in the replay's chunk
+order (model/exact.py), CUDA runs the Triton kernel the replay runs too, and every
+projection goes through the fixed-tile matmul.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ouro_cli.model import OuroForCausalLM, matmul, pointwise
+from ouro_cli.model import OuroForCausalLM, exact, matmul, pointwise
 from ouro_cli.model.ouro import positions_per_loop
 
 from .async_exits import LaggedExitProbe
@@ -99,7 +101,7 @@ class ModelRunner:
                  cuda_graphs: bool = False, async_exits: bool = False, attention: str | None = None) -> None:
         self.model, self.kv, self.counters = model, kv, counters
         execution = model.execution if attention is None else replace(model.execution, decode_attention=attention)
-        self.attention = execution.decode_attention_on(kv.device.type)  # "torch" | "triton"
+        self.attention = execution.decode_attention_on(kv.device.type)  # "torch" | "triton" | "exact"
         if self.attention == "triton":
             from ouro_cli.kernels import decode_attention as triton_kernels
             self.triton_kernels = triton_kernels
@@ -236,7 +238,10 @@ class ModelRunner:
                     k_prev, v_prev = kv.read(layer, plane - 1, new_slots)
                     k, v = torch.where(keep, k, k_prev), torch.where(keep, v, v_prev)
                 kv.write(layer, plane, new_slots, k, v)
-                o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
+                if self.attention == "exact":  # the replay's chunk order (model/exact.py)
+                    o = exact.paged_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid)
+                else:
+                    o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
                 return o[:, None]
             return attend
 

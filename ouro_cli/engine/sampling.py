@@ -10,11 +10,15 @@ Each request owns a seeded `RequestRng` (request_rng.py); a row's draw uses only
 own stream and its own logits (Gumbel-max via exponential noise: argmax p / E), so a
 request samples the same tokens whatever it is batched with. Temperature 0 is
 greedy, and its processed distribution is the point mass on the argmax (logprob 0).
+The log-softmax is pointwise.log_softmax, the trainer's: callers run these under the
+model's execution settings (in exact mode a batch-invariant one, docs/exact.md).
 """
 
 from __future__ import annotations
 
 import torch
+
+from ouro_cli.model import pointwise
 
 from .host_to_device import to_device
 from .request_rng import RequestRng, exponential
@@ -50,11 +54,11 @@ def processed_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tens
         drop_sorted = (before >= batch.top_p[:, None]) & (batch.top_p < 1.0)[:, None]
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         x = torch.where(drop, torch.full_like(x, -torch.inf), x)
-    return torch.log_softmax(x, dim=-1)
+    return pointwise.log_softmax(x)
 
 
 def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    return torch.log_softmax(logits.float(), dim=-1)
+    return pointwise.log_softmax(logits.float())
 
 
 def sample(logprobs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

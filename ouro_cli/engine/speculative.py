@@ -37,6 +37,8 @@ from collections.abc import Callable
 
 import torch
 
+from ouro_cli.model import pointwise
+
 from .exits import ExitPolicy
 from .request_rng import RequestRng, exponential, uniform
 from .runner import ModelRunner, WorkCounters
@@ -83,7 +85,12 @@ class Speculator:
     @torch.no_grad()
     def step(self, seqs: list[Sequence], sched: Scheduler) -> None:
         """One speculative step (draft, verify, accept, roll back) of each of `seqs`, which own
-        KV slots for their lookahead (the scheduler reserved them)."""
+        KV slots for their lookahead (the scheduler reserved them). Its logprobs are computed
+        under the model's execution settings, as the decode step's are."""
+        with pointwise.executing(self.runner.model.execution):
+            self._step(seqs, sched)
+
+    def _step(self, seqs: list[Sequence], sched: Scheduler) -> None:
         runner, counters = self.runner, self.counters
         num_loops, device, layers = runner.num_loops, runner.kv.device, runner.num_layers
         n = {id(s): s.lookahead for s in seqs}

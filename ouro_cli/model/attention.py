@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ouro_cli.errors import SettingError
 
-from . import pointwise
+from . import exact, pointwise
 
 
 @dataclass
@@ -114,7 +114,11 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 
     SDPA, or with the model's `replay_attention="paged"` (ouro_cli/settings.py) every query
     through the decode attention kernel, in its reduction order (kernels/replay_attention.py);
-    that mode never runs inside a compiled region (`compile_layers` leaves them out for it)."""
+    that mode never runs inside a compiled region (`compile_layers` leaves them out for it).
+    In exact mode (docs/exact.md) the decode kernel's order on CUDA, exact.dense_attention's
+    (the CPU decode step's) elsewhere."""
+    if pointwise.active().replay_attention_on(q.device.type) == "exact":
+        return exact.dense_attention(q, k, v, mask, sdpa_attention)
     if _paged(q):
         from ouro_cli.kernels.replay_attention import paged_replay_attention
 
@@ -141,7 +145,7 @@ def attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: t
 def _paged(q: torch.Tensor) -> bool:
     """Whether the active settings put the replay's attention in the decode kernel (never
     inside a compiled region); a SettingError where it cannot run."""
-    if torch.compiler.is_compiling() or pointwise.active().replay_attention != "paged":
+    if torch.compiler.is_compiling() or pointwise.active().replay_attention_on(q.device.type) != "paged":
         return False
     from ouro_cli.kernels import interpreted
 

@@ -8,6 +8,10 @@ kernels/gemv.py: on a given weight its rows have the bits cuBLAS gives at the
 replay's many rows, which cuBLAS at a few rows does not always).
 Everything else (the trainer, the engine's prefill, CPU) keeps F.linear. The model package does not import the kernel; the caller
 hands it in.
+
+In exact mode (the active execution settings' `exact`, pointwise.active()) every product,
+of any number of rows, goes through exact.linear instead: one summation order per row
+whatever the batch (docs/exact.md); the small-batch hook is not consulted.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from . import exact, pointwise
+
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [M, K], w [N, K]) -> [M, N]
 
 _local = threading.local()  # .small: (kernel, max_rows) installed in this thread, or absent
@@ -26,6 +32,8 @@ _local = threading.local()  # .small: (kernel, max_rows) installed in this threa
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ w[N, K].T -> [..., N]."""
+    if pointwise.active().exact:
+        return exact.linear(x, w)
     small = getattr(_local, "small", None)
     if small is not None:
         kernel, max_rows = small

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import pointwise
+from . import exact, pointwise
 from .attention import QueryRows, SequenceLayout, attention_at_rows, dense_attention
 from .config import OuroConfig
 from .layers import Attend, DecoderLayer, RMSNorm, Rotary
@@ -101,7 +101,10 @@ class OuroForCausalLM(nn.Module):
 
     def exit_lambda(self, h: torch.Tensor) -> torch.Tensor:
         """λ_t = sigmoid(gate(h_t)) in fp32, shape h.shape[:-1]."""
-        return torch.sigmoid(self.model.early_exit_gate(h).float()).squeeze(-1)
+        gate = self.model.early_exit_gate
+        if self.execution.exact:  # a token's exit must not depend on its batch-mates either
+            return exact.exit_lambda(h, gate.weight, gate.bias)
+        return torch.sigmoid(gate(h).float()).squeeze(-1)
 
     # ---- whole-sequence forward with per-position depths ---------------------------
 
@@ -242,7 +245,9 @@ def _loop_plan(loops: torch.Tensor | None, t: int) -> tuple[torch.Tensor | None,
         return None, False
     running = loops >= t
     n, total = int(running.sum()), running.numel()
-    if n < GATHER_BELOW * total and n > 0:
+    # exact mode keeps every loop's attention in its one order (exact.dense_attention), which
+    # the gathered queries' attention (attention_at_rows) does not run
+    if n < GATHER_BELOW * total and n > 0 and not pointwise.active().exact:
         return running, True
     if n == total or t == 1:
         return None, False

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 
 from ouro_cli.settings import ExecutionSettings
 
+from . import exact
+
 DEFAULTS = ExecutionSettings()
 
 
@@ -71,6 +73,14 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _dispatch(_silu_mul, gate)(gate, up)
+
+
+def log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last axis: the logprobs the engine samples from and the trainer
+    scores (docs/model.md §4) go through this one function (in exact mode exact.log_softmax)."""
+    if active().exact:
+        return exact.log_softmax(x)
+    return torch.log_softmax(x, dim=-1)
 
 
 _local = threading.local()  # .settings: the active ExecutionSettings; .eager: inside `eager()`
@@ -184,11 +194,19 @@ def eager() -> contextlib.AbstractContextManager[None]:
 
 
 def _dispatch(fn: Callable, x: torch.Tensor, dynamic: bool | None = None) -> Callable:
+    if active().exact:  # its batch-invariant twin, eager (model/exact.py)
+        return _EXACT.get(fn, fn)
     if torch.compiler.is_compiling() or getattr(_local, "eager", False):
         return fn  # traced into an enclosing region, or asked to stay eager
     if active().compiles(x.device.type):
         return _compiled(fn, dynamic)
     return fn
+
+
+# exact mode's twins of the functions above; RoPE and the residual adds are elementwise
+# arithmetic, batch-invariant as they are.
+_EXACT: dict[Callable, Callable] = {_rms_norm: exact.rms_norm, _add_rms_norm: exact.add_rms_norm,
+                                    _add_rms_norm_then_norm: exact.add_rms_norm_then_norm, _silu_mul: exact.silu_mul}
 
 
 # Each function meets a handful of variants: dtype (fp32/bf16), grad mode (training vs

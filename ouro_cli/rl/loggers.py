@@ -5,7 +5,8 @@ as its step:
 - every numeric field of the update's metrics line, under its own name (`reward_mean`,
   `train_grad_norm`, `rollout_s`, `logprob_mismatch_mean`, `peak_memory_train_gib`, ...),
   and the reward and mismatch again per decode budget (`reward_mean/K=3`), so each K is
-  one curve; under loop weighting, the mean log-probability of the sampled tokens per loop
+  one curve, and the mismatch per exit depth (`logprob_mismatch_mean/depth=2`); under loop
+  weighting, the mean log-probability of the sampled tokens per loop
   (`train_loop_logprob_mean/t=2`, docs/grpo.md §5);
 - the decoded tokens' exit depths as a histogram (`exit_depth`);
 - every held-out evaluation as `eval/accuracy/K=k`, `eval/mean_exit_depth/K=k` and
@@ -55,6 +56,9 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     for t, value in enumerate(record.get("train_loop_logprob_mean") or [], start=1):
         if isinstance(value, numbers.Real):
             out[f"train_loop_logprob_mean/t={t}"] = float(value)
+    for key in ("logprob_mismatch_mean", "logprob_mismatch_max"):  # and by exit depth
+        for depth, value in (record.get(f"{key}_by_depth") or {}).items():
+            out[f"{key}/depth={depth}"] = float(value)
     return out
 
 

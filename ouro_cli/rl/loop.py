@@ -553,6 +553,8 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),
+        "logprob_mismatch_mean_by_depth": train.get("logprob_mismatch_mean_by_depth"),
+        "logprob_mismatch_max_by_depth": train.get("logprob_mismatch_max_by_depth"),
         **timing, "compile_s": sum(v for key, v in timing.items() if key.endswith("_compile_s")), **save,
         "step_s": time.perf_counter() - t0 + save["save_s"], "job_elapsed_s": elapsed,
         "device_hours": device_hours(elapsed, s.devices) * s.world,

@@ -119,8 +119,8 @@ def resume_options(plan: dict[str, Any], given: dict[str, Any], *, updates: int,
 
 def upgrade(contract: dict[str, Any], device_type: str) -> dict[str, Any]:
     """A contract of an earlier version with the keys it lacks, as they were then (module docstring)."""
-    if "execution" not in contract:
-        contract = {**contract, "execution": ExecutionSettings().effective(device_type)}
+    # execution settings added since (exact) were at their defaults then
+    contract = {**contract, "execution": {**ExecutionSettings().effective(device_type), **contract.get("execution", {})}}
     added = {k: v for k, v in TrainOptions().to_dict().items()
              if k not in contract and k not in FREE_KEYS | EXECUTION_KEYS}
     return {**contract, **added}
@@ -138,11 +138,13 @@ def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_sch
         if a == b:
             continue
         if key in ("execution", "sizing") and isinstance(a, dict) and isinstance(b, dict):
-            part = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+            differ = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            part = "exact" if "exact" in differ else differ[0]  # it changes the others: name the cause
             hint = ""
             if key == "execution":
                 flag = leaves(ExecutionSettings)[part].flag
-                hint = f" (set by {flag} or {variables(ExecutionSettings)[part]}; resume with the run's)"
+                variable = variables(ExecutionSettings).get(part)
+                hint = f" (set by {flag}{f' or {variable}' if variable else ''}; resume with the run's)"
             raise UserError(f"resume would change {key}.{part}: the run has {a.get(part)!r}, this invocation "
                             f"{b.get(part)!r}{hint}")
         hint = " (pass --override-scheduler to change the LR schedule)" if key in SCHEDULER_KEYS else ""

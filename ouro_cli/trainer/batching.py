@@ -80,6 +80,7 @@ class MicroBatch:
     advantages: torch.Tensor  # [N] fp32, the sample's advantage on each of its tokens
     temperatures: torch.Tensor  # [N] fp32
     weights: torch.Tensor  # [N] fp32, loss weight of each token (global normalisation)
+    sample_ids: torch.Tensor  # [N] which sample of the micro-batch (0, 1, ...) each token belongs to
     num_samples: int
     real_tokens: int
 
@@ -195,7 +196,7 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
     depths = torch.ones(shape, dtype=torch.long)  # padding: depth 1 (any valid value; never read)
     valid = torch.zeros(shape, dtype=torch.bool)
     docs = torch.full(shape, -1, dtype=torch.long)
-    score_rows, score_cols, targets, old, adv, temp, w = [], [], [], [], [], [], []
+    score_rows, score_cols, targets, old, adv, temp, w, sample_of = [], [], [], [], [], [], [], []
     for r, row in enumerate(rows):
         col = 0
         for doc, i in enumerate(row):
@@ -213,6 +214,7 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
             adv += [float(s.advantage)] * n
             temp += [float(s.temperature)] * n
             w += list(weights[i])
+            sample_of += [sum(map(len, rows[:r])) + doc] * n  # the sample's index in the micro-batch
             col += m + n
     packed = any(len(row) > 1 for row in rows)
     padded = not bool(valid.all())
@@ -229,6 +231,7 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
         advantages=torch.tensor(adv, **f32),
         temperatures=torch.tensor(temp, **f32),
         weights=torch.tensor(w, **f32),
+        sample_ids=torch.tensor(sample_of, dtype=torch.long),
         num_samples=sum(map(len, rows)),
         real_tokens=int(valid.sum()),
     )

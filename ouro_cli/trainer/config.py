@@ -71,6 +71,13 @@ class TrainerConfig:
     loop_weight_alpha: float = option(1.0, help="progressive: the exponent alpha of loop t's weight t^alpha.",
                                       panel=P_OPT)
 
+    # ---- rollout-trainer mismatch correction (is_correction.py; docs/exact.md §5) ---
+    is_correction: Literal["none", "tis", "mis", "geo-mask"] = option(
+        "none", help="Engine-trainer mismatch correction: none, tis (weigh by the ratio, at most HIGH), mis (mask "
+        "tokens), geo-mask (mask sequences); docs/exact.md.", panel=P_OPT)
+    is_bounds: list[float] = option(factory=lambda: [0.5, 2.0], help="LOW HIGH: the ratio band of --is-correction.",
+                                    panel=P_OPT, metavar="<lo hi>")
+
     # ---- micro-batching -----------------------------------------------------------
     max_tokens_per_micro_batch: int | None = option(
         None, help="Tokens per training micro-batch, padding included.", panel=P_OPT,
@@ -121,6 +128,10 @@ class TrainerConfig:
         need(self.loop_weighting in LOOP_WEIGHTINGS,
              f"--loop-weighting must be one of {', '.join(LOOP_WEIGHTINGS)}, got {self.loop_weighting!r}")
         need(math.isfinite(self.loop_weight_alpha), "--loop-weight-alpha must be a finite number")
+        need(self.is_correction in ("none", "tis", "mis", "geo-mask"),
+             f"--is-correction must be none, tis, mis or geo-mask, got {self.is_correction!r}")
+        need(len(self.is_bounds) == 2 and 0 <= self.is_bounds[0] <= 1 <= self.is_bounds[1],
+             f"--is-bounds takes LOW HIGH with 0 <= LOW <= 1 <= HIGH, got {' '.join(map(str, self.is_bounds))}")
         need(self.micro_batch_size is None or self.micro_batch_size >= 1,
              f"--micro-batch-size must be at least 1, got {self.micro_batch_size}")
         need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 2,

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ouro_cli.model import pointwise
+
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, V] at the scoring positions -> (log p(target) [N], log_softmax [N, V]), fp32."""
-    logp = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)
+    logp = pointwise.log_softmax(logits.float() / temperatures[:, None])  # the engine's (exact mode: docs/exact.md)
     return logp.gather(-1, targets[:, None]).squeeze(-1), logp
 
 

@@ -1,7 +1,8 @@
 """One GRPO step: forward/backward over the micro-batches, gradient sync, optimizer step.
 
     zero grad buffers
-    for each micro-batch:  replay forward -> clipped surrogate -> backward (accumulate)
+    for each micro-batch:  replay forward -> clipped surrogate (weighed or masked by
+                           --is-correction, is_correction.py) -> backward (accumulate)
     DDP grad sync (all-reduce, or reduce-scatter for the distributed optimizer)
     optimizer step (clip, Adam) -> LR scheduler step
 
@@ -34,20 +35,24 @@ from torch.utils.checkpoint import checkpoint
 from .batching import MicroBatch, WorkCounter
 from .config import TrainerConfig
 from .determinism import deterministic_kernels
+from .is_correction import correct
 from .loss import clipped_surrogate, entropy, loop_weights, token_logprobs, weighted_score
 
 # Indices into the summed statistics vector.
 _SUMS = ("loss", "clipped", "ratio", "entropy", "mismatch", "scored_tokens", "samples",
-         "layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "tokens", "padded_tokens")
-_MAXES = ("ratio_max", "mismatch_max", "micro_batches", "micro_batch_tokens_max")
+         "layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "tokens", "padded_tokens",
+         "is_weight", "is_masked")
+_MAXES = ("ratio_max", "mismatch_max", "micro_batches", "micro_batch_tokens_max", "is_weight_max")
 
 
 def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: TrainerConfig,
-                     device: torch.device, num_layers: int, model=None) -> dict[str, float]:
+                     device: torch.device, num_layers: int, num_loops: int, model=None) -> dict[str, float]:
     """Accumulate the gradients of all micro-batches into the grad buffers (no sync yet).
-    `model` (the OuroForCausalLM) computes the per-loop log-probabilities of loop weighting."""
+    `num_loops` (T) sizes the mismatch-by-depth statistics; `model` (the OuroForCausalLM)
+    computes the per-loop log-probabilities of loop weighting."""
     sums = dict.fromkeys(_SUMS, 0.0)
     maxes = dict.fromkeys(_MAXES, 0.0)
+    by_depth = MismatchByDepth(num_loops)  # one length on every rank: the vectors are all-reduced
     work = WorkCounter()
     per_loop = config.loop_weighting != "exit"
     num_loops = model.num_loops if per_loop else 0
@@ -71,10 +76,11 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             )
             new, logp = token_logprobs(logits, mb.targets, mb.temperatures)
             del logits
+            correction = correct(config.is_correction, config.is_bounds, new, mb.rollout_logprobs, mb.sample_ids)
             score = _loop_weighted(model, config, mb, states, new, loop_sums, loop_counts) if per_loop else new
             del states
-            terms = clipped_surrogate(score, mb.rollout_logprobs, mb.advantages, config.eps_low, config.eps_high)
-            loss = (terms.loss * mb.weights).sum()
+            terms = clipped_surrogate(score, correction.reference, mb.advantages, config.eps_low, config.eps_high)
+            loss = (terms.loss * mb.weights * correction.weight).sum()
             loss.backward()
         with torch.no_grad():
             mismatch = (new.detach() - mb.rollout_logprobs).abs()
@@ -88,10 +94,14 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             maxes["ratio_max"] = max(maxes["ratio_max"], float(terms.ratio.max()))
             maxes["mismatch_max"] = max(maxes["mismatch_max"], float(mismatch.max()))
             maxes["micro_batch_tokens_max"] = max(maxes["micro_batch_tokens_max"], mb.padded_tokens)
+            sums["is_weight"] += float(correction.weight.sum())
+            sums["is_masked"] += float(correction.masked.sum())
+            maxes["is_weight_max"] = max(maxes["is_weight_max"], float(correction.weight.max()))
+            by_depth.add(mismatch, mb.depths[mb.score_rows, mb.score_cols])
         maxes["micro_batches"] = len(micro_batches)
         work.add_micro_batch(mb, num_layers, config.recomputes)
     sums.update(work.as_dict())
-    out = _reduce(sums, maxes, device)
+    out = _reduce(sums, maxes, by_depth, device)
     if per_loop:
         out.update(_reduce_loops(loop_sums, loop_counts, device))
     return out
@@ -152,17 +162,41 @@ def _reduce_loops(sums: torch.Tensor, counts: torch.Tensor, device: torch.device
             "loop_logprob_mean": [a / n if n else None for a, n in zip(s, c, strict=True)]}
 
 
-def _reduce(sums: dict[str, float], maxes: dict[str, float], device: torch.device) -> dict[str, float]:
+class MismatchByDepth:
+    """|engine − trainer| logprob per exit depth of the scored token (the loops that produced
+    it: its scoring position's depth; the first response token is scored at the prompt's T)."""
+
+    def __init__(self, num_loops: int) -> None:
+        self.sums, self.counts, self.maxes = ([0.0] * num_loops for _ in range(3))
+
+    def add(self, mismatch: torch.Tensor, depths: torch.Tensor) -> None:
+        for d in torch.unique(depths).tolist():
+            at = mismatch[depths == d]
+            self.sums[d - 1] += float(at.sum())
+            self.counts[d - 1] += at.numel()
+            self.maxes[d - 1] = max(self.maxes[d - 1], float(at.max()))
+
+    def vectors(self) -> tuple[list[float], list[float]]:
+        return self.sums + self.counts, self.maxes
+
+
+def _reduce(sums: dict[str, float], maxes: dict[str, float], by_depth: MismatchByDepth,
+            device: torch.device) -> dict[str, float]:
     """Sum / max over data-parallel ranks, then turn sums into per-token means."""
     from megatron.core import parallel_state
 
     group = parallel_state.get_data_parallel_group()
-    s = torch.tensor([sums[k] for k in _SUMS], dtype=torch.float64, device=device)
-    m = torch.tensor([maxes[k] for k in _MAXES], dtype=torch.float64, device=device)
+    depth_sums, depth_maxes = by_depth.vectors()
+    loops = len(by_depth.sums)
+    s = torch.tensor([sums[k] for k in _SUMS] + depth_sums, dtype=torch.float64, device=device)
+    m = torch.tensor([maxes[k] for k in _MAXES] + depth_maxes, dtype=torch.float64, device=device)
     if dist.get_world_size(group) > 1:
         dist.all_reduce(s, group=group)
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-    total = dict(zip(_SUMS, s.tolist(), strict=True)) | dict(zip(_MAXES, m.tolist(), strict=True))
+    s_list, m_list = s.tolist(), m.tolist()
+    total = dict(zip(_SUMS, s_list[:len(_SUMS)], strict=True)) | dict(zip(_MAXES, m_list[:len(_MAXES)], strict=True))
+    depth_sum, depth_count = s_list[len(_SUMS):len(_SUMS) + loops], s_list[len(_SUMS) + loops:]
+    depth_max = m_list[len(_MAXES):]
     n = max(total["scored_tokens"], 1.0)
     return {
         "loss": total["loss"],
@@ -181,6 +215,13 @@ def _reduce(sums: dict[str, float], maxes: dict[str, float], device: torch.devic
         "layer_tokens_required": int(total["layer_tokens_required"]),
         "micro_batches": int(total["micro_batches"]),  # the most any rank ran
         "micro_batch_tokens_max": int(total["micro_batch_tokens_max"]),
+        "is_weight_mean": total["is_weight"] / n,
+        "is_weight_max": total["is_weight_max"],
+        "is_masked_fraction": total["is_masked"] / n,
+        # by exit depth, for the depths that scored tokens: where engine and trainer part
+        "logprob_mismatch_mean_by_depth": {str(d + 1): depth_sum[d] / depth_count[d] for d in range(loops)
+                                           if depth_count[d]},
+        "logprob_mismatch_max_by_depth": {str(d + 1): depth_max[d] for d in range(loops) if depth_count[d]},
     }
 
 

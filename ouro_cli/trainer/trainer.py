@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ouro_cli.model import OuroForCausalLM
+from ouro_cli.model import OuroForCausalLM, pointwise
 from ouro_cli.settings import ExecutionSettings
 
 from . import checkpointing, setup
@@ -54,6 +54,7 @@ class Trainer:
             hf = load(model, dtype=dtype, device=self.device)
         if execution is not None:
             hf.execution = execution
+        self.execution = hf.execution  # the loss's log-softmax runs under it too (pointwise.log_softmax)
         self.num_loops = hf.config.num_loops
         self.num_layers = hf.config.num_hidden_layers
         self.pad_id = hf.config.pad_token_id or 0
@@ -130,8 +131,9 @@ class Trainer:
         micro_batches = [build_micro_batch(samples, weights, self.num_loops, rows=rows, pad_id=self.pad_id)
                          for rows in plan]
         self.ddp.train()
-        metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers,
-                                   model=self.module.ouro)
+        with pointwise.executing(self.execution):
+            metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers,
+                                       self.num_loops, model=self.module.ouro)
         metrics["forward_backward_s"] = watch.lap()
         with self._megatron():
             self.ddp.finish_grad_sync()

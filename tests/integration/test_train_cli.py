@@ -175,7 +175,7 @@ def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
     before = (run / "ouro-plan.json").read_text()
     contract = json.loads(before)["contract"]
     assert contract["execution"] == {"compile": "off", "compile_layers": "off", "decode_attention": "torch",
-                                     "decode_gemv": "cublas", "replay_attention": "sdpa"}
+                                     "decode_gemv": "cublas", "replay_attention": "sdpa", "exact": "off"}
     for flags, env in ((["--compile", "always"], {}), ([], {"OURO_COMPILE": "always"})):
         proc = ouro("resume", str(run), "--updates", "9", *flags, cwd=root, env=env)
         assert proc.returncode == 2, proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from ouro_cli.checkpoint import write_hf
@@ -25,8 +26,10 @@ def make_tokenizer() -> Tokenizer:
     return tok
 
 
-def make_checkpoint(root: Path, seed: int = 0) -> Path:
-    """root/hf (HF checkpoint + tokenizer.json), root/train.jsonl, root/eval.jsonl."""
+def make_checkpoint(root: Path, seed: int = 0, *, mixed_exits: bool = False) -> Path:
+    """root/hf (HF checkpoint + tokenizer.json), root/train.jsonl, root/eval.jsonl. With
+    `mixed_exits` the exit gate varies from token to token enough that `--exit-threshold 0.7`
+    exits decoded tokens at mixed depths under every budget K = 2, 3, 4."""
     assets = root / "assets"
     assets.mkdir(parents=True, exist_ok=True)
     make_tokenizer().save(str(assets / "tokenizer.json"))
@@ -34,7 +37,13 @@ def make_checkpoint(root: Path, seed: int = 0) -> Path:
     config = tiny_config(vocab_size=64)
     hf = root / "hf"
     hf.mkdir()
-    write_hf(hf, config, build(config, seed=seed).state_dict().items(), assets_from=assets)
+    model = build(config, seed=seed)
+    if mixed_exits:
+        gate = model.model.early_exit_gate
+        with torch.no_grad():
+            gate.weight.copy_(torch.randn(gate.weight.shape, generator=torch.Generator().manual_seed(seed + 1)))
+            gate.bias.fill_(-0.5)
+    write_hf(hf, config, model.state_dict().items(), assets_from=assets)
     rows = [{"prompt": f"{i % 7}+{i % 5}=?", "label": i % 7 + i % 5, "metadata": {"problem_id": f"p{i}"}}
             for i in range(40)]
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -96,6 +96,7 @@ class _Worker:
         weights = {n: t.to(spec.device, copy=True) for n, t in spec.weights.items()}  # own memory, not the spawner's
         spec.weights = {}
         model = from_state_dict(spec.config, weights, device=spec.device)
+        model.execution = spec.execution  # before the core: it decides, e.g., whether to fuse projections
         self.core = EngineCore(model, spec.limits, weight_version=spec.weight_version, **spec.core_options)
         self.counters = P.WorkerCounters(weight_version=spec.weight_version)
         self.transport = make_transport(spec.transport, f"{self.name}-{os.getpid()}")

@@ -1,0 +1,101 @@
+"""Checks of exact mode's fixed-tile linear kernel (ouro_cli/kernels/fixed_tile.py), shared by
+the CPU tests (run here as a script under the Triton interpreter, in a process of its own)
+and the GPU tests (imported, on CUDA, at the Ouro-1.4B shapes).
+
+    TRITON_INTERPRET=1 PYTHONPATH=. python tests/unit/engine/_fixed_tile_checks.py [reference_fp32 ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from tests.unit.engine._gemv_kernel_checks import assert_close_to_reference, operands
+from tests.unit.engine._interpreted import run_checks
+
+# (N, K): N and K off the 64-wide tiles (40, 96, 130) and on them; one output column (the exit gate)
+SHAPES = [(40, 96), (64, 128), (130, 64), (1, 64)]
+ROWS = [1, 3, 64, 65, 130]
+
+
+def check_reference(device="cpu", dtype=torch.float32, shapes=SHAPES, rows=ROWS) -> None:
+    """The kernel equals the fp64 product to fp32 precision (fp32) or to 1 ulp (16-bit)."""
+    from ouro_cli.kernels.fixed_tile import fixed_tile_linear
+
+    for case, (n, k) in enumerate(shapes):
+        for m in rows:
+            x, w = operands(m, n, k, dtype, device, seed=case)
+            assert_close_to_reference(fixed_tile_linear(x, w), x, w, f"N={n} K={k} M={m}")
+
+
+def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:3], rows=(2, 8, 64, 65, 130, 200)
+                           ) -> None:
+    """Row i's output is the same bits alone (M = 1), among the first rows of a batch of each
+    size in `rows` (one tile, several, a partial last one) and with the rows reversed."""
+    from ouro_cli.kernels.fixed_tile import fixed_tile_linear
+
+    for case, (n, k) in enumerate(shapes):
+        x, w = operands(max(rows), n, k, dtype, device, seed=10 + case)
+        alone = torch.cat([fixed_tile_linear(x[i:i + 1], w) for i in range(max(rows))])
+        for m in rows:
+            together = fixed_tile_linear(x[:m], w)
+            assert torch.equal(together, alone[:m]), f"N={n} K={k} M={m}: rows changed with M"
+            assert torch.equal(fixed_tile_linear(x[:m].flip(0), w).flip(0), together), \
+                f"N={n} K={k} M={m}: rows changed with order"
+
+
+def check_bad_input(device="cpu") -> None:
+    """Shapes and dtypes it does not take raise ValueError before any launch."""
+    from ouro_cli.kernels.fixed_tile import fixed_tile_linear
+
+    x, w = operands(4, 32, 64, torch.float32, device)
+    for what, (xb, wb) in {"K mismatch": (x[:, :48], w), "dtype mismatch": (x.bfloat16(), w),
+                           "fp64": (x.double(), w.double()), "1-D x": (x[0], w)}.items():
+        try:
+            fixed_tile_linear(xb, wb)
+        except ValueError:
+            continue
+        raise AssertionError(f"{what}: no ValueError")
+
+
+def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
+    """Exact mode's Triton path end to end (what it runs on CUDA: the fixed-tile projections,
+    the decode kernel for the decode step, the prefill and the replay): the tiny model's
+    engine, with threshold exits, reports the logprobs of its replay to the bit."""
+    from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.model import pointwise
+    from ouro_cli.settings import ExecutionSettings
+    from tests.unit.engine.conftest import prompts, tiny_model
+
+    exact = ExecutionSettings(exact=True)
+    assert exact.effective(device)["replay_attention"] == "paged"  # the kernels, not model/exact.py's torch
+    model = tiny_model(0).to(device, dtype)
+    params = [SamplingParams(max_tokens=5, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
+    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False, execution=exact)
+    try:
+        outs = llm.generate(prompts(3, seed=1, hi=6), params)
+    finally:
+        llm.close()
+    assert llm.runner.attention == "triton"
+    for out in outs:
+        m, r = len(out.prompt_token_ids), out.output_token_ids
+        ids = torch.tensor([out.prompt_token_ids + r], device=device)
+        depths = torch.tensor([[4] * m + out.exit_depths[1:] + [4]], device=device)
+        with torch.no_grad(), pointwise.executing(exact):
+            logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
+        ref = logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r, device=device)[:, None]).squeeze(1)
+        assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double().cpu()), out.exit_depths
+
+
+CHECKS = {"reference_fp32": check_reference,
+          "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
+          "batch_invariance_fp32": check_batch_invariance,
+          "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
+          "bad_input": check_bad_input,
+          "exact_engine_fp32": check_exact_engine,
+          "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16)}
+
+
+if __name__ == "__main__":
+    sys.exit(run_checks(CHECKS, sys.argv[1:]))
