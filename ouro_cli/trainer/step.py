@@ -259,19 +259,21 @@ class Stopwatch:
 
 
 # What `combine_steps` makes of each per-step metric.
-_FIRST = ("logprob_mismatch_mean", "logprob_mismatch_max", "lr")  # before any step moved the policy
+_FIRST = ("logprob_mismatch_mean", "logprob_mismatch_max", "logprob_mismatch_mean_by_depth",
+          "logprob_mismatch_max_by_depth", "lr")  # before any step moved the policy
 _FIRST_EPOCH_SUMS = ("samples", "response_tokens", "tokens", "padded_tokens")  # the update's data, once
 _ALL_SUMS = ("layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "micro_batches",
              "forward_backward_s", "grad_sync_s", "optimizer_s")  # work and time
-_TOKEN_MEANS = ("clip_fraction", "ratio_mean", "entropy")
-_MAX = ("ratio_max", "micro_batch_tokens_max")
+_TOKEN_MEANS = ("clip_fraction", "ratio_mean", "entropy", "is_weight_mean", "is_masked_fraction")
+_MAX = ("ratio_max", "micro_batch_tokens_max", "is_weight_max")
 
 
 def combine_steps(steps: Sequence[dict | None]) -> dict:
     """One update's metrics from its optimizer steps (`Trainer.train_update`; None: a mini-batch
     without tokens, no step). The replay mismatch and the LR are the first step's (the only
-    one taken on the policy that sampled); the data counts are the first epoch's; work and
-    time add up; clip fraction, ratio and entropy are token means over every step; `loss` is
+    one taken on the policy that sampled), overall and by exit depth; the data counts are the
+    first epoch's; work and time add up; clip fraction, ratio, entropy and the importance
+    correction's weight and masked share are token means over every step; `loss` is
     the mean of the steps' losses, `grad_norm` the largest (a non-finite one wins), and
     `step_applied` says every step was. One step gives that step's figures."""
     taken = [m for m in steps if m is not None]

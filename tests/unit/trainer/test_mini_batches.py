@@ -22,7 +22,9 @@ def test_combine_steps_by_hand():
                 "response_tokens": tokens, "samples": 2, "tokens": tokens + 4, "padded_tokens": tokens + 6,
                 "clip_fraction": clip, "ratio_mean": 1.0 + clip, "entropy": 2.0, "ratio_max": 1.0 + 2 * clip,
                 "micro_batch_tokens_max": tokens, "micro_batches": 1, "layer_tokens_executed": 10,
-                "logprob_mismatch_mean": mismatch, "logprob_mismatch_max": 2 * mismatch, "forward_backward_s": 0.5}
+                "logprob_mismatch_mean": mismatch, "logprob_mismatch_max": 2 * mismatch, "forward_backward_s": 0.5,
+                "logprob_mismatch_mean_by_depth": {"2": mismatch}, "logprob_mismatch_max_by_depth": {"2": 2 * mismatch},
+                "is_weight_mean": 1.0 - clip, "is_weight_max": 1.0 + clip, "is_masked_fraction": clip / 2}
 
     steps = [step(1.0, 2.0, 0.1, 10, 0.0, mismatch=1e-7), None, step(3.0, 1.0, 0.2, 30, 0.4, mismatch=0.5),
              step(2.0, 5.0, 0.3, 10, 0.2, epoch=1, mismatch=0.9)]
@@ -31,6 +33,9 @@ def test_combine_steps_by_hand():
     assert out["loss"] == 2.0 and out["step_losses"] == [1.0, 3.0, 2.0]
     assert out["grad_norm"] == 5.0 and out["lr"] == 0.1 and out["lrs"] == [0.1, 0.2, 0.3]
     assert out["logprob_mismatch_mean"] == 1e-7 and out["logprob_mismatch_max"] == 2e-7  # the first step's
+    assert out["logprob_mismatch_mean_by_depth"] == {"2": 1e-7} and out["logprob_mismatch_max_by_depth"] == {"2": 2e-7}
+    assert out["is_weight_mean"] == pytest.approx((1.0 * 10 + 0.6 * 30 + 0.8 * 10) / 50)  # token means, every step
+    assert out["is_masked_fraction"] == pytest.approx((0.2 * 30 + 0.1 * 10) / 50) and out["is_weight_max"] == 1.4
     assert (out["samples"], out["response_tokens"]) == (4, 40)  # the first epoch: the update's data once
     assert out["layer_tokens_executed"] == 30 and out["micro_batches"] == 3 and out["forward_backward_s"] == 1.5
     assert out["clip_fraction"] == pytest.approx((0 * 10 + 0.4 * 30 + 0.2 * 10) / 50)
