@@ -31,26 +31,9 @@ from __future__ import annotations
 
 import torch
 
+from ouro_cli.model.exact import visible_runs
+
 from .decode_attention import paged_decode_attention
-
-
-def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(start [B, S], length [B, S]) of each query's visible keys: keys start..start+length-1,
-    the last being the query itself. mask: None (causal) or bool [B, 1, S, S]."""
-    idx = torch.arange(s, device=device)
-    if mask is None:
-        return torch.zeros(b, s, dtype=torch.long, device=device), (idx + 1).expand(b, s)
-    m = mask[:, 0]
-    length = m.sum(-1)
-    start = idx - length + 1
-    # a contiguous run ending at the query: every key in start..i is visible, none outside
-    inside = (idx[None, None, :] >= start[..., None]) & (idx[None, None, :] <= idx[None, :, None])
-    if not bool(torch.equal(inside, m)):
-        raise ValueError("--replay-attention paged needs each query's visible keys to be one contiguous "
-                         "run ending at the query (causal, contiguous documents, edge padding)")
-    return start, length
-
 
 # The slot table of the last layout: every layer and loop of one forward shares its mask, so
 # the check and the [B·S, S] table are built once per forward, not once per layer call.
@@ -63,7 +46,7 @@ def _slot_table(mask: torch.Tensor | None, b: int, s: int, device: torch.device
     shape = (b, s, device)
     if _last_layout[0] is mask and _last_layout[1] == shape:
         return _last_layout[2]
-    start, length = visible_runs(mask, b, s, device)
+    start, length = visible_runs(mask, b, s, device, "--replay-attention paged")
     row_base = (torch.arange(b, device=device) * s)[:, None] + start  # [B, S]
     slots = row_base.reshape(-1, 1) + torch.arange(s, device=device)[None, :]
     slots = slots.clamp(max=b * s - 1)  # past a query's length the kernel masks its loads

@@ -200,11 +200,13 @@ def _finish(state, dtype: torch.dtype) -> torch.Tensor:
     return (acc / l_sum[..., None]).to(dtype)
 
 
-def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device,
+                 needed_by: str = "exact attention") -> tuple[torch.Tensor, torch.Tensor]:
     """(start [B, S], length [B, S]) of each query's visible keys, which must be one run
     start..start+length-1 ending at the query (SequenceLayout's masks: causal, documents
-    contiguous in a row, padding on the edges). mask: None (causal) or bool [B, 1, S, S]."""
+    contiguous in a row, padding on the edges). mask: None (causal) or bool [B, 1, S, S].
+    Shared with the paged replay kernel (kernels/replay_attention.py), which walks the same
+    runs; `needed_by` names the path in the error for a mask of another shape."""
     idx = torch.arange(s, device=device)
     if mask is None:
         return torch.zeros(b, s, dtype=torch.long, device=device), (idx + 1).expand(b, s)
@@ -213,7 +215,7 @@ def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
     start = idx - length + 1
     inside = (idx[None, None, :] >= start[..., None]) & (idx[None, None, :] <= idx[None, :, None])
     if not bool(torch.equal(inside, m)):
-        raise ValueError("exact attention needs each query's visible keys to be one contiguous run ending at "
+        raise ValueError(f"{needed_by} needs each query's visible keys to be one contiguous run ending at "
                          "the query (causal, contiguous documents, edge padding)")
     return start, length
 
