@@ -55,9 +55,9 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
     by_depth = MismatchByDepth(num_loops)  # one length on every rank: the vectors are all-reduced
     work = WorkCounter()
     per_loop = config.loop_weighting != "exit"
-    num_loops = model.num_loops if per_loop else 0
-    loop_sums = torch.zeros(num_loops, dtype=torch.float64)
-    loop_counts = torch.zeros(num_loops, dtype=torch.float64)
+    weighted_loops = model.num_loops if per_loop else 0
+    loop_sums = torch.zeros(weighted_loops, dtype=torch.float64)
+    loop_counts = torch.zeros(weighted_loops, dtype=torch.float64)
     for index, mb in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         # Only the last backward may launch gradient reduction (matters with overlap_grad_reduce).
