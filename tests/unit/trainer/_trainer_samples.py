@@ -34,3 +34,19 @@ def make_samples(model, n: int, seed: int, *, temperature: float = 1.0, noise: f
         rollout = [float(x) + g.uniform(-noise, noise) for x in lp]
         out.append(Sample(prompt, response, exits, rollout, g.uniform(-1.5, 1.5), temperature))
     return out
+
+
+def forward_backward_on_cpu(model, samples, **options):
+    """One CPU Trainer's metrics and gradients for `samples` (a copy of `model`, lr 1e-3,
+    `options` for TrainerConfig); the trainer is closed afterwards."""
+    import copy
+
+    from ouro_cli.trainer import Trainer, TrainerConfig
+
+    trainer = Trainer(copy.deepcopy(model), TrainerConfig(device="cpu", lr=1e-3, **options))
+    try:
+        metrics = trainer.forward_backward(samples)
+        grads = {k: v.detach().clone() for k, v in trainer.gradients().items()}
+    finally:
+        trainer.close()
+    return metrics, grads

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from _trainer_samples import make_samples
+from _trainer_samples import forward_backward_on_cpu, make_samples
 
 from ouro_cli.model import build, tiny_config
 
@@ -26,15 +26,7 @@ def samples(base_model):
 
 
 def run_forward_backward(model, samples, **options):
-    from ouro_cli.trainer import Trainer, TrainerConfig
-
-    trainer = Trainer(copy.deepcopy(model), TrainerConfig(device="cpu", lr=1e-3, **options))
-    try:
-        metrics = trainer.forward_backward(samples)
-        grads = {k: v.detach().clone() for k, v in trainer.gradients().items()}
-    finally:
-        trainer.close()
-    return metrics, grads
+    return forward_backward_on_cpu(model, samples, **options)
 
 
 def reference_loss_and_grads(model, samples, eps_low=0.2, eps_high=0.28):

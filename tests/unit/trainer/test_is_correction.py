@@ -4,12 +4,11 @@ mismatch by exit depth."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
-from _trainer_samples import make_samples
+from _trainer_samples import forward_backward_on_cpu, make_samples
 
 from ouro_cli.errors import UserError
 from ouro_cli.model import build, tiny_config
@@ -95,15 +94,7 @@ def base_model():
 
 def _forward_backward(model, samples, **options):
     pytest.importorskip("megatron.core")
-    from ouro_cli.trainer import Trainer
-
-    trainer = Trainer(copy.deepcopy(model), TrainerConfig(device="cpu", lr=1e-3, **options))
-    try:
-        metrics = trainer.forward_backward(samples)
-        grads = {k: v.detach().clone() for k, v in trainer.gradients().items()}
-    finally:
-        trainer.close()
-    return metrics, grads
+    return forward_backward_on_cpu(model, samples, **options)
 
 
 def test_trainer_reports_what_the_correction_did_and_the_mismatch_by_depth(base_model):

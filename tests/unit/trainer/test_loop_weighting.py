@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from _trainer_samples import make_samples
+from _trainer_samples import forward_backward_on_cpu, make_samples
 
 from ouro_cli.model import build, tiny_config
 from ouro_cli.trainer.loss import clipped_surrogate, loop_weights, weighted_score
@@ -142,15 +142,7 @@ def reference(model, samples, scheme, alpha=1.0, eps_low=0.2, eps_high=0.28):
 
 
 def trainer_run(model, samples, **options):
-    from ouro_cli.trainer import Trainer, TrainerConfig
-
-    trainer = Trainer(copy.deepcopy(model), TrainerConfig(device="cpu", lr=1e-3, **options))
-    try:
-        metrics = trainer.forward_backward(samples)
-        grads = {k: v.detach().clone() for k, v in trainer.gradients().items()}
-    finally:
-        trainer.close()
-    return metrics, grads
+    return forward_backward_on_cpu(model, samples, **options)
 
 
 @pytest.mark.parametrize("scheme, alpha", [("uniform", 1.0), ("progressive", 1.5), ("exit-pdf", 1.0)])
