@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ouro_cli.model.exact import visible_runs
+from ouro_cli.model.exact import reference_backward, visible_runs
 
 from .decode_attention import paged_decode_attention
 
@@ -81,13 +81,7 @@ class _PagedReplayAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
-            o = ctx.reference(*leaves, ctx.mask)
-            wanted = [t for t in leaves if t.requires_grad]
-            grads = iter(torch.autograd.grad(o, wanted, grad))
-        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None, None)
+        return reference_backward(ctx, grad, extra=3)  # mask, reference, rows
 
 
 def paged_replay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -254,13 +254,21 @@ class _DenseAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
-            o = ctx.reference(*leaves, ctx.mask)
-            wanted = [t for t in leaves if t.requires_grad]
-            grads = iter(torch.autograd.grad(o, wanted, grad))
-        return (*(next(grads) if t.requires_grad else None for t in leaves), None, None)
+        return reference_backward(ctx, grad, extra=2)
+
+
+def reference_backward(ctx, grad: torch.Tensor, *, extra: int) -> tuple:
+    """The backward of an attention Function whose forward saved (q, k, v) and kept `mask` and
+    `reference` (an attention with autograd, SDPA's) on ctx: the reference's gradients of q, k
+    and v at the same inputs, then None for the `extra` further arguments. Shared with the
+    paged replay kernel's Function (kernels/replay_attention.py)."""
+    q, k, v = ctx.saved_tensors
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+        o = ctx.reference(*leaves, ctx.mask)
+        wanted = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad(o, wanted, grad))
+    return (*(next(grads) if t.requires_grad else None for t in leaves), *(None,) * extra)
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
