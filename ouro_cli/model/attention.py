@@ -167,18 +167,12 @@ def sdpa_attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sl
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """dense_attention through PyTorch's scaled_dot_product_attention (the default)."""
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-    # a literal, not a comparison: in a dynamic compiled region the head counts are symbolic,
-    # and SDPA refuses a symbolic enable_gqa (the branch guards on the counts instead)
-    if q.shape[1] != k.shape[1]:
-        o = _sdpa(q, k, v, mask, gqa=True)
-    else:
-        o = _sdpa(q, k, v, mask, gqa=False)
-    return o.transpose(1, 2)
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, gqa: bool) -> torch.Tensor:
-    """SDPA, with `enable_gqa` passed only when the heads differ (False is its default)."""
-    extra = {"enable_gqa": True} if gqa else {}
+    # enable_gqa only as a literal, and only when the heads differ (never for Ouro's): in a
+    # dynamic compiled region the head counts can be symbolic, and SDPA refuses a symbolic flag
+    # (the condition guards on the counts instead)
+    extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **extra)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **extra)
+    return o.transpose(1, 2)
