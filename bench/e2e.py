@@ -2,12 +2,13 @@
 memory flags at all, on a random Ouro-1.4B with a full-size tokenizer.
 
     python bench/e2e.py                          # cases a and b at the 1.4B shape (GPU, < 10 min)
-    python bench/e2e.py --cases a --updates 4    # one case, more updates
+    python bench/e2e.py --cases a --updates 6    # one case, a steady-state update at each K
+    python bench/e2e.py --cases b --depths 4 --updates 2   # one K only
     python bench/e2e.py --shape tiny --updates 2 # the same path, tiny model and cases (CPU)
     python bench/e2e.py --nproc 2 --dist-optimizer   # also on 2 data-parallel GPUs: the scaling
     python bench/e2e.py --cases a --train-args "--async-save --save-interval 1"  # any ouro train flags
 
-Cases (prompts x samples per prompt x response tokens, `--depths 2 3 4`):
+Cases (prompts x samples per prompt x response tokens, by default at `--depths 2 3 4`):
   a  32 x 8 x 512     b  8 x 8 x 2,048     (--shape tiny: 4 x 4 x 64 and 2 x 4 x 256)
 
 It builds an HF directory (random bf16 weights at Ouro-1.4B shapes; a 49,152-entry
@@ -16,7 +17,10 @@ JSONL of arithmetic prompts, runs `python -m ouro_cli.cli.app train` in a subpro
 and prints per update what `metrics.jsonl` recorded: rollout / train / publish / save /
 compile seconds, response tokens per second, sequences in flight (decoded tokens per
 decode step), micro-batches, and the peak device memory of each phase, beside the
-memory plan the run logged. A random model rarely samples a stop token, so responses run
+memory plan the run logged. A second table puts each phase beside its limit
+(bench/e2e_limits.py: the rollout's bytes roofline, the trainer's model FLOPs at 780
+TFLOP/s, the publication's copy) and sums them into the update's, then gives the steady
+state per K: the updates after each K's first, which compiles and captures CUDA graphs. A random model rarely samples a stop token, so responses run
 to the full length: the worst case of each shape. The run's checkpoint is deleted after
 each case (19 GB at 1.4B with Adam). `--out FILE` writes every figure as JSON.
 
@@ -44,6 +48,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+
+import e2e_limits  # noqa: E402  (bench/e2e_limits.py: each phase at the hardware's limit)
+
+from ouro_cli.model.config import OuroConfig  # noqa: E402
 
 CASES = {"a": (32, 8, 512), "b": (8, 8, 2048)}
 TINY_CASES = {"a": (4, 4, 64), "b": (2, 4, 256)}  # --shape tiny: the same path, CPU-sized
@@ -101,7 +109,7 @@ def write_data(path: Path, rows: int = 256) -> None:
 
 
 def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates: int, timeout: float,
-             nproc: int = 1, extra: tuple[str, ...] = ()) -> dict:
+             nproc: int = 1, extra: tuple[str, ...] = (), depths: tuple[int, ...] = (2, 3, 4)) -> dict:
     prompts, group, response = (CASES if shape == "1.4b" else TINY_CASES)[name]
     label = f"{name}-{nproc}gpu" + ("-" + "-".join(a.lstrip("-") for a in extra) if extra else "")
     run = work / f"run-{label}"
@@ -109,7 +117,7 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
         if nproc > 1 else [sys.executable]
     cmd = [*launch, "-m", "ouro_cli.cli.app", "train", "--model", str(model), "--data", str(data),
-           "--eval-data", "", "--run-dir", str(run), "--depths", "2", "3", "4", "--updates", str(updates),
+           "--eval-data", "", "--run-dir", str(run), "--depths", *map(str, depths), "--updates", str(updates),
            "--prompts-per-update", str(prompts), "--group-size", str(group), "--max-response-len", str(response),
            "--save-interval", "0", "--reward-function", "ouro_cli.rl.rewards.boxed_answer", *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -190,7 +198,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=["1.4b", "tiny"], default="1.4b")
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
-    parser.add_argument("--updates", type=int, default=3, help="updates per case (one per K of --depths 2 3 4)")
+    parser.add_argument("--updates", type=int, default=3, help="updates per case (the K of --depths in turn)")
+    parser.add_argument("--depths", type=int, nargs="+", default=[2, 3, 4], help="the K the updates cycle through")
     parser.add_argument("--work", default="/tmp/ouro-e2e", help="scratch folder (model, data, runs)")
     parser.add_argument("--timeout", type=float, default=560, help="seconds per case")
     parser.add_argument("--out", help="write every figure here as JSON")
@@ -202,9 +211,9 @@ def main() -> None:
                         help="also run each case with prefill on GPU 0 and decode on GPU 1 (--prefill-devices 0 "
                              "--decode-devices 1) and compare its rollout with the local engine's")
     parser.add_argument("--train-args", default="",
-                        help="further ouro train flags for every run, e.g. '--async-save --offload-optimizer'")
+                        help="further ouro train flags for every run, e.g. '--async-save --offload-optimizer on'")
     args = parser.parse_args()
-    base = tuple(shlex.split(args.train_args))
+    base, depths = tuple(shlex.split(args.train_args)), tuple(args.depths)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model, data = work / f"model-{args.shape}", work / "train.jsonl"
@@ -214,19 +223,20 @@ def main() -> None:
         build_model(model, args.shape)
         print(f"built {model} in {time.perf_counter() - start:.1f} s", flush=True)
     write_data(data)
+    config = OuroConfig.from_file(model / "config.json")
     results, pairs = [], []
     for c in args.cases:
-        one = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1, base)
+        one = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1, base, depths)
         results.append(one)
         if args.nproc > 1:
             for extra in [()] + ([("--dist-optimizer",)] if args.dist_optimizer else []):
                 many = run_case(c, args.shape, work, model, data, args.updates, args.timeout, args.nproc,
-                                base + extra)
+                                base + extra, depths)
                 results.append(many)
                 pairs.append((one, many))
         if args.pd:
             pd = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1,
-                          base + ("--prefill-devices", "0", "--decode-devices", "1"))
+                          base + ("--prefill-devices", "0", "--decode-devices", "1"), depths)
             results.append(pd)
             if one["updates"] and pd["updates"]:
                 print(disaggregation(one, pd))
@@ -235,6 +245,7 @@ def main() -> None:
               f"{r['wall_s']:.0f} s in all")
         if r["updates"]:
             print(table(r))
+            print(e2e_limits.table(r, config))
     for one, many in pairs:
         if one["updates"] and many["updates"]:
             print(scaling(one, many))

@@ -136,7 +136,7 @@ def _check_inputs(options: TrainOptions):
 
 def _trainer_config(options: TrainOptions, sizing: RunSizing):
     """The run's trainer config with what the run decides filled in: the memory plan's micro-batch
-    tokens and recompute (rl/sizing.py), the aggregation "auto" stands for (constant_length under
+    tokens, recompute and optimizer offload (rl/sizing.py), the aggregation "auto" stands for (constant_length under
     --advantage dr-grpo, over --max-response-len), and the LR schedule in optimizer steps: the
     warmup (--warmup-steps counts updates) and a cosine schedule's length (its updates), each
     times the steps of an update (--mini-batches × --epochs; Trainer.train_update)."""
@@ -146,6 +146,7 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
         aggregation = "constant_length" if options.advantage == "dr-grpo" else "token_mean"
     return dataclasses.replace(t, max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
                                recompute="on" if sizing.recompute else "off",
+                               offload_optimizer="on" if sizing.offload_optimizer else "off",
                                aggregation=aggregation, aggregation_length=options.sampling.max_response_len,
                                warmup_steps=t.warmup_steps * steps,
                                decay_steps=options.updates * steps if t.lr_schedule == "cosine" else None)

@@ -4,7 +4,11 @@ A run may fill `gpu_memory_utilization` × the device's memory (host memory on C
 Part of it is resident the whole time: the trainer's weights, fp32 gradients, fp32 main
 weights and Adam moments (or none of the last two with `--offload-optimizer`), the
 engine's copy of the weights, and a runtime reserve (CUDA context, library workspaces,
-allocator slack). The rest is used in turns: during a rollout by the engine's paged KV
+allocator slack). `--offload-optimizer auto` keeps the main weights and moments on the host
+when, on a GPU, the cache could not otherwise hold every sequence of a rollout at the
+deepest K: sequences that do not fit wait for a free slot and decode in a second, thin
+wave, which costs far more than the two host copies per optimizer step (at 1.4B, 256 x 512
+at K = 4 on an H200: 25.5 s of rollout with the state on the device, 16.2 s without). The rest is used in turns: during a rollout by the engine's paged KV
 cache, during a train step by the trainer's activations, because the engine hands its
 cache back while the trainer steps (`engine.contract.ReleasesMemory`). An engine that
 cannot hand it back (the PD engine, an external factory) keeps its cache; the cache
@@ -136,6 +140,7 @@ class RunSizing:
     max_tokens_per_micro_batch: int
     recompute: bool
     engine_releases_memory: bool
+    offload_optimizer: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,7 +152,7 @@ class RunSizing:
 
 def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dtype: torch.dtype, block_size: int,
              seq_tokens: int, sequences_needed: int, tokens_per_update: int, planes: int,
-             engine_releases_memory: bool, offload_optimizer: bool = False, optimizer_shards: int = 1,
+             engine_releases_memory: bool, offload_optimizer: str | bool = "off", optimizer_shards: int = 1,
              kv_blocks: int | None = None, max_num_seqs: int | None = None,
              max_tokens_per_micro_batch: int | None = None, recompute: str = "auto") -> RunSizing:
     """Size the KV cache, the decode batch and the micro-batches for one run.
@@ -157,16 +162,35 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     samples, or an evaluation's prompts); `tokens_per_update`: this rank's replay tokens at
     most; `planes`: the deepest budget the run decodes at (T with speculation).
     Explicit `kv_blocks`, `max_num_seqs` and `max_tokens_per_micro_batch` win.
+    `offload_optimizer` "auto" is decided from the shapes alone (module docstring), so a
+    resumed run decides it the same way.
     """
     if not 0 < utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {utilization}")
     if recompute not in ("auto", "on", "off"):
         raise UserError(f"--recompute must be auto, on or off, got {recompute!r}")
+    offload_optimizer = {True: "on", False: "off"}.get(offload_optimizer, offload_optimizer)
+    if offload_optimizer not in ("auto", "on", "off"):
+        raise UserError(f"--offload-optimizer must be auto, on or off, got {offload_optimizer!r}")
     budget = int(utilization * (memory.total if memory.kind == "cuda" else min(memory.total, memory.free // GIB * GIB)))
-    parts = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=offload_optimizer,
-                           optimizer_shards=optimizer_shards)
-    resident = sum(parts.values()) + int(SLACK_FRACTION * budget)
-    turns = budget - resident  # what the KV cache and the activations take in turns
+    per_token_t = kv_bytes_per_token(config, dtype, config.num_loops)
+    block_bytes = per_token_t * block_size
+    per_token = kv_bytes_per_token(config, dtype, planes)
+    seq_blocks = math.ceil(seq_tokens / block_size)
+    needed = sequences_needed * seq_blocks * block_size * per_token  # every sequence of a call at the deepest K
+
+    def room(offload: bool) -> int:  # what the KV cache and the activations take in turns
+        parts = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=offload,
+                               optimizer_shards=optimizer_shards)
+        return budget - sum(parts.values()) - int(SLACK_FRACTION * budget)
+
+    if offload_optimizer == "auto":  # on where the cache the run wants does not fit beside the state
+        wanted = needed + block_bytes if kv_blocks is None else (kv_blocks + 1) * block_bytes
+        kv_room = room(False) if engine_releases_memory else room(False) // 2
+        offload_optimizer = "on" if memory.kind == "cuda" and kv_room < wanted else "off"
+    offloads = offload_optimizer == "on"
+    turns = room(offloads)
+    resident = budget - turns
     what = "GPU" if memory.kind == "cuda" else "host"
     if turns <= 0:
         raise ResourceError(
@@ -174,14 +198,9 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
             f"--gpu-memory-utilization {utilization} of {memory.total / GIB:.1f} GiB of {what} memory; raise it or pass "
             "--offload-optimizer")
 
-    per_token_t = kv_bytes_per_token(config, dtype, config.num_loops)
-    block_bytes = per_token_t * block_size
-    per_token = kv_bytes_per_token(config, dtype, planes)
-    seq_blocks = math.ceil(seq_tokens / block_size)
     given = kv_blocks is not None
     if kv_blocks is None:
         # enough for every sequence a call submits at the deepest budget, and no more than fits
-        needed = sequences_needed * seq_blocks * block_size * per_token
         kv_bytes = min(turns if engine_releases_memory else turns // 2, needed + block_bytes)
         kv_blocks = kv_bytes // block_bytes - 1
     kv_bytes = (kv_blocks + 1) * block_bytes
@@ -219,7 +238,8 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
         recompute = "off" if max_tokens_per_micro_batch * off <= train_room else "on"
     return RunSizing(budget_bytes=budget, resident_bytes=resident, kv_blocks=int(kv_blocks), kv_bytes=int(kv_bytes),
                      max_num_seqs=int(max_num_seqs), max_tokens_per_micro_batch=int(max_tokens_per_micro_batch),
-                     recompute=recompute == "on", engine_releases_memory=engine_releases_memory)
+                     recompute=recompute == "on", engine_releases_memory=engine_releases_memory,
+                     offload_optimizer=offloads)
 
 
 def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:
@@ -243,4 +263,5 @@ def describe(sizing: RunSizing, config: OuroConfig, memory: DeviceMemory, *, blo
             f"({memory.kind}); resident {sizing.resident_bytes / GIB:.1f} GiB; KV cache {sizing.kv_bytes / GIB:.2f} GiB "
             f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); micro-batches of up to "
             f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}"
+            + ("; optimizer state in host memory between steps" if sizing.offload_optimizer else "")
             + ("" if sizing.engine_releases_memory else " (the engine keeps its cache during training)"))

@@ -52,9 +52,12 @@ class TrainerConfig:
         False, help="Shard optimizer state over data-parallel ranks.", panel=P_OPT, flag="--dist-optimizer",
         aliases=("--use-distributed-optimizer",))
     overlap_grad_reduce: bool = False
-    offload_optimizer: bool = option(
-        False, help="Keep the fp32 main weights and Adam moments in host memory between optimizer steps (frees 12 "
-        "bytes per parameter on the device for two host copies of them per step).", panel=P_OPT)
+    # "auto": on when the run's memory plan gains KV cache by it (rl/sizing.py decides before the
+    # trainer is built); a trainer given "auto" by itself keeps its state on the device.
+    offload_optimizer: str = option(
+        "auto", help="Keep the fp32 main weights and Adam moments in host memory between optimizer steps (frees 12 "
+        "bytes per parameter on the device for two host copies of them per step): auto (on a GPU, on when the KV "
+        "cache could not hold a whole rollout otherwise), on or off.", panel=P_OPT)
 
     # ---- GRPO loss ----------------------------------------------------------------
     eps_low: float = option(0.2, help="Ratio clip below 1.", panel=P_OPT)
@@ -120,6 +123,10 @@ class TrainerConfig:
         if isinstance(self.recompute, bool):  # plans written before "auto" existed, and the Python API
             self.recompute = "on" if self.recompute else "off"
         need(self.recompute in ("auto", "on", "off"), f"--recompute must be auto, on or off, got {self.recompute!r}")
+        if isinstance(self.offload_optimizer, bool):  # plans written before "auto" existed, and the Python API
+            self.offload_optimizer = "on" if self.offload_optimizer else "off"
+        need(self.offload_optimizer in ("auto", "on", "off"),
+             f"--offload-optimizer must be auto, on or off, got {self.offload_optimizer!r}")
         need(self.eps_low >= 0 and self.eps_high >= 0, "--eps-low and --eps-high must be >= 0")
         need(self.eps_low < 1, "--eps-low must be < 1 (the ratio is clipped at 1 - eps_low)")
         need(self.aggregation in AGGREGATIONS,
@@ -158,6 +165,10 @@ class TrainerConfig:
     @property
     def recomputes(self) -> bool:
         return self.recompute == "on"
+
+    @property
+    def offloads(self) -> bool:
+        return self.offload_optimizer == "on"
 
     @property
     def resolved_device(self) -> str:

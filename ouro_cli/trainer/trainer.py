@@ -73,7 +73,7 @@ class Trainer:
             self.optimizer = build_optimizer(self.config, self.ddp)
             self.scheduler = build_scheduler(self.config, self.optimizer)
         self.offload = OptimizerOffload(self.optimizer, self.module.parameters(), self.device) \
-            if self.config.offload_optimizer else None
+            if self.config.offloads else None
         if self.offload is not None:
             self.offload.to_host()
         self.loaded_iteration: int | None = None  # set by load()

@@ -62,6 +62,30 @@ def test_kv_takes_what_is_left_when_the_rollout_does_not_fit():
     assert s.max_num_seqs == 256
 
 
+def test_offload_auto_moves_the_optimizer_off_the_gpu_only_when_the_rollout_does_not_fit():
+    # 256 x 640 tokens at K = 4 (120 GiB) do not fit beside the optimizer state: auto offloads,
+    # the 12 bytes per parameter go to the KV cache, and more sequences fit at once
+    kept, auto = plan(), plan(offload_optimizer="auto")
+    trainable = sizing.parameter_counts(ouro_14b())[1]
+    assert auto.offload_optimizer and not kept.offload_optimizer
+    assert auto.resident_bytes == kept.resident_bytes - 12 * trainable
+    assert auto.kv_blocks > kept.kv_blocks
+    assert auto.tokens_at(4, ouro_14b(), 16) // 640 > kept.tokens_at(4, ouro_14b(), 16) // 640
+    # where the rollout fits anyway, on CPU (host memory is the device), or when told: as asked
+    assert not plan(offload_optimizer="auto", sequences_needed=32, tokens_per_update=32 * 640).offload_optimizer
+    cpu = DeviceMemory("cpu", total=64 * GIB, free=60 * GIB)
+    assert not plan(offload_optimizer="auto", memory=cpu).offload_optimizer
+    assert plan(offload_optimizer="on", sequences_needed=32, tokens_per_update=32 * 640).offload_optimizer
+    assert not plan(offload_optimizer="off").offload_optimizer
+    # a resumed run passes its recorded cache: the same decision
+    assert plan(offload_optimizer="auto", kv_blocks=auto.kv_blocks).offload_optimizer
+    small = plan(offload_optimizer="auto", sequences_needed=32, tokens_per_update=32 * 640)
+    assert not plan(offload_optimizer="auto", kv_blocks=small.kv_blocks, sequences_needed=32,
+                    tokens_per_update=32 * 640).offload_optimizer
+    with pytest.raises(UserError, match="--offload-optimizer must be auto, on or off"):
+        plan(offload_optimizer="sometimes")
+
+
 def test_kv_is_only_as_large_as_the_run_needs():
     s = plan(sequences_needed=32, tokens_per_update=32 * 640)
     assert s.kv_blocks == 32 * 40  # 32 sequences of 40 blocks, one spare block beside the scratch block
