@@ -125,19 +125,25 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     print(f"== case {label}: {prompts} prompts x {group} samples x {response} tokens, {updates} updates"
           + (f" on {nproc} ranks" if nproc > 1 else ""), flush=True)
     start = time.perf_counter()
-    done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+    try:
+        done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)
+        returncode, stdout = done.returncode, done.stdout
+    except subprocess.TimeoutExpired as err:  # the updates it finished still count
+        out = err.stdout or b""
+        returncode, stdout = 124, (out.decode(errors="replace") if isinstance(out, bytes) else out)
+        stdout += f"\nerror: the case ran past --timeout {timeout:.0f} s and was stopped\n"
     wall = time.perf_counter() - start
-    (work / f"run-{label}.log").write_text(done.stdout)  # everything the run printed
-    lines = done.stdout.splitlines()
+    (work / f"run-{label}.log").write_text(stdout)  # everything the run printed
+    lines = stdout.splitlines()
     for line in lines:
         if line.startswith(("memory:", "error:", "update ", "engine:")) or "warning" in line:
             print("   ", line, flush=True)
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
-    if done.returncode != 0:
+    if returncode != 0:
         print("\n".join(lines[-30:]))
     shutil.rmtree(run / "checkpoint", ignore_errors=True)  # 19 GB at 1.4B: the next case needs the disk
-    return {"case": label, "shape": [prompts, group, response], "nproc": nproc, "returncode": done.returncode,
+    return {"case": label, "shape": [prompts, group, response], "nproc": nproc, "returncode": returncode,
             "wall_s": wall, "updates": records}
 
 
