@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
 
+# one worker per core, at most 4; a test file's tests stay in one worker (they share module fixtures)
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ouro_cli tests bench examples

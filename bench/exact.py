@@ -113,6 +113,7 @@ def section_decode(a, cfg, dtype) -> dict:
         finally:
             llm.close()
         out[mode] = a.batch * a.new_tokens / statistics.median(times)
+        progress(f"decode {mode}: {out[mode]:.0f} tok/s")
     return {"decode_tok_s": out, "ratio": _ratio(out)}
 
 
@@ -155,7 +156,13 @@ def section_train(a, cfg, dtype) -> dict:
         finally:
             trainer.close()
         out[mode] = statistics.median(times)
+        progress(f"train {mode}: {out[mode]:.3f} s per step")
     return {"train_step_s": out, "ratio": _ratio(out)}
+
+
+def progress(line: str) -> None:
+    """One figure as soon as it is measured (a run stopped at a time limit keeps what it printed)."""
+    print(line, flush=True)
 
 
 def _ratio(out: dict) -> float | None:
@@ -196,6 +203,8 @@ def section_agree(a, cfg, dtype) -> dict:
                     "max": metrics["logprob_mismatch_max"], "mean": metrics["logprob_mismatch_mean"],
                     "mean_exit_depth": sum(depths) / max(1, len(depths)), "tokens": metrics["response_tokens"],
                     "by_depth": metrics.get("logprob_mismatch_max_by_depth")}
+                progress(f"agree {mode} batch {batch}: max |d| {metrics['logprob_mismatch_max']:.3g}, "
+                         f"mean {metrics['logprob_mismatch_mean']:.3g}")
             del engine_model
         finally:
             trainer.close()

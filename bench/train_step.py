@@ -3,11 +3,12 @@
     python bench/train_step.py --shape tiny --device cpu
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --recompute
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --profile 25
+    python bench/train_step.py --shape 1.4b --device cuda --samples 26 --prompt-len 18 --response-len 512 --depths 2 --profile 25
     torchrun --nproc-per-node 8 bench/train_step.py --shape 1.4b --device cuda   # per-rank batch
 
 Random weights at the chosen shape, random prompt/response tokens, and exit depths that
-are all T (`--depths full`, the reference setting) or drawn uniformly from 1..T
-(`--depths random`). Each timed step is a full `Trainer.train_step`: replay forward,
+are all T (`--depths full`, the reference setting), drawn uniformly from 1..T
+(`--depths random`), or one K (`--depths 2`: a fixed-budget rollout's, the prompt at T). Each timed step is a full `Trainer.train_step`: replay forward,
 GRPO loss, backward, DDP sync, clipping, Adam, LR schedule.
 
 FLOP accounting (per step, summed over ranks):
@@ -68,7 +69,10 @@ def make_samples(c, n, prompt_len, response_len, depths, rng):
     for _ in range(n):
         prompt = [rng.randrange(3, c.vocab_size) for _ in range(prompt_len)]
         response = [rng.randrange(3, c.vocab_size) for _ in range(response_len)]
-        exits = [T] + [T if depths == "full" else rng.randint(1, T) for _ in range(response_len - 1)]
+        def depth() -> int:
+            return T if depths == "full" else rng.randint(1, T) if depths == "random" else int(depths)
+
+        exits = [T] + [depth() for _ in range(response_len - 1)]
         logprobs = [-rng.uniform(0.5, 4.0) for _ in range(response_len)]
         out.append(Sample(prompt, response, exits, logprobs, rng.uniform(-1, 1)))
     return out
@@ -155,7 +159,8 @@ def main() -> None:
     parser.add_argument("--pack-length", type=int, default=None)
     parser.add_argument("--no-pack", action="store_true")
     parser.add_argument("--recompute", action="store_true")
-    parser.add_argument("--depths", choices=["full", "random"], default="full")
+    parser.add_argument("--depths", choices=["full", "random", "1", "2", "3", "4"], default="full",
+                        help="response exit depths: all T, uniform in 1..T, or one K (bench/e2e.py's rollouts)")
     parser.add_argument("--distributed-optimizer", action="store_true")
     parser.add_argument("--nondeterministic", action="store_true",
                         help="CUDA: PyTorch's default kernels instead of the deterministic ones the trainer uses")
