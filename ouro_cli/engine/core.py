@@ -266,9 +266,17 @@ class EngineCore:
         self.kv.release()
         self.runner.drop_graphs()
 
-    def restore_memory(self) -> None:
-        """Allocate the KV cache again (zeroed); decode steps are captured again on first use."""
-        self.kv.restore()
+    def restore_memory(self, blocks: int | None = None) -> None:
+        """Allocate the KV cache again (zeroed); decode steps are captured again on first use.
+        With `blocks`: room for that many blocks of the current view, at most the capacity;
+        a cache allocated smaller than that is allocated again (nothing is cached between
+        calls that could be lost: the core is idle)."""
+        if blocks is not None and not self.kv.released:
+            wanted = min(blocks, self.kv.blocks_at(self.kv.planes, capacity=True))
+            if self.kv.num_blocks >= wanted:
+                return
+            self.release_memory()
+        self.kv.restore(blocks)
 
     def close(self) -> None:
         """Drop the captured steps and free the cache now, not when the core is collected."""

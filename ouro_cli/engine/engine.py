@@ -41,6 +41,7 @@ from .contract import (
 )
 from .core import EngineCore
 from .frontend import Admission, GenerationControl, make_output, take_requests
+from .kv_cache import blocks_needed
 from .request_rng import RequestRng
 from .scheduler import Sequence
 from .setup import EngineLimits, open_model
@@ -91,9 +92,10 @@ class LLM(GenerationControl):
     def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
         with self.control.admitted():
-            self.core.restore_memory()  # a no-op unless release_memory() handed the cache back
             self.kv.set_planes(self._planes_for(params))
             seqs = self._make_sequences(prompts, params)
+            # after release_memory(): a cache only as large as these requests can ever fill
+            self.core.restore_memory(self._blocks_for(seqs))
             version = self.core.publisher.committed_version
             self._run(seqs)
             return [self._output(s, version) for s in seqs]
@@ -124,12 +126,19 @@ class LLM(GenerationControl):
             deepest = max(deepest, p.max_loops, *(p.exit_trace or ()))
         return max(1, min(deepest, self.core.num_loops))
 
+    def _blocks_for(self, seqs: list[Sequence]) -> int:
+        """Blocks of the current view that `seqs` can hold at most at once: each one's longest KV
+        (prompt + max_tokens) plus a token in flight and its draft tokens. A cache of this many
+        never runs out, so it schedules these requests as a cache of any larger size does."""
+        bs = self.core.limits.block_size
+        return sum(blocks_needed(s.max_kv_tokens + 2 + s.params.speculative_tokens, bs) for s in seqs)
+
     def _make_sequences(self, prompts: Seq[Prompt], params) -> list[Sequence]:
         lim = self.core.limits
         intake = take_requests(prompts, params, codec=self.codec, vocab_size=self.model.config.vocab_size,
                                num_loops=self.core.num_loops, seeds=self._seeds, first_id=self._next_request,
                                max_model_len=lim.max_model_len, block_size=lim.block_size,
-                               kv_blocks=self.kv.num_blocks,
+                               kv_blocks=self.kv.blocks_at(self.kv.planes, capacity=True),
                                adjust=async_params if self.async_scheduling else None)
         self._next_request += len(intake)
         return [Sequence(index=r.index, request_id=r.request_id, prompt=r.ids, params=r.params,

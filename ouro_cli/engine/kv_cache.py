@@ -25,7 +25,11 @@ the planes the view has. `num_blocks` is the block count of the current view;
 `blocks_at(P)` gives it for any P.
 
 Memory can be handed back while the engine is idle (`release`, e.g. while a colocated
-trainer steps) and taken again (`restore`): contents are not kept, which is safe
+trainer steps) and taken again (`restore`), then only as large as asked (at most the
+capacity): a `generate` asks for what its requests can ever hold, so a call that needs a
+small cache leaves the rest of the device to others (the trainer's optimizer state). A
+cache that holds every request's longest KV never refuses a block, so the schedule, and
+with it every output, is the one the whole capacity gives. Contents are not kept, which is safe
 because every slot a step reads was written by the same sequence after the last
 invalidation (see `invalidate`); a restored buffer is zeroed, so even unwritten slots
 hold finite values. `generation` counts restores: views into an older buffer (CUDA
@@ -92,8 +96,10 @@ class PagedKVCache:
         self.num_layers, self.num_loops = num_layers, num_loops
         self.block_size, self.num_kv_heads, self.head_dim = block_size, num_kv_heads, head_dim
         self.dtype, self._device = dtype, torch.device(device)
-        # one K (or V) half of the buffer: T planes of num_blocks + 1 blocks (incl. scratch)
-        self._half = num_layers * num_loops * num_kv_heads * (num_blocks + 1) * block_size * head_dim
+        # one K (or V) half of the buffer at capacity: T planes of num_blocks + 1 blocks (incl.
+        # scratch); `_half` is the allocated buffer's (at most this)
+        self._capacity_half = num_layers * num_loops * num_kv_heads * (num_blocks + 1) * block_size * head_dim
+        self._half = self._capacity_half
         self.generation = 0
         self.planes = num_loops
         self._storage: torch.Tensor | None = None
@@ -107,11 +113,13 @@ class PagedKVCache:
     def released(self) -> bool:
         return self._storage is None
 
-    def blocks_at(self, planes: int) -> int:
-        """Blocks (scratch excluded) that the buffer holds with `planes` planes per token."""
+    def blocks_at(self, planes: int, *, capacity: bool = False) -> int:
+        """Blocks (scratch excluded) that the allocated buffer (or, with `capacity`, the whole
+        capacity) holds with `planes` planes per token."""
         if not 1 <= planes <= self.num_loops:
             raise ValueError(f"planes must lie in 1..{self.num_loops}, got {planes}")
-        slots = self._half // (self.num_layers * planes * self.num_kv_heads * self.head_dim)
+        half = self._capacity_half if capacity else self._half
+        slots = half // (self.num_layers * planes * self.num_kv_heads * self.head_dim)
         return slots // self.block_size - 1
 
     def set_planes(self, planes: int) -> None:
@@ -140,10 +148,15 @@ class PagedKVCache:
         """Give the buffer's memory back (the engine is idle; nothing cached survives)."""
         self._storage = self.k = self.v = None
 
-    def restore(self) -> None:
-        """Allocate (zeroed) storage again after `release`, with the current planes."""
+    def restore(self, blocks: int | None = None) -> None:
+        """Allocate (zeroed) storage again after `release`, with the current planes: room for
+        `blocks` blocks of the current view, at most the capacity (None: the capacity)."""
         if self._storage is not None:
             return
+        self._half = self._capacity_half
+        if blocks is not None:
+            per_block = self.num_layers * self.planes * self.num_kv_heads * self.block_size * self.head_dim
+            self._half = min(self._capacity_half, (max(blocks, 1) + 1) * per_block)
         self._storage = torch.zeros(2 * self._half, dtype=self.dtype, device=self._device)
         self.generation += 1
         self._view()

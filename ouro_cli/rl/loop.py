@@ -69,7 +69,7 @@ from .rewards import check_labels, load_reward, reward_problem
 from .rollout import RolloutCheckFailed, RolloutSample, RolloutSampling, generate_groups
 from .run_dir import RunDir
 from .schedule import depth_for_update, validate_depths
-from .sizing import DeviceMemory, RunSizing, check_fits, describe, size_run
+from .sizing import DeviceMemory, RunSizing, call_kv_bytes, check_fits, describe, size_run
 from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
 
@@ -93,6 +93,8 @@ class Session:
     plan: dict[str, Any]
     start_update: int
     sizing: RunSizing
+    config: Any = None  # the model's OuroConfig
+    seq_tokens: int = 0  # the longest prompt + --max-response-len
     rank: int = 0
     world: int = 1
     devices: set[str] = field(default_factory=set)
@@ -288,6 +290,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
 
     log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
     trainer = Trainer(str(source_path), _trainer_config(options, sizing), execution=options.execution)
+    if trainer.offload is not None:  # --offload-optimizer auto: the state leaves only for the calls that need it
+        trainer.offload.keep_after_step = sizing.state_per_call
     # the process group exists from here on (the trainer creates or joins it)
     contract_sha = plans.contract_hash(contract)
     agreed = _agree(contract_sha, "execution plan")
@@ -301,6 +305,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         plans.check_cursor(plan, extra)
         cursor.load_state_dict(extra["cursor"])
         start_update = int(extra["next_update"])
+    if sizing.gradients_released:
+        trainer.release_gradients()  # the memory plan gave their memory to the KV cache until the first backward
     weights = {name: t.detach().clone() for name, t in trainer.named_weights_for_publication()}
     engine_model = from_state_dict(config, weights, device=trainer.device)
     engine_model.execution = options.execution  # the engine computes with its model's settings
@@ -317,7 +323,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     session = Session(options=options, run=run, rows=rows, prompt_ids=prompt_ids, eval_rows=eval_rows,
                       eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, sampling=sampling, trainer=trainer,
                       engine=engine, cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
-                      sizing=sizing, devices={str(trainer.device), *getattr(engine, "devices", set)()})
+                      sizing=sizing, config=config, seq_tokens=seq_tokens,
+                      devices={str(trainer.device), *getattr(engine, "devices", set)()})
     if session.is_main and options.loggers:
         session.trackers = Trackers(options.loggers, run.warnings_log.parent, options.to_dict(), run.root.name)
     if session.is_main and not resume:
@@ -327,6 +334,7 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         plans.write_plan(run.plan, plan)
     stats = publish(engine, trainer.named_weights_for_publication(), version=start_update + 1)
     log(f"engine: {type(engine).__name__}, initial publication v{start_update + 1} in {stats['publish_s'] * 1e3:.1f} ms")
+    hand_back(engine, trainer.device)  # the first call allocates the cache it needs (engine.kv_cache)
     return session
 
 
@@ -343,11 +351,25 @@ def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
     mine = [batch[p - start] for p in positions]
     if not mine:  # a refill round smaller than the rank count
         return [], agreed
+    room_for_call(s, s.config.num_loops if s.sampling.speculative_tokens else k, len(mine) * s.options.group_size)
     try:
         return generate_groups(s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], s.sampling,
                                group_size=s.options.group_size, k=k, update=update, positions=positions), agreed
     except RolloutCheckFailed as err:
         raise CheckFailed(f"update {update}: {err}") from err
+
+
+def room_for_call(s: Session, planes: int, sequences: int) -> None:
+    """Before a generate call: under `--offload-optimizer auto` the optimizer state leaves the
+    device only when the call's cache (`sizing.call_kv_bytes`) would not fit beside it; the
+    next optimizer step brings it back (Trainer.optimizer_step)."""
+    offload = s.trainer.offload
+    if offload is None or offload.on_host or not s.sizing.state_per_call:
+        return
+    need = call_kv_bytes(s.config, s.trainer.config.torch_dtype, block_size=s.options.engine.block_size,
+                         planes=planes, sequences=sequences, seq_tokens=s.seq_tokens)
+    if not s.sizing.state_fits(need):
+        offload.to_host()
 
 
 def refill_stage(s: Session, update: int, k: int, samples: list[RolloutSample]) -> tuple[list[int], dict[str, Any]]:
@@ -489,6 +511,8 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
 
 
 def _evaluate(s: Session, n: int) -> list[dict[str, Any]]:
+    room_for_call(s, s.config.num_loops if s.eval_sampling.speculative_tokens else max(s.options.eval_depths),
+                  n * s.options.eval_samples)
     return evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
                     reward_fn=s.reward_fn, samples=s.options.eval_samples)
 
@@ -520,6 +544,8 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
                "--max-tokens-per-micro-batch or --gpu-memory-utilization, or pass --recompute on"):
         train = train_stage(s, samples, trained)
     check_step(update, train, s.plan["next_update"])
+    if sizing.gradients_released:
+        s.trainer.release_gradients()  # dead until the next backward: the rollouts get their memory
     if device.type == "cuda":
         torch.cuda.empty_cache()  # activations freed: the KV cache is allocated whole again
     t_train = time.perf_counter()

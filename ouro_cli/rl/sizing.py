@@ -1,14 +1,19 @@
 """How a colocated run divides its memory: KV cache, sequences in flight, micro-batch tokens.
 
 A run may fill `gpu_memory_utilization` × the device's memory (host memory on CPU).
-Part of it is resident the whole time: the trainer's weights, fp32 gradients, fp32 main
-weights and Adam moments (or none of the last two with `--offload-optimizer`), the
-engine's copy of the weights, and a runtime reserve (CUDA context, library workspaces,
-allocator slack). `--offload-optimizer auto` keeps the main weights and moments on the host
+Part of it is resident the whole time: the trainer's weights, fp32 main weights and Adam
+moments (or neither with `--offload-optimizer`), the engine's copy of the weights, and a
+runtime reserve (CUDA context, library workspaces, allocator slack). The fp32 gradients
+are resident only beside an engine that keeps its cache; otherwise the trainer frees them
+after each optimizer step (`Trainer.release_gradients`: they are dead until the next
+backward), and they count with the activations. `--offload-optimizer auto` keeps the main weights and moments on the host
 when, on a GPU, the cache could not otherwise hold every sequence of a rollout at the
-deepest K: sequences that do not fit wait for a free slot and decode in a second, thin
-wave, which costs far more than the two host copies per optimizer step (at 1.4B, 256 x 512
-at K = 4 on an H200: 25.5 s of rollout with the state on the device, 16.2 s without). The rest is used in turns: during a rollout by the engine's paged KV
+deepest K: sequences that do not fit wait for a free slot, are preempted and recomputed,
+and decode in a second, thin wave (docs/memory.md §1 has the H200 figures).
+Beside an engine that hands its cache back, the state then leaves the device only for
+the generate calls that need its room (`RunSizing.state_fits`: a released cache comes
+back only as large as the call needs, so at K = 2 and 3 it fits beside the state), and
+the micro-batches are sized with the state on the device. The rest is used in turns: during a rollout by the engine's paged KV
 cache, during a train step by the trainer's activations, because the engine hands its
 cache back while the trainer steps (`engine.contract.ReleasesMemory`). An engine that
 cannot hand it back (the PD engine, an external factory) keeps its cache; the cache
@@ -113,15 +118,21 @@ def activation_bytes_per_token(config: OuroConfig, dtype: torch.dtype, recompute
     return kept * dtype.itemsize + logits + mask
 
 
+def gradient_bytes(config: OuroConfig) -> int:
+    """Megatron's fp32 grad buffer."""
+    return parameter_counts(config)[1] * 4
+
+
 def resident_bytes(config: OuroConfig, dtype: torch.dtype, *, kind: str, offload_optimizer: bool,
-                   optimizer_shards: int = 1) -> dict[str, int]:
-    """What stays allocated for the whole run, by part."""
+                   optimizer_shards: int = 1, gradients_released: bool = False) -> dict[str, int]:
+    """What stays allocated for the whole run, by part (the gradients not, where they are
+    released between updates)."""
     total, trainable = parameter_counts(config)
     mixed = dtype != torch.float32  # bf16 params: fp32 main weights in the optimizer
     optimizer = trainable * 4 * (2 + (1 if mixed else 0)) // optimizer_shards
     return {
         "trainer_weights": total * dtype.itemsize,
-        "gradients": trainable * 4,  # Megatron's fp32 grad buffer
+        "gradients": 0 if gradients_released else gradient_bytes(config),
         "optimizer": 0 if offload_optimizer else optimizer,
         "engine_weights": total * dtype.itemsize,
         "runtime": CUDA_RUNTIME_RESERVE if kind == "cuda" else CPU_RUNTIME_RESERVE,
@@ -141,6 +152,17 @@ class RunSizing:
     recompute: bool
     engine_releases_memory: bool
     offload_optimizer: bool = False
+    gradients_released: bool = False  # the trainer frees its grad buffer after each step
+    # --offload-optimizer auto, on: the state stays on the device, and the micro-batches leave
+    # room for it, except during a generate call whose cache does not fit beside it
+    # (`state_fits`); a plain "on" keeps it on the host between steps
+    state_per_call: bool = False
+    kv_room_beside_state: int = 0  # the cache a call may allocate with the state on the device
+
+    def state_fits(self, call_kv_bytes: int) -> bool:
+        """Whether a generate call whose cache takes `call_kv_bytes` (module function
+        `call_kv_bytes`) runs with the optimizer state left on the device."""
+        return self.state_per_call and call_kv_bytes <= self.kv_room_beside_state
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,6 +170,15 @@ class RunSizing:
     def tokens_at(self, planes: int, config: OuroConfig, block_size: int) -> int:
         """KV tokens the cache holds when viewed with `planes` planes."""
         return (self.kv_blocks + 1) * block_size * config.num_loops // planes - block_size
+
+
+def call_kv_bytes(config: OuroConfig, dtype: torch.dtype, *, block_size: int, planes: int, sequences: int,
+                  seq_tokens: int) -> int:
+    """The most a released cache allocates for one generate call of `sequences` requests of at
+    most `seq_tokens` tokens at `planes` planes (the engine's `_blocks_for`: each request's
+    KV, a token in flight, and the scratch block)."""
+    blocks = sequences * math.ceil((seq_tokens + 1) / block_size) + 1
+    return blocks * block_size * kv_bytes_per_token(config, dtype, planes)
 
 
 def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dtype: torch.dtype, block_size: int,
@@ -179,24 +210,34 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     seq_blocks = math.ceil(seq_tokens / block_size)
     needed = sequences_needed * seq_blocks * block_size * per_token  # every sequence of a call at the deepest K
 
+    released = engine_releases_memory  # beside a cache that stays, freeing the gradients buys nothing
+    grads = gradient_bytes(config) if released else 0  # taken in turns, in the train phase
+
     def room(offload: bool) -> int:  # what the KV cache and the activations take in turns
         parts = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=offload,
-                               optimizer_shards=optimizer_shards)
+                               optimizer_shards=optimizer_shards, gradients_released=released)
         return budget - sum(parts.values()) - int(SLACK_FRACTION * budget)
 
     if offload_optimizer == "auto":  # on where the cache the run wants does not fit beside the state
         wanted = needed + block_bytes if kv_blocks is None else (kv_blocks + 1) * block_bytes
         kv_room = room(False) if engine_releases_memory else room(False) // 2
         offload_optimizer = "on" if memory.kind == "cuda" and kv_room < wanted else "off"
+        # where the cache hands its memory back, the state leaves only for the calls that need its room
+        per_call = offload_optimizer == "on" and engine_releases_memory
+    else:
+        per_call = False
     offloads = offload_optimizer == "on"
+    state = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=False,
+                           optimizer_shards=optimizer_shards)["optimizer"]
     turns = room(offloads)
     resident = budget - turns
     what = "GPU" if memory.kind == "cuda" else "host"
-    if turns <= 0:
+    if turns - grads <= 0:
         raise ResourceError(
-            f"the model does not fit: weights, gradients and optimizer state need {resident / GIB:.1f} GiB, more than "
+            f"the model does not fit: weights, gradients and optimizer state need {(resident + grads) / GIB:.1f} GiB, "
+            "more than "
             f"--gpu-memory-utilization {utilization} of {memory.total / GIB:.1f} GiB of {what} memory; raise it or pass "
-            "--offload-optimizer")
+            "--offload-optimizer on")
 
     given = kv_blocks is not None
     if kv_blocks is None:
@@ -215,11 +256,18 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
             f"not even one sequence fits in the KV cache: {seq_tokens} tokens x {per_token / 2**10:.0f} KiB per token at "
             f"{planes} planes = {seq_tokens * per_token / GIB:.2f} GiB, but {max(turns, 0) / GIB:.2f} GiB of {what} "
             f"memory are left after {resident / GIB:.1f} GiB of weights and optimizer state; raise "
-            "--gpu-memory-utilization, lower --max-response-len, or pass --offload-optimizer")
+            "--gpu-memory-utilization, lower --max-response-len, or pass --offload-optimizer on")
     if max_num_seqs is None:
         max_num_seqs = max(1, min(sequences_needed, MAX_DEFAULT_SEQS))
 
-    train_room = turns if engine_releases_memory else turns - kv_bytes
+    train_room = turns - grads if engine_releases_memory else turns - kv_bytes
+    if per_call:
+        # the micro-batches leave the state its room, unless that leaves too few for a sample
+        one = activation_bytes_per_token(config, dtype, True, seq_tokens) * seq_tokens
+        if train_room - state >= one and room(False) > 0:
+            train_room -= state
+        else:
+            per_call = False
     if max_tokens_per_micro_batch is None:
         off = activation_bytes_per_token(config, dtype, False, seq_tokens)
         on = activation_bytes_per_token(config, dtype, True, seq_tokens)
@@ -232,14 +280,15 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
                 f"one sample of {seq_tokens} tokens does not fit a training micro-batch: it needs "
                 f"{seq_tokens * per / GIB:.2f} GiB of activations (recompute {recompute}), "
                 f"{max(train_room, 0) / GIB:.2f} GiB of {what} memory are left; raise --gpu-memory-utilization, "
-                "lower --max-response-len, or pass --offload-optimizer")
+                "lower --max-response-len, or pass --offload-optimizer on")
     elif recompute == "auto":
         off = activation_bytes_per_token(config, dtype, False, seq_tokens)
         recompute = "off" if max_tokens_per_micro_batch * off <= train_room else "on"
     return RunSizing(budget_bytes=budget, resident_bytes=resident, kv_blocks=int(kv_blocks), kv_bytes=int(kv_bytes),
                      max_num_seqs=int(max_num_seqs), max_tokens_per_micro_batch=int(max_tokens_per_micro_batch),
                      recompute=recompute == "on", engine_releases_memory=engine_releases_memory,
-                     offload_optimizer=offloads)
+                     offload_optimizer=offloads, gradients_released=released, state_per_call=per_call,
+                     kv_room_beside_state=max(0, room(False)) if per_call else 0)
 
 
 def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:
@@ -263,5 +312,7 @@ def describe(sizing: RunSizing, config: OuroConfig, memory: DeviceMemory, *, blo
             f"({memory.kind}); resident {sizing.resident_bytes / GIB:.1f} GiB; KV cache {sizing.kv_bytes / GIB:.2f} GiB "
             f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); micro-batches of up to "
             f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}"
-            + ("; optimizer state in host memory between steps" if sizing.offload_optimizer else "")
+            + ("; optimizer state in host memory during the rollouts it does not fit beside"
+               if sizing.state_per_call else "; optimizer state in host memory between steps"
+               if sizing.offload_optimizer else "")
             + ("" if sizing.engine_releases_memory else " (the engine keeps its cache during training)"))

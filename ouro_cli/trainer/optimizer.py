@@ -142,6 +142,9 @@ class OptimizerOffload:
         self._model = {id(p) for p in model_params}
         self._host: dict[int, torch.Tensor] = {}
         self.on_host = False
+        # the job's choice (rl/sizing.py state_per_call): the state stays on the device after a
+        # step, and the job moves it out (`to_host`) only before the calls that need its room
+        self.keep_after_step = False
 
     def _tensors(self) -> Iterator[torch.Tensor]:
         for opt in torch_optimizers(self.optimizer):
@@ -155,7 +158,7 @@ class OptimizerOffload:
                         yield value
 
     def to_host(self) -> None:
-        for t in self._tensors():
+        for t in self._tensors():  # tensors already there are skipped (loading may have made new ones)
             host = self._host.get(id(t))
             if host is None or host.shape != t.shape or host.dtype != t.dtype:
                 host = torch.empty(t.shape, dtype=t.dtype, device="cpu",

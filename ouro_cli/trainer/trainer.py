@@ -76,6 +76,7 @@ class Trainer:
             if self.config.offloads else None
         if self.offload is not None:
             self.offload.to_host()
+        self.gradients_released = False  # release_gradients(): the grad buffer holds no memory
         self.loaded_iteration: int | None = None  # set by load()
         self._pending_save: tuple[checkpointing.PendingSave, Callable[[Path], None] | None] | None = None
 
@@ -120,6 +121,9 @@ class Trainer:
         for s in samples:
             s.check(self.num_loops)
         with self._megatron():
+            if self.gradients_released:
+                self.ddp.restore_grad_buffers(synchronize=False)  # allocated again, zeroed
+                self.gradients_released = False
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
         global_tokens, global_samples = self._global_counts(samples)
@@ -148,10 +152,24 @@ class Trainer:
             with self._megatron():
                 metrics = optimizer_step(self.optimizer, self.scheduler)
         finally:
-            if self.offload is not None:
+            if self.offload is not None and not self.offload.keep_after_step:
                 self.offload.to_host()  # Adam created its moments at the first step: they go too
         metrics["optimizer_s"] = watch.lap()
         return metrics
+
+    def release_gradients(self) -> None:
+        """Free the fp32 grad buffer (4 bytes per parameter) until the next `forward_backward`,
+        which allocates it again, zeroed: between an optimizer step and the next update's
+        backward the gradients are dead (each update starts from zero), so a rollout can
+        use their memory. Megatron's own offload: the buffer's storage is resized to
+        nothing, so every view of it (`main_grad`, the buckets) stays the same object."""
+        if self.gradients_released:
+            return
+        cuda = self.device.type == "cuda"
+        with self._megatron():
+            self.optimizer.zero_grad()  # no main-weight .grad keeps a view of the freed storage in use
+            self.ddp.offload_grad_buffers(synchronize=cuda, empty_cache=cuda)
+        self.gradients_released = True
 
     def _global_counts(self, samples: Sequence[Sample], allow_empty: bool = False) -> tuple[int, int]:
         from megatron.core import parallel_state
@@ -172,7 +190,10 @@ class Trainer:
         """Trainable parameters' accumulated (synced) gradients in the fp32 grad buffer.
 
         With the distributed optimizer each rank holds only its reduced shard of the buffer.
+        Empty after `release_gradients()`, until the next `forward_backward`.
         """
+        if self.gradients_released:
+            return {}
         return {name: p.main_grad for name, p in self.module.named_parameters() if p.requires_grad}
 
     def named_weights_for_publication(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -108,3 +108,34 @@ def test_release_memory_changes_no_output(model):
     for a, b, c in zip(first, second, third, strict=True):
         assert a.output_token_ids == b.output_token_ids == c.output_token_ids
         assert a.log_probs == b.log_probs == c.log_probs and a.exit_depths == b.exit_depths == c.exit_depths
+
+
+def test_a_released_cache_comes_back_as_large_as_the_call_needs(model):
+    """After release_memory() a generate allocates only what its requests can ever hold (each
+    one's prompt + max_tokens, a token in flight), at most the capacity, and gives the very
+    outputs of a cache that was never released; a later call that needs more grows it."""
+    params = SamplingParams(max_tokens=10, seed=3, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+    full = LLM(model, max_num_seqs=4, kv_blocks=200, block_size=4)
+    trimmed = LLM(model, max_num_seqs=4, kv_blocks=200, block_size=4)
+    try:
+        reference = full.generate(prompts(3, seed=1), params)
+        assert full.kv.num_blocks == 200 and full.kv.blocks_at(T, capacity=True) == 200
+        trimmed.release_memory()
+        outs = trimmed.generate(prompts(3, seed=1), params)
+        ps = prompts(3, seed=1)
+        need = sum(-(-(len(p) + 10 - 1 + 2) // 4) for p in ps)  # blocks of prompt + max_tokens - 1 + 2 tokens
+        assert trimmed.kv.num_blocks == need < 200
+        assert trimmed.kv.nbytes < full.kv.nbytes
+        for a, b in zip(reference, outs, strict=True):
+            assert (a.output_token_ids, a.log_probs, a.exit_depths) == (b.output_token_ids, b.log_probs, b.exit_depths)
+        longer = SamplingParams(**{**params.__dict__, "max_tokens": 30})
+        more = trimmed.generate(prompts(4, seed=5), longer)
+        assert trimmed.kv.num_blocks > need  # grown (the engine is idle between calls, nothing is lost)
+        for a, b in zip(full.generate(prompts(4, seed=5), longer), more, strict=True):
+            assert (a.output_token_ids, a.log_probs, a.exit_depths) == (b.output_token_ids, b.log_probs, b.exit_depths)
+        trimmed.release_memory()
+        trimmed.restore_memory()  # no call to size it: the whole capacity
+        assert trimmed.kv.num_blocks == 200
+    finally:
+        full.close()
+        trimmed.close()

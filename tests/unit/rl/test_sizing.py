@@ -50,8 +50,11 @@ def test_resident_parts_by_hand():
 def test_kv_takes_what_is_left_when_the_rollout_does_not_fit():
     s = plan()
     budget = int(0.9 * H200.total)
+    # the engine hands its cache back, so the trainer frees its gradients while it rolls out:
+    # they are not resident, and the KV cache gets their 4 bytes per parameter
+    assert s.gradients_released
     resident = sum(sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False).values())
-    resident += int(sizing.SLACK_FRACTION * budget)
+    resident += int(sizing.SLACK_FRACTION * budget) - 4 * sizing.parameter_counts(ouro_14b())[1]
     assert (s.budget_bytes, s.resident_bytes) == (budget, resident)
     block = 16 * 768 * 2**10
     assert s.kv_blocks == (budget - resident) // block - 1
@@ -86,6 +89,27 @@ def test_offload_auto_moves_the_optimizer_off_the_gpu_only_when_the_rollout_does
         plan(offload_optimizer="sometimes")
 
 
+def test_offload_auto_keeps_the_state_on_the_gpu_for_the_calls_that_fit_beside_it():
+    # beside an engine that hands its cache back, auto's state leaves the device only for the
+    # calls whose cache needs its room: 256 x 640 tokens fit beside it at K = 2 and 3, not at 4
+    auto = plan(offload_optimizer="auto")
+    c, trainable = ouro_14b(), sizing.parameter_counts(ouro_14b())[1]
+    state, grads = 12 * trainable, sizing.gradient_bytes(c)
+    assert auto.state_per_call
+    assert auto.kv_room_beside_state == auto.budget_bytes - auto.resident_bytes - state
+    # the micro-batches leave the state its room in the train phase
+    off = sizing.activation_bytes_per_token(c, BF16, False, 640)
+    room = auto.budget_bytes - auto.resident_bytes - grads - state
+    assert auto.max_tokens_per_micro_batch == room // off // 128 * 128
+    call = {k: sizing.call_kv_bytes(c, BF16, block_size=16, planes=k, sequences=256, seq_tokens=640) for k in (2, 3, 4)}
+    assert call[4] == (256 * 41 + 1) * 16 * 768 * 2**10  # 641 tokens: 41 blocks each, and the scratch block
+    assert auto.state_fits(call[2]) and auto.state_fits(call[3]) and not auto.state_fits(call[4])
+    # "on" keeps it on the host between steps; an engine that keeps its cache: the same
+    assert not plan(offload_optimizer="on").state_per_call
+    assert not plan(offload_optimizer="auto", engine_releases_memory=False).state_per_call
+    assert not plan().state_fits(0)
+
+
 def test_kv_is_only_as_large_as_the_run_needs():
     s = plan(sequences_needed=32, tokens_per_update=32 * 640)
     assert s.kv_blocks == 32 * 40  # 32 sequences of 40 blocks, one spare block beside the scratch block
@@ -94,13 +118,18 @@ def test_kv_is_only_as_large_as_the_run_needs():
 
 def test_micro_batch_budget_and_recompute_auto():
     s = plan()
-    room = s.budget_bytes - s.resident_bytes  # the engine hands its cache back while the trainer steps
+    grads = sizing.gradient_bytes(ouro_14b())
+    # the engine hands its cache back while the trainer steps; the trainer's gradients take
+    # their part of that room again
+    room = s.budget_bytes - s.resident_bytes - grads
     off = sizing.activation_bytes_per_token(ouro_14b(), BF16, False, 640)
     assert not s.recompute
     assert s.max_tokens_per_micro_batch == room // off // 128 * 128 >= sizing.MIN_EFFICIENT_MICRO_BATCH
     # an engine that keeps its cache gets half the room and the trainer the rest, which holds
-    # too few tokens for efficient micro-batches without recompute: recompute
+    # too few tokens for efficient micro-batches without recompute: recompute; the
+    # gradients stay resident (freeing them would buy the cache nothing)
     kept = plan(engine_releases_memory=False)
+    assert not kept.gradients_released and kept.resident_bytes == s.resident_bytes + grads
     assert kept.kv_bytes <= room // 2 < kept.kv_bytes + 16 * 768 * 2**10
     on = sizing.activation_bytes_per_token(ouro_14b(), BF16, True, 640)
     assert (room - kept.kv_bytes) // off < sizing.MIN_EFFICIENT_MICRO_BATCH
@@ -145,3 +174,28 @@ def test_cpu_uses_host_memory():
     assert s.kv_blocks == 128 * 5 and s.max_num_seqs == 128 and not s.recompute
     assert s.budget_bytes == int(0.9 * 20 * GIB)  # host memory is shared: what is available, in whole GiB
     sizing.check_fits(s, DeviceMemory("cpu", total=24 * GIB, free=int(2.5 * GIB)), used_now=0)  # no device to share
+
+
+def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_its_room():
+    from types import SimpleNamespace
+
+    from ouro_cli.rl.loop import room_for_call
+
+    class Offload:
+        on_host = False
+
+        def to_host(self):
+            self.on_host = True
+
+    auto = plan(offload_optimizer="auto")
+    session = SimpleNamespace(trainer=SimpleNamespace(offload=Offload(), config=SimpleNamespace(torch_dtype=BF16)),
+                              sizing=auto, config=ouro_14b(), seq_tokens=640,
+                              options=SimpleNamespace(engine=SimpleNamespace(block_size=16)))
+    for k in (2, 3):
+        room_for_call(session, k, 256)
+        assert not session.trainer.offload.on_host
+    room_for_call(session, 4, 256)
+    assert session.trainer.offload.on_host
+    session.trainer.offload, session.sizing = Offload(), plan(offload_optimizer="on")  # "on": the trainer's business
+    room_for_call(session, 4, 256)
+    assert not session.trainer.offload.on_host

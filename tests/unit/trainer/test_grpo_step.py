@@ -169,17 +169,58 @@ def test_offloaded_optimizer_trains_bit_for_bit(base_model, samples, dtype):
     from ouro_cli.trainer import Trainer, TrainerConfig
     from ouro_cli.trainer.optimizer import torch_optimizers
 
-    def run(offload: bool):
+    def run(offload: bool, keep: bool = False):
         config = TrainerConfig(device="cpu", params_dtype=dtype, lr=1e-3, offload_optimizer=offload)
         with Trainer(copy.deepcopy(base_model), config) as trainer:
-            for _ in range(3):
+            if keep:  # --offload-optimizer auto: the state stays after a step, leaves only when sent
+                trainer.offload.keep_after_step = True
+            for step in range(3):
                 trainer.train_step(samples)
-            assert (trainer.offload is not None) == offload and (not offload or trainer.offload.on_host)
+                if keep:
+                    assert not trainer.offload.on_host
+                    if step == 1:
+                        trainer.offload.to_host()
+            assert (trainer.offload is not None) == offload and (not offload or keep or trainer.offload.on_host)
             weights = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
             state = [t.clone() for opt in torch_optimizers(trainer.optimizer) for s in opt.state.values()
                      for t in s.values() if isinstance(t, torch.Tensor)]
             mains = [p.detach().clone() for opt in torch_optimizers(trainer.optimizer) for g in opt.param_groups
                      for p in g["params"]]
+        return weights, state, mains
+
+    (w0, s0, m0) = run(False)
+    for w1, s1, m1 in (run(True), run(True, keep=True)):
+        assert w0.keys() == w1.keys() and all(torch.equal(w0[n], w1[n]) for n in w0)
+        assert len(s0) == len(s1) > 0 and all(torch.equal(a, b) for a, b in zip(s0, s1, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(m0, m1, strict=True))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_released_gradients_free_their_buffer_and_train_bit_for_bit(base_model, samples, dtype):
+    """Between updates the loop frees the fp32 grad buffer (Trainer.release_gradients) so a
+    rollout can use its memory; the next forward_backward allocates it again. The buffer
+    really holds no storage while released, and three steps give the same weights, main
+    weights and moments as a trainer that keeps it."""
+    from ouro_cli.trainer import Trainer, TrainerConfig
+    from ouro_cli.trainer.optimizer import torch_optimizers
+
+    def run(release: bool):
+        config = TrainerConfig(device="cpu", params_dtype=dtype, lr=1e-3)
+        with Trainer(copy.deepcopy(base_model), config) as trainer:
+            for _ in range(3):
+                trainer.train_step(samples)
+                if release:
+                    trainer.release_gradients()
+                    assert trainer.gradients() == {}
+                    assert all(b.grad_data.untyped_storage().nbytes() == 0 for b in trainer.ddp.buffers)
+            weights = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
+            state = [t.clone() for opt in torch_optimizers(trainer.optimizer) for s in opt.state.values()
+                     for t in s.values() if isinstance(t, torch.Tensor)]
+            mains = [p.detach().clone() for opt in torch_optimizers(trainer.optimizer) for g in opt.param_groups
+                     for p in g["params"]]
+            trainer.forward_backward(samples)  # allocated again: the gradients are there
+            assert not trainer.gradients_released and trainer.gradients()
+            assert all(b.grad_data.untyped_storage().nbytes() > 0 for b in trainer.ddp.buffers)
         return weights, state, mains
 
     (w0, s0, m0), (w1, s1, m1) = run(False), run(True)
