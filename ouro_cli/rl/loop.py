@@ -367,7 +367,8 @@ def room_for_call(s: Session, planes: int, sequences: int) -> None:
     if offload is None or offload.on_host or not s.sizing.state_per_call:
         return
     need = call_kv_bytes(s.config, s.trainer.config.torch_dtype, block_size=s.options.engine.block_size,
-                         planes=planes, sequences=sequences, seq_tokens=s.seq_tokens)
+                         planes=planes, sequences=sequences, seq_tokens=s.seq_tokens,
+                         draft_tokens=s.sampling.speculative_tokens)
     if not s.sizing.state_fits(need):
         offload.to_host()
 

@@ -190,6 +190,7 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
     auto = plan(offload_optimizer="auto")
     session = SimpleNamespace(trainer=SimpleNamespace(offload=Offload(), config=SimpleNamespace(torch_dtype=BF16)),
                               sizing=auto, config=ouro_14b(), seq_tokens=640,
+                              sampling=SimpleNamespace(speculative_tokens=0),
                               options=SimpleNamespace(engine=SimpleNamespace(block_size=16)))
     for k in (2, 3):
         room_for_call(session, k, 256)
@@ -199,3 +200,27 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
     session.trainer.offload, session.sizing = Offload(), plan(offload_optimizer="on")  # "on": the trainer's business
     room_for_call(session, 4, 256)
     assert not session.trainer.offload.on_host
+
+
+@pytest.mark.parametrize("draft", [0, 3])
+def test_call_kv_bytes_is_what_a_released_engine_allocates_at_most(draft):
+    """The loop decides where the optimizer state waits from `call_kv_bytes`; the engine must
+    never allocate more for the call than that figure says."""
+    from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.model import build, tiny_config
+
+    config = tiny_config()
+    model = build(config, seed=0)
+    llm = LLM(model, max_num_seqs=4, kv_blocks=400, block_size=4)
+    try:
+        llm.release_memory()
+        prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [3] * 11]
+        params = SamplingParams(max_tokens=9, seed=1, max_loops=None if draft else 2, ignore_eos=True,
+                                speculative_tokens=draft)
+        llm.generate(prompts, params)
+        planes = config.num_loops if draft else 2
+        bound = sizing.call_kv_bytes(config, torch.float32, block_size=4, planes=planes, sequences=3,
+                                     seq_tokens=11 + 9, draft_tokens=draft)
+        assert llm.kv.planes == planes and 0 < llm.kv.nbytes <= bound
+    finally:
+        llm.close()
