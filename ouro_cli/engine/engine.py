@@ -63,7 +63,8 @@ class LLM(GenerationControl):
     while the batch stays the same (`EngineCore.decode`); outputs are those of stepping one
     at a time. `core` is the engine core; `model`, `device`, `kv` and `runner` are its parts.
     `execution` (ouro_cli/settings.py) becomes the model's execution settings, which choose
-    the decode kernels and the compilation (None: keep the model's own).
+    the decode kernels and the compilation (None: keep the model's own); `exact` turns exact
+    mode (docs/exact.md) on or off in them: `LLM(model, exact=True)`.
     """
 
     def __init__(self, model: str | Path | OuroForCausalLM, *, device: str | torch.device | None = None,
@@ -71,10 +72,13 @@ class LLM(GenerationControl):
                  block_size: int = 16, max_model_len: int | None = None, max_prefill_tokens: int = 8192,
                  attn_chunk: int = 128, cuda_graphs: bool | None = None, seed: int | None = None,
                  tokenizer=None, weight_version: int = 0, async_scheduling: bool = False,
-                 overlap: bool | None = None, execution: ExecutionSettings | None = None) -> None:
+                 overlap: bool | None = None, execution: ExecutionSettings | None = None,
+                 exact: bool | None = None) -> None:
         model, self.codec = open_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
         if execution is not None:
             model.execution = execution
+        if exact is not None:
+            model.execution = dataclasses.replace(model.execution, exact=exact)
         limits = EngineLimits.resolve(model.config, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                                       block_size=block_size, max_model_len=max_model_len,
                                       max_prefill_tokens=max_prefill_tokens)

@@ -17,6 +17,7 @@ trainer, nothing on CUDA); the model's forward and backward run outside it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -38,10 +39,11 @@ class Trainer:
     """GRPO on one Ouro model. A given `OuroForCausalLM` is adopted, not copied: it is moved
     to the trainer's device and dtype and its parameters are the ones trained. `execution`
     (ouro_cli/settings.py) becomes the model's execution settings: how its replay computes
-    (None: keep a given model's, the defaults for a loaded one)."""
+    (None: keep a given model's, the defaults for a loaded one); `exact` turns exact mode
+    (docs/exact.md) on or off in them, the Python spelling of `ouro train --exact`."""
 
     def __init__(self, model: OuroForCausalLM | str | Path, config: TrainerConfig | None = None, *,
-                 execution: ExecutionSettings | None = None) -> None:
+                 execution: ExecutionSettings | None = None, exact: bool | None = None) -> None:
         self.config = config or TrainerConfig()
         self.context = setup.initialize(self.config)
         self.device = self.context.device
@@ -54,6 +56,8 @@ class Trainer:
             hf = load(model, dtype=dtype, device=self.device)
         if execution is not None:
             hf.execution = execution
+        if exact is not None:
+            hf.execution = dataclasses.replace(hf.execution, exact=exact)
         self.execution = hf.execution  # the loss's log-softmax runs under it too (pointwise.log_softmax)
         self.num_loops = hf.config.num_loops
         self.num_layers = hf.config.num_hidden_layers

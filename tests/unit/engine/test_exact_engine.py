@@ -96,3 +96,24 @@ def test_pd_workers_compute_in_exact_mode_too():
     for a, b in zip(got, expected, strict=True):
         assert (a.output_token_ids, a.exit_depths, a.log_probs) == (b.output_token_ids, b.exit_depths, b.log_probs)
     assert _max_mismatch(model, got) == 0.0
+
+
+def test_exact_true_is_the_exact_settings_in_the_engine_and_the_trainer():
+    """`LLM(model, exact=True)` and `Trainer(model, exact=True)`: the Python spelling of
+    `--exact`; it turns exact mode on in whatever settings the model carries."""
+    pytest.importorskip("megatron.core")
+    from ouro_cli.trainer import Trainer, TrainerConfig
+
+    model = tiny_model(0).to(torch.bfloat16)
+    llm = LLM(model, max_num_seqs=4, kv_blocks=64, block_size=4, exact=True)
+    try:
+        assert llm.model.execution == EXACT
+        params = [SamplingParams(max_tokens=14, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5,
+                                 ignore_eos=True) for s in range(6)]
+        outs = llm.generate(prompts(6, seed=1), params)
+    finally:
+        llm.close()
+    for a, b in zip(outs, _generate(model, EXACT), strict=True):
+        assert (a.output_token_ids, a.exit_depths, a.log_probs) == (b.output_token_ids, b.exit_depths, b.log_probs)
+    with Trainer(tiny_model(0), TrainerConfig(device="cpu", params_dtype="fp32"), exact=True) as trainer:
+        assert trainer.execution.exact and trainer.module.ouro.execution.exact
