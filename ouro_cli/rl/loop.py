@@ -140,7 +140,8 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
     """The run's trainer config with what the run decides filled in: the memory plan's micro-batch
     tokens, recompute and optimizer offload (rl/sizing.py), the aggregation "auto" stands for (constant_length under
     --advantage dr-grpo, over --max-response-len), and the LR schedule in optimizer steps: the
-    warmup (--warmup-steps counts updates) and a cosine schedule's length (its updates), each
+    warmup (--warmup-steps counts updates) and a cosine schedule's length (--lr-decay-updates,
+    resolved when the run started; a plan from before it: the run's --updates), each
     times the steps of an update (--mini-batches × --epochs; Trainer.train_update)."""
     t, steps = options.trainer, options.optimizer_steps_per_update
     aggregation = t.aggregation
@@ -151,7 +152,8 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
                                offload_optimizer="on" if sizing.offload_optimizer else "off",
                                aggregation=aggregation, aggregation_length=options.sampling.max_response_len,
                                warmup_steps=t.warmup_steps * steps,
-                               decay_steps=options.updates * steps if t.lr_schedule == "cosine" else None)
+                               decay_steps=(options.lr_decay_updates or options.updates) * steps
+                               if t.lr_schedule == "cosine" else None)
 
 
 def _all_gather(value: Any) -> list[Any]:
@@ -268,6 +270,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     prompt_ids = tokenize_prompts(codec, template, rows, limit, response_len, options.data)
     eval_prompt_ids = tokenize_prompts(codec, template, eval_rows, limit, response_len, options.eval_data or "")
 
+    if not resume and options.lr_decay_updates is None:  # the schedule's length is fixed when the run starts
+        options = dataclasses.replace(options, lr_decay_updates=options.updates)
     contract = plans.build_contract(options, data_sha256=data_sha256(options.data), model_config=config.to_dict(),
                                     tokenizer_sha256=plans.file_sha256(source.assets_dir / "tokenizer.json"),
                                     template=template.plan_entry(), num_loops=num_loops)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ouro_cli import config as tree
-from ouro_cli.config import P_DATA, P_ENGINE, P_GRPO, P_RUN, option, section
+from ouro_cli.config import P_DATA, P_ENGINE, P_GRPO, P_OPT, P_RUN, option, section
 from ouro_cli.errors import UserError
 from ouro_cli.rl.data import Columns, check_mapping
 from ouro_cli.settings import ExecutionSettings, from_environment
@@ -189,6 +189,11 @@ class TrainOptions:
     depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="Decode budget K per update, cycled: "
                                "--depths 2 3 4.", panel=P_GRPO, aliases=("--ouro-depths",))
     updates: int = option(80, help="Number of GRPO updates.", panel=P_GRPO)
+    # resolved to --updates when a run starts, and recorded: a resume to more updates (or a run
+    # stopped early and resumed, as verify-resume does) keeps the schedule it started with
+    lr_decay_updates: int | None = option(
+        None, help="--lr-schedule cosine: the updates over which the LR decays to --min-lr; later updates keep "
+        "--min-lr.", panel=P_OPT, shown="--updates of the run's start")
     prompts_per_update: int = option(16, help="Prompts per update (global).", panel=P_GRPO)
     group_size: int = option(8, help="Samples per prompt.", panel=P_GRPO)
     sampling: SamplingOptions = section(SamplingOptions)
@@ -258,7 +263,8 @@ class TrainOptions:
             raise UserError(f"--group-size must be at least 2: GRPO normalises rewards within a group, "
                             f"got {self.group_size}")
         tree.at_least(1, updates=self.updates, prompts_per_update=self.prompts_per_update,
-                      eval_prompts=self.eval_prompts, eval_samples=self.eval_samples)
+                      eval_prompts=self.eval_prompts, eval_samples=self.eval_samples,
+                      lr_decay_updates=self.lr_decay_updates)
         self._validate_update()
         if self.save_interval < 0 or self.eval_interval < 0:
             raise UserError("--save-interval and --eval-interval must be >= 0")

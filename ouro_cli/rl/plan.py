@@ -45,7 +45,7 @@ FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_d
              "kv_transport", "pd_worker_threads",  # how PD workers move bytes; their host threads
              "eval_prompt_key", "eval_label_key", "eval_id_key", "eval_label_parser"}  # like eval_data
 EXECUTION_KEYS = set(leaves(ExecutionSettings))  # recorded as what they resolve to (contract "execution")
-SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr"}
+SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr", "lr_decay_updates"}
 
 
 def file_sha256(path: Path | None) -> str | None:

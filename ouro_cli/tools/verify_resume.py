@@ -309,7 +309,9 @@ def run_pair(train_args: list[str], updates: int, resume_at: int, run_a: Path, r
     """The reference run (N updates) and the resumed one (M, then a fresh-process resume to N),
     each an `ouro train`/`ouro resume` subprocess given `train_args`."""
     keep = [] if "--keep-last" in train_args else ["--keep-last", "1"]  # one iteration each: the disk check
-    common = [*train_args, *keep, "--state-digest", "--overwrite"]
+    # the first leg stops at M but plans the reference's schedule (a cosine decays over N)
+    horizon = [] if "--lr-decay-updates" in train_args else ["--lr-decay-updates", str(updates)]
+    common = [*train_args, *keep, *horizon, "--state-digest", "--overwrite"]
     _ouro(["train", *common, "--updates", str(updates), "--run-dir", str(run_a)], "reference run", log)
     drop_checkpoint(RunDir(run_a))  # its digest is all the comparison needs
     _ouro(["train", *common, "--updates", str(resume_at), "--run-dir", str(run_b)], f"first {resume_at} updates", log)
