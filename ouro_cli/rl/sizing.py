@@ -2,22 +2,24 @@
 
 A run may fill `gpu_memory_utilization` × the device's memory (host memory on CPU).
 Part of it is resident the whole time: the trainer's weights, fp32 main weights and Adam
-moments (or neither with `--offload-optimizer`), the engine's copy of the weights, and a
-runtime reserve (CUDA context, library workspaces, allocator slack). The fp32 gradients
-are resident only beside an engine that keeps its cache; otherwise the trainer frees them
-after each optimizer step (`Trainer.release_gradients`: they are dead until the next
-backward), and they count with the activations. `--offload-optimizer auto` keeps the main weights and moments on the host
-when, on a GPU, the cache could not otherwise hold every sequence of a rollout at the
-deepest K: sequences that do not fit wait for a free slot, are preempted and recomputed,
-and decode in a second, thin wave (docs/memory.md §1 has the H200 figures).
-Beside an engine that hands its cache back, the state then leaves the device only for
-the generate calls that need its room (`RunSizing.state_fits`: a released cache comes
-back only as large as the call needs, so at K = 2 and 3 it fits beside the state), and
-the micro-batches are sized with the state on the device. The rest is used in turns: during a rollout by the engine's paged KV
-cache, during a train step by the trainer's activations, because the engine hands its
-cache back while the trainer steps (`engine.contract.ReleasesMemory`). An engine that
-cannot hand it back (the PD engine, an external factory) keeps its cache; the cache
-then gets at most half of that memory and the trainer the rest.
+moments (the optimizer state, unless it goes to the host: below), the engine's copy of
+the weights, and a runtime reserve (CUDA context, library workspaces, allocator slack).
+The rest is used in turns: during a rollout by the engine's paged KV cache, during a
+train step by the trainer's activations and its fp32 gradients, because the engine hands
+its cache back while the trainer steps (`engine.contract.ReleasesMemory`) and the trainer
+frees its gradients after each step (`Trainer.release_gradients`: they are dead until the
+next backward). An engine that cannot hand its cache back (the PD engine, an external
+factory) keeps it; the cache then gets at most half of that memory, the trainer the rest,
+and the gradients stay resident.
+
+`--offload-optimizer auto` moves the optimizer state to the host when, on a GPU, the cache
+could not otherwise hold every sequence of a rollout at the deepest K (sequences that do
+not fit wait for a free slot, are preempted and recomputed, and decode in a second, thin
+wave; docs/memory.md §1 has the H200 figures). Beside an engine that hands its cache
+back, the state then leaves the device only for the generate calls that need its room
+(`RunSizing.state_fits`; a released cache comes back only as large as the call needs, so
+at 1.4B the K = 2 and 3 rollouts fit beside it), and the micro-batches are sized with the
+state on the device. `on` keeps it on the host between every two steps.
 
 Every figure here is computed from the model's shape, the dtypes and the device's total
 memory, never from the momentary free memory: a run and its resumption in a fresh
