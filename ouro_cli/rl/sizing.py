@@ -266,8 +266,13 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     train_room = turns - grads if engine_releases_memory else turns - kv_bytes
     if per_call:
         # the micro-batches leave the state its room, unless that leaves too few for a sample
-        one = activation_bytes_per_token(config, dtype, True, seq_tokens) * seq_tokens
-        if train_room - state >= one and room(False) > 0:
+        # (or for the micro-batches asked for: then the state goes to the host between steps)
+        if max_tokens_per_micro_batch is not None:
+            per = activation_bytes_per_token(config, dtype, recompute == "on", seq_tokens)
+            fits = max_tokens_per_micro_batch * per <= train_room - state
+        else:
+            fits = train_room - state >= activation_bytes_per_token(config, dtype, True, seq_tokens) * seq_tokens
+        if fits and room(False) > 0:
             train_room -= state
         else:
             per_call = False

@@ -108,6 +108,10 @@ def test_offload_auto_keeps_the_state_on_the_gpu_for_the_calls_that_fit_beside_i
     assert not plan(offload_optimizer="on").state_per_call
     assert not plan(offload_optimizer="auto", engine_releases_memory=False).state_per_call
     assert not plan().state_fits(0)
+    # micro-batches asked for that leave the state no room: it goes to the host between steps
+    big = plan(offload_optimizer="auto", max_tokens_per_micro_batch=auto.max_tokens_per_micro_batch + 4096)
+    assert big.offload_optimizer and not big.state_per_call
+    assert plan(offload_optimizer="auto", max_tokens_per_micro_batch=auto.max_tokens_per_micro_batch).state_per_call
 
 
 def test_kv_is_only_as_large_as_the_run_needs():
