@@ -507,19 +507,23 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     with phase({}, "evaluation", s.trainer.device,
                f"{n} prompts{f' x {samples} samples' if samples > 1 else ''} at K = {s.options.eval_depths}",
                "--eval-prompts, --eval-samples or --max-num-seqs"):
-        results = _evaluate(s, n)
-    if s.is_main:
+        results, responses = _evaluate(s, n)
+    if s.is_main:  # the responses first: an evaluations line is never there without its responses
+        for r in responses:
+            append_jsonl(s.run.responses, {"update": update, "when": when, **r})
         for r in results:
             append_jsonl(s.run.evaluations, {"update": update, "when": when,
                                              "weight_version": s.engine.get_weight_version(), **r})
     return results
 
 
-def _evaluate(s: Session, n: int) -> list[dict[str, Any]]:
+def _evaluate(s: Session, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     room_for_call(s, s.config.num_loops if s.eval_sampling.speculative_tokens else max(s.options.eval_depths),
                   n * s.options.eval_samples)
-    return evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
-                    reward_fn=s.reward_fn, samples=s.options.eval_samples)
+    responses: list[dict[str, Any]] = []
+    results = evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
+                       reward_fn=s.reward_fn, samples=s.options.eval_samples, responses=responses)
+    return results, responses
 
 
 def _gather(samples: list[RolloutSample], update: int) -> list[dict[str, Any]]:

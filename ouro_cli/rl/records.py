@@ -126,14 +126,16 @@ def check_records(run: RunDir, start: int, log: Callable[[str], None] = lambda s
 
 def drop_after(run: RunDir, start: int, *, finishing: bool, log: Callable[[str], None] = lambda s: None) -> None:
     """Forget what ran after the checkpoint at `start` (it runs again): metrics lines, interval
-    evaluations and rollouts files of updates >= start. `finishing` (the run has all its
-    updates and only its end stage is missing) also drops a partial end evaluation."""
+    evaluations (and their responses) and rollouts files of updates >= start. `finishing`
+    (the run has all its updates and only its end stage is missing) also drops a partial end
+    evaluation."""
     rows = read_rows(run.metrics, log)
     kept = [r for r in rows if r["update"] < start]
     _rewrite(run.metrics, kept)
     if len(rows) > len(kept):
         log(f"resume: {len(rows) - len(kept)} update(s) after the checkpoint at {start} will run again")
     _rewrite(run.evaluations, [e for e in read_rows(run.evaluations, log) if _kept(e, start, finishing)])
+    _rewrite(run.responses, [e for e in read_rows(run.responses, log) if _kept(e, start, finishing)])
     for path in run.rollouts.glob("update_*.jsonl"):
         if int(path.stem[len("update_"):]) >= start:
             path.unlink()

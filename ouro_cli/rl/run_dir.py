@@ -6,6 +6,8 @@
       checkpoint/            Megatron checkpoint (see ouro_cli/checkpoint/layout.py)
       metrics.jsonl          one JSON line per update
       evaluations.jsonl      held-out accuracy per K, one line per (update, K)
+      responses.jsonl        every held-out response of those evaluations: one line per
+                             (update, K, prompt, sample), as `ouro eval` writes them
       rollouts/update_000003.jsonl   every sample of an update: tokens, depths, logprobs, reward
       metrics.png            reward and mean exit depth per update (written at the end)
       logs/warnings.log      third-party warnings of every command run on it (ouro_cli/warnings_log.py)
@@ -56,6 +58,10 @@ class RunDir:
         return self.root / "evaluations.jsonl"
 
     @property
+    def responses(self) -> Path:
+        return self.root / "responses.jsonl"
+
+    @property
     def rollouts(self) -> Path:
         return self.root / "rollouts"
 
@@ -90,7 +96,8 @@ class RunDir:
     def foreign_entries(self) -> list[str]:
         """Names in the root that are not part of a run's layout (a directory that is not a run)."""
         known = {p.name for p in (self.plan, self.manifest, self.checkpoint, self.metrics, self.evaluations,
-                                  self.rollouts, self.plot, self.lock, self.warnings_log.parent)} | {MARKER}
-        known |= {f"{n}.tmp" for n in (self.metrics.name, self.evaluations.name)}
+                                  self.responses, self.rollouts, self.plot, self.lock,
+                                  self.warnings_log.parent)} | {MARKER}
+        known |= {f"{n}.tmp" for n in (self.metrics.name, self.evaluations.name, self.responses.name)}
         return sorted(p.name for p in self.root.iterdir()
                       if p.name not in known and not (p.name.startswith(".") and ".tmp" in p.name))

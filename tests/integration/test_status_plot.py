@@ -58,6 +58,13 @@ def test_status_of_a_running_and_a_finished_run_and_plot(tmp_path):
     end = {str(e["k"]): e for e in map(json.loads, (run / "evaluations.jsonl").read_text().splitlines())
            if e["when"] == "end"}
     assert {k: a["accuracy"] for k, a in done["accuracy_per_k"].items()} == {k: e["avg@2"] for k, e in end.items()}
+    # every held-out response of the start and end evaluations, as `ouro eval` writes them
+    responses = [json.loads(line) for line in (run / "responses.jsonl").read_text().splitlines()]
+    assert [(r["when"], r["k"], r["sample"]) for r in responses] == [
+        (when, k, s) for when in ("start", "end") for k in (2, 3, 4) for _ in range(8) for s in range(2)]
+    for when, e in [(e["when"], e) for e in map(json.loads, (run / "evaluations.jsonl").read_text().splitlines())]:
+        mine = [r["reward"] for r in responses if r["when"] == when and r["k"] == e["k"]]
+        assert sum(mine) / len(mine) == e["accuracy"]
     human = ouro("status", str(run), cwd=tmp_path)
     assert human.returncode == 0 and "complete" in human.stderr and "updates 3 of 3" in human.stderr
 

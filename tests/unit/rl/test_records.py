@@ -46,13 +46,16 @@ def test_rows_after_the_checkpoint_are_dropped_and_a_torn_last_line_is_tolerated
     _logged(run, range(4))
     with open(run.metrics, "a") as f:
         f.write('{"update": 4, "k"')  # a writer killed mid-line
-    run.evaluations.write_text("".join(json.dumps(e) + "\n" for e in [
-        {"update": 0, "when": "start"}, {"update": 2, "when": "interval"}, {"update": 4, "when": "interval"}]))
+    evaluations = [{"update": 0, "when": "start"}, {"update": 2, "when": "interval"},
+                   {"update": 4, "when": "interval"}]
+    run.evaluations.write_text("".join(json.dumps(e) + "\n" for e in evaluations))
+    run.responses.write_text("".join(json.dumps({**e, "sample": i}) + "\n" for e in evaluations for i in range(2)))
     notes = []
     assert records.resume_point(run, 6, notes.append) == 2
     records.drop_after(run, 2, finishing=False, log=notes.append)
     assert [r["update"] for r in records.read_rows(run.metrics)] == [0, 1]
     assert [e["update"] for e in records.read_rows(run.evaluations)] == [0, 2]
+    assert [e["update"] for e in records.read_rows(run.responses)] == [0, 0, 2, 2]  # their evaluations' fate
     assert sorted(p.name for p in run.rollouts.iterdir()) == ["update_000000.jsonl", "update_000001.jsonl"]
     assert any("cut short" in n for n in notes) and any("2 update(s) after the checkpoint" in n for n in notes)
 
