@@ -55,9 +55,9 @@ class TrainerConfig:
     # "auto": on when the run's memory plan gains KV cache by it (rl/sizing.py decides before the
     # trainer is built); a trainer given "auto" by itself keeps its state on the device.
     offload_optimizer: str = option(
-        "auto", help="Keep the fp32 main weights and Adam moments in host memory between optimizer steps (frees 12 "
-        "bytes per parameter on the device for two host copies of them per step): auto (on a GPU, on when the KV "
-        "cache could not hold a whole rollout otherwise), on or off.", panel=P_OPT)
+        "auto", help="Where the fp32 main weights and Adam moments wait between optimizer steps: on (host memory, "
+        "freeing 12 bytes per parameter on the device for two host copies per step), off (the device), or auto "
+        "(on a GPU: the host only during the rollouts whose KV cache would not fit beside them).", panel=P_OPT)
 
     # ---- GRPO loss ----------------------------------------------------------------
     eps_low: float = option(0.2, help="Ratio clip below 1.", panel=P_OPT)
