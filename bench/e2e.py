@@ -20,8 +20,9 @@ decode step), micro-batches, and the peak device memory of each phase, beside th
 memory plan the run logged. A second table puts each phase beside its limit
 (bench/e2e_limits.py: the rollout's bytes roofline, the trainer's model FLOPs at 780
 TFLOP/s, the publication's copy) and sums them into the update's, then gives the steady
-state per K: the updates after each K's first, which compiles and captures CUDA graphs. A random model rarely samples a stop token, so responses run
-to the full length: the worst case of each shape. The run's checkpoint is deleted after
+state per K: the updates after each K's first, which compiles and captures CUDA graphs.
+A random model rarely samples a stop token, so responses run to the full length: the
+worst case of each shape. The run's checkpoint is deleted after
 each case (19 GB at 1.4B with Adam). `--out FILE` writes every figure as JSON.
 
 `--nproc N` runs each case again under `torchrun --nproc-per-node N` with the same global
