@@ -538,13 +538,16 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     k = depth_for_update(s.options.depths, update)
     counters_before = dict(s.engine.work_counters())
     device, sizing, timing = s.trainer.device, s.sizing, {}
+    # the optimizer state may share the device with a rollout's cache (rl/sizing.py state_per_call)
+    lower = "--gpu-memory-utilization or --max-num-seqs" + (
+        ", or pass --offload-optimizer on" if sizing.state_per_call else "")
     with phase(timing, "rollout", device, f"update {update}, K={k}, up to {sizing.max_num_seqs} sequences in a "
-               f"{sizing.kv_bytes / 2**30:.1f} GiB KV cache", "--gpu-memory-utilization or --max-num-seqs"):
+               f"{sizing.kv_bytes / 2**30:.1f} GiB KV cache", lower):
         samples, plan_agreed = rollout_stage(s, update, k)
     faults.point("rollout")
     score_stage(s, update, samples)
     with phase(timing, "refill", device, f"update {update}, refill rounds of up to {s.options.prompts_per_update} "
-               "prompts", "--gpu-memory-utilization or --max-num-seqs"):
+               "prompts", lower):
         trained, selection = refill_stage(s, update, k, samples)
     advantage_stage(s, samples)
     hand_back(s.engine, device)  # the trainer may use the KV cache's memory until the next rollout
