@@ -41,7 +41,7 @@ from .contract import (
 )
 from .core import EngineCore
 from .frontend import Admission, GenerationControl, make_output, take_requests
-from .kv_cache import blocks_needed
+from .kv_cache import request_blocks
 from .request_rng import RequestRng
 from .scheduler import Sequence
 from .setup import EngineLimits, open_model
@@ -131,11 +131,9 @@ class LLM(GenerationControl):
         return max(1, min(deepest, self.core.num_loops))
 
     def _blocks_for(self, seqs: list[Sequence]) -> int:
-        """Blocks of the current view that `seqs` can hold at most at once: each one's longest KV
-        (prompt + max_tokens) plus a token in flight and its draft tokens. A cache of this many
-        never runs out, so it schedules these requests as a cache of any larger size does."""
+        """Blocks of the current view that `seqs` can hold at most at once (kv_cache.request_blocks)."""
         bs = self.core.limits.block_size
-        return sum(blocks_needed(s.max_kv_tokens + 2 + s.params.speculative_tokens, bs) for s in seqs)
+        return sum(request_blocks(s.max_kv_tokens, s.params.speculative_tokens, bs) for s in seqs)
 
     def _make_sequences(self, prompts: Seq[Prompt], params) -> list[Sequence]:
         lim = self.core.limits

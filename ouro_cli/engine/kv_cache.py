@@ -83,6 +83,14 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def request_blocks(kv_tokens: int, draft_tokens: int, block_size: int) -> int:
+    """The most blocks one request holds at once: its longest KV (`kv_tokens`, prompt +
+    max_tokens - 1) plus a token in flight and its draft tokens. A cache of the sum over a
+    call's requests (and the scratch block) never runs out, so it schedules them as a cache
+    of any larger size does."""
+    return blocks_needed(kv_tokens + 2 + draft_tokens, block_size)
+
+
 class PagedKVCache:
     """K/V storage for L layers × P loop planes (P ≤ T), addressed by slot.
 

@@ -355,7 +355,7 @@ def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
     mine = [batch[p - start] for p in positions]
     if not mine:  # a refill round smaller than the rank count
         return [], agreed
-    room_for_call(s, s.config.num_loops if s.sampling.speculative_tokens else k, len(mine) * s.options.group_size)
+    room_for_call(s, k, len(mine) * s.options.group_size)
     try:
         return generate_groups(s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], s.sampling,
                                group_size=s.options.group_size, k=k, update=update, positions=positions), agreed
@@ -363,16 +363,18 @@ def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
         raise CheckFailed(f"update {update}: {err}") from err
 
 
-def room_for_call(s: Session, planes: int, sequences: int) -> None:
-    """Before a generate call: under `--offload-optimizer auto` the optimizer state leaves the
-    device only when the call's cache (`sizing.call_kv_bytes`) would not fit beside it; the
+def room_for_call(s: Session, k: int, sequences: int) -> None:
+    """Before a generate call of `sequences` requests at budget K: under `--offload-optimizer
+    auto` the optimizer state leaves the device only when the call's cache
+    (`sizing.call_kv_bytes`, T planes when the run speculates) would not fit beside it; the
     next optimizer step brings it back (Trainer.optimizer_step)."""
     offload = s.trainer.offload
     if offload is None or offload.on_host or not s.sizing.state_per_call:
         return
+    draft = s.sampling.speculative_tokens
     need = call_kv_bytes(s.config, s.trainer.config.torch_dtype, block_size=s.options.engine.block_size,
-                         planes=planes, sequences=sequences, seq_tokens=s.seq_tokens,
-                         draft_tokens=s.sampling.speculative_tokens)
+                         planes=s.config.num_loops if draft else k, sequences=sequences, seq_tokens=s.seq_tokens,
+                         draft_tokens=draft)
     if not s.sizing.state_fits(need):
         offload.to_host()
 
@@ -518,8 +520,7 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
 
 
 def _evaluate(s: Session, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    room_for_call(s, s.config.num_loops if s.eval_sampling.speculative_tokens else max(s.options.eval_depths),
-                  n * s.options.eval_samples)
+    room_for_call(s, max(s.options.eval_depths), n * s.options.eval_samples)
     responses: list[dict[str, Any]] = []
     results = evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
                        reward_fn=s.reward_fn, samples=s.options.eval_samples, responses=responses)

@@ -177,10 +177,11 @@ class RunSizing:
 def call_kv_bytes(config: OuroConfig, dtype: torch.dtype, *, block_size: int, planes: int, sequences: int,
                   seq_tokens: int, draft_tokens: int = 0) -> int:
     """The most a released cache allocates for one generate call of `sequences` requests of at
-    most `seq_tokens` tokens (prompt + max_tokens) at `planes` planes (the engine's
-    `_blocks_for`: each request's KV, a token in flight and its `draft_tokens`, and the
-    scratch block)."""
-    blocks = sequences * math.ceil((seq_tokens + 1 + draft_tokens) / block_size) + 1
+    most `seq_tokens` tokens (prompt + max_tokens) at `planes` planes: the engine's count
+    (`engine.kv_cache.request_blocks` per request) and the scratch block."""
+    from ouro_cli.engine.kv_cache import request_blocks  # the engine package: only when a run asks
+
+    blocks = sequences * request_blocks(seq_tokens - 1, draft_tokens, block_size) + 1
     return blocks * block_size * kv_bytes_per_token(config, dtype, planes)
 
 
