@@ -88,7 +88,7 @@ def table(result: dict[str, Any], c) -> str:
     for r in result["updates"]:
         lim = limits(r, c)
         update = r["rollout_s"] + r["train_s"] + r["publish_s"]
-        tflops = train_model_flops(r, c) / r["train_s"] / 1e12
+        tflops = lim["train"] * TRAIN_FLOPS / r["train_s"] / 1e12
         out.append(
             f"{r['update']:>3} {r['k']} | {r['rollout_s']:>9.1f} {lim['rollout']:>5.1f} {lim['rollout'] / r['rollout_s']:>5.2f} | "
             f"{r['train_s']:>7.1f} {lim['train']:>5.1f} {lim['train'] / r['train_s']:>5.2f} {tflops:>7.0f} | "
@@ -103,8 +103,9 @@ def table(result: dict[str, Any], c) -> str:
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         roll, train = mean([r["rollout_s"] for r in steady]), mean([r["train_s"] for r in steady])
         pub = mean([r["publish_s"] for r in steady])
-        lim = {key: mean([limits(r, c)[key] for r in steady]) for key in ("rollout", "train", "update")}
-        tflops = mean([train_model_flops(r, c) / r["train_s"] / 1e12 for r in steady])
+        each = [limits(r, c) for r in steady]
+        lim = {key: mean([x[key] for x in each]) for key in ("rollout", "train", "update")}
+        tflops = mean([x["train"] * TRAIN_FLOPS / r["train_s"] / 1e12 for x, r in zip(each, steady, strict=True)])
         out.append(f"K={k} steady ({len(steady)} updates): update {roll + train + pub:.1f} s against a limit of "
                    f"{lim['update']:.1f} s (ratio {lim['update'] / (roll + train + pub):.2f}); rollout {roll:.1f} s "
                    f"({lim['rollout'] / roll:.2f} of the bytes roofline), train {train:.1f} s ({tflops:.0f} model "
