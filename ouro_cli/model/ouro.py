@@ -226,6 +226,14 @@ def positions_per_loop(depths: torch.Tensor, attention_mask: torch.Tensor | None
     return [int(running.sum()) if gathered else total for running, gathered in plans]
 
 
+def loop_gathers(running: int, total: int, *, exact: bool) -> bool:
+    """Whether a loop that `running` of the `total` positions of a micro-batch tensor run gathers
+    them (it then executes `running` positions) or runs all `total`. Exact mode never gathers:
+    it keeps every loop's attention in its one order (exact.dense_attention), which the
+    gathered queries' attention (attention_at_rows) does not run."""
+    return 0 < running < GATHER_BELOW * total and not exact
+
+
 def _loops_to_run(depths: torch.Tensor | None, attention_mask: torch.Tensor | None, num_loops: int
                   ) -> torch.Tensor | None:
     """Loops per position [B,S]: its depth, 0 for padding (whose results nothing reads); None
@@ -245,9 +253,7 @@ def _loop_plan(loops: torch.Tensor | None, t: int) -> tuple[torch.Tensor | None,
         return None, False
     running = loops >= t
     n, total = int(running.sum()), running.numel()
-    # exact mode keeps every loop's attention in its one order (exact.dense_attention), which
-    # the gathered queries' attention (attention_at_rows) does not run
-    if n < GATHER_BELOW * total and n > 0 and not pointwise.active().exact:
+    if loop_gathers(n, total, exact=pointwise.active().exact):
         return running, True
     if n == total or t == 1:
         return None, False

@@ -138,7 +138,7 @@ def _check_inputs(options: TrainOptions):
 
 def _trainer_config(options: TrainOptions, sizing: RunSizing):
     """The run's trainer config with what the run decides filled in: the memory plan's micro-batch
-    tokens, recompute and optimizer offload (rl/sizing.py), the aggregation "auto" stands for (constant_length under
+    tokens (and how positions count against them), recompute and optimizer offload (rl/sizing.py), the aggregation "auto" stands for (constant_length under
     --advantage dr-grpo, over --max-response-len), and the LR schedule in optimizer steps: the
     warmup (--warmup-steps counts updates) and a cosine schedule's length (--lr-decay-updates,
     resolved when the run started; a plan from before it: the run's --updates), each
@@ -148,6 +148,7 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
     if aggregation == "auto":
         aggregation = "constant_length" if options.advantage == "dr-grpo" else "token_mean"
     return dataclasses.replace(t, max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
+                               micro_batch_token_cost=sizing.token_cost,
                                recompute="on" if sizing.recompute else "off",
                                offload_optimizer="on" if sizing.offload_optimizer else "off",
                                aggregation=aggregation, aggregation_length=options.sampling.max_response_len,
@@ -205,7 +206,8 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
         kv_blocks=recorded.get("kv_blocks", e.kv_blocks),
         max_num_seqs=recorded.get("max_num_seqs", e.max_num_seqs),
         max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", t.max_tokens_per_micro_batch),
-        recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute))
+        recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute),
+        token_cost=recorded.get("token_cost") if recorded else "auto")  # a plan from before it: plain positions
 
 
 def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch.device, log: Callable[[str], None]):

@@ -76,7 +76,7 @@ def sizing_entry(sizing) -> dict[str, Any]:
     """The part of the run's memory plan (rl/sizing.py) that decides what it computes: decode
     batch composition and micro-batch splits (summation order). A resumed run reuses it."""
     return {key: getattr(sizing, key) for key in ("kv_blocks", "max_num_seqs", "max_tokens_per_micro_batch",
-                                                  "recompute")}
+                                                  "recompute", "token_cost")}
 
 
 def new_plan(options: TrainOptions, contract: dict[str, Any], cursor: dict[str, Any],

@@ -120,6 +120,20 @@ def activation_bytes_per_token(config: OuroConfig, dtype: torch.dtype, recompute
     return kept * dtype.itemsize + logits + mask
 
 
+def token_cost_shares(config: OuroConfig, recompute: bool) -> dict[str, float]:
+    """The activation model's `trainer.batching.TokenCost` shares: what one loop of a position keeps
+    (a layer call per layer), and, of that, what a position that sits out a gathering loop still
+    holds (its K/V in the full copy the gathered queries attend over), over what a full-depth
+    position keeps (`activation_bytes_per_token` without its row-width mask term: the shares
+    are per position, the mask's cost stays in the rest)."""
+    h, i = config.hidden_size, config.intermediate_size
+    per_call = RECOMPUTE_HIDDEN_VECTORS * h if recompute else SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i
+    full = activation_bytes_per_token(config, torch.bfloat16, recompute, 0)  # the shares do not depend on the dtype
+    loop = config.num_hidden_layers * per_call * torch.bfloat16.itemsize
+    kv = 2 * config.num_key_value_heads * config.dim_per_head
+    return {"loop": loop / full, "idle": min(1.0, kv / per_call)}
+
+
 def gradient_bytes(config: OuroConfig) -> int:
     """Megatron's fp32 grad buffer."""
     return parameter_counts(config)[1] * 4
@@ -160,6 +174,9 @@ class RunSizing:
     # (`state_fits`); a plain "on" keeps it on the host between steps
     state_per_call: bool = False
     kv_room_beside_state: int = 0  # the cache a call may allocate with the state on the device
+    # the micro-batch budget in full-depth positions (`token_cost_shares`); None: every position counts
+    # as one (a budget given by the user, or a plan from before)
+    token_cost: dict[str, float] | None = None
 
     def state_fits(self, call_kv_bytes: int) -> bool:
         """Whether a generate call whose cache takes `call_kv_bytes` (module function
@@ -189,14 +206,17 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
              seq_tokens: int, sequences_needed: int, tokens_per_update: int, planes: int,
              engine_releases_memory: bool, offload_optimizer: str | bool = "off", optimizer_shards: int = 1,
              kv_blocks: int | None = None, max_num_seqs: int | None = None,
-             max_tokens_per_micro_batch: int | None = None, recompute: str = "auto") -> RunSizing:
+             max_tokens_per_micro_batch: int | None = None, recompute: str = "auto",
+             token_cost: dict[str, float] | None | str = "auto") -> RunSizing:
     """Size the KV cache, the decode batch and the micro-batches for one run.
 
     `seq_tokens`: the longest prompt + `--max-response-len` (one sequence's KV, one sample's
     replay); `sequences_needed`: the most sequences one generate call submits (a rollout's
     samples, or an evaluation's prompts); `tokens_per_update`: this rank's replay tokens at
     most; `planes`: the deepest budget the run decodes at (T with speculation).
-    Explicit `kv_blocks`, `max_num_seqs` and `max_tokens_per_micro_batch` win.
+    Explicit `kv_blocks`, `max_num_seqs` and `max_tokens_per_micro_batch` win. `token_cost`
+    "auto": a budget sized here counts full-depth positions (`token_cost_shares`), a given one plain
+    positions; a resumed run passes the one its plan recorded.
     `offload_optimizer` "auto" is decided from the shapes alone (module docstring), so a
     resumed run decides it the same way.
     """
@@ -277,6 +297,7 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
             train_room -= state
         else:
             per_call = False
+    sized_here = max_tokens_per_micro_batch is None
     if max_tokens_per_micro_batch is None:
         off = activation_bytes_per_token(config, dtype, False, seq_tokens)
         on = activation_bytes_per_token(config, dtype, True, seq_tokens)
@@ -293,11 +314,13 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     elif recompute == "auto":
         off = activation_bytes_per_token(config, dtype, False, seq_tokens)
         recompute = "off" if max_tokens_per_micro_batch * off <= train_room else "on"
+    if token_cost == "auto":
+        token_cost = token_cost_shares(config, recompute == "on") if sized_here else None
     return RunSizing(budget_bytes=budget, resident_bytes=resident, kv_blocks=int(kv_blocks), kv_bytes=int(kv_bytes),
                      max_num_seqs=int(max_num_seqs), max_tokens_per_micro_batch=int(max_tokens_per_micro_batch),
                      recompute=recompute == "on", engine_releases_memory=engine_releases_memory,
                      offload_optimizer=offloads, gradients_released=released, state_per_call=per_call,
-                     kv_room_beside_state=max(0, room(False)) if per_call else 0)
+                     kv_room_beside_state=max(0, room(False)) if per_call else 0, token_cost=token_cost)
 
 
 def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:
@@ -320,7 +343,8 @@ def describe(sizing: RunSizing, config: OuroConfig, memory: DeviceMemory, *, blo
     return (f"memory: {sizing.budget_bytes / GIB:.1f} GiB budget of {memory.total / GIB:.1f} GiB "
             f"({memory.kind}); resident {sizing.resident_bytes / GIB:.1f} GiB; KV cache {sizing.kv_bytes / GIB:.2f} GiB "
             f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); micro-batches of up to "
-            f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}"
+            f"{sizing.max_tokens_per_micro_batch} tokens{' at full depth' if sizing.token_cost else ''}, recompute "
+            f"{'on' if sizing.recompute else 'off'}"
             + ("; optimizer state in host memory during the rollouts it does not fit beside"
                if sizing.state_per_call else "; optimizer state in host memory between steps"
                if sizing.offload_optimizer else "")

@@ -9,7 +9,10 @@ scores r[j].
 Micro-batches (`plan_micro_batches`): the local samples are cut, in order, into groups
 that each become one forward/backward: at most `micro_batch_size` samples, and at most
 `max_tokens` positions in the group's tensor (rows × row capacity, padding included), so
-a token budget sized from free memory bounds every micro-batch's activations. With
+a token budget sized from free memory bounds every micro-batch's activations. Given a
+`TokenCost`, the budget counts full-depth positions instead: a position costs the share of
+one that runs every loop which the loops it really runs keep for backward, so a batch of
+shallow responses (K = 2: the prompt alone runs loops 3 and 4) packs more of them. With
 `pack` the samples are laid end to end in rows of `pack_length` tokens (default: the
 longest local sample; first fit, in order), with `document_ids` so no sample attends to
 another and RoPE positions restart per sample; otherwise each sample gets its own
@@ -26,13 +29,14 @@ ran × layers (`positions_per_loop`), and recompute runs them a second time in b
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ouro_cli.errors import UserError
-from ouro_cli.model.ouro import positions_per_loop
+from ouro_cli.model.ouro import loop_gathers, positions_per_loop
 
 
 @dataclass
@@ -142,6 +146,40 @@ def loss_weights(samples: Sequence[Sample], aggregation: str, global_tokens: int
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 
+@dataclass(frozen=True)
+class TokenCost:
+    """What one position of a micro-batch keeps for backward, as a share of a position that runs
+    all T loops: `loop` for each loop it runs, `idle` × `loop` for each loop that gathers other
+    positions while it sits out (that loop's attention still takes a full copy of every
+    position's K/V), and the rest, 1 − T·`loop`, whatever it runs (its logits, the masks).
+    The run's memory plan derives both shares from its activation model (rl/sizing.py
+    `token_cost_shares`); a group of full-depth positions costs exactly its positions."""
+
+    loop: float
+    idle: float = 0.0
+
+    def of_group(self, positions: int, running: Sequence[int], *, exact: bool) -> float:
+        """The cost of a micro-batch tensor of `positions` (padding included) in which
+        `running[t-1]` real positions have depth ≥ t: each loop executes the positions the
+        replay runs it on (model/ouro.py `loop_gathers`)."""
+        cost = positions * (1.0 - len(running) * self.loop)
+        for n in running:
+            if n == 0:  # no position is this deep: the replay stops before this loop
+                break
+            ran = n if loop_gathers(n, positions, exact=exact) else positions
+            cost += self.loop * (ran + self.idle * (positions - ran))
+        return cost
+
+
+def depth_counts(sample: Sample, num_loops: int) -> list[int]:
+    """Per loop t = 1..T, how many of the sample's replay positions have depth ≥ t."""
+    at = Counter(sample.depths(num_loops))
+    deeper = [0] * (num_loops + 1)
+    for t in range(num_loops, 0, -1):
+        deeper[t - 1] = deeper[t] + at[t]
+    return deeper[:num_loops]
+
+
 def row_capacity(samples: Sequence[Sample], pack_length: int | None) -> int:
     """Tokens per packed row: `pack_length`, or the longest sample (so short samples share rows
     without making one giant row: dense attention over a row costs row_length²)."""
@@ -152,29 +190,43 @@ def row_capacity(samples: Sequence[Sample], pack_length: int | None) -> int:
 
 
 def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | None = None,
-                       max_tokens: int | None = None, pack: bool = True,
-                       pack_length: int | None = None) -> list[list[list[int]]]:
+                       max_tokens: int | None = None, pack: bool = True, pack_length: int | None = None,
+                       cost: TokenCost | None = None, num_loops: int = 0,
+                       exact: bool = False) -> list[list[list[int]]]:
     """Micro-batches in order, each a list of rows, each row the indices of its samples.
 
     Rows are filled first fit, in order, up to the row capacity (`row_capacity`; without
     `pack` one sample per row, as wide as the longest local sample). A micro-batch closes
     when it holds `micro_batch_size` samples, or when the next sample needs a new row that
-    would take rows × capacity past `max_tokens`. Which samples share a micro-batch never
-    changes the gradient (the loss weights are global), only its summation order."""
+    would take rows × capacity past `max_tokens`; with a `cost` (and the model's `num_loops`,
+    and whether the replay runs `exact`), when the next sample would take the group's
+    `TokenCost.of_group` past `max_tokens`, which is never more than rows × capacity. Which
+    samples share a micro-batch never changes the gradient (the loss weights are global),
+    only its summation order."""
     capacity = row_capacity(samples, pack_length if pack else None)
     if max_tokens is not None and capacity > max_tokens:
         raise UserError(f"a sample of {capacity} tokens does not fit a micro-batch of {max_tokens} tokens; "
                         "raise --max-tokens-per-micro-batch")
+    weighted = cost is not None and max_tokens is not None
     batches: list[list[list[int]]] = []
     rows: list[list[int]] = []
     used: list[int] = []
+    running = [0] * num_loops  # the open group's positions per depth ≥ t (weighted only)
     for i, s in enumerate(samples):
         target = next((r for r, u in enumerate(used) if u + s.length <= capacity), None) if pack else None
         full = micro_batch_size is not None and sum(map(len, rows)) >= micro_batch_size
-        over = target is None and max_tokens is not None and (len(rows) + 1) * capacity > max_tokens
+        if weighted:
+            counts = depth_counts(s, num_loops)
+            after = [a + b for a, b in zip(running, counts, strict=True)]
+            over = cost.of_group((len(rows) + (target is None)) * capacity, after, exact=exact) > max_tokens
+        else:
+            over = target is None and max_tokens is not None and (len(rows) + 1) * capacity > max_tokens
         if rows and (full or over):
             batches.append(rows)
             rows, used, target = [], [], None
+            running = [0] * num_loops
+        if weighted:
+            running = [a + b for a, b in zip(running, counts, strict=True)]
         if target is None:
             rows.append([i])
             used.append(s.length)

@@ -87,6 +87,10 @@ class TrainerConfig:
         shown="what fits in the memory left")  # the job sizes it (rl/sizing.py); the trainer alone: no limit
     micro_batch_size: int | None = option(
         None, help="At most this many samples per micro-batch.", panel=P_OPT, shown="no limit beside the token budget")
+    # the job's memory plan (rl/sizing.py token_cost_shares): count the micro-batch budget in full-depth
+    # positions, {"loop": share per loop run, "idle": share of that per loop sat out while it
+    # gathers} (batching.TokenCost); None: every position counts as one
+    micro_batch_token_cost: dict[str, float] | None = None
     pack: bool = True  # several samples per row (document masking) instead of one padded row each
     pack_length: int | None = None  # max tokens per packed row; None: the longest local sample
     # "auto": on when the run's memory plan needs it (rl/sizing.py decides before the trainer is
@@ -143,6 +147,9 @@ class TrainerConfig:
              f"--micro-batch-size must be at least 1, got {self.micro_batch_size}")
         need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 2,
              f"--max-tokens-per-micro-batch must be at least 2, got {self.max_tokens_per_micro_batch}")
+        cost = self.micro_batch_token_cost
+        need(cost is None or (0 < cost.get("loop", 0) <= 1 and 0 <= cost.get("idle", 0) <= 1),
+             f"micro_batch_token_cost needs 0 < loop <= 1 and 0 <= idle <= 1, got {cost}")
         need(self.pack_length is None or self.pack_length >= 2, "pack_length must be >= 2 tokens")
         need(self.lr > 0, "--lr must be > 0")
         need(0 <= self.min_lr <= self.lr, "--min-lr must lie in [0, lr]")

@@ -30,7 +30,7 @@ from ouro_cli.model import OuroForCausalLM, pointwise
 from ouro_cli.settings import ExecutionSettings
 
 from . import checkpointing, setup
-from .batching import Sample, build_micro_batch, loss_weights, plan_micro_batches
+from .batching import Sample, TokenCost, build_micro_batch, loss_weights, plan_micro_batches
 from .config import TrainerConfig
 from .step import Stopwatch, combine_steps, forward_backward, optimizer_step
 
@@ -133,9 +133,11 @@ class Trainer:
         global_tokens, global_samples = self._global_counts(samples)
         weights = loss_weights(samples, self.config.resolved_aggregation, global_tokens, global_samples,
                                self.config.aggregation_length)
+        cost = self.config.micro_batch_token_cost
         plan = plan_micro_batches(samples, micro_batch_size=self.config.micro_batch_size,
                                   max_tokens=self.config.max_tokens_per_micro_batch, pack=self.config.pack,
-                                  pack_length=self.config.pack_length)
+                                  pack_length=self.config.pack_length, cost=TokenCost(**cost) if cost else None,
+                                  num_loops=self.num_loops, exact=self.execution.exact)
         micro_batches = [build_micro_batch(samples, weights, self.num_loops, rows=rows, pad_id=self.pad_id)
                          for rows in plan]
         self.ddp.train()

@@ -145,6 +145,23 @@ def test_micro_batch_budget_and_recompute_auto():
 def test_explicit_values_win():
     s = plan(kv_blocks=5000, max_num_seqs=128, max_tokens_per_micro_batch=4096, recompute="on")
     assert (s.kv_blocks, s.max_num_seqs, s.max_tokens_per_micro_batch, s.recompute) == (5000, 128, 4096, True)
+    assert s.token_cost is None  # a budget the user gives counts plain positions
+
+
+def test_a_budget_sized_here_counts_full_depth_positions_by_the_activation_model():
+    c = ouro_14b()
+    s, kept = plan(), plan(engine_releases_memory=False)  # recompute off, and on
+    h, i, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    for p, per_call in ((s, 9 * h + 3 * i), (kept, 3 * h)):
+        full = sizing.activation_bytes_per_token(c, BF16, p.recompute, 0)
+        assert p.token_cost == {"loop": layers * per_call * 2 / full, "idle": 2 * 16 * 128 / per_call}
+    # at 1.4B a loop is 0.21 of a full-depth position without recompute: a K = 2 response
+    # position (plus its share of the K/V copies of loops 3 and 4) costs about 0.62 of one
+    assert s.token_cost["loop"] == pytest.approx(0.213, abs=1e-3)
+    # a resumed run keeps what its plan recorded, a plan from before it none
+    recorded = plan(max_tokens_per_micro_batch=s.max_tokens_per_micro_batch, token_cost=s.token_cost)
+    assert recorded.token_cost == s.token_cost
+    assert plan(max_tokens_per_micro_batch=s.max_tokens_per_micro_batch, token_cost=None).token_cost is None
 
 
 def test_one_line_errors_name_the_numbers():

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from ouro_cli.errors import UserError
+from ouro_cli.model.ouro import positions_per_loop
 from ouro_cli.trainer.batching import (
     Sample,
+    TokenCost,
     WorkCounter,
     build_micro_batch,
     loss_weights,
@@ -131,3 +133,45 @@ def test_config_defaults_on_cpu():
         assert cfg.resolved_device == "cpu" and cfg.torch_dtype == torch.float32
     assert (cfg.eps_low, cfg.eps_high, cfg.aggregation) == (0.2, 0.28, "auto")
     assert (cfg.resolved_aggregation, cfg.loop_weighting) == ("token_mean", "exit")
+
+
+def test_token_cost_counts_full_depth_positions_as_one_and_shallow_ones_by_their_loops():
+    cost = TokenCost(loop=0.2, idle=0.1)  # the rest, 1 - 4 x 0.2 = 0.2, whatever a position runs
+    assert cost.of_group(100, [100, 100, 100, 100], exact=False) == pytest.approx(100)
+    # 95 of 100 positions stop at 2: loops 3 and 4 gather the other 5, and the 95 idle ones keep
+    # a tenth of a loop each (their K/V in the copy the gathered queries attend over)
+    by_hand = 100 * 0.2 + 0.2 * (100 + 100) + 2 * 0.2 * (5 + 0.1 * 95)
+    assert cost.of_group(100, [100, 100, 5, 5], exact=False) == pytest.approx(by_hand)
+    # exact mode never gathers: every loop any position runs runs on all of them
+    assert cost.of_group(100, [100, 100, 5, 5], exact=True) == pytest.approx(100)
+    # 92 of 100 running: the loop runs every position (model/ouro.py GATHER_BELOW)
+    assert cost.of_group(100, [100, 92, 92, 92], exact=False) == pytest.approx(100)
+    # no position runs loop 4: the replay stops after loop 3
+    assert cost.of_group(100, [100, 100, 100, 0], exact=False) == pytest.approx(100 - 0.2 * 100)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_token_cost_budget_packs_shallow_batches_denser_and_bounds_what_the_replay_runs(exact):
+    cost = TokenCost(loop=0.2, idle=0.1)
+    shallow = [Sample([1, 2], [5] * 14, [2] * 14, [-1.0] * 14, 1.0) for _ in range(12)]  # 16 positions each
+    deep = [Sample([1, 2], [5] * 14, [4] * 14, [-1.0] * 14, 1.0) for _ in range(12)]
+    plain = plan_micro_batches(shallow, max_tokens=64)
+    assert [len(mb) for mb in plain] == [4, 4, 4]
+    # a batch whose every position runs all loops groups as the plain count does
+    assert plan_micro_batches(deep, max_tokens=64, cost=cost, num_loops=T, exact=exact) == plan_micro_batches(
+        deep, max_tokens=64)
+    weighted = plan_micro_batches(shallow, max_tokens=64, cost=cost, num_loops=T, exact=exact)
+    if exact:  # loops 3-4 run on every position there: no saving
+        assert weighted == plain
+        return
+    # a sample's 16 positions: 3 at depth 4 (the prompt's 2, the last: Sample.depths), 13 at 2
+    # 16 x 0.2 + 0.2 x 2 x 16 + 2 x 0.2 x (3 + 0.1 x 13) = 11.32, so 5 per 64
+    assert [len(mb) for mb in weighted] == [5, 5, 2]
+    w = loss_weights(shallow, "token_mean", global_tokens=12 * 14, global_samples=12)
+    for rows in weighted:  # the cost the planner counted is what the replay's loops really run
+        mb = build_micro_batch(shallow, w, T, rows=rows)
+        ran = positions_per_loop(mb.depths, mb.attention_mask)
+        total = mb.padded_tokens
+        counted = total * (1 - T * cost.loop) + sum(cost.loop * (r + cost.idle * (total - r)) for r in ran)
+        assert counted <= 64
+        assert ran == [total, total, 3 * len(rows), 3 * len(rows)]  # only the deep positions run loops 3-4
