@@ -22,6 +22,7 @@ never of timing.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 import torch
@@ -220,7 +221,9 @@ class EngineCore:
     def finish_step(self, step: DecodeStep, sched: Scheduler) -> list[int]:
         """Wait for `step`'s tokens (the step's one device-to-host wait) and emit them; rows
         of sequences that already ended are discarded. -> the depths."""
+        start = time.perf_counter()
         host = step.host.values()
+        self.counters.token_wait_us += round((time.perf_counter() - start) * 1e6)
         depths = [int(d) for d in host[2]] if step.depths is None else step.depths
         emitted = 0
         for seq, token, depth, lp in zip(step.seqs, host[0], depths, host[1], strict=True):

@@ -70,6 +70,9 @@ class WorkCounters:
     decode_rows_discarded: int = 0    # such steps' rows for a sequence that had ended a step before
     graph_captures: int = 0         # decode steps captured as CUDA graphs (again after a KV release)
     graph_capture_ms: int = 0       # wall time of those captures
+    # the host's waits for sampled tokens (core.finish_step): a decode far longer than its
+    # waits kept the device waiting for the host instead (the host's per-step work is the bound)
+    token_wait_us: int = 0
     preemptions: int = 0
     spec_draft_tokens: int = 0      # self-speculation: tokens drafted,
     spec_accepted_tokens: int = 0   # of which the target accepted,

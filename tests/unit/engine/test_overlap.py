@@ -34,6 +34,8 @@ def test_overlap_gives_the_outputs_of_one_step_at_a_time(model):
     assert c["decode_rows_discarded"] > 0  # stop tokens were met with a step in flight
     for key in ("decode_tokens", "decode_layer_tokens"):  # discarded rows are not counted as work done
         assert c[key] == c_serial[key], key
+    # the host's waits for sampled tokens are counted (on CPU the tokens are there at once)
+    assert isinstance(c["token_wait_us"], int) and 0 <= c["token_wait_us"] < 10**6
 
 
 def test_overlap_with_a_queue_and_preemption(model):
