@@ -82,6 +82,10 @@ class WorkCounters:
         return dict(self.__dict__)
 
 
+# WorkCounters fields that measure wall time, not work: two runs of the same requests agree on the rest
+TIMINGS = ("graph_capture_ms", "token_wait_us")
+
+
 @dataclass
 class PrefillItem:
     tokens: list[int]

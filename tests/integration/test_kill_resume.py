@@ -127,7 +127,7 @@ def signal_chain(root: Path) -> list[Step]:
     ]
 
 
-TIMINGS = re.compile(r"(_s|_hours)$")
+TIMINGS = re.compile(r"(_s|_ms|_us|_hours)$")  # wall times (the engine's counters of them included)
 
 
 def deterministic(row: dict) -> dict:
