@@ -200,7 +200,9 @@ def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | Non
     when it holds `micro_batch_size` samples, or when the next sample needs a new row that
     would take rows × capacity past `max_tokens`; with a `cost` (and the model's `num_loops`,
     and whether the replay runs `exact`), when the next sample would take the group's
-    `TokenCost.of_group` past `max_tokens`, which is never more than rows × capacity. Which
+    `TokenCost.of_group` past `max_tokens`: that of the tensor `build_micro_batch` makes of it
+    (rows × the fullest row), never more than its positions, so that the loops the replay
+    then gathers or runs whole are the ones counted. Which
     samples share a micro-batch never changes the gradient (the loss weights are global),
     only its summation order."""
     capacity = row_capacity(samples, pack_length if pack else None)
@@ -215,10 +217,11 @@ def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | Non
     for i, s in enumerate(samples):
         target = next((r for r, u in enumerate(used) if u + s.length <= capacity), None) if pack else None
         full = micro_batch_size is not None and sum(map(len, rows)) >= micro_batch_size
-        if weighted:
+        if weighted:  # the group's tensor as build_micro_batch makes it, with this sample placed
+            fills = [*used, s.length] if target is None else [u + s.length * (r == target) for r, u in enumerate(used)]
             counts = depth_counts(s, num_loops)
             after = [a + b for a, b in zip(running, counts, strict=True)]
-            over = cost.of_group((len(rows) + (target is None)) * capacity, after, exact=exact) > max_tokens
+            over = cost.of_group(len(fills) * max(fills), after, exact=exact) > max_tokens
         else:
             over = target is None and max_tokens is not None and (len(rows) + 1) * capacity > max_tokens
         if rows and (full or over):

@@ -175,3 +175,34 @@ def test_a_token_cost_budget_packs_shallow_batches_denser_and_bounds_what_the_re
         counted = total * (1 - T * cost.loop) + sum(cost.loop * (r + cost.idle * (total - r)) for r in ran)
         assert counted <= 64
         assert ran == [total, total, 3 * len(rows), 3 * len(rows)]  # only the deep positions run loops 3-4
+
+
+@pytest.mark.parametrize(("pack", "depths", "budget"), [
+    (True, [1, 2, 2, 3, 4], 200),  # mixed exits
+    (True, [4, 4, 4, 4, 3], 120),  # nearly full depth: loops around the gather share
+    (False, [1, 2, 2, 3, 4], 120),
+])
+def test_a_token_cost_budget_holds_for_the_tensors_the_replay_runs(pack, depths, budget):
+    """Mixed lengths and exit depths, packed rows or padded ones: every micro-batch the planner
+    closes costs, by the loops the replay really runs on its tensor, at most the budget (a
+    row narrower than the capacity can turn a loop the capacity would gather into one run
+    whole: the planner counts the tensor it builds)."""
+    import random
+
+    cost = TokenCost(loop=0.2, idle=0.1)
+    for seed in range(12):
+        rng = random.Random(seed)
+        samples = []
+        for _ in range(60):
+            m, n = rng.randint(1, 6), rng.randint(2, 20)
+            samples.append(Sample(list(range(1, m + 1)), [5] * n, [rng.choice(depths) for _ in range(n)],
+                                  [-1.0] * n, 1.0))
+        plan = plan_micro_batches(samples, max_tokens=budget, pack=pack, pack_length=26 if pack else None, cost=cost,
+                                  num_loops=T)
+        assert sorted(i for rows in plan for row in rows for i in row) == list(range(60))
+        w = loss_weights(samples, "token_mean", global_tokens=1, global_samples=1)
+        for rows in plan:
+            mb = build_micro_batch(samples, w, T, rows=rows)
+            ran, total = positions_per_loop(mb.depths, mb.attention_mask), mb.padded_tokens
+            counted = total * (1 - T * cost.loop) + sum(cost.loop * (r + cost.idle * (total - r)) for r in ran)
+            assert counted <= budget + 1e-9, (seed, rows)
