@@ -17,8 +17,9 @@ import torch
 
 
 def to_device(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """`torch.tensor(values, dtype=dtype)` on `device`; queued, not waited for, on CUDA."""
-    host = torch.tensor(values, dtype=dtype)
+    """`torch.tensor(values, dtype=dtype)` (or the host tensor `values`) on `device`; queued, not
+    waited for, on CUDA."""
+    host = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)

@@ -16,6 +16,7 @@ on CPU and CUDA; only the final fp32 `log` may round differently across devices.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .host_to_device import to_device
@@ -50,14 +51,36 @@ class RequestRng:
         return key
 
 
+def next_keys(rngs: list[RequestRng], draw: list[bool]) -> np.ndarray:
+    """`next_key` of every stream whose `draw` is set, 0 for the others (which do not advance),
+    as one int64 array of the keys' bits: the batch's keys in a few numpy operations instead of
+    two Python hashes per row (uint64 arithmetic wraps mod 2^64 like `_mix`)."""
+    seeds = np.array([r.seed for r in rngs], dtype=np.uint64)
+    counters = np.array([r.draws + 1 for r in rngs], dtype=np.uint64)
+    for rng, drawn in zip(rngs, draw, strict=True):
+        rng.draws += drawn
+    keys = _mix_array(seeds ^ _mix_array(counters * np.uint64(_GAMMA)))
+    keys[~np.array(draw, dtype=bool)] = 0
+    return keys.view(np.int64)
+
+
+def _mix_array(z: np.ndarray) -> np.ndarray:
+    """`_mix` on a uint64 array."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    return z ^ (z >> np.uint64(31))
+
+
 def _shift_right(z: torch.Tensor, s: int) -> torch.Tensor:
     """Logical right shift of int64 bits (torch's >> is arithmetic)."""
     return (z >> s) & ((1 << (64 - s)) - 1)
 
 
-def uniform(keys: list[int], n: int, device: torch.device | str) -> torch.Tensor:
-    """[len(keys), n] fp32 uniforms in (0, 1); row i expands draw key `keys[i]`."""
-    k = to_device([_signed(x) for x in keys], torch.long, device)
+def uniform(keys: list[int] | np.ndarray, n: int, device: torch.device | str) -> torch.Tensor:
+    """[len(keys), n] fp32 uniforms in (0, 1); row i expands draw key `keys[i]` (a Python int,
+    or `next_keys`' int64 bits)."""
+    signed = torch.from_numpy(keys) if isinstance(keys, np.ndarray) else [_signed(x) for x in keys]
+    k = to_device(signed, torch.long, device)
     z = k[:, None] + torch.arange(1, n + 1, dtype=torch.long, device=device) * _signed(_GAMMA)  # wraps mod 2^64
     z = (z ^ _shift_right(z, 30)) * _signed(_M1)
     z = (z ^ _shift_right(z, 27)) * _signed(_M2)
@@ -65,7 +88,7 @@ def uniform(keys: list[int], n: int, device: torch.device | str) -> torch.Tensor
     return (_shift_right(z, 64 - _BITS).float() + 0.5) * 2.0 ** -_BITS
 
 
-def exponential(keys: list[int], n: int, device: torch.device | str) -> torch.Tensor:
+def exponential(keys: list[int] | np.ndarray, n: int, device: torch.device | str) -> torch.Tensor:
     """[len(keys), n] fp32 Exp(1) draws (-log of `uniform`)."""
     return -torch.log(uniform(keys, n, device))
 

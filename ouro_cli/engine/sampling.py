@@ -21,7 +21,7 @@ import torch
 from ouro_cli.model import pointwise
 
 from .host_to_device import to_device
-from .request_rng import RequestRng, exponential
+from .request_rng import RequestRng, exponential, next_keys
 
 
 class SamplingBatch:
@@ -65,7 +65,7 @@ def sample(logprobs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """One token per row from the processed distribution `logprobs` [B,V] -> [B] (long).
 
     Greedy rows take the argmax and draw nothing from their stream."""
-    keys = [0 if greedy else rng.next_key() for rng, greedy in zip(batch.rngs, batch.greedy, strict=True)]
+    keys = next_keys(batch.rngs, [not greedy for greedy in batch.greedy])
     scores = logprobs.exp() / exponential(keys, logprobs.shape[-1], logprobs.device)
     if any(batch.greedy):
         greedy = to_device(batch.greedy, torch.bool, logprobs.device)

@@ -8,7 +8,7 @@ import torch
 
 from ouro_cli.engine import LLM, SamplingParams
 from ouro_cli.engine.kv_cache import BlockAllocator, PagedKVCache
-from ouro_cli.engine.request_rng import RequestRng, reference_uniform, uniform
+from ouro_cli.engine.request_rng import RequestRng, next_keys, reference_uniform, uniform
 from ouro_cli.engine.sampling import SamplingBatch, processed_logprobs, sample
 from ouro_cli.engine.scheduler import Scheduler, Sequence
 
@@ -63,6 +63,19 @@ def test_request_rng_is_a_pure_function_of_seed_and_draw():
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
     assert float((torch.histc(u, bins=10, min=0, max=1) / u.numel() - 0.1).abs().max()) < 0.01
     assert abs(float(torch.corrcoef(u[:2])[0, 1])) < 0.05
+
+
+def test_a_batch_of_keys_is_each_streams_next_key():
+    seeds = [0, 7, 2**63 + 5, 2**64 - 1, 123456789]
+    one, batch = [RequestRng(s) for s in seeds], [RequestRng(s) for s in seeds]
+    for r in one + batch:  # streams part-way through
+        r.draws = r.seed % 5
+    draw = [True, False, True, True, False]
+    keys = next_keys(batch, draw)
+    want = [r.next_key() if d else 0 for r, d in zip(one, draw, strict=True)]
+    assert [int(k) % 2**64 for k in keys] == want  # the same 64 bits; a row that does not draw gets 0
+    assert [r.draws for r in batch] == [r.draws for r in one]  # only the drawing streams advanced
+    assert torch.equal(uniform(keys, 64, "cpu"), uniform(want, 64, "cpu"))
 
 
 def test_allocator():
