@@ -148,7 +148,7 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
     if aggregation == "auto":
         aggregation = "constant_length" if options.advantage == "dr-grpo" else "token_mean"
     return dataclasses.replace(t, max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
-                               micro_batch_token_cost=sizing.token_cost,
+                               micro_batch_token_cost=sizing.token_cost, prompt_heads=sizing.prompt_heads,
                                recompute="on" if sizing.recompute else "off",
                                offload_optimizer="on" if sizing.offload_optimizer else "off",
                                aggregation=aggregation, aggregation_length=options.sampling.max_response_len,
@@ -207,7 +207,9 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
         max_num_seqs=recorded.get("max_num_seqs", e.max_num_seqs),
         max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", t.max_tokens_per_micro_batch),
         recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute),
-        token_cost=recorded.get("token_cost") if recorded else "auto")  # a plan from before it: plain positions
+        # a plan from before them: plain positions, whole samples
+        token_cost=recorded.get("token_cost") if recorded else "auto",
+        prompt_heads=bool(recorded.get("prompt_heads")) if recorded else True)
 
 
 def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch.device, log: Callable[[str], None]):

@@ -177,6 +177,9 @@ class RunSizing:
     # the micro-batch budget in full-depth positions (`token_cost_shares`); None: every position counts
     # as one (a budget given by the user, or a plan from before)
     token_cost: dict[str, float] | None = None
+    # fixed-budget samples train as a body and a prompt head (trainer.batching.split_prompts):
+    # how the update is cut into micro-batches, so recorded with them (a plan from before: no)
+    prompt_heads: bool = False
 
     def state_fits(self, call_kv_bytes: int) -> bool:
         """Whether a generate call whose cache takes `call_kv_bytes` (module function
@@ -207,7 +210,7 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
              engine_releases_memory: bool, offload_optimizer: str | bool = "off", optimizer_shards: int = 1,
              kv_blocks: int | None = None, max_num_seqs: int | None = None,
              max_tokens_per_micro_batch: int | None = None, recompute: str = "auto",
-             token_cost: dict[str, float] | None | str = "auto") -> RunSizing:
+             token_cost: dict[str, float] | None | str = "auto", prompt_heads: bool = True) -> RunSizing:
     """Size the KV cache, the decode batch and the micro-batches for one run.
 
     `seq_tokens`: the longest prompt + `--max-response-len` (one sequence's KV, one sample's
@@ -216,7 +219,7 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     most; `planes`: the deepest budget the run decodes at (T with speculation).
     Explicit `kv_blocks`, `max_num_seqs` and `max_tokens_per_micro_batch` win. `token_cost`
     "auto": a budget sized here counts full-depth positions (`token_cost_shares`), a given one plain
-    positions; a resumed run passes the one its plan recorded.
+    positions; a resumed run passes the one its plan recorded, and its `prompt_heads`.
     `offload_optimizer` "auto" is decided from the shapes alone (module docstring), so a
     resumed run decides it the same way.
     """
@@ -320,7 +323,8 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
                      max_num_seqs=int(max_num_seqs), max_tokens_per_micro_batch=int(max_tokens_per_micro_batch),
                      recompute=recompute == "on", engine_releases_memory=engine_releases_memory,
                      offload_optimizer=offloads, gradients_released=released, state_per_call=per_call,
-                     kv_room_beside_state=max(0, room(False)) if per_call else 0, token_cost=token_cost)
+                     kv_room_beside_state=max(0, room(False)) if per_call else 0, token_cost=token_cost,
+                     prompt_heads=prompt_heads)
 
 
 def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:

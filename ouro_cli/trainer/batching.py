@@ -29,6 +29,7 @@ ran × layers (`positions_per_loop`), and recompute runs them a second time in b
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ class Sample:
     rollout_logprobs: Sequence[float]
     advantage: float
     temperature: float = 1.0
+    # a part of a split sample (`split_prompts`): the depth its prompt runs at (None: T), and
+    # the first response token it scores (1: the sample's prompt head scores token 0)
+    prompt_depth: int | None = None
+    scored_from: int = 0
 
     @property
     def length(self) -> int:
@@ -65,8 +70,51 @@ class Sample:
             raise UserError("temperature must be > 0")
 
     def depths(self, num_loops: int) -> list[int]:
-        """Per input position: full depth over the prompt, then each response token's loops."""
-        return [num_loops] * len(self.prompt_ids) + [int(d) for d in self.exit_depths[1:]] + [num_loops]
+        """Per input position: full depth over the prompt (a body's: its `prompt_depth`), then each
+        response token's loops; the last position scores nothing and influences nothing."""
+        prompt = self.prompt_depth or num_loops
+        return [prompt] * len(self.prompt_ids) + [int(d) for d in self.exit_depths[1:]] + [prompt]
+
+    @property
+    def scored(self) -> int:
+        return len(self.response_ids) - self.scored_from
+
+
+# A split replays the prompt's loops 1..D twice (and the head one position more): (m + 1) · D
+# layer-token evaluations. A sample is split only if that is at most this share of what its
+# depths require, so executed / required stays within 1.05 (at 1.4B, 18 + 512 tokens at
+# K = 2: 3.5 %); a long prompt, whose deep loops gather enough rows to fill the GPU, stays whole.
+HEAD_OVERHEAD = 0.05
+
+
+def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int,
+                  max_overhead: float = HEAD_OVERHEAD) -> tuple[list[Sample], list[list[float]]]:
+    """Each sample whose response runs fewer than T loops everywhere as two parts, for the replay.
+
+    A response token at loop t attends to the prompt's K/V at plane t, and planes 1..D never
+    depend on deeper loops. So the sample's *body* — p + r with the prompt at depth D, the
+    deepest response loop, scoring r[1:] — computes every one of those log-probabilities.
+    Its *head* — the prompt at depth T, scoring r[0] from the last prompt position's loop T
+    (docs/model.md §3) — computes the remaining one. The loss is the same function, each part
+    carrying its tokens' global weights. Bodies keep the samples' order; the heads come after
+    them all, so they share the last micro-batches, and the prompt's deep loops run there
+    once instead of in every micro-batch (docs/performance.md §12). A sample whose response
+    reaches T, has one token, or whose prompt is too long for the repeat to pay
+    (`max_overhead`), stays whole. -> (parts, their weights)."""
+    parts, part_weights, heads, head_weights = [], [], [], []
+    for s, w in zip(samples, weights, strict=True):
+        deepest = max((int(d) for d in s.exit_depths[1:]), default=num_loops)
+        repeated = (len(s.prompt_ids) + 1) * deepest
+        if deepest >= num_loops or repeated > max_overhead * sum(s.depths(num_loops)):
+            parts.append(s)
+            part_weights.append(list(w))
+            continue
+        parts.append(dataclasses.replace(s, prompt_depth=deepest, scored_from=1))
+        part_weights.append(list(w[1:]))
+        heads.append(Sample(s.prompt_ids, s.response_ids[:1], s.exit_depths[:1], s.rollout_logprobs[:1],
+                            s.advantage, s.temperature))
+        head_weights.append([w[0]])
+    return parts + heads, part_weights + head_weights
 
 
 @dataclass
@@ -262,14 +310,15 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
             depths[r, span] = torch.tensor(s.depths(num_loops), dtype=torch.long)
             valid[r, span] = True
             docs[r, span] = doc
-            score_rows += [r] * n
-            score_cols += range(col + m - 1, col + m + n - 1)
-            targets += [int(t) for t in s.response_ids]
-            old += [float(x) for x in s.rollout_logprobs]
-            adv += [float(s.advantage)] * n
-            temp += [float(s.temperature)] * n
+            f, k = s.scored_from, s.scored  # a body does not score r[0] (split_prompts)
+            score_rows += [r] * k
+            score_cols += range(col + m - 1 + f, col + m + n - 1)
+            targets += [int(t) for t in s.response_ids[f:]]
+            old += [float(x) for x in s.rollout_logprobs[f:]]
+            adv += [float(s.advantage)] * k
+            temp += [float(s.temperature)] * k
             w += list(weights[i])
-            sample_of += [sum(map(len, rows[:r])) + doc] * n  # the sample's index in the micro-batch
+            sample_of += [sum(map(len, rows[:r])) + doc] * k  # the sample's index in the micro-batch
             col += m + n
     packed = any(len(row) > 1 for row in rows)
     padded = not bool(valid.all())
@@ -287,6 +336,6 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
         temperatures=torch.tensor(temp, **f32),
         weights=torch.tensor(w, **f32),
         sample_ids=torch.tensor(sample_of, dtype=torch.long),
-        num_samples=sum(map(len, rows)),
+        num_samples=sum(samples[i].scored_from == 0 for row in rows for i in row),  # a head counts its sample
         real_tokens=int(valid.sum()),
     )

@@ -91,6 +91,10 @@ class TrainerConfig:
     # positions, {"loop": share per loop run, "idle": share of that per loop sat out while it
     # gathers} (batching.TokenCost); None: every position counts as one
     micro_batch_token_cost: dict[str, float] | None = None
+    # the job's plan: replay a fixed-budget sample as a body (prompt at its deepest response
+    # loop) and a prompt head scoring token 0 (batching.split_prompts); the same loss
+    prompt_heads: bool = False
+    prompt_head_overhead: float = 0.05  # split only where the repeated prompt loops cost at most this share
     pack: bool = True  # several samples per row (document masking) instead of one padded row each
     pack_length: int | None = None  # max tokens per packed row; None: the longest local sample
     # "auto": on when the run's memory plan needs it (rl/sizing.py decides before the trainer is

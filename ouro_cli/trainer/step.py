@@ -46,10 +46,13 @@ _MAXES = ("ratio_max", "mismatch_max", "micro_batches", "micro_batch_tokens_max"
 
 
 def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: TrainerConfig,
-                     device: torch.device, num_layers: int, num_loops: int, model=None) -> dict[str, float]:
+                     device: torch.device, num_layers: int, num_loops: int, model=None,
+                     whole: dict[str, int] | None = None) -> dict[str, float]:
     """Accumulate the gradients of all micro-batches into the grad buffers (no sync yet).
     `num_loops` (T) sizes the mismatch-by-depth statistics; `model` (the OuroForCausalLM)
-    computes the per-loop log-probabilities of loop weighting."""
+    computes the per-loop log-probabilities of loop weighting. `whole` replaces the work
+    counter's `layer_tokens_required` and `tokens` with those of the samples the micro-batches
+    were cut from, where their parts replay a prompt twice (batching.split_prompts)."""
     sums = dict.fromkeys(_SUMS, 0.0)
     maxes = dict.fromkeys(_MAXES, 0.0)
     by_depth = MismatchByDepth(num_loops)  # one length on every rank: the vectors are all-reduced
@@ -100,7 +103,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             by_depth.add(mismatch, mb.depths[mb.score_rows, mb.score_cols])
         maxes["micro_batches"] = len(micro_batches)
         work.add_micro_batch(mb, num_layers, config.recomputes)
-    sums.update(work.as_dict())
+    sums.update(work.as_dict(), **(whole or {}))
     out = _reduce(sums, maxes, by_depth, device)
     if per_loop:
         out.update(_reduce_loops(loop_sums, loop_counts, device))

@@ -30,7 +30,14 @@ from ouro_cli.model import OuroForCausalLM, pointwise
 from ouro_cli.settings import ExecutionSettings
 
 from . import checkpointing, setup
-from .batching import Sample, TokenCost, build_micro_batch, loss_weights, plan_micro_batches
+from .batching import (
+    Sample,
+    TokenCost,
+    build_micro_batch,
+    loss_weights,
+    plan_micro_batches,
+    split_prompts,
+)
 from .config import TrainerConfig
 from .step import Stopwatch, combine_steps, forward_backward, optimizer_step
 
@@ -133,17 +140,24 @@ class Trainer:
         global_tokens, global_samples = self._global_counts(samples)
         weights = loss_weights(samples, self.config.resolved_aggregation, global_tokens, global_samples,
                                self.config.aggregation_length)
+        # what the depths require and the real tokens, of the samples as given (their parts
+        # repeat the prompt of a split sample)
+        whole = {"layer_tokens_required": self.num_layers * sum(sum(s.depths(self.num_loops)) for s in samples),
+                 "tokens": sum(s.length for s in samples)}
+        parts = samples
+        if self.config.prompt_heads and self.config.is_correction != "geo-mask":  # geo-mask: a sequence's tokens together
+            parts, weights = split_prompts(samples, weights, self.num_loops, self.config.prompt_head_overhead)
         cost = self.config.micro_batch_token_cost
-        plan = plan_micro_batches(samples, micro_batch_size=self.config.micro_batch_size,
+        plan = plan_micro_batches(parts, micro_batch_size=self.config.micro_batch_size,
                                   max_tokens=self.config.max_tokens_per_micro_batch, pack=self.config.pack,
                                   pack_length=self.config.pack_length, cost=TokenCost(**cost) if cost else None,
                                   num_loops=self.num_loops, exact=self.execution.exact)
-        micro_batches = [build_micro_batch(samples, weights, self.num_loops, rows=rows, pad_id=self.pad_id)
+        micro_batches = [build_micro_batch(parts, weights, self.num_loops, rows=rows, pad_id=self.pad_id)
                          for rows in plan]
         self.ddp.train()
         with pointwise.executing(self.execution):
             metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers,
-                                       self.num_loops, model=self.module.ouro)
+                                       self.num_loops, model=self.module.ouro, whole=whole)
         metrics["forward_backward_s"] = watch.lap()
         with self._megatron():
             self.ddp.finish_grad_sync()

@@ -245,3 +245,24 @@ def test_call_kv_bytes_is_what_a_released_engine_allocates_at_most(draft):
         assert llm.kv.planes == planes and 0 < llm.kv.nbytes <= bound
     finally:
         llm.close()
+
+
+def test_a_plan_from_before_token_costs_and_prompt_heads_resumes_as_it_ran():
+    from ouro_cli.rl import plan as plans
+
+    s = plan()
+    assert s.prompt_heads and s.token_cost is not None  # a fresh run splits and counts at full depth
+    entry = plans.sizing_entry(s)
+    old = {k: v for k, v in entry.items() if k not in ("token_cost", "prompt_heads")}
+    # resumed from the old plan: its recorded budget, whole samples and plain positions
+    resumed = plan(max_tokens_per_micro_batch=old["max_tokens_per_micro_batch"], token_cost=None, prompt_heads=False)
+    from ouro_cli.config import build
+    from ouro_cli.rl.options import TrainOptions
+
+    base = plans.build_contract(build(TrainOptions, {"device": "cpu"}), data_sha256="d" * 64, model_config={"x": 1},
+                                tokenizer_sha256=None, template={"name": "chatml"}, num_loops=4)
+    plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": plans.sizing_entry(resumed)},
+                              allow_scheduler=False, device_type="cpu")
+    with pytest.raises(UserError, match="^resume would change sizing.prompt_heads"):
+        plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": entry}, allow_scheduler=False,
+                                  device_type="cpu")

@@ -1,0 +1,95 @@
+"""A fixed-budget sample replayed as a body (its prompt at the deepest response loop, scoring
+r[1:]) and a prompt head (the prompt at T, scoring r[0]) — batching.split_prompts — gives the
+loss, its statistics and its gradient of the sample replayed whole, to fp32 rounding on
+CPU, and leaves the samples it cannot help whole."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from _trainer_samples import forward_backward_on_cpu
+
+from ouro_cli.model import build, tiny_config
+from ouro_cli.trainer.batching import (
+    Sample,
+    build_micro_batch,
+    loss_weights,
+    plan_micro_batches,
+    split_prompts,
+)
+
+T = 4
+
+
+def budget_samples(model, n: int, k: int, seed: int) -> list[Sample]:
+    """Rollout-like samples of a fixed budget K = k (their rollout logprobs near the model's)."""
+    g = random.Random(seed)
+    V = model.config.vocab_size
+    out = []
+    for _ in range(n):
+        m, r = g.randint(2, 9), g.randint(2, 12)
+        prompt, response = [g.randrange(V) for _ in range(m)], [g.randrange(V) for _ in range(r)]
+        exits = [T] + [g.randint(1, k) for _ in range(r - 1)]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + response]), torch.tensor([[T] * m + exits[1:] + [T]]))
+        lp = torch.log_softmax(logits[0, m - 1:m + r - 1].float(), -1).gather(-1, torch.tensor(response)[:, None])
+        out.append(Sample(prompt, response, exits, [float(x) + g.uniform(-0.3, 0.3) for x in lp[:, 0]],
+                          g.uniform(-1.5, 1.5)))
+    return out
+
+
+def test_parts_score_every_token_once_and_heads_come_last():
+    samples = [Sample([1, 2, 3], [4, 5, 6], [T, 2, 1], [-1.0] * 3, 0.5),  # deepest response loop 2: split
+               Sample([1, 2], [4, 5], [T, T], [-1.0] * 2, 1.0),  # reaches T: whole
+               Sample([7], [8], [T], [-1.0], 1.0)]  # one token: whole
+    w = loss_weights(samples, "sequence_mean", global_tokens=6, global_samples=3)
+    parts, weights = split_prompts(samples, w, T, max_overhead=1.0)
+    assert [(p.prompt_depth, p.scored_from, p.scored) for p in parts] == [(2, 1, 2), (None, 0, 2), (None, 0, 1),
+                                                                           (None, 0, 1)]
+    assert parts[0].depths(T) == [2, 2, 2, 2, 1, 2] and parts[3].depths(T) == [T, T, T, T]
+    assert weights == [w[0][1:], w[1], w[2], w[0][:1]]
+    (rows,) = plan_micro_batches(parts, pack_length=8)
+    mb = build_micro_batch(parts, weights, T, rows=rows)
+    assert mb.num_samples == 3  # a body's head counts its sample, the body does not
+    assert sorted(mb.targets.tolist()) == sorted(t for s in samples for t in s.response_ids)
+
+
+@pytest.mark.parametrize("options", [{}, {"loop_weighting": "uniform"}, {"is_correction": "tis"},
+                                     {"max_tokens_per_micro_batch": 48}], ids=["exit", "uniform", "tis", "small mbs"])
+def test_split_samples_give_the_whole_samples_loss_and_gradient(options):
+    pytest.importorskip("megatron.core")
+    model = build(tiny_config(), seed=3).float()
+    samples = budget_samples(model, 10, k=2, seed=1)
+    whole, g_whole = forward_backward_on_cpu(model, samples, **options)
+    # tiny prompts and responses: split them all, whatever the repeat costs
+    split, g_split = forward_backward_on_cpu(model, samples, prompt_heads=True, prompt_head_overhead=1.0, **options)
+    for key in ("loss", "entropy", "ratio_mean", "mismatch_mean", "clip_fraction", "samples", "response_tokens",
+                "tokens", "layer_tokens_required"):
+        if key in whole:
+            assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    # the heads replay the prompts' first two loops again: a little more work than required
+    assert whole["layer_tokens_required"] < split["layer_tokens_executed"]
+    assert g_whole.keys() == g_split.keys()
+    for name in g_whole:
+        torch.testing.assert_close(g_split[name], g_whole[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_geo_mask_keeps_samples_whole():
+    pytest.importorskip("megatron.core")
+    model = build(tiny_config(), seed=3).float()
+    samples = budget_samples(model, 6, k=2, seed=2)
+    plain, _ = forward_backward_on_cpu(model, samples, is_correction="geo-mask")
+    asked, _ = forward_backward_on_cpu(model, samples, is_correction="geo-mask", prompt_heads=True,
+                                       prompt_head_overhead=1.0)
+    assert asked["layer_tokens_executed"] == plain["layer_tokens_executed"] and asked["loss"] == plain["loss"]
+
+
+def test_only_samples_whose_prompt_repeat_is_cheap_are_split():
+    short = Sample([1] * 18, [5] * 512, [T] + [2] * 511, [-1.0] * 512, 1.0)  # the e2e shape at K = 2
+    long = Sample([1] * 1000, [5] * 512, [T] + [2] * 511, [-1.0] * 512, 1.0)
+    w = [[0.5] * 512, [0.5] * 512]
+    parts, _ = split_prompts([short, long], w, T)
+    # short: (18 + 1) x 2 = 38 repeated of 18 x 4 + 511 x 2 + 4 = 1,098 required (3.5 %); long: 40 %
+    assert [(p.length, p.scored_from) for p in parts] == [(530, 1), (1512, 0), (19, 0)]
