@@ -93,3 +93,37 @@ def test_only_samples_whose_prompt_repeat_is_cheap_are_split():
     parts, _ = split_prompts([short, long], w, T)
     # short: (18 + 1) x 2 = 38 repeated of 18 x 4 + 511 x 2 + 4 = 1,098 required (3.5 %); long: 40 %
     assert [(p.length, p.scored_from) for p in parts] == [(530, 1), (1512, 0), (19, 0)]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_in_exact_mode_heads_and_bodies_score_the_engines_logprobs_to_the_bit(dtype):
+    """K = 2 rollouts of the exact engine, trained split: every token's trainer logprob, r[0]'s
+    from its head and the others' from the bodies, is the engine's bit for bit."""
+    pytest.importorskip("megatron.core")
+    import copy
+
+    from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.settings import ExecutionSettings
+    from ouro_cli.trainer import Trainer, TrainerConfig
+    from tests.unit.engine.conftest import prompts, tiny_model
+
+    model = tiny_model(0).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    llm = LLM(copy.deepcopy(model), max_num_seqs=4, kv_blocks=128, block_size=4,
+              execution=ExecutionSettings(exact=True))
+    try:
+        params = [SamplingParams(max_tokens=16, temperature=1.0, seed=s, logprobs=0, max_loops=2, ignore_eos=True)
+                  for s in range(4)]
+        outs = llm.generate(prompts(4, seed=1), params)
+    finally:
+        llm.close()
+    samples = [Sample(o.prompt_token_ids, o.output_token_ids, o.exit_depths, o.log_probs, 1.0) for o in outs]
+    parts, _ = split_prompts(samples, [[1.0] * len(s.response_ids) for s in samples], T, max_overhead=1.0)
+    assert [p.scored_from for p in parts] == [1] * 4 + [0] * 4  # four bodies, then their heads
+    trainer = Trainer(copy.deepcopy(model), TrainerConfig(device="cpu", params_dtype=dtype, prompt_heads=True,
+                                                         prompt_head_overhead=1.0), exact=True)
+    try:
+        metrics = trainer.forward_backward(samples)
+    finally:
+        trainer.close()
+    assert metrics["layer_tokens_executed"] > metrics["layer_tokens_required"]  # the prompts' loops 1-2 twice
+    assert metrics["logprob_mismatch_max"] == 0.0
