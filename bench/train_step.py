@@ -4,6 +4,8 @@
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --recompute
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --profile 25
     python bench/train_step.py --shape 1.4b --device cuda --samples 26 --prompt-len 18 --response-len 512 --depths 2 --profile 25
+    python bench/train_step.py --shape 1.4b --device cuda --samples 256 --prompt-len 18 --response-len 512 --depths 2 \
+        --max-tokens-per-micro-batch 12032 --prompt-heads    # one e2e K = 2 update's train step (without: as before)
     torchrun --nproc-per-node 8 bench/train_step.py --shape 1.4b --device cuda   # per-rank batch
 
 Random weights at the chosen shape, random prompt/response tokens, and exit depths that
@@ -80,14 +82,21 @@ def make_samples(c, n, prompt_len, response_len, depths, rng):
 
 def build_trainer(shape: str, device: str, dtype: str = "auto", *, micro_batch_size: int | None = None,
                   pack: bool = True, pack_length: int | None = None, recompute: bool = False,
-                  distributed_optimizer: bool = False, deterministic: bool = True, model=None):
-    """A Trainer on a random model of `shape` (or on `model`, adopted). Returns (trainer, setup seconds)."""
+                  distributed_optimizer: bool = False, deterministic: bool = True, model=None,
+                  max_tokens: int | None = None, prompt_heads: bool = False):
+    """A Trainer on a random model of `shape` (or on `model`, adopted). Returns (trainer, setup seconds).
+    `max_tokens` cuts each step into micro-batches as `ouro train` does (counted at full depth,
+    rl/sizing.py token_cost_shares); `prompt_heads` splits fixed-budget samples as it does."""
     from ouro_cli.model import build
+    from ouro_cli.rl.sizing import token_cost_shares
     from ouro_cli.trainer import Trainer, TrainerConfig
 
+    cost = token_cost_shares(model_config(shape), recompute) if max_tokens else None
     config = TrainerConfig(device=device, params_dtype=dtype, lr=1e-6, micro_batch_size=micro_batch_size, pack=pack,
                            pack_length=pack_length, recompute=recompute,
-                           use_distributed_optimizer=distributed_optimizer, deterministic=deterministic)
+                           use_distributed_optimizer=distributed_optimizer, deterministic=deterministic,
+                           max_tokens_per_micro_batch=max_tokens, micro_batch_token_cost=cost,
+                           prompt_heads=prompt_heads)
     t0 = time.perf_counter()
     if model is None:
         # Build in the parameter dtype, directly on the device: a 1.4B fp32 copy on the host is slow.
@@ -161,6 +170,11 @@ def main() -> None:
     parser.add_argument("--recompute", action="store_true")
     parser.add_argument("--depths", choices=["full", "random", "1", "2", "3", "4"], default="full",
                         help="response exit depths: all T, uniform in 1..T, or one K (bench/e2e.py's rollouts)")
+    parser.add_argument("--max-tokens-per-micro-batch", type=int, default=None,
+                        help="cut each step into micro-batches of this many tokens at full depth, as ouro train does "
+                             "(it printed its budget in the memory-plan line; 12032 at the e2e shape)")
+    parser.add_argument("--prompt-heads", action="store_true",
+                        help="train fixed-budget samples as a body and a prompt head, as ouro train does")
     parser.add_argument("--distributed-optimizer", action="store_true")
     parser.add_argument("--nondeterministic", action="store_true",
                         help="CUDA: PyTorch's default kernels instead of the deterministic ones the trainer uses")
@@ -180,7 +194,8 @@ def main() -> None:
     trainer, setup_s = build_trainer(args.shape, args.device, args.dtype, micro_batch_size=args.micro_batch_size,
                                      pack=not args.no_pack, pack_length=args.pack_length, recompute=args.recompute,
                                      distributed_optimizer=args.distributed_optimizer,
-                                     deterministic=not args.nondeterministic)
+                                     deterministic=not args.nondeterministic,
+                                     max_tokens=args.max_tokens_per_micro_batch, prompt_heads=args.prompt_heads)
     result = measure_steps(trainer, args.shape, samples=args.samples, prompt_len=args.prompt_len,
                            response_len=args.response_len, depths=args.depths, steps=args.steps, warmup=args.warmup)
     result["setup_s"] = round(setup_s, 2)
