@@ -31,6 +31,7 @@ from ouro_cli.settings import ExecutionSettings
 
 from . import checkpointing, setup
 from .batching import (
+    MicroBatch,
     Sample,
     TokenCost,
     build_micro_batch,
@@ -140,20 +141,11 @@ class Trainer:
         global_tokens, global_samples = self._global_counts(samples)
         weights = loss_weights(samples, self.config.resolved_aggregation, global_tokens, global_samples,
                                self.config.aggregation_length)
+        micro_batches = self._micro_batches(samples, weights)
         # what the depths require and the real tokens, of the samples as given (their parts
         # repeat the prompt of a split sample)
         whole = {"layer_tokens_required": self.num_layers * sum(sum(s.depths(self.num_loops)) for s in samples),
                  "tokens": sum(s.length for s in samples)}
-        parts = samples
-        if self.config.prompt_heads and self.config.is_correction != "geo-mask":  # geo-mask: a sequence's tokens together
-            parts, weights = split_prompts(samples, weights, self.num_loops, self.config.prompt_head_overhead)
-        cost = self.config.micro_batch_token_cost
-        plan = plan_micro_batches(parts, micro_batch_size=self.config.micro_batch_size,
-                                  max_tokens=self.config.max_tokens_per_micro_batch, pack=self.config.pack,
-                                  pack_length=self.config.pack_length, cost=TokenCost(**cost) if cost else None,
-                                  num_loops=self.num_loops, exact=self.execution.exact)
-        micro_batches = [build_micro_batch(parts, weights, self.num_loops, rows=rows, pad_id=self.pad_id)
-                         for rows in plan]
         self.ddp.train()
         with pointwise.executing(self.execution):
             metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers,
@@ -163,6 +155,20 @@ class Trainer:
             self.ddp.finish_grad_sync()
         metrics["grad_sync_s"] = watch.lap()
         return metrics
+
+    def _micro_batches(self, samples: Sequence[Sample], weights: list[list[float]]) -> list[MicroBatch]:
+        """The forward/backward passes of `samples` (their tokens' loss `weights`): fixed-budget
+        samples as prompt heads and bodies where the config asks (batching.split_prompts; not
+        under geo-mask, which needs a sequence's tokens together), cut by the token budget
+        (batching.plan_micro_batches), on the host."""
+        c = self.config
+        if c.prompt_heads and c.is_correction != "geo-mask":
+            samples, weights = split_prompts(samples, weights, self.num_loops, c.prompt_head_overhead)
+        plan = plan_micro_batches(samples, micro_batch_size=c.micro_batch_size, max_tokens=c.max_tokens_per_micro_batch,
+                                  pack=c.pack, pack_length=c.pack_length,
+                                  cost=TokenCost(**c.micro_batch_token_cost) if c.micro_batch_token_cost else None,
+                                  num_loops=self.num_loops, exact=self.execution.exact)
+        return [build_micro_batch(samples, weights, self.num_loops, rows=rows, pad_id=self.pad_id) for rows in plan]
 
     def optimizer_step(self) -> dict[str, float]:
         watch = Stopwatch()
