@@ -195,6 +195,11 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_samples = -(-options.prompts_per_update // world) * options.group_size
     recorded = (saved or {}).get("contract", {}).get("sizing") or {}
+    given = t.max_tokens_per_micro_batch
+    if saved is None and given is not None and given < seq_tokens:  # the run would fail at its first long sample
+        raise UserError(f"--max-tokens-per-micro-batch {given} is less than one sample can take: the longest prompt + "
+                        f"--max-response-len = {seq_tokens} tokens; raise it to at least {seq_tokens}, or leave it "
+                        "to the memory plan")
     planes = config.num_loops if e.speculative_tokens else max(options.depths + options.eval_depths)
     return size_run(
         config, DeviceMemory.of(device), utilization=options.gpu_memory_utilization, dtype=t.torch_dtype,

@@ -165,6 +165,18 @@ def test_bad_execution_setting_fails_before_anything_runs(tmp_path, given, named
     assert not (tmp_path / "run").exists()
 
 
+def test_a_micro_batch_budget_too_small_for_one_sample_fails_before_any_rollout(tmp_path):
+    """--max-tokens-per-micro-batch below the longest prompt + --max-response-len would fail at
+    the first long sample, updates into the run: it is refused at the start, naming the figure."""
+    bundled = Path(__file__).resolve().parents[2] / "ouro_cli" / "bundled" / "tiny"
+    proc = ouro("train", "--model", str(bundled / "model"), "--data", str(bundled / "train.jsonl"), "--eval-data", "",
+                "--updates", "1", "--max-response-len", "32", "--max-tokens-per-micro-batch", "16",
+                "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--max-tokens-per-micro-batch 16 is less than one sample can take" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
     """The run's contract holds what its kernel settings select on its device: a resume that
     would select other ones (a flag, or the variable standing in for it) is refused naming the
