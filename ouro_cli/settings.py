@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from ouro_cli.config import P_EXEC, leaves, option
@@ -186,6 +186,13 @@ class ExecutionSettings:
             raise SettingError(f"--decode-gemv {self.decode_gemv} {NEEDS_KERNEL_DEVICE}")
         if self.replay_attention == "paged" and not kernel_device:
             raise SettingError(f"--replay-attention paged runs a Triton kernel: it {NEEDS_KERNEL_DEVICE}")
+
+
+def chosen_settings(current: ExecutionSettings, execution: ExecutionSettings | None, exact: bool | None) -> ExecutionSettings:
+    """A model's settings once its user has spoken (`LLM` and `Trainer` take both): `execution`
+    in place of `current` where given, then `exact` on or off in them where given."""
+    settings = current if execution is None else execution
+    return settings if exact is None else replace(settings, exact=exact)
 
 
 def exact_kernels(device_type: str) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ouro_cli.model import OuroForCausalLM
-from ouro_cli.settings import ExecutionSettings
+from ouro_cli.settings import ExecutionSettings, chosen_settings
 
 from .contract import (
     EngineBusy,
@@ -75,10 +75,7 @@ class LLM(GenerationControl):
                  overlap: bool | None = None, execution: ExecutionSettings | None = None,
                  exact: bool | None = None) -> None:
         model, self.codec = open_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
-        if execution is not None:
-            model.execution = execution
-        if exact is not None:
-            model.execution = dataclasses.replace(model.execution, exact=exact)
+        model.execution = chosen_settings(model.execution, execution, exact)
         limits = EngineLimits.resolve(model.config, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
                                       block_size=block_size, max_model_len=max_model_len,
                                       max_prefill_tokens=max_prefill_tokens)

@@ -17,7 +17,6 @@ trainer, nothing on CUDA); the model's forward and backward run outside it.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ouro_cli.model import OuroForCausalLM, pointwise
-from ouro_cli.settings import ExecutionSettings
+from ouro_cli.settings import ExecutionSettings, chosen_settings
 
 from . import checkpointing, setup
 from .batching import (
@@ -62,10 +61,7 @@ class Trainer:
             from ouro_cli.model import load
 
             hf = load(model, dtype=dtype, device=self.device)
-        if execution is not None:
-            hf.execution = execution
-        if exact is not None:
-            hf.execution = dataclasses.replace(hf.execution, exact=exact)
+        hf.execution = chosen_settings(hf.execution, execution, exact)
         self.execution = hf.execution  # the loss's log-softmax runs under it too (pointwise.log_softmax)
         self.num_loops = hf.config.num_loops
         self.num_layers = hf.config.num_hidden_layers
