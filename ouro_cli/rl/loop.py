@@ -212,9 +212,8 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
         max_num_seqs=recorded.get("max_num_seqs", e.max_num_seqs),
         max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", t.max_tokens_per_micro_batch),
         recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute),
-        # a plan from before them: plain positions, whole samples
-        token_cost=recorded.get("token_cost") if recorded else "auto",
-        prompt_heads=bool(recorded.get("prompt_heads")) if recorded else True)
+        # a resumed run cuts its micro-batches as it did (a plan from before these: as they were then)
+        **({k: recorded.get(k, before) for k, before in plans.SIZING_BEFORE.items()} if recorded else {}))
 
 
 def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch.device, log: Callable[[str], None]):
