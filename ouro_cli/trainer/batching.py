@@ -75,6 +75,10 @@ class Sample:
         prompt = self.prompt_depth or num_loops
         return [prompt] * len(self.prompt_ids) + [int(d) for d in self.exit_depths[1:]] + [prompt]
 
+    def depth_sum(self, num_loops: int) -> int:
+        """sum(self.depths(num_loops)): the loops its replay requires, without the list."""
+        return (self.prompt_depth or num_loops) * (len(self.prompt_ids) + 1) + sum(map(int, self.exit_depths[1:]))
+
     @property
     def scored(self) -> int:
         return len(self.response_ids) - self.scored_from
@@ -105,7 +109,7 @@ def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]],
     for s, w in zip(samples, weights, strict=True):
         deepest = max((int(d) for d in s.exit_depths[1:]), default=num_loops)
         repeated = (len(s.prompt_ids) + 1) * deepest
-        if deepest >= num_loops or repeated > max_overhead * sum(s.depths(num_loops)):
+        if deepest >= num_loops or repeated > max_overhead * s.depth_sum(num_loops):
             parts.append(s)
             part_weights.append(list(w))
             continue
@@ -221,7 +225,8 @@ class TokenCost:
 
 def depth_counts(sample: Sample, num_loops: int) -> list[int]:
     """Per loop t = 1..T, how many of the sample's replay positions have depth ≥ t."""
-    at = Counter(sample.depths(num_loops))
+    at = Counter(map(int, sample.exit_depths[1:]))
+    at[sample.prompt_depth or num_loops] += len(sample.prompt_ids) + 1  # Sample.depths
     deeper = [0] * (num_loops + 1)
     for t in range(num_loops, 0, -1):
         deeper[t - 1] = deeper[t] + at[t]

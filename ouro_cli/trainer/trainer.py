@@ -140,7 +140,7 @@ class Trainer:
         micro_batches = self._micro_batches(samples, weights)
         # what the depths require and the real tokens, of the samples as given (their parts
         # repeat the prompt of a split sample)
-        whole = {"layer_tokens_required": self.num_layers * sum(sum(s.depths(self.num_loops)) for s in samples),
+        whole = {"layer_tokens_required": self.num_layers * sum(s.depth_sum(self.num_loops) for s in samples),
                  "tokens": sum(s.length for s in samples)}
         self.ddp.train()
         with pointwise.executing(self.execution):
