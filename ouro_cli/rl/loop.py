@@ -138,8 +138,9 @@ def _check_inputs(options: TrainOptions):
 
 def _trainer_config(options: TrainOptions, sizing: RunSizing):
     """The run's trainer config with what the run decides filled in: the memory plan's micro-batch
-    tokens (and how positions count against them), recompute and optimizer offload (rl/sizing.py), the aggregation "auto" stands for (constant_length under
-    --advantage dr-grpo, over --max-response-len), and the LR schedule in optimizer steps: the
+    tokens (and how positions count against them, and whether samples split into prompt heads),
+    recompute and optimizer offload (rl/sizing.py), the aggregation "auto" stands for
+    (constant_length under --advantage dr-grpo, over --max-response-len), and the LR schedule in optimizer steps: the
     warmup (--warmup-steps counts updates) and a cosine schedule's length (--lr-decay-updates,
     resolved when the run started; a plan from before it: the run's --updates), each
     times the steps of an update (--mini-batches × --epochs; Trainer.train_update)."""
