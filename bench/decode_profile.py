@@ -84,34 +84,76 @@ def eager_profile(model, batch: int, prompt: int, k: int, vocab: int, top: int) 
     print_kernel_table(kernels, top, indent="    ")
 
 
-def host_profile(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, top: int) -> None:
-    """cProfile of the decode steps of a graph-mode generate (prefill excluded): where the
-    host spends a step's time. The GPU runs the captured step; host time that is not
-    hidden behind it (input building, sampling, reading tokens back) adds to every step."""
+def _decode_steps(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, begin, end
+                  ) -> tuple[float, int]:
+    """Run a warm-up generate, then one more in which `begin()` is called at its first decode
+    call after every prompt is prefilled (prefill runs in chunks between decode steps, which
+    the profile leaves out) and `end()` once it returns. Returns (seconds in between, decode
+    steps in between); `steps` must exceed the prefill's chunks for any to be left."""
     prompts = decode_bench.make_prompts(batch, prompt, vocab)
     params = SamplingParams(max_tokens=steps + 1, max_loops=k, temperature=1.0, seed=0, ignore_eos=True)
     llm.generate(prompts, params)
-    prof = cProfile.Profile()
-    original = llm.core.decode
+    core = llm.core
+    prefill, decode, launch = core.prefill, core.decode, core.launch_decode
+    prefilled, started, launched = [0], [], [0]
 
-    def profiled(*args, **kw):
-        prof.enable()
-        try:
-            return original(*args, **kw)
-        finally:
-            prof.disable()
+    def counted_prefill(seqs, *args, **kw):
+        prefilled[0] += len(seqs)
+        return prefill(seqs, *args, **kw)
 
-    llm.core.decode = profiled
+    def first_begins(*args, **kw):
+        if not started and prefilled[0] >= batch:
+            torch.cuda.synchronize()
+            started.append(time.perf_counter())
+            begin()
+        return decode(*args, **kw)
+
+    def counted_launch(*args, **kw):
+        launched[0] += bool(started)
+        return launch(*args, **kw)
+
+    core.prefill, core.decode, core.launch_decode = counted_prefill, first_begins, counted_launch
     try:
         llm.generate(prompts, params)
+        torch.cuda.synchronize()
+        if started:
+            end()
     finally:
-        del llm.core.decode
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    lines = [x for x in text.getvalue().splitlines() if x.strip()]
-    print(f"  host profile (graph mode, {steps} steps; tottime = own time, in s):")
-    for line in lines[-top - 1:]:
-        print("    " + line[:150])
+        del core.prefill, core.decode, core.launch_decode
+    if not started or not launched[0]:
+        raise SystemExit(f"no decode step of all {batch} rows: raise --steps above the prefill's chunks")
+    return time.perf_counter() - started[0], launched[0]
+
+
+def host_profile(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, top: int) -> None:
+    """cProfile of a graph-mode generate's decode steps, the whole host loop (scheduler, input
+    building, sampling launches, reading tokens back, emitting outputs), prefill excluded: where
+    the host spends a step's time. Host time that the overlap does not hide behind the GPU's
+    captured step adds to every step. Printed by own time and by cumulative time."""
+    prof = cProfile.Profile()
+    wall, steps = _decode_steps(llm, batch, prompt, k, steps, vocab, prof.enable, prof.disable)
+    print(f"  host profile (graph mode, {steps} decode steps, {wall * 1e3 / steps:.2f} ms per step "
+          f"under cProfile; times in s):")
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(top)
+        lines = [x for x in text.getvalue().splitlines() if x.strip()]
+        print(f"    by {order}:")
+        for line in lines[-top - 1:]:
+            print("      " + line[:160])
+
+
+def timeline(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, top: int) -> None:
+    """torch.profiler over a graph-mode generate's decode steps (prefill excluded): the GPU's
+    busy time beside the wall time, and every kernel it ran, the graphs' and those launched
+    outside them (sampling), by total time. Wall minus busy is time the GPU waited for the host."""
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    wall, steps = _decode_steps(llm, batch, prompt, k, steps, vocab, prof.start, prof.stop)
+    kernels = cuda_kernels(prof)
+    busy_us = sum(e.device_time for e in kernels)
+    print(f"  timeline ({steps} decode steps): {wall * 1e3 / steps:.2f} ms per step under the profiler, "
+          f"GPU busy {busy_us / 1e3 / steps:.2f} ms per step ({busy_us / 1e6 / wall:.0%})")
+    print_kernel_table(kernels, top, indent="    ")
 
 
 def main() -> None:
@@ -123,6 +165,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--bandwidth", type=float, default=4.26e12)
     ap.add_argument("--host-profile", action="store_true", help="also cProfile a graph-mode generate")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also torch.profiler a graph-mode generate: GPU busy against wall, kernels by time")
     ap.add_argument("--no-eager", action="store_true", help="skip the eager kernel profile")
     ap.add_argument("--no-overlap", action="store_true", help="decode one step at a time (LLM(overlap=False))")
     args = ap.parse_args()
@@ -140,6 +184,8 @@ def main() -> None:
         replay = replay_time(llm, batch)
         if args.host_profile:
             host_profile(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size, args.top)
+        if args.timeline:
+            timeline(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size, args.top)
         llm.close()
         roof = 1e3 / decode_bench.roofline_tokens_per_s(config, args.loops, batch, args.prompt, 2, args.bandwidth) * batch
         print(f"batch {batch}: graph step {seconds * 1e3:.2f} ms ({batch / seconds:.0f} tok/s); roofline step "

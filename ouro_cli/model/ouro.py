@@ -189,13 +189,22 @@ class OuroForCausalLM(nn.Module):
         exit states are scattered back into h, every other position keeps its own."""
         b, s, hidden = h.shape
         rows = queries.rows
-        x = h.reshape(b * s, hidden).index_select(0, rows)[None]
-        cos, sin = (c.reshape(b * s, -1).index_select(0, rows)[None] for c in (cos, sin))
+        # Gathered as [1, N, ·] tensors of their own, not views of [N, ·] ones: a compiled region
+        # guards on whether an argument is a view, and layer 0 (handed these) would otherwise
+        # compile apart from the layers after it (handed the region's own outputs).
+        x = h.reshape(1, b * s, hidden).index_select(1, rows)
+        cos, sin = (c.reshape(1, b * s, -1).index_select(1, rows) for c in (cos, sin))
         first = self.model.layers[0].input_layernorm
         normed = pointwise.rms_norm_generic(x, first.weight, first.eps)
+        # Only the paged replay attention reads the layout's mask (queries.mask holds the rows'
+        # part of it). Where it is not on, the step gets None for padded and unpadded layouts
+        # alike: a compiled region guards on an argument's being None, and every micro-batch
+        # without padding would otherwise compile a variant of its own.
+        paged = pointwise.active().replay_attention_on(h.device.type) == "paged"
+        layout_mask = queries.layout_mask if paged else None
         for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
             prev_k, prev_v = prev_kv[i] or (self._no_kv(h),) * 2  # only padding has run no loop before
-            args = (layer, closing, x, normed, cos, sin, rows, queries.slots, queries.mask, queries.layout_mask,
+            args = (layer, closing, x, normed, cos, sin, rows, queries.slots, queries.mask, layout_mask,
                     prev_k, prev_v)
             x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
             prev_kv[i] = (k, v)

@@ -236,4 +236,11 @@ def _compiled(fn: Callable, dynamic: bool | None = None) -> Callable:
     import torch._inductor.config as inductor_config  # only when compiling: importing inductor is slow
 
     options = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
+    # Mix-order reduction (an RMSNorm backward's row and column sums in one kernel) is chosen,
+    # in its strict mode, by size thresholds that become guards of a shape-generic region: a
+    # micro-batch on the other side of a threshold (2,560 gathered positions, 4,096 rows)
+    # compiled the region again, and the trainer met a new one in every update
+    # (docs/performance.md §13). Non-strict mode fuses wherever the kernel applies, with no guard.
+    if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):
+        options["triton.mix_order_reduction_non_strict_mode"] = True
     return torch.compile(fn, fullgraph=True, dynamic=dynamic, options=options)

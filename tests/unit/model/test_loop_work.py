@@ -135,3 +135,26 @@ def test_a_loop_gathers_only_below_the_share(gather_below):
     padded = torch.tensor([[1] * 12 + [0] * 8])  # loop 1: 12 of 20 positions are real
     assert ouro.positions_per_loop(depths, padded) == [20, 20, 8, 6]
     assert ouro.positions_per_loop(depths, torch.tensor([[1] * 9 + [0] * 11])) == [9, 9, 8, 6]
+
+
+def test_a_gathered_loop_hands_its_step_the_same_kinds_of_argument(gather_below, monkeypatch):
+    """A compiled region guards on whether each argument is a view and whether it is None, and
+    compiles a variant per answer. So the gathered loop's layer step gets tensors of their own
+    (not views) at layer 0 as at the layers after it, and, with SDPA, no layout mask whether the
+    micro-batch is padded or not (only the paged replay attention reads it)."""
+    gather_below(ALWAYS)
+    seen = []
+    step = ouro._layer_step_at_rows
+
+    def spy(layer, closing, x, normed, cos, sin, rows, slots, mask, layout_mask, prev_k, prev_v):
+        seen.append(([t._base is None for t in (x, normed, cos, sin)], layout_mask))
+        return step(layer, closing, x, normed, cos, sin, rows, slots, mask, layout_mask, prev_k, prev_v)
+
+    monkeypatch.setattr(ouro, "_layer_step_at_rows", spy)
+    model = build(tiny_config(), seed=0)
+    ids, depths, valid, docs = batch()
+    with torch.no_grad():
+        for mask in (valid, None):
+            model(ids, depths, attention_mask=mask, document_ids=docs)
+    assert len(seen) >= 2 * len(model.model.layers)
+    assert all(owned == [True] * 4 and layout_mask is None for owned, layout_mask in seen), seen
