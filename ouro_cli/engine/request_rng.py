@@ -5,7 +5,8 @@ the seed into a 64-bit key on the host, and expands the key on the device into a
 numbers as asked (`uniform`, `exponential`): element j is the splitmix64 output for
 state key + (j+1)·γ. A row's numbers therefore depend only on its own seed and how many
 draws it made, never on its batch-mates or on the batch size, and the numbers of a
-whole batch come from one vectorized hash, a fixed number of kernels per step.
+whole batch come from one vectorized hash: on CUDA one Triton kernel (kernels/uniform.py),
+elsewhere a fixed number of torch kernels, with the same bits.
 
 Why not a `torch.Generator` per request: a generator fills one tensor per call, so a
 step drew its batch's sampling noise with one launch per row (at batch 64 on the H200,
@@ -81,11 +82,31 @@ def uniform(keys: list[int] | np.ndarray, n: int, device: torch.device | str) ->
     or `next_keys`' int64 bits)."""
     signed = torch.from_numpy(keys) if isinstance(keys, np.ndarray) else [_signed(x) for x in keys]
     k = to_device(signed, torch.long, device)
+    if _fused(k):
+        from ouro_cli.kernels.uniform import uniform as fused_uniform
+
+        return fused_uniform(k, n)
+    return torch_uniform(k, n)
+
+
+def torch_uniform(k: torch.Tensor, n: int) -> torch.Tensor:
+    """`uniform` of the keys' bits k [B] (int64, on any device) in torch: the reference, and the
+    path off CUDA. On CUDA kernels/uniform.py computes the same bits in one kernel instead of
+    about 20 over [B, n]."""
+    device = k.device
     z = k[:, None] + torch.arange(1, n + 1, dtype=torch.long, device=device) * _signed(_GAMMA)  # wraps mod 2^64
     z = (z ^ _shift_right(z, 30)) * _signed(_M1)
     z = (z ^ _shift_right(z, 27)) * _signed(_M2)
     z = z ^ _shift_right(z, 31)
     return (_shift_right(z, 64 - _BITS).float() + 0.5) * 2.0 ** -_BITS
+
+
+def _fused(k: torch.Tensor) -> bool:
+    """Whether the draw runs as one Triton kernel: on CUDA, where triton is installed (the CPU
+    tests run that kernel under the Triton interpreter and compare it with `torch_uniform`)."""
+    from ouro_cli.kernels import triton_available
+
+    return k.is_cuda and triton_available()
 
 
 def exponential(keys: list[int] | np.ndarray, n: int, device: torch.device | str) -> torch.Tensor:
