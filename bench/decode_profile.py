@@ -1,6 +1,7 @@
 """Where a decode step's time goes: kernels per step, GPU-busy time, and the top kernels.
 
     python bench/decode_profile.py --batch 1 16 64 --loops 4     # CUDA, Ouro-1.4B shape, random bf16
+    python bench/decode_profile.py --batch 256 -K 2 --prompt 280 --steps 48 --host-profile --timeline --no-eager
 
 For each batch: the step time with CUDA graphs (what decoding runs), the widest captured
 graph replayed alone (the step minus that is host time the overlap did not hide), then one eager
@@ -8,6 +9,9 @@ step under torch.profiler: how many kernels it launches, the sum of their GPU ti
 and the kernels that take the most. Graph replay removes launch gaps but not kernels,
 so `graph step ≈ GPU-busy time + kernels × per-kernel floor`; comparing the two with
 the weight-read roofline says whether a step is bound by bytes or by kernel count.
+`--host-profile` (cProfile) and `--timeline` (torch.profiler: GPU busy time against wall
+time, every kernel in and outside the graphs) cover the decode steps of a graph-mode
+generate after its last prefill chunk; `--steps` must exceed the prefill's chunks.
 Not part of the test run.
 """
 
