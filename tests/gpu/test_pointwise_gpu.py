@@ -42,3 +42,30 @@ def test_compiled_layers_match_eager_on_cuda():
     torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_later_micro_batches_compile_nothing_on_cuda():
+    """After a first micro-batch, micro-batches of other sizes compile nothing, on both sides of
+    the size thresholds (4,096 rows, 5 Mi elements) by which inductor's mix-order reduction
+    (an RMSNorm backward's two sums in one kernel) chooses in its strict mode: there they were
+    guards, and a steady update of the 1.4B e2e shape compiled again (docs/performance.md §13).
+    Every micro-batch is padded and has mixed depths, so each meets the same argument kinds:
+    a dense first loop, then loops that gather their running positions."""
+    from ouro_cli.model import pointwise
+
+    torch._dynamo.reset()
+    pointwise._compiled.cache_clear()
+    model = build(tiny_config(), seed=0, device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    spent = []
+    for rows, length in ((2, 512), (3, 700), (64, 2048), (40, 1500)):  # 1,024 ... 131,072 positions
+        ids = torch.randint(3, 100, (rows, length), generator=g)
+        depths = torch.randint(1, 5, (rows, length), generator=g)
+        depths[:, :3] = 4
+        valid = torch.ones(rows, length, dtype=torch.long)
+        valid[0, -(length // 8):] = 0
+        before = pointwise.compile_seconds()
+        model(ids.cuda(), depths.cuda(), attention_mask=valid.cuda()).float().square().mean().backward()
+        torch.cuda.synchronize()
+        spent.append(pointwise.compile_seconds() - before)
+    assert spent[0] > 0 and spent[1:] == [0.0] * 3, spent
