@@ -17,7 +17,8 @@ JSONL of arithmetic prompts, runs `python -m ouro_cli.cli.app train` in a subpro
 and prints per update what `metrics.jsonl` recorded: rollout / train / publish / save /
 compile seconds, CUDA-graph capture seconds, the host's waits for sampled tokens (a rollout
 much longer than its waits and captures was bound by the host's per-step work, not the
-GPU), optimizer-step seconds (with the host copies of `--offload-optimizer`), response
+GPU), the device time of the decode steps' forwards and of their sampling (CUDA events, so
+the graph's share of a step shows beside the sampling's), optimizer-step seconds (with the host copies of `--offload-optimizer`), response
 tokens per second, sequences in flight (decoded tokens per
 decode step), micro-batches, and the peak device memory of each phase, beside the
 memory plan the run logged. A second table puts each phase beside its limit
@@ -188,7 +189,8 @@ def gib(x) -> str:
 
 
 def table(result: dict) -> str:
-    head = ("upd K | rollout s capture  wait s   tok/s  in-flight | train s compile  opt s mb x tokens   rc | publish s  save s"
+    head = ("upd K | rollout s capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x tokens   rc"
+            " | publish s  save s"
             " | peak GiB roll/train/pub/save")
     out = [head, "-" * len(head)]
     for r in result["updates"]:
@@ -197,7 +199,8 @@ def table(result: dict) -> str:
         in_flight = r.get("engine_decode_tokens", 0) / steps if steps else 0.0
         out.append(
             f"{r['update']:>3} {r['k']} | {r['rollout_s']:>9.1f} {r.get('engine_graph_capture_ms', 0) / 1e3:>7.1f} "
-            f"{r.get('engine_token_wait_us', 0) / 1e6:>7.1f} {tokens / r['rollout_s']:>7.0f} {in_flight:>10.1f} | "
+            f"{r.get('engine_token_wait_us', 0) / 1e6:>7.1f} {r.get('engine_decode_forward_gpu_us', 0) / 1e6:>7.1f} "
+            f"{r.get('engine_decode_sample_gpu_us', 0) / 1e6:>7.1f} {tokens / r['rollout_s']:>7.0f} {in_flight:>10.1f} | "
             f"{r['train_s']:>7.1f} {r['compile_s']:>7.1f} {r.get('train_optimizer_s', 0.0):>6.2f} "
             f"{r['train_micro_batches']:>2} x {r['train_micro_batch_tokens_max']:>6}"
             f" {'on' if r.get('train_layer_tokens_recomputed') else 'off':>4} | {r['publish_s']:>9.2f} {r['save_s']:>7.1f} | "

@@ -39,6 +39,7 @@ from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample, t
 from .scheduler import Scheduler, Sequence, StepPlan
 from .setup import EngineLimits, eos_token_ids
 from .speculative import Speculator
+from .step_timing import StepSpans
 
 
 @dataclasses.dataclass
@@ -50,6 +51,7 @@ class DecodeStep:
     tokens: torch.Tensor
     host: HostCopy
     depths: list[int] | None
+    spans: StepSpans | None = None  # the device time of its forward and sampling (CUDA)
 
 
 class EngineCore:
@@ -174,11 +176,18 @@ class EngineCore:
             row = {id(s): i for i, s in enumerate(fed.seqs)}
             tokens = (fed.tokens, [row[id(s)] for s in seqs])
             self.counters.decode_steps_overlapped += 1
+        spans = StepSpans.begin(self.device)
         logits, depths = self.runner.decode(tokens, [s.num_cached for s in seqs], [s.blocks for s in seqs],
                                             [s.exit_policy(ahead) for s in seqs])
         for seq in seqs:
             seq.num_cached += 1
-        return self.launch_sample(seqs, logits, depths)
+        if spans is not None:
+            spans.mark()
+        step = self.launch_sample(seqs, logits, depths)
+        if spans is not None:
+            spans.mark()
+            step.spans = spans
+        return step
 
     def _follow_on(self, step: DecodeStep, sched: Scheduler, hold: Callable[[], bool] | None) -> DecodeStep | None:
         """Queue the step after `step` (whose tokens are not yet read) when the batch would not
@@ -224,6 +233,10 @@ class EngineCore:
         start = time.perf_counter()
         host = step.host.values()
         self.counters.token_wait_us += round((time.perf_counter() - start) * 1e6)
+        if step.spans is not None:
+            forward_us, sample_us = step.spans.elapsed_us()
+            self.counters.decode_forward_gpu_us += forward_us
+            self.counters.decode_sample_gpu_us += sample_us
         depths = [int(d) for d in host[2]] if step.depths is None else step.depths
         emitted = 0
         for seq, token, depth, lp in zip(step.seqs, host[0], depths, host[1], strict=True):

@@ -74,6 +74,10 @@ class WorkCounters:
     # the host's waits for sampled tokens (core.finish_step): a decode far longer than its
     # waits kept the device waiting for the host instead (the host's per-step work is the bound)
     token_wait_us: int = 0
+    # the device time of the decode steps' forwards and of their sampling (CUDA events,
+    # step_timing.py): with the waits above, where a decode step's time goes
+    decode_forward_gpu_us: int = 0
+    decode_sample_gpu_us: int = 0
     preemptions: int = 0
     spec_draft_tokens: int = 0      # self-speculation: tokens drafted,
     spec_accepted_tokens: int = 0   # of which the target accepted,
@@ -84,7 +88,7 @@ class WorkCounters:
 
 
 # WorkCounters fields that measure wall time, not work: two runs of the same requests agree on the rest
-TIMINGS = ("graph_capture_ms", "token_wait_us")
+TIMINGS = ("graph_capture_ms", "token_wait_us", "decode_forward_gpu_us", "decode_sample_gpu_us")
 
 
 @dataclass

@@ -36,6 +36,7 @@ def test_overlap_gives_the_outputs_of_one_step_at_a_time(model):
         assert c[key] == c_serial[key], key
     # the host's waits for sampled tokens are counted (on CPU the tokens are there at once)
     assert isinstance(c["token_wait_us"], int) and 0 <= c["token_wait_us"] < 10**6
+    assert c["decode_forward_gpu_us"] == c["decode_sample_gpu_us"] == 0  # CUDA events only (tests/gpu)
 
 
 def test_overlap_with_a_queue_and_preemption(model):
