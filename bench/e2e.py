@@ -18,10 +18,10 @@ and prints per update what `metrics.jsonl` recorded: rollout / train / publish /
 compile seconds, CUDA-graph capture seconds, the host's waits for sampled tokens (a rollout
 much longer than its waits and captures was bound by the host's per-step work, not the
 GPU), the device time of the decode steps' forwards and of their sampling (CUDA events, so
-the graph's share of a step shows beside the sampling's), optimizer-step seconds (with the host copies of `--offload-optimizer`), response
-tokens per second, sequences in flight (decoded tokens per
-decode step), micro-batches, and the peak device memory of each phase, beside the
-memory plan the run logged. A second table puts each phase beside its limit
+the graph's share of a step shows beside the sampling's), optimizer-step seconds (with the
+host copies of `--offload-optimizer`), response tokens per second, sequences in flight
+(decoded tokens per decode step), micro-batches, and the peak device memory of each phase,
+beside the memory plan the run logged. A second table puts each phase beside its limit
 (bench/e2e_limits.py: the rollout's bytes roofline, the trainer's model FLOPs at 780
 TFLOP/s, the publication's copy) and sums them into the update's, then gives the steady
 state per K: the updates after each K's first, which compiles and captures CUDA graphs.
