@@ -190,11 +190,16 @@ def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: b
         task = progress.add_task("setting up", total=options.updates)
 
         def on_update(record: dict[str, Any]) -> None:
+            # an update that compiled (the first at each K, or a new kind of micro-batch) says
+            # how much of its time that was, so a slow update is not mistaken for a slow run
+            compiling = record.get("compile_s", 0.0)
+            note = f" ({compiling:.1f}s compiling)" if compiling >= 0.5 else ""
             progress.update(task, completed=record["update"] + 1,
-                            description=f"K={record['k']} reward={record['reward_mean']:.3f} step={record['step_s']:.1f}s")
+                            description=f"K={record['k']} reward={record['reward_mean']:.3f} "
+                                        f"step={record['step_s']:.1f}s{note}")
             if not console.is_terminal:
                 console.print(f"update {record['update']}: K={record['k']} v{record['weight_version']} "
-                              f"reward={record['reward_mean']:.3f} step={record['step_s']:.2f}s")
+                              f"reward={record['reward_mean']:.3f} step={record['step_s']:.2f}s{note}")
 
         summary = train_loop(options, run, resume=resume, override_scheduler=override_scheduler,
                              log=_note, on_update=on_update, command=command)
