@@ -110,4 +110,7 @@ def table(result: dict[str, Any], c) -> str:
                    f"{lim['update']:.1f} s (ratio {lim['update'] / (roll + train + pub):.2f}); rollout {roll:.1f} s "
                    f"({lim['rollout'] / roll:.2f} of the bytes roofline), train {train:.1f} s ({tflops:.0f} model "
                    f"TFLOP/s, {lim['train'] / train:.2f} of {TRAIN_FLOPS / 1e12:.0f})")
+        compiling = mean([r.get("compile_s", 0.0) for r in steady])
+        if compiling >= 0.5:  # a steady update should compile nothing: say so where one did
+            out.append(f"  K={k}: the steady updates still compiled {compiling:.1f} s on average (in the figures above)")
     return "\n".join(out)
