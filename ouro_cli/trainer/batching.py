@@ -75,9 +75,19 @@ class Sample:
         prompt = self.prompt_depth or num_loops
         return [prompt] * len(self.prompt_ids) + [int(d) for d in self.exit_depths[1:]] + [prompt]
 
+    def depth_counts(self, num_loops: int) -> list[int]:
+        """Per loop t = 1..T, how many of `depths(num_loops)` are ≥ t, counted from the exit depths
+        without building that list."""
+        at = Counter(map(int, self.exit_depths[1:]))
+        at[self.prompt_depth or num_loops] += len(self.prompt_ids) + 1  # the prompt and the last position
+        deeper = [0] * (num_loops + 1)
+        for t in range(num_loops, 0, -1):
+            deeper[t - 1] = deeper[t] + at[t]
+        return deeper[:num_loops]
+
     def depth_sum(self, num_loops: int) -> int:
-        """sum(self.depths(num_loops)): the loops its replay requires, without the list."""
-        return (self.prompt_depth or num_loops) * (len(self.prompt_ids) + 1) + sum(map(int, self.exit_depths[1:]))
+        """sum(self.depths(num_loops)): the loops its replay requires."""
+        return sum(self.depth_counts(num_loops))
 
     @property
     def scored(self) -> int:
@@ -223,16 +233,6 @@ class TokenCost:
         return cost
 
 
-def depth_counts(sample: Sample, num_loops: int) -> list[int]:
-    """Per loop t = 1..T, how many of the sample's replay positions have depth ≥ t."""
-    at = Counter(map(int, sample.exit_depths[1:]))
-    at[sample.prompt_depth or num_loops] += len(sample.prompt_ids) + 1  # Sample.depths
-    deeper = [0] * (num_loops + 1)
-    for t in range(num_loops, 0, -1):
-        deeper[t - 1] = deeper[t] + at[t]
-    return deeper[:num_loops]
-
-
 def row_capacity(samples: Sequence[Sample], pack_length: int | None) -> int:
     """Tokens per packed row: `pack_length`, or the longest sample (so short samples share rows
     without making one giant row: dense attention over a row costs row_length²)."""
@@ -272,7 +272,7 @@ def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | Non
         full = micro_batch_size is not None and sum(map(len, rows)) >= micro_batch_size
         if weighted:  # the group's tensor as build_micro_batch makes it, with this sample placed
             fills = [*used, s.length] if target is None else [u + s.length * (r == target) for r, u in enumerate(used)]
-            counts = depth_counts(s, num_loops)
+            counts = s.depth_counts(num_loops)
             after = [a + b for a, b in zip(running, counts, strict=True)]
             over = cost.of_group(len(fills) * max(fills), after, exact=exact) > max_tokens
         else:
