@@ -213,8 +213,13 @@ class OuroForCausalLM(nn.Module):
         return h.reshape(b * s, hidden).index_copy(0, rows, normed[0]).view(b, s, hidden)
 
     def _no_kv(self, h: torch.Tensor) -> torch.Tensor:
+        """The K/V a gathered loop keeps for positions that have run no loop (padding only).
+        It requires grad as every later loop's K/V does (its gradient is dropped): a compiled
+        region guards on `requires_grad`, and a micro-batch whose padding made its first loop
+        gather compiled a variant of its own, in a steady update (docs/performance.md §13)."""
         c = self.config
-        return h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head)
+        kv = h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head)
+        return kv.requires_grad_(torch.is_grad_enabled() and h.requires_grad)
 
 
 # A loop that fewer than this share of the positions run gathers them (`_layer_step_at_rows`);

@@ -158,3 +158,27 @@ def test_a_gathered_loop_hands_its_step_the_same_kinds_of_argument(gather_below,
             model(ids, depths, attention_mask=mask, document_ids=docs)
     assert len(seen) >= 2 * len(model.model.layers)
     assert all(owned == [True] * 4 and layout_mask is None for owned, layout_mask in seen), seen
+
+
+def test_a_gathered_first_loop_keeps_padding_kv_that_requires_grad(gather_below, monkeypatch):
+    """Where padding makes loop 1 gather, the padding keeps zeros as its K/V, and in a backward
+    pass they require grad as the K/V of every later loop do: a compiled region guards on
+    `requires_grad`, and a padded micro-batch compiled a variant of its own in a steady update
+    (docs/performance.md §13). Without grad, nothing requires it."""
+    gather_below(ALWAYS)
+    seen = []
+    step = ouro._layer_step_at_rows
+
+    def spy(*args):
+        seen.append((torch.is_grad_enabled(), args[-2].requires_grad, args[-1].requires_grad))
+        return step(*args)
+
+    monkeypatch.setattr(ouro, "_layer_step_at_rows", spy)
+    model = build(tiny_config(), seed=0)
+    ids, depths, valid, docs = batch()
+    model(ids, depths, attention_mask=valid, document_ids=docs).float().square().mean().backward()
+    with torch.no_grad():
+        model(ids, depths, attention_mask=valid, document_ids=docs)
+    per_pass = T * len(model.model.layers)  # every loop gathers, loop 1 too (padding)
+    assert len(seen) == 2 * per_pass
+    assert seen == [(True, True, True)] * per_pass + [(False, False, False)] * per_pass, seen
