@@ -2,6 +2,7 @@
 
     python bench/train_memory.py                       # 1.4B shape on CUDA: recompute off and on
     python bench/train_memory.py --shape tiny --device cpu
+    python bench/train_memory.py --exact               # exact mode's replay (docs/exact.md)
 
 For each recompute mode it runs forward + backward (`Trainer.forward_backward`, one
 micro-batch, full depth T) on random samples of `--rows` x `--length` tokens and prints the
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--length", type=int, default=1024, help="tokens per sample (prompt 1/4, response 3/4)")
+    parser.add_argument("--exact", action="store_true", help="the replay in exact mode (`ouro train --exact`)")
     args = parser.parse_args()
 
     import torch
@@ -41,7 +43,7 @@ def main() -> None:
     config = model_config(args.shape)
     results = []
     for recompute in (False, True):
-        trainer, _ = build_trainer(args.shape, args.device, recompute=recompute)
+        trainer, _ = build_trainer(args.shape, args.device, recompute=recompute, exact=args.exact)
         dtype = trainer.config.torch_dtype
         prompt = args.length // 4
         samples = make_samples(config, args.rows, prompt, args.length - prompt, "full", random.Random(0))
@@ -54,8 +56,8 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         trainer.forward_backward(samples)
         tokens = args.rows * args.length
-        estimate = sizing.activation_bytes_per_token(config, dtype, recompute, args.length)
-        row = {"recompute": recompute, "tokens": tokens, "estimate_bytes_per_token": estimate}
+        estimate = sizing.activation_bytes_per_token(config, dtype, recompute, args.length, args.exact)
+        row = {"exact": args.exact, "recompute": recompute, "tokens": tokens, "estimate_bytes_per_token": estimate}
         if cuda:
             torch.cuda.synchronize()
             measured = (torch.cuda.max_memory_allocated() - base) / tokens

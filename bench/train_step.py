@@ -83,15 +83,16 @@ def make_samples(c, n, prompt_len, response_len, depths, rng):
 def build_trainer(shape: str, device: str, dtype: str = "auto", *, micro_batch_size: int | None = None,
                   pack: bool = True, pack_length: int | None = None, recompute: bool = False,
                   distributed_optimizer: bool = False, deterministic: bool = True, model=None,
-                  max_tokens: int | None = None, prompt_heads: bool = False):
+                  max_tokens: int | None = None, prompt_heads: bool = False, exact: bool = False):
     """A Trainer on a random model of `shape` (or on `model`, adopted). Returns (trainer, setup seconds).
     `max_tokens` cuts each step into micro-batches as `ouro train` does (counted at full depth,
-    rl/sizing.py token_cost_shares); `prompt_heads` splits fixed-budget samples as it does."""
+    rl/sizing.py token_cost_shares); `prompt_heads` splits fixed-budget samples as it does;
+    `exact` replays in exact mode (docs/exact.md)."""
     from ouro_cli.model import build
     from ouro_cli.rl.sizing import token_cost_shares
     from ouro_cli.trainer import Trainer, TrainerConfig
 
-    cost = token_cost_shares(model_config(shape), recompute) if max_tokens else None
+    cost = token_cost_shares(model_config(shape), recompute, exact) if max_tokens else None
     config = TrainerConfig(device=device, params_dtype=dtype, lr=1e-6, micro_batch_size=micro_batch_size, pack=pack,
                            pack_length=pack_length, recompute=recompute,
                            use_distributed_optimizer=distributed_optimizer, deterministic=deterministic,
@@ -101,7 +102,7 @@ def build_trainer(shape: str, device: str, dtype: str = "auto", *, micro_batch_s
     if model is None:
         # Build in the parameter dtype, directly on the device: a 1.4B fp32 copy on the host is slow.
         model = build(model_config(shape), dtype=config.torch_dtype, device=config.resolved_device, seed=0)
-    trainer = Trainer(model, config)
+    trainer = Trainer(model, config, exact=exact)
     return trainer, time.perf_counter() - t0
 
 

@@ -39,8 +39,11 @@ functions differentiate through autograd.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 ROW_TILE = 16   # rows per GEMM call on CPU
 KEY_CHUNK = 64  # keys per attention chunk (CPU), at absolute positions
@@ -77,13 +80,29 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     return 1.0 / (1.0 + torch.exp(-x))
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def _keeping_inputs(fn):
+    """`fn` (a chain of elementwise and row ops) that, where it is differentiated, keeps only its
+    inputs for backward and re-runs itself there (torch.utils.checkpoint): the chains below
+    spell every rounding out in fp32 intermediates, and autograd would otherwise keep four or
+    five of them per element (an exact-mode micro-batch took 2.6x the default's activation
+    memory). The re-run computes the same bits, so the gradients are those of the plain
+    function."""
+    @functools.wraps(fn)
+    def run(*args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+        return fn(*args)
+
+    return run
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, silu computed wide and rounded to gate's dtype (as F.silu rounds)."""
     g = gate.to(_wide(gate.dtype))
     return (g * sigmoid(g)).to(gate.dtype) * up
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`w * (x_wide * rsqrt(mean(x_wide^2) + eps)).to(x.dtype)` (docs/model.md §2), mean by `row_sum`."""
     wide = x.to(_wide(x.dtype))
     mean_square = row_sum(wide * wide) / x.shape[-1]
@@ -91,22 +110,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * normed.to(x.dtype)
 
 
-def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return h + rms_norm(x, weight, eps)
+def _add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return h + _rms_norm(x, weight, eps)
 
 
-def add_rms_norm_then_norm(h, x, weight, next_weight, eps):
-    h = h + rms_norm(x, weight, eps)
-    return h, rms_norm(h, next_weight, eps)
+def _add_rms_norm_then_norm(h, x, weight, next_weight, eps):
+    h = h + _rms_norm(x, weight, eps)
+    return h, _rms_norm(h, next_weight, eps)
 
 
-def log_softmax(x: torch.Tensor) -> torch.Tensor:
+def _log_softmax(x: torch.Tensor) -> torch.Tensor:
     """log_softmax over the last axis (x wide: the logprobs' fp32). The max is exact in any
     order and, as log_softmax does not depend on it, carries no gradient."""
     top = x.amax(-1, keepdim=True).detach()
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # an all -inf row stays NaN-free up to here
     shifted = x - top
     return shifted - torch.log(row_sum(torch.exp(shifted)))[..., None]
+
+
+# what the model calls (model/pointwise.py's exact twins, the trainer's loss)
+silu_mul = _keeping_inputs(_silu_mul)
+rms_norm = _keeping_inputs(_rms_norm)
+add_rms_norm = _keeping_inputs(_add_rms_norm)
+add_rms_norm_then_norm = _keeping_inputs(_add_rms_norm_then_norm)
+log_softmax = _keeping_inputs(_log_softmax)
 
 
 def exit_lambda(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

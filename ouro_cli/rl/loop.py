@@ -213,6 +213,7 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
         max_num_seqs=recorded.get("max_num_seqs", e.max_num_seqs),
         max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", t.max_tokens_per_micro_batch),
         recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute),
+        exact=options.execution.exact,
         # a resumed run cuts its micro-batches as it did (a plan from before these: as they were then)
         **({k: recorded.get(k, before) for k, before in plans.SIZING_BEFORE.items()} if recorded else {}))
 

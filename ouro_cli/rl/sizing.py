@@ -57,6 +57,13 @@ GIB = 2**30
 # 6.92 MiB per token without recompute, 1.74 with; these coefficients give 7.6 and 2.3.
 SAVED_HIDDEN_VECTORS = 9
 SAVED_INTERMEDIATE_VECTORS = 3
+# Exact mode (`--exact`) runs eager: its norms and SwiGLU keep only their inputs and re-run in
+# backward (model/exact.py), the rest keeps what eager autograd keeps. Counted with saved-tensor
+# hooks on CPU (the exact path is the same code on CPU and CUDA but for the projections' and the
+# attention's kernels, whose saved inputs match): 9.2-10.3 hidden and 3.1-3.3 intermediate
+# vectors per layer call; these give a margin above that, as the default's give above its peak.
+EXACT_SAVED_HIDDEN_VECTORS = 11
+EXACT_SAVED_INTERMEDIATE_VECTORS = 4
 RECOMPUTE_HIDDEN_VECTORS = 3
 # Per scored token and vocabulary entry: the logits and their gradient in the model's
 # dtype, plus fp32 copies (upcast, / temperature, log-softmax kept for backward, the
@@ -108,27 +115,36 @@ def kv_bytes_per_token(config: OuroConfig, dtype: torch.dtype, planes: int) -> i
     return 2 * config.num_hidden_layers * planes * config.num_key_value_heads * config.dim_per_head * dtype.itemsize
 
 
-def activation_bytes_per_token(config: OuroConfig, dtype: torch.dtype, recompute: bool, row_width: int) -> int:
-    """What one position of a micro-batch costs the replay's forward + backward (module docstring)."""
-    h, i, calls = config.hidden_size, config.intermediate_size, config.num_hidden_layers * config.num_loops
-    if recompute:
-        kept = calls * RECOMPUTE_HIDDEN_VECTORS * h + SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i
+def _per_call(config: OuroConfig, exact: bool) -> int:
+    """Activation-dtype elements one layer call keeps per position for backward, without recompute."""
+    h, i = config.hidden_size, config.intermediate_size
+    if exact:
+        return EXACT_SAVED_HIDDEN_VECTORS * h + EXACT_SAVED_INTERMEDIATE_VECTORS * i
+    return SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i
+
+
+def activation_bytes_per_token(config: OuroConfig, dtype: torch.dtype, recompute: bool, row_width: int,
+                               exact: bool = False) -> int:
+    """What one position of a micro-batch costs the replay's forward + backward (module docstring),
+    in exact mode (`exact`) or not."""
+    h, calls = config.hidden_size, config.num_hidden_layers * config.num_loops
+    if recompute:  # the inputs of every call, and one call re-run at a time
+        kept = calls * RECOMPUTE_HIDDEN_VECTORS * h + _per_call(config, exact)
     else:
-        kept = calls * (SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i)
+        kept = calls * _per_call(config, exact)
     mask = 6 * row_width  # a packed row's document mask and the attention bias made from it
     logits = config.vocab_size * (2 * dtype.itemsize + 4 * LOGIT_FP32_COPIES)
     return kept * dtype.itemsize + logits + mask
 
 
-def token_cost_shares(config: OuroConfig, recompute: bool) -> dict[str, float]:
+def token_cost_shares(config: OuroConfig, recompute: bool, exact: bool = False) -> dict[str, float]:
     """The activation model's `trainer.batching.TokenCost` shares: what one loop of a position keeps
     (a layer call per layer), and, of that, what a position that sits out a gathering loop still
     holds (its K/V in the full copy the gathered queries attend over), over what a full-depth
     position keeps (`activation_bytes_per_token` without its row-width mask term: the shares
     are per position, the mask's cost stays in the rest)."""
-    h, i = config.hidden_size, config.intermediate_size
-    per_call = RECOMPUTE_HIDDEN_VECTORS * h if recompute else SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i
-    full = activation_bytes_per_token(config, torch.bfloat16, recompute, 0)  # the shares do not depend on the dtype
+    per_call = RECOMPUTE_HIDDEN_VECTORS * config.hidden_size if recompute else _per_call(config, exact)
+    full = activation_bytes_per_token(config, torch.bfloat16, recompute, 0, exact)  # the shares do not depend on the dtype
     loop = config.num_hidden_layers * per_call * torch.bfloat16.itemsize
     kv = 2 * config.num_key_value_heads * config.dim_per_head
     return {"loop": loop / full, "idle": min(1.0, kv / per_call)}
@@ -210,7 +226,8 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
              engine_releases_memory: bool, offload_optimizer: str | bool = "off", optimizer_shards: int = 1,
              kv_blocks: int | None = None, max_num_seqs: int | None = None,
              max_tokens_per_micro_batch: int | None = None, recompute: str = "auto",
-             token_cost: dict[str, float] | None | str = "auto", prompt_heads: bool = True) -> RunSizing:
+             token_cost: dict[str, float] | None | str = "auto", prompt_heads: bool = True,
+             exact: bool = False) -> RunSizing:
     """Size the KV cache, the decode batch and the micro-batches for one run.
 
     `seq_tokens`: the longest prompt + `--max-response-len` (one sequence's KV, one sample's
@@ -221,7 +238,8 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     "auto": a budget sized here counts full-depth positions (`token_cost_shares`), a given one plain
     positions; a resumed run passes the one its plan recorded, and its `prompt_heads`.
     `offload_optimizer` "auto" is decided from the shapes alone (module docstring), so a
-    resumed run decides it the same way.
+    resumed run decides it the same way. `exact`: the trainer replays in exact mode, whose
+    activations are counted apart (`activation_bytes_per_token`).
     """
     if not 0 < utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {utilization}")
@@ -292,18 +310,18 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
         # the micro-batches leave the state its room, unless that leaves too few for a sample
         # (or for the micro-batches asked for: then the state goes to the host between steps)
         if max_tokens_per_micro_batch is not None:
-            per = activation_bytes_per_token(config, dtype, recompute == "on", seq_tokens)
+            per = activation_bytes_per_token(config, dtype, recompute == "on", seq_tokens, exact)
             fits = max_tokens_per_micro_batch * per <= train_room - state
         else:
-            fits = train_room - state >= activation_bytes_per_token(config, dtype, True, seq_tokens) * seq_tokens
+            fits = train_room - state >= activation_bytes_per_token(config, dtype, True, seq_tokens, exact) * seq_tokens
         if fits and room(False) > 0:
             train_room -= state
         else:
             per_call = False
     sized_here = max_tokens_per_micro_batch is None
     if max_tokens_per_micro_batch is None:
-        off = activation_bytes_per_token(config, dtype, False, seq_tokens)
-        on = activation_bytes_per_token(config, dtype, True, seq_tokens)
+        off = activation_bytes_per_token(config, dtype, False, seq_tokens, exact)
+        on = activation_bytes_per_token(config, dtype, True, seq_tokens, exact)
         if recompute == "auto":
             recompute = "off" if train_room // off >= min(tokens_per_update, MIN_EFFICIENT_MICRO_BATCH) else "on"
         per = on if recompute == "on" else off
@@ -315,10 +333,10 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
                 f"{max(train_room, 0) / GIB:.2f} GiB of {what} memory are left; raise --gpu-memory-utilization, "
                 "lower --max-response-len, or pass --offload-optimizer on")
     elif recompute == "auto":
-        off = activation_bytes_per_token(config, dtype, False, seq_tokens)
+        off = activation_bytes_per_token(config, dtype, False, seq_tokens, exact)
         recompute = "off" if max_tokens_per_micro_batch * off <= train_room else "on"
     if token_cost == "auto":
-        token_cost = token_cost_shares(config, recompute == "on") if sized_here else None
+        token_cost = token_cost_shares(config, recompute == "on", exact) if sized_here else None
     return RunSizing(budget_bytes=budget, resident_bytes=resident, kv_blocks=int(kv_blocks), kv_bytes=int(kv_bytes),
                      max_num_seqs=int(max_num_seqs), max_tokens_per_micro_batch=int(max_tokens_per_micro_batch),
                      recompute=recompute == "on", engine_releases_memory=engine_releases_memory,

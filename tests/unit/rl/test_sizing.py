@@ -266,3 +266,18 @@ def test_a_plan_from_before_token_costs_and_prompt_heads_resumes_as_it_ran():
     with pytest.raises(UserError, match="^resume would change sizing.prompt_heads"):
         plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": entry}, allow_scheduler=False,
                                   device_type="cpu")
+
+
+def test_exact_mode_counts_its_own_activations():
+    """Exact mode's replay keeps more per layer call (eager autograd around its kernels), so its
+    micro-batches are sized by its own count: smaller than the default's at the same memory."""
+    c = ouro_14b()
+    for recompute in (False, True):
+        default = sizing.activation_bytes_per_token(c, BF16, recompute, 640)
+        exact = sizing.activation_bytes_per_token(c, BF16, recompute, 640, exact=True)
+        assert exact > default
+    room = plan().budget_bytes - plan().resident_bytes - sizing.gradient_bytes(c)
+    exact_plan = plan(exact=True)
+    per = sizing.activation_bytes_per_token(c, BF16, exact_plan.recompute, 640, exact=True)
+    assert exact_plan.max_tokens_per_micro_batch == room // per // 128 * 128 < plan().max_tokens_per_micro_batch
+    assert exact_plan.token_cost == sizing.token_cost_shares(c, exact_plan.recompute, exact=True)
