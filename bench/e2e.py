@@ -7,6 +7,7 @@ memory flags at all, on a random Ouro-1.4B with a full-size tokenizer.
     python bench/e2e.py --shape tiny --updates 2 # the same path, tiny model and cases (CPU)
     python bench/e2e.py --nproc 2 --dist-optimizer   # also on 2 data-parallel GPUs: the scaling
     python bench/e2e.py --cases a --train-args "--async-save --save-interval 1"  # any ouro train flags
+    python bench/e2e.py --cases a --depths 2 --updates 3 --train-args --exact   # exact mode's whole update
 
 Cases (prompts x samples per prompt x response tokens, by default at `--depths 2 3 4`):
   a  32 x 8 x 512     b  8 x 8 x 2,048     (--shape tiny: 4 x 4 x 64 and 2 x 4 x 256)
@@ -227,7 +228,14 @@ def main() -> None:
                              "--decode-devices 1) and compare its rollout with the local engine's")
     parser.add_argument("--train-args", default="",
                         help="further ouro train flags for every run, e.g. '--async-save --offload-optimizer on'")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    # `--train-args --exact`: argparse reads a lone value that starts with "--" as an option
+    # (one with a space in it, "--a --b", it takes as a value), so the value is joined to its flag
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--train-args":
+            argv[i:i + 2] = [f"--train-args={argv[i + 1]}"]
+            break
+    args = parser.parse_args(argv)
     base, depths = tuple(shlex.split(args.train_args)), tuple(args.depths)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
