@@ -112,10 +112,11 @@ MASK_ALIGN = 8
 
 def padded_rows(mask: torch.Tensor) -> torch.Tensor:
     """`mask` [..., S] as a view into rows of a multiple of MASK_ALIGN elements, longer than S
-    (the same values; only the strides differ). A compiled layer region guards on whether its
-    mask's rows are aligned, and a micro-batch of another width's remainder compiled the region
-    again (13 s on the H200, docs/performance.md §13); rows always padded, always aligned,
-    with a row stride that is never the width itself, meet one guard that always holds."""
+    (the same values; only the strides differ). On CUDA a compiled layer region guards on
+    whether its mask's rows are aligned: a micro-batch whose width was not a multiple of 8,
+    after one whose width was, compiled the region again (13 s on the H200,
+    docs/performance.md §14). Rows that are always padded, so their stride is always aligned
+    and never the width itself, meet a guard that always holds."""
     s = mask.shape[-1]
     stride = (s // MASK_ALIGN + 1) * MASK_ALIGN
     rows = mask.new_zeros(*mask.shape[:-1], stride)

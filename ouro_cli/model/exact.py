@@ -34,7 +34,8 @@ bf16 as in fp32. Each op gets one summation order that no shape can change:
 
 Backward passes may use ordinary kernels: `linear` and the attention differentiate
 through F.linear's and SDPA's gradients of the same function; the elementwise and row
-functions differentiate through autograd.
+functions differentiate through autograd, keeping only their inputs and re-running in
+backward (`_keeping_inputs`: their fp32 intermediates would otherwise fill the memory).
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ class OuroForCausalLM(nn.Module):
         """The K/V a gathered loop keeps for positions that have run no loop (padding only).
         It requires grad as every later loop's K/V does (its gradient is dropped): a compiled
         region guards on `requires_grad`, and a micro-batch whose padding made its first loop
-        gather compiled a variant of its own, in a steady update (docs/performance.md §13)."""
+        gather compiled a variant of its own, in a steady update (docs/performance.md §14)."""
         c = self.config
         kv = h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head)
         return kv.requires_grad_(torch.is_grad_enabled() and h.requires_grad)

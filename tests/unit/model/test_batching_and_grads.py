@@ -109,7 +109,7 @@ def test_masks_sit_in_aligned_rows_whatever_the_width(width):
     """The layout's mask and a gathered loop's rows of it hold the values of the plain
     construction in rows whose stride is a multiple of 8 and never the width itself: SDPA
     wants aligned mask rows, and a compiled layer region guards on their alignment (a later
-    micro-batch of an unaligned width compiled it again: docs/performance.md §13)."""
+    micro-batch of an unaligned width compiled it again: docs/performance.md §14)."""
     from ouro_cli.model.attention import MASK_ALIGN, QueryRows, SequenceLayout
 
     ids = torch.randint(3, 100, (3, width), generator=torch.Generator().manual_seed(width))
