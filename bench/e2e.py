@@ -8,6 +8,7 @@ memory flags at all, on a random Ouro-1.4B with a full-size tokenizer.
     python bench/e2e.py --nproc 2 --dist-optimizer   # also on 2 data-parallel GPUs: the scaling
     python bench/e2e.py --cases a --train-args "--async-save --save-interval 1"  # any ouro train flags
     python bench/e2e.py --cases a --depths 2 --updates 3 --train-args --exact   # exact mode's whole update
+    python bench/e2e.py --cases a --depths 2 --updates 2 --host-profile 1   # where a rollout's host time goes
 
 Cases (prompts x samples per prompt x response tokens, by default at `--depths 2 3 4`):
   a  32 x 8 x 512     b  8 x 8 x 2,048     (--shape tiny: 4 x 4 x 64 and 2 x 4 x 256)
@@ -115,14 +116,19 @@ def write_data(path: Path, rows: int = 256) -> None:
 
 
 def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates: int, timeout: float,
-             nproc: int = 1, extra: tuple[str, ...] = (), depths: tuple[int, ...] = (2, 3, 4)) -> dict:
+             nproc: int = 1, extra: tuple[str, ...] = (), depths: tuple[int, ...] = (2, 3, 4),
+             host_profile: int | None = None) -> dict:
     prompts, group, response = (CASES if shape == "1.4b" else TINY_CASES)[name]
     label = f"{name}-{nproc}gpu" + ("-" + "-".join(a.lstrip("-") for a in extra) if extra else "")
     run = work / f"run-{label}"
     shutil.rmtree(run, ignore_errors=True)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
         if nproc > 1 else [sys.executable]
-    cmd = [*launch, "-m", "ouro_cli.cli.app", "train", "--model", str(model), "--data", str(data),
+    stats = work / f"host-profile-{label}.pstats"
+    entry = ["-m", "ouro_cli.cli.app"] if host_profile is None or nproc > 1 else \
+        [str(REPO / "bench" / "train_host_profile.py"), str(host_profile), str(stats)]
+    stats.unlink(missing_ok=True)
+    cmd = [*launch, *entry, "train", "--model", str(model), "--data", str(data),
            "--eval-data", "", "--run-dir", str(run), "--depths", *map(str, depths), "--updates", str(updates),
            "--prompts-per-update", str(prompts), "--group-size", str(group), "--max-response-len", str(response),
            "--save-interval", "0", "--reward-function", "ouro_cli.rl.rewards.boxed_answer", *extra]
@@ -149,8 +155,32 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     if returncode != 0:
         print("\n".join(lines[-30:]))
     shutil.rmtree(run / "checkpoint", ignore_errors=True)  # 19 GB at 1.4B: the next case needs the disk
+    if stats.exists():
+        print_host_profile(stats, records[host_profile] if host_profile < len(records) else {})
     return {"case": label, "shape": [prompts, group, response], "nproc": nproc, "returncode": returncode,
             "wall_s": wall, "updates": records}
+
+
+def print_host_profile(stats: Path, record: dict, top: int = 14) -> None:
+    """The cProfile of one rollout (bench/train_host_profile.py), by own and by cumulative time,
+    with the host's time per decode step beside the update's figures for that rollout."""
+    import io
+    import pstats
+
+    steps = record.get("engine_decode_steps") or 0
+    profile = pstats.Stats(str(stats))
+    total = profile.total_tt
+    print(f"    host profile of update {record.get('update', '?')}'s rollout: {total:.2f} s under cProfile"
+          + (f", {total / steps * 1e3:.2f} ms per decode step ({steps} steps; waits for tokens "
+             f"{record.get('engine_token_wait_us', 0) / steps / 1e3:.2f} ms per step)" if steps else "")
+          + f"; {stats}")
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(str(stats), stream=text).sort_stats(order).print_stats(top)
+        lines = [x for x in text.getvalue().splitlines() if x.strip()]
+        print(f"      by {order}:")
+        for line in lines[-top - 1:]:
+            print("        " + line[:160])
 
 
 def scaling(one: dict, many: dict) -> str:
@@ -223,6 +253,9 @@ def main() -> None:
                         help="also run each case on N data-parallel ranks (torchrun) and print the scaling")
     parser.add_argument("--dist-optimizer", action="store_true",
                         help="with --nproc: a further N-rank run with the distributed optimizer")
+    parser.add_argument("--host-profile", type=int, metavar="UPDATE",
+                        help="cProfile the rollout of update UPDATE (0-based) in the one-rank run and print its "
+                             "top functions (bench/train_host_profile.py)")
     parser.add_argument("--pd", action="store_true",
                         help="also run each case with prefill on GPU 0 and decode on GPU 1 (--prefill-devices 0 "
                              "--decode-devices 1) and compare its rollout with the local engine's")
@@ -249,7 +282,8 @@ def main() -> None:
     config = OuroConfig.from_file(model / "config.json")
     results, pairs = [], []
     for c in args.cases:
-        one = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1, base, depths)
+        one = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1, base, depths,
+                       args.host_profile)
         results.append(one)
         if args.nproc > 1:
             for extra in [()] + ([("--dist-optimizer",)] if args.dist_optimizer else []):

@@ -1,0 +1,58 @@
+"""`ouro train` with a cProfile of one rollout: where the job's host time goes while it decodes.
+
+    python bench/train_host_profile.py UPDATE OUT.pstats train --model ... (ouro train's arguments)
+
+Runs the command line exactly as `python -m ouro_cli.cli.app` does, with the engine's
+`LLM.generate` profiled at its UPDATE-th call (0-based: with no held-out evaluation, the
+rollout of update UPDATE) and the statistics written to OUT.pstats (`pstats.Stats` reads
+them). bench/e2e.py `--host-profile UPDATE` runs it and prints the top functions beside the
+decode steps they covered, to compare with `bench/decode_profile.py --host-profile`, which
+profiles the same engine decoding alone (docs/performance.md §14: inside the job a decode
+step took 2.5x the benchmark's time at the same shape). Only the profiled call slows down.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def profile_call(update: int, out: str) -> None:
+    """Wrap LLM.generate so that its `update`-th call runs under cProfile, dumped to `out`."""
+    from ouro_cli.engine.engine import LLM
+
+    plain = LLM.generate
+    calls = [0]
+
+    def generate(self, *args, **kwargs):
+        index, calls[0] = calls[0], calls[0] + 1
+        if index != update:
+            return plain(self, *args, **kwargs)
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            return plain(self, *args, **kwargs)
+        finally:
+            prof.disable()
+            prof.dump_stats(out)
+
+    LLM.generate = generate
+
+
+def main() -> None:
+    if len(sys.argv) < 4:
+        raise SystemExit(__doc__)
+    update, out = int(sys.argv[1]), sys.argv[2]
+    profile_call(update, out)
+    sys.argv = [sys.argv[0], *sys.argv[3:]]
+    from ouro_cli.cli.app import main as ouro
+
+    ouro()
+
+
+if __name__ == "__main__":
+    main()
