@@ -56,7 +56,7 @@ class SequenceLayout:
         same_doc = docs[:, :, None] == docs[:, None, :]
         mask = same_doc & causal[None] & valid[:, None, :]
         mask = mask | torch.eye(s, dtype=torch.bool, device=device)[None]
-        return cls(position_ids, padded_rows(mask[:, None]), valid)
+        return cls(position_ids, mask[:, None], valid)
 
 
 def _positions_within_documents(docs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -102,26 +102,7 @@ class QueryRows:
             mask = torch.arange(s, device=device)[None, None, :] <= position[..., None]
         else:
             mask = layout_mask[:, 0].gather(1, position[..., None].expand(b, width, s))
-        return cls(rows, slots, padded_rows(mask[:, None]), layout_mask)
-
-
-# SDPA wants an attention mask whose rows start at multiples of this many elements; given
-# another, it (and inductor, in a compiled region) copies it into such rows first.
-MASK_ALIGN = 8
-
-
-def padded_rows(mask: torch.Tensor) -> torch.Tensor:
-    """`mask` [..., S] as a view into rows of a multiple of MASK_ALIGN elements, longer than S
-    (the same values; only the strides differ). On CUDA a compiled layer region guards on
-    whether its mask's rows are aligned: a micro-batch whose width was not a multiple of 8,
-    after one whose width was, compiled the region again (13 s on the H200,
-    docs/performance.md §14). Rows that are always padded, so their stride is always aligned
-    and never the width itself, meet a guard that always holds."""
-    s = mask.shape[-1]
-    stride = (s // MASK_ALIGN + 1) * MASK_ALIGN
-    rows = mask.new_zeros(*mask.shape[:-1], stride)
-    rows[..., :s] = mask
-    return rows[..., :s]
+        return cls(rows, slots, mask[:, None], layout_mask)
 
 
 PAGED_NEEDS_CUDA = ("--replay-attention paged runs a Triton kernel: it needs CUDA (or the Triton interpreter, "

@@ -102,26 +102,3 @@ def test_depths_out_of_range_rejected(model64):
         model64(ids[None], depths=torch.tensor([[0, 1, 2]]))
     with pytest.raises(ValueError, match="1..4"):
         model64(ids[None], depths=torch.tensor([[5, 1, 2]]))
-
-
-@pytest.mark.parametrize("width", [5, 8, 13, 16])
-def test_masks_sit_in_aligned_rows_whatever_the_width(width):
-    """The layout's mask and a gathered loop's rows of it hold the values of the plain
-    construction in rows whose stride is a multiple of 8 and never the width itself: SDPA
-    wants aligned mask rows, and a compiled layer region guards on their alignment (a later
-    micro-batch of an unaligned width compiled it again: docs/performance.md §14)."""
-    from ouro_cli.model.attention import MASK_ALIGN, QueryRows, SequenceLayout
-
-    ids = torch.randint(3, 100, (3, width), generator=torch.Generator().manual_seed(width))
-    valid = torch.ones(3, width, dtype=torch.long)
-    valid[1, -2:] = 0
-    docs = torch.zeros(3, width, dtype=torch.long)
-    docs[2, width // 2:] = 1
-    layout = SequenceLayout.build(ids, valid, docs)
-    queries = QueryRows.build(torch.rand(3, width, generator=torch.Generator().manual_seed(1)) < 0.6, layout.mask)
-    for mask in (layout.mask, queries.mask):
-        assert mask.stride(-2) % MASK_ALIGN == 0 and mask.stride(-2) > width, mask.stride()
-    idx = torch.arange(width)
-    keep = docs.masked_fill(valid == 0, -1)
-    plain = (keep[:, :, None] == keep[:, None, :]) & (idx[None, :] <= idx[:, None]) & valid.bool()[:, None, :]
-    assert torch.equal(layout.mask[:, 0], plain | torch.eye(width, dtype=torch.bool))
