@@ -136,7 +136,9 @@ class OuroForCausalLM(nn.Module):
         exited before (what the exit gate reads at a position's loops 1..depth; padding holds
         anything). (`model.norm` runs fused into the last layer's closing kernel, so a module
         hook on it would never fire.) Positions of padding (`attention_mask` 0) get logits,
-        K/V and states that mean nothing.
+        K/V and states that mean nothing. Where the layer regions compile, a masked forward
+        without sinks runs on a width padded to a multiple of WIDTH_ALIGN (the logits come
+        back at the given width).
         """
         with pointwise.executing(self.execution):
             return self._forward(input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
@@ -144,6 +146,17 @@ class OuroForCausalLM(nn.Module):
 
     def _forward(self, input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at, kv_sink,
                  state_sink) -> torch.Tensor:
+        width = input_ids.shape[1]
+        masked = attention_mask is not None or document_ids is not None
+        if masked and kv_sink is None and state_sink is None and pointwise.regions_compile(input_ids.device.type):
+            input_ids, depths, attention_mask, document_ids, position_ids = _aligned_columns(
+                input_ids, depths, attention_mask, document_ids, position_ids)
+        logits = self._forward_aligned(input_ids, depths, attention_mask, document_ids, position_ids, recompute,
+                                       logits_at, kv_sink, state_sink)
+        return logits if logits_at is not None or logits.shape[1] == width else logits[:, :width]
+
+    def _forward_aligned(self, input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
+                         kv_sink, state_sink) -> torch.Tensor:
         layout = SequenceLayout.build(input_ids, attention_mask, document_ids, position_ids)
         h = self.embed(input_ids)
         cos, sin = self.rope(layout.position_ids, h.dtype)
@@ -246,6 +259,33 @@ def loop_gathers(running: int, total: int, *, exact: bool) -> bool:
     it keeps every loop's attention in its one order (exact.dense_attention), which the
     gathered queries' attention (attention_at_rows) does not run."""
     return 0 < running < GATHER_BELOW * total and not exact
+
+
+# Where the layer regions compile, a masked forward runs on a width that is a multiple of this
+# (padded columns, masked out): inductor's SDPA lowering wants the attention bias it makes from
+# the mask in rows of 8 elements and guards on whether they are, so a micro-batch of an
+# unaligned width after an aligned one compiled both layer regions again (13 s on the H200,
+# docs/performance.md §14). Every padded width passes that guard.
+WIDTH_ALIGN = 8
+
+
+def _aligned_columns(input_ids, depths, attention_mask, document_ids, position_ids):
+    """The forward's [B, S] inputs padded on the right to a width that is a multiple of
+    WIDTH_ALIGN with positions that are padding (attention_mask 0: no query reads them, their
+    results are cut off or never scored). Positions of real tokens keep their indices. The
+    padding runs in the loops that run every position; the trainer's work counter
+    (`positions_per_loop` of the micro-batch as built) does not count it, at most
+    WIDTH_ALIGN - 1 positions a row."""
+    extra = -input_ids.shape[1] % WIDTH_ALIGN
+    if not extra:
+        return input_ids, depths, attention_mask, document_ids, position_ids
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+
+    def pad(x, value):
+        return None if x is None else torch.nn.functional.pad(x, (0, extra), value=value)
+
+    return pad(input_ids, 0), pad(depths, 1), pad(attention_mask, 0), pad(document_ids, 0), pad(position_ids, 0)
 
 
 def _loops_to_run(depths: torch.Tensor | None, attention_mask: torch.Tensor | None, num_loops: int

@@ -131,6 +131,13 @@ def region(fn: Callable, x: torch.Tensor) -> Callable:
     return _dispatch(fn, x, dynamic=True) if active().layer_regions else fn
 
 
+def regions_compile(device_type: str) -> bool:
+    """Whether a full-sequence forward on `device_type` runs its layer calls as compiled regions
+    (`region`) under the active settings, outside an `eager()` block."""
+    settings = active()
+    return settings.layer_regions and settings.compiles(device_type) and not getattr(_local, "eager", False)
+
+
 def compile_seconds() -> float:
     """Seconds this process has spent compiling so far (dynamo + inductor, forward and the
     backward compiled at the first backward pass); 0.0 where torch keeps no record."""

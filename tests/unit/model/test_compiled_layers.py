@@ -92,3 +92,35 @@ def test_bad_value_is_a_setting_error():
     # not traced: the paged replay launches Triton itself
     with pytest.raises(SettingError, match="--compile-layers on does not combine with --replay-attention paged"):
         ExecutionSettings(compile_layers="on", replay_attention="paged")
+
+
+def test_masked_forward_runs_on_an_aligned_width_where_the_regions_compile(monkeypatch):
+    """Where the layer regions compile, a padded or packed forward runs on a width that is a
+    multiple of 8 (padding columns, masked out), and its logits are the eager ones at every
+    real position: on CUDA a region guards on the attention bias's row alignment, and an
+    unaligned micro-batch after an aligned one compiled both regions again (docs/performance.md
+    §14). Eager, nothing is padded."""
+    from ouro_cli.model import ouro
+
+    widths = []
+    build_layout = ouro.SequenceLayout.build
+
+    def spy(input_ids, *args, **kwargs):
+        widths.append(input_ids.shape[1])
+        return build_layout(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(ouro.SequenceLayout, "build", spy)
+    model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 100, (2, 13), generator=g)
+    depths = torch.randint(1, model.config.num_loops + 1, (2, 13), generator=g)
+    valid = torch.ones(2, 13, dtype=torch.long)
+    valid[1, -4:] = 0
+    eager = model(ids, depths, attention_mask=valid)
+    model.execution = ExecutionSettings(compile="always", compile_layers="on")
+    compiled = model(ids, depths, attention_mask=valid)
+    assert widths == [13, 16]
+    assert compiled.shape == eager.shape
+    torch.testing.assert_close(compiled[valid.bool()], eager[valid.bool()], rtol=1e-5, atol=1e-5)
+    unmasked = model(ids, depths)  # plain causal rows carry no mask: nothing to align
+    assert widths[-1] == 13 and unmasked.shape == eager.shape
