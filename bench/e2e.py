@@ -170,8 +170,11 @@ def print_host_profile(stats: Path, record: dict, top: int = 14) -> None:
     steps = record.get("engine_decode_steps") or 0
     profile = pstats.Stats(str(stats))
     total = profile.total_tt
+    rollout = record.get("rollout_s")
     print(f"    host profile of update {record.get('update', '?')}'s rollout: {total:.2f} s under cProfile"
-          + (f", {total / steps * 1e3:.2f} ms per decode step ({steps} steps; waits for tokens "
+          + (f" of its {rollout:.2f} s rollout phase (the rest: building and checking the samples)"
+             if rollout else "")
+          + (f", {total / steps * 1e3:.2f} ms of it per decode step ({steps} steps; waits for tokens "
              f"{record.get('engine_token_wait_us', 0) / steps / 1e3:.2f} ms per step)" if steps else "")
           + f"; {stats}")
     for order in ("tottime", "cumulative"):
