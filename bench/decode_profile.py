@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import pstats
 import sys
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 import decode as decode_bench  # noqa: E402
 from kernel_table import cuda_kernels, print_kernel_table  # noqa: E402
+from train_host_profile import print_top  # noqa: E402
 
 from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
 from ouro_cli.engine.runner import batch_bucket  # noqa: E402
@@ -138,13 +137,7 @@ def host_profile(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: i
     wall, steps = _decode_steps(llm, batch, prompt, k, steps, vocab, prof.enable, prof.disable)
     print(f"  host profile (graph mode, {steps} decode steps, {wall * 1e3 / steps:.2f} ms per step "
           f"under cProfile; times in s):")
-    for order in ("tottime", "cumulative"):
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(top)
-        lines = [x for x in text.getvalue().splitlines() if x.strip()]
-        print(f"    by {order}:")
-        for line in lines[-top - 1:]:
-            print("      " + line[:160])
+    print_top(prof, top, indent="    ")
 
 
 def timeline(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, top: int) -> None:

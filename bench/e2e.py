@@ -164,8 +164,9 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
 def print_host_profile(stats: Path, record: dict, top: int = 14) -> None:
     """The cProfile of one rollout (bench/train_host_profile.py), by own and by cumulative time,
     with the host's time per decode step beside the update's figures for that rollout."""
-    import io
     import pstats
+
+    from train_host_profile import print_top
 
     steps = record.get("engine_decode_steps") or 0
     profile = pstats.Stats(str(stats))
@@ -177,13 +178,7 @@ def print_host_profile(stats: Path, record: dict, top: int = 14) -> None:
           + (f", {total / steps * 1e3:.2f} ms of it per decode step ({steps} steps; waits for tokens "
              f"{record.get('engine_token_wait_us', 0) / steps / 1e3:.2f} ms per step)" if steps else "")
           + f"; {stats}")
-    for order in ("tottime", "cumulative"):
-        text = io.StringIO()
-        pstats.Stats(str(stats), stream=text).sort_stats(order).print_stats(top)
-        lines = [x for x in text.getvalue().splitlines() if x.strip()]
-        print(f"      by {order}:")
-        for line in lines[-top - 1:]:
-            print("        " + line[:160])
+    print_top(str(stats), top, indent="      ")
 
 
 def scaling(one: dict, many: dict) -> str:

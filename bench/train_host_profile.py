@@ -15,6 +15,8 @@ profiled call slows down.
 from __future__ import annotations
 
 import cProfile
+import io
+import pstats
 import sys
 from pathlib import Path
 
@@ -42,6 +44,18 @@ def profile_call(update: int, out: str) -> None:
             prof.dump_stats(out)
 
     LLM.generate = generate
+
+
+def print_top(source, top: int, indent: str) -> None:
+    """The `top` functions of a profile (a cProfile.Profile or a pstats file), by own time and by
+    cumulative time, each line after `indent` (shared with bench/decode_profile.py)."""
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(source, stream=text).sort_stats(order).print_stats(top)
+        lines = [x for x in text.getvalue().splitlines() if x.strip()]
+        print(f"{indent}by {order}:")
+        for line in lines[-top - 1:]:
+            print(f"{indent}  {line[:160]}")
 
 
 def main() -> None:

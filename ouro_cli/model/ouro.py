@@ -153,7 +153,7 @@ class OuroForCausalLM(nn.Module):
                 input_ids, depths, attention_mask, document_ids, position_ids)
         logits = self._forward_aligned(input_ids, depths, attention_mask, document_ids, position_ids, recompute,
                                        logits_at, kv_sink, state_sink)
-        return logits if logits_at is not None or logits.shape[1] == width else logits[:, :width]
+        return logits if logits_at is not None else logits[:, :width]  # the padding columns cut off
 
     def _forward_aligned(self, input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
                          kv_sink, state_sink) -> torch.Tensor:
