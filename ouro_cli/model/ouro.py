@@ -216,7 +216,7 @@ class OuroForCausalLM(nn.Module):
         paged = pointwise.active().replay_attention_on(h.device.type) == "paged"
         layout_mask = queries.layout_mask if paged else None
         for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
-            prev_k, prev_v = prev_kv[i] or (self._no_kv(h),) * 2  # only padding has run no loop before
+            prev_k, prev_v = prev_kv[i] or self._no_kv(h)  # only padding has run no loop before
             args = (layer, closing, x, normed, cos, sin, rows, queries.slots, queries.mask, layout_mask,
                     prev_k, prev_v)
             x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
@@ -225,14 +225,17 @@ class OuroForCausalLM(nn.Module):
                 kv_sink(t, i, k, v)
         return h.reshape(b * s, hidden).index_copy(0, rows, normed[0]).view(b, s, hidden)
 
-    def _no_kv(self, h: torch.Tensor) -> torch.Tensor:
-        """The K/V a gathered loop keeps for positions that have run no loop (padding only).
-        It requires grad as every later loop's K/V does (its gradient is dropped): a compiled
-        region guards on `requires_grad`, and a micro-batch whose padding made its first loop
-        gather compiled a variant of its own, in a steady update (docs/performance.md §14)."""
+    def _no_kv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V a gathered loop keeps for positions that have run no loop (padding only):
+        two zero tensors of their own. They require grad as every later loop's K/V does (their
+        gradient is dropped), and they are not one tensor twice: a compiled region guards on
+        `requires_grad` and on its arguments' aliasing, and a micro-batch whose padding made
+        its first loop gather compiled a variant of its own, in a steady update, for each
+        (docs/performance.md §14, §15)."""
         c = self.config
-        kv = h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head)
-        return kv.requires_grad_(torch.is_grad_enabled() and h.requires_grad)
+        grad = torch.is_grad_enabled() and h.requires_grad
+        return tuple(h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head).requires_grad_(grad)
+                     for _ in range(2))
 
 
 # A loop that fewer than this share of the positions run gathers them (`_layer_step_at_rows`);
