@@ -16,8 +16,8 @@ Cases (prompts x samples per prompt x response tokens, by default at `--depths 2
 It builds an HF directory (random bf16 weights at Ouro-1.4B shapes; a 49,152-entry
 word-level tokenizer whose every id decodes; the ChatML ids 0/1/2 as in Ouro) and a
 JSONL of arithmetic prompts, runs `python -m ouro_cli.cli.app train` in a subprocess,
-and prints per update what `metrics.jsonl` recorded: rollout / train / publish / save /
-compile seconds, CUDA-graph capture seconds, the host's waits for sampled tokens (a rollout
+and prints per update what `metrics.jsonl` recorded: rollout (and of it the prefill) /
+train / publish / save / compile seconds, CUDA-graph capture seconds, the host's waits for sampled tokens (a rollout
 much longer than its waits and captures was bound by the host's per-step work, not the
 GPU), the device time of the decode steps' forwards and of their sampling (CUDA events, so
 the graph's share of a step shows beside the sampling's), optimizer-step seconds (with the
@@ -218,7 +218,7 @@ def gib(x) -> str:
 
 
 def table(result: dict) -> str:
-    head = ("upd K | rollout s capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x tokens   rc"
+    head = ("upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x tokens   rc"
             " | publish s  save s"
             " | peak GiB roll/train/pub/save")
     out = [head, "-" * len(head)]
@@ -227,7 +227,8 @@ def table(result: dict) -> str:
         steps = r.get("engine_decode_steps") or 0
         in_flight = r.get("engine_decode_tokens", 0) / steps if steps else 0.0
         out.append(
-            f"{r['update']:>3} {r['k']} | {r['rollout_s']:>9.1f} {r.get('engine_graph_capture_ms', 0) / 1e3:>7.1f} "
+            f"{r['update']:>3} {r['k']} | {r['rollout_s']:>9.1f} {r.get('engine_prefill_us', 0) / 1e6:>7.1f} "
+            f"{r.get('engine_graph_capture_ms', 0) / 1e3:>7.1f} "
             f"{r.get('engine_token_wait_us', 0) / 1e6:>7.1f} {r.get('engine_decode_forward_gpu_us', 0) / 1e6:>7.1f} "
             f"{r.get('engine_decode_sample_gpu_us', 0) / 1e6:>7.1f} {tokens / r['rollout_s']:>7.0f} {in_flight:>10.1f} | "
             f"{r['train_s']:>7.1f} {r['compile_s']:>7.1f} {r.get('train_optimizer_s', 0.0):>6.2f} "

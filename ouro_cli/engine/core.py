@@ -106,7 +106,9 @@ class EngineCore:
                               f"{[(q.request_id, q.num_cached, len(q.blocks)) for q in sched.running]}, waiting "
                               f"{[q.request_id for q in sched.waiting]}, {self.kv.allocator.num_free} blocks free")
         if plan.prefill:
+            start = time.perf_counter()  # the prefill ends waiting for its first tokens: its whole time
             self.prefill(plan.prefill, sched)
+            self.counters.prefill_us += round((time.perf_counter() - start) * 1e6)
         if plan.decode:
             self.decode(plan.decode, sched, overlap=overlap, hold=hold)
         return plan

@@ -69,6 +69,7 @@ class WorkCounters:
     decode_steps_eager: int = 0     # or run eagerly (CPU, graphs off: the fallback)
     decode_steps_overlapped: int = 0  # queued before the previous step's tokens were read (engine overlap)
     decode_rows_discarded: int = 0    # such steps' rows for a sequence that had ended a step before
+    prefill_us: int = 0             # wall time of the prefill steps, their first tokens' sampling included
     graph_captures: int = 0         # decode steps captured as CUDA graphs (again after a KV release)
     graph_capture_ms: int = 0       # wall time of those captures
     # the host's waits for sampled tokens (core.finish_step): a decode far longer than its
@@ -88,7 +89,7 @@ class WorkCounters:
 
 
 # WorkCounters fields that measure wall time, not work: two runs of the same requests agree on the rest
-TIMINGS = ("graph_capture_ms", "token_wait_us", "decode_forward_gpu_us", "decode_sample_gpu_us")
+TIMINGS = ("prefill_us", "graph_capture_ms", "token_wait_us", "decode_forward_gpu_us", "decode_sample_gpu_us")
 
 
 @dataclass
@@ -140,18 +141,24 @@ class ModelRunner:
         """Run one sequence at its depths and fill its KV planes; logits [V] at its last position.
 
         One sequence per call: packing several would change the attention reduction
-        lengths, and so the rounding, of each (see paged_attention.py)."""
+        lengths, and so the rounding, of each (see paged_attention.py). A fresh prompt (every
+        position at depth T) runs without a depths tensor: the forward then plans its loops
+        without reading the device (with one, it counts each loop's running positions on the
+        host: a wait for the device per loop) and computes the same function. Only the last
+        position's logits are computed."""
         device = self.kv.device
         ids = to_device([item.tokens], torch.long, device)
-        depths = to_device([item.depths], torch.long, device)
+        uniform = all(d == self.num_loops for d in item.depths)
+        depths = None if uniform else to_device([item.depths], torch.long, device)
         slots = to_device(item.slots, torch.long, device)
+        last = to_device([[0], [len(item.tokens) - 1]], torch.long, device)
 
         def sink(loop: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
             if loop <= self.kv.planes:  # deeper planes are never read at this view's budget
                 self.kv.write(layer, loop - 1, slots, k[0], v[0])
 
         with pointwise.eager():  # host-bound: compiled calls would cost more than they save here
-            logits = self.model(ids, depths=depths, kv_sink=sink)[0, -1]
+            logits = self.model(ids, depths=depths, kv_sink=sink, logits_at=(last[0], last[1]))[0]
         n = len(item.tokens)
         self.counters.prefill_tokens += n
         self.counters.prefill_layer_tokens += sum(item.depths) * self.num_layers
