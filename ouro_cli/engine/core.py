@@ -298,7 +298,7 @@ class EngineCore:
 
     def close(self) -> None:
         """Drop the captured steps and free the cache now, not when the core is collected."""
-        self.runner.graphs, self.runner.graph_pool = None, None
+        self.runner.graphs, self.runner.prefill_graphs, self.runner.graph_pool = None, {}, None
         self.kv.release()
 
     def work_counters(self) -> dict[str, int]:

@@ -70,7 +70,8 @@ class WorkCounters:
     decode_steps_overlapped: int = 0  # queued before the previous step's tokens were read (engine overlap)
     decode_rows_discarded: int = 0    # such steps' rows for a sequence that had ended a step before
     prefill_us: int = 0             # wall time of the prefill steps, their first tokens' sampling included
-    graph_captures: int = 0         # decode steps captured as CUDA graphs (again after a KV release)
+    prefill_steps_graphed: int = 0  # fresh prompts prefilled by replaying a captured CUDA graph
+    graph_captures: int = 0         # decode and prefill steps captured as CUDA graphs (again after a KV release)
     graph_capture_ms: int = 0       # wall time of those captures
     # the host's waits for sampled tokens (core.finish_step): a decode far longer than its
     # waits kept the device waiting for the host instead (the host's per-step work is the bound)
@@ -103,6 +104,19 @@ PADDING_POLICY = ExitPolicy.fixed(1)  # a padding row of a decode batch: one loo
 MAX_GEMV_ROWS = 64  # kernels/gemv.py: decode batches up to this use the small-batch matmul
 
 
+# On CUDA fresh prompts up to this many tokens prefill at a bucket width, as captured graphs
+# (ModelRunner.prefill); longer ones run eagerly at their own width, where the device's work
+# outweighs the host's launches.
+PREFILL_GRAPH_MAX = 512
+BUCKETED_PREFILL = ("cuda",)  # the device types that do (a test adds "cpu" to check the padding)
+
+
+def prefill_bucket(n: int) -> int:
+    """The width a fresh prompt of n <= PREFILL_GRAPH_MAX tokens prefills at on CUDA: a power of
+    two, at least 16 (six graph shapes at most)."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
 def batch_bucket(b: int) -> int:
     """Decode batches are padded to a power of two (at least 8): a row then meets the same
     matmul shapes whatever the number of live rows (the CUDA-graph bucket too)."""
@@ -125,6 +139,7 @@ class ModelRunner:
         self.attn_chunk = attn_chunk
         use_graphs = cuda_graphs and kv.device.type == "cuda"
         self.graphs: dict[tuple[int, int, int, int], CapturedDecodeStep] | None = {} if use_graphs else None
+        self.prefill_graphs: dict[tuple[int, int], CapturedPrefill] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
         self._graphs_generation = kv.generation
 
@@ -132,7 +147,7 @@ class ModelRunner:
         """Forget every captured step (they point into a KV buffer that is gone); steps are
         captured again on first use. Their memory pool goes with them."""
         if self.graphs is not None:
-            self.graphs = {}
+            self.graphs, self.prefill_graphs = {}, {}
             self.graph_pool = torch.cuda.graph_pool_handle()
         self._graphs_generation = self.kv.generation
 
@@ -145,26 +160,61 @@ class ModelRunner:
         position at depth T) runs without a depths tensor: the forward then plans its loops
         without reading the device (with one, it counts each loop's running positions on the
         host: a wait for the device per loop) and computes the same function. Only the last
-        position's logits are computed."""
+        position's logits are computed.
+
+        On CUDA a fresh prompt of up to PREFILL_GRAPH_MAX tokens runs at its bucket width
+        (`prefill_bucket`; the padding after it writes the scratch slot, and causal attention
+        keeps it out of the prompt's positions), and with CUDA graphs on as a captured graph
+        of that width (CapturedPrefill): an eager 1.4B prefill is bound by the host's launches
+        of its thousands of kernels. Eager or replayed, a prompt's bits are those of its width, whatever
+        else is prefilled."""
         device = self.kv.device
-        ids = to_device([item.tokens], torch.long, device)
+        n = len(item.tokens)
         uniform = all(d == self.num_loops for d in item.depths)
-        depths = None if uniform else to_device([item.depths], torch.long, device)
-        slots = to_device(item.slots, torch.long, device)
-        last = to_device([[0], [len(item.tokens) - 1]], torch.long, device)
+        bucketed = uniform and device.type in BUCKETED_PREFILL and n <= PREFILL_GRAPH_MAX
+        width = prefill_bucket(n) if bucketed else n
+        pad = width - n
+        inputs = to_device([item.tokens + [0] * pad, item.slots + [self.kv.scratch_slot] * pad], torch.long, device)
+        last = to_device([n - 1], torch.long, device)
+        if bucketed:
+            logits = self._prefill_replayed(width, inputs, last)
+        else:
+            depths = None if uniform else to_device([item.depths], torch.long, device)
+            logits = self._prefill_body(inputs, depths, last)
+        self.counters.prefill_tokens += n
+        self.counters.prefill_layer_tokens += sum(item.depths) * self.num_layers
+        # what the forward ran, loop by loop (the padding included)
+        executed = [width] * self.num_loops if bucketed else positions_per_loop(torch.tensor([item.depths]))
+        self.counters.prefill_layer_tokens_executed += sum(executed) * self.num_layers
+        return logits
+
+    def _prefill_replayed(self, width: int, inputs: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """A fresh prompt at its bucket `width`: replayed from its captured graph when graphs are
+        on (captured on first use of the width), else run eagerly. -> logits [V]."""
+        if self.graphs is None:
+            return self._prefill_body(inputs, None, last)
+        if self._graphs_generation != self.kv.generation:
+            self.drop_graphs()
+        key = (width, self.kv.planes)
+        if key not in self.prefill_graphs:
+            start = time.perf_counter()
+            self.prefill_graphs[key] = CapturedPrefill(self, width)
+            self.counters.graph_captures += 1
+            self.counters.graph_capture_ms += round((time.perf_counter() - start) * 1e3)
+        self.counters.prefill_steps_graphed += 1
+        return self.prefill_graphs[key].run(inputs, last)
+
+    def _prefill_body(self, inputs: torch.Tensor, depths: torch.Tensor | None, last: torch.Tensor) -> torch.Tensor:
+        """The prefill forward: `inputs` [2, W] the token ids and their KV slots, `depths` [1, W] or
+        None (T everywhere), `last` [1] the column whose logits [V] come back."""
+        slots = inputs[1]
 
         def sink(loop: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
             if loop <= self.kv.planes:  # deeper planes are never read at this view's budget
                 self.kv.write(layer, loop - 1, slots, k[0], v[0])
 
         with pointwise.eager():  # host-bound: compiled calls would cost more than they save here
-            logits = self.model(ids, depths=depths, kv_sink=sink, logits_at=(last[0], last[1]))[0]
-        n = len(item.tokens)
-        self.counters.prefill_tokens += n
-        self.counters.prefill_layer_tokens += sum(item.depths) * self.num_layers
-        executed = positions_per_loop(torch.tensor([item.depths]))  # what the forward ran, loop by loop
-        self.counters.prefill_layer_tokens_executed += sum(executed) * self.num_layers
-        return logits
+            return self.model(inputs[:1], depths=depths, kv_sink=sink, logits_at=(torch.zeros_like(last), last))[0]
 
     @torch.no_grad()
     def decode(self, tokens: list[int] | tuple[torch.Tensor, list[int]], positions: list[int],
@@ -332,19 +382,7 @@ class CapturedDecodeStep:
             logits, depth, _ = runner._step(self.inputs, exits, allow_sync=False)
             return logits, depth
 
-        # Warm-up and capture on a stream of the engine's own device. `torch.cuda.graph`'s
-        # default capture stream is one per process, made on whichever device was current
-        # at its first use: an engine on cuda:1 beside one on cuda:0 (or in a process whose
-        # current device is cuda:0) would have its kernels launched from the wrong device.
-        with torch.cuda.device(device):
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                body()  # warm-up outside capture (lazy inits, autotuning)
-            torch.cuda.current_stream(device).wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=runner.graph_pool, stream=stream):
-                self.logits, self.depth = body()
+        self.graph, (self.logits, self.depth) = capture(body, device, runner.graph_pool)
 
     def run(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         self.inputs.ints.copy_(inputs.ints)
@@ -352,3 +390,46 @@ class CapturedDecodeStep:
         with torch.cuda.device(self.inputs.ints.device):  # replay launches on the current device's stream
             self.graph.replay()
         return self.logits, self.depth
+
+
+class CapturedPrefill:
+    """A fresh prompt's prefill at one bucket width, captured as a CUDA graph for (width, KV planes).
+
+    Its inputs are the padded token ids and KV slots [2, width] and the column of the prompt's
+    last token; warm-up and capture point every slot at the scratch slot. Like a decode step
+    it reads parameters and KV planes in place, so it stays valid across weight publication.
+    `run` returns a copy of the logits: a step prefills many prompts before it samples."""
+
+    def __init__(self, runner: ModelRunner, width: int) -> None:
+        kv = runner.kv
+        self.inputs = torch.full((2, width), kv.scratch_slot, dtype=torch.long, device=kv.device)
+        self.inputs[0] = 0
+        self.last = torch.zeros(1, dtype=torch.long, device=kv.device)
+        self.graph, self.logits = capture(lambda: runner._prefill_body(self.inputs, None, self.last), kv.device,
+                                          runner.graph_pool)
+
+    def run(self, inputs: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        self.inputs.copy_(inputs)
+        self.last.copy_(last)
+        with torch.cuda.device(self.inputs.device):
+            self.graph.replay()
+        return self.logits.clone()
+
+
+def capture(body, device: torch.device, pool):
+    """Run `body` once to warm up, then capture it as a CUDA graph in `pool` -> (graph, its outputs).
+
+    Warm-up and capture run on a stream of the engine's own device: `torch.cuda.graph`'s
+    default capture stream is one per process, made on whichever device was current at its
+    first use, so an engine on cuda:1 beside one on cuda:0 (or in a process whose current
+    device is cuda:0) would have its kernels launched from the wrong device."""
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            body()  # warm-up outside capture (lazy inits, autotuning)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            outputs = body()
+    return graph, outputs

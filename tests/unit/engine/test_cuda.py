@@ -1,6 +1,6 @@
 """The same guarantees on CUDA (skipped without a GPU): fp32 logprobs equal the replay,
-captured CUDA graphs give the eager results, batch size does not change outputs,
-published weights reach captured graphs, and a bf16 engine runs."""
+captured CUDA graphs give the eager results (a captured prefill the eager one's bits), batch
+size does not change outputs, published weights reach captured graphs, and a bf16 engine runs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ouro_cli.engine import LLM, SamplingParams
+from ouro_cli.engine.runner import PrefillItem
 
 from .conftest import prompts, tiny_model
 from .test_replay import max_replay_error
@@ -55,6 +56,30 @@ def test_cuda_graphs_see_published_weights():
     _assert_same(after, _generate(new, 4, graphs=False))
     counters = llm.work_counters()
     assert counters["decode_steps_graphed"] == counters["decode_steps"] > 0 and counters["decode_steps_eager"] == 0
+    assert counters["prefill_steps_graphed"] == 10  # 5 prompts, twice
+
+
+def test_cuda_prefill_graph_gives_the_eager_bits():
+    """A fresh prompt's captured prefill (its bucket width) against the same prefill run eagerly:
+    the same logits and the same K/V in every layer and plane, to the bit."""
+    model = tiny_model(0).cuda()
+    llm = LLM(model, max_num_seqs=4, kv_blocks=64, block_size=4, cuda_graphs=True)
+    runner, kv = llm.core.runner, llm.core.kv
+    tokens = prompts(1, seed=3, lo=11, hi=11)[0]
+    item = PrefillItem(tokens, [model.num_loops] * len(tokens), list(range(8, 8 + len(tokens))))
+    try:
+        llm.core.restore_memory()  # the cache, if the engine holds none yet
+        graphed = runner.prefill(item)
+        cached = kv.k[..., 8:8 + len(tokens), :].clone(), kv.v[..., 8:8 + len(tokens), :].clone()
+        kv.k.zero_(), kv.v.zero_()
+        graphs, runner.graphs = runner.graphs, None  # graphs off: the eager prefill at the same width
+        eager = runner.prefill(item)
+        runner.graphs = graphs
+        assert torch.equal(graphed, eager)
+        assert torch.equal(cached[0], kv.k[..., 8:8 + len(tokens), :]) and torch.equal(cached[1], kv.v[..., 8:8 + len(tokens), :])
+        assert llm.work_counters()["prefill_steps_graphed"] == 1
+    finally:
+        llm.close()
 
 
 def test_cuda_bf16_runs():
