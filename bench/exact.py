@@ -4,6 +4,10 @@ engine-trainer agreement, default against `--exact` (docs/exact.md).
     python bench/exact.py                                  # CPU, a small shape: the three sections
     python bench/exact.py --device cuda --shape 1.4b       # the H200: random Ouro-1.4B weights, bf16
     python bench/exact.py --sections agree --batches 1 8 32 128
+    python bench/exact.py --device cuda --shape 1.4b --sections train --train-samples 32 --prompt 18 --new-tokens 512 --profile 25
+
+The last profiles the train step at bench/e2e.py's row shape (32 rows of 18 + 512 tokens) and
+prints each mode's costliest operators: where exact mode's train phase loses its time.
 
 Times are medians of --repeats, wall time on CUDA and the process's CPU time on CPU (one
 thread: a figure other processes on the cores do not inflate).
@@ -139,7 +143,7 @@ def random_samples(cfg, n: int, prompt_len: int, response_len: int, rng: random.
 
 
 def section_train(a, cfg, dtype) -> dict:
-    out = {}
+    out, profiles = {}, {}
     for mode, execution in MODES.items():
         trainer = trainer_for(random_model(cfg, dtype, a.device), a.device, a.dtype, execution)
         rng = random.Random(0)
@@ -153,11 +157,32 @@ def section_train(a, cfg, dtype) -> dict:
                 sync(a.device)
                 if step:  # the first step compiles and allocates
                     times.append(clock(a.device)() - start)
+            if a.profile:
+                profiles[mode] = profile_step(trainer, random_samples(cfg, a.train_samples, a.prompt, a.new_tokens,
+                                                                      rng), a.device, a.profile)
         finally:
             trainer.close()
         out[mode] = statistics.median(times)
         progress(f"train {mode}: {out[mode]:.3f} s per step")
-    return {"train_step_s": out, "ratio": _ratio(out)}
+        if a.profile:
+            progress(f"train {mode}: top {a.profile} ops of one step by own {profiles[mode]['by']} time\n"
+                     + profiles[mode]["table"])
+    return {"train_step_s": out, "ratio": _ratio(out), **({"profiles": profiles} if a.profile else {})}
+
+
+def profile_step(trainer, batch, device: str, top: int) -> dict:
+    """One more train step under torch.profiler: its `top` operators by own device time (CUDA) or
+    own CPU time, as torch.profiler's table prints them (where exact mode's cost sits)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        trainer.train_step(batch)
+        sync(device)
+    by = "cuda" if device == "cuda" else "cpu"
+    table = prof.key_averages().table(sort_by=f"self_{by}_time_total", row_limit=top, max_name_column_width=60)
+    return {"by": by, "table": table}
 
 
 def progress(line: str) -> None:
@@ -226,6 +251,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                             "1 4 16 on CPU)")
     ap.add_argument("--agree-new-tokens", type=int, help="agree: tokens per rollout (default 64 on CUDA, 16 on CPU)")
     ap.add_argument("--modes", default="default,exact", help="comma-separated subset of default,exact")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="train: after the timed steps, profile one more and print its N costliest operators")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args(argv)
     cuda = a.device == "cuda"
