@@ -166,8 +166,8 @@ class ModelRunner:
         (`prefill_bucket`; the padding after it writes the scratch slot, and causal attention
         keeps it out of the prompt's positions), and with CUDA graphs on as a captured graph
         of that width (CapturedPrefill): an eager 1.4B prefill is bound by the host's launches
-        of its thousands of kernels. Eager or replayed, a prompt's bits are those of its width, whatever
-        else is prefilled."""
+        of its thousands of kernels. Eager or replayed, a prompt's bits are those of its
+        width, whatever else is prefilled."""
         device = self.kv.device
         n = len(item.tokens)
         uniform = all(d == self.num_loops for d in item.depths)
