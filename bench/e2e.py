@@ -21,7 +21,8 @@ train / publish / save / compile seconds, CUDA-graph capture seconds, the host's
 much longer than its waits and captures was bound by the host's per-step work, not the
 GPU), the device time of the decode steps' forwards and of their sampling (CUDA events, so
 the graph's share of a step shows beside the sampling's), optimizer-step seconds (with the
-host copies of `--offload-optimizer`), response tokens per second, sequences in flight
+host copies of `--offload-optimizer`), the train phase's allocator retries (a cache flush and a
+device sync each: a phase at the edge of its memory), response tokens per second, sequences in flight
 (decoded tokens per decode step), micro-batches, and the peak device memory of each phase,
 beside the memory plan the run logged. A second table puts each phase beside its limit
 (bench/e2e_limits.py: the rollout's bytes roofline, the trainer's model FLOPs at 780
@@ -233,7 +234,8 @@ def table(result: dict) -> str:
             f"{r.get('engine_decode_sample_gpu_us', 0) / 1e6:>7.1f} {tokens / r['rollout_s']:>7.0f} {in_flight:>10.1f} | "
             f"{r['train_s']:>7.1f} {r['compile_s']:>7.1f} {r.get('train_optimizer_s', 0.0):>6.2f} "
             f"{r['train_micro_batches']:>2} x {r['train_micro_batch_tokens_max']:>6}"
-            f" {'on' if r.get('train_layer_tokens_recomputed') else 'off':>4} | {r['publish_s']:>9.2f} {r['save_s']:>7.1f} | "
+            f" {'on' if r.get('train_layer_tokens_recomputed') else 'off':>4} {r.get('train_alloc_retries') or 0:>5}"
+            f" | {r['publish_s']:>9.2f} {r['save_s']:>7.1f} | "
             f"{gib(r.get('peak_memory_rollout_gib'))}/{gib(r.get('peak_memory_train_gib'))}/"
             f"{gib(r.get('peak_memory_publish_gib'))}/{gib(r.get('peak_memory_save_gib'))}")
     return "\n".join(out)

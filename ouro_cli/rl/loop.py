@@ -74,7 +74,7 @@ from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
 
 Progress = Callable[[dict[str, Any]], None]
-NO_SAVE = {"save_s": 0.0, "save_compile_s": 0.0, "peak_memory_save_gib": None}
+NO_SAVE = {"save_s": 0.0, "save_compile_s": 0.0, "peak_memory_save_gib": None, "save_alloc_retries": None}
 
 
 @dataclass

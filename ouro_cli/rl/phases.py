@@ -6,9 +6,12 @@ to lower.
                "--max-tokens-per-micro-batch"):
         trainer.train_step(batch)
 
-records `train_s`, `train_compile_s` (the part of it spent compiling) and
-`peak_memory_train_gib` (CUDA; None on CPU, where PyTorch keeps no per-phase peak) in
-`metrics`. An OOM raises `ResourceError` (exit 1): nothing of the
+records `train_s`, `train_compile_s` (the part of it spent compiling),
+`peak_memory_train_gib` and `train_alloc_retries` in `metrics`. The last two are CUDA's
+(None on CPU, where PyTorch keeps neither): the retries count the allocations that found
+no cached block, so that the allocator freed its whole cache and asked the device again, a
+wait for the device each time. A phase that retries runs near its memory limit and slower
+than it would with a little more room. An OOM raises `ResourceError` (exit 1): nothing of the
 update has been saved, so the last checkpoint stays the run's latest.
 """
 
@@ -33,6 +36,7 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    retries = _alloc_retries(device) if cuda else None
     start, compiled = time.perf_counter(), compile_seconds()
     try:
         yield
@@ -45,6 +49,11 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
         metrics[f"{name}_s"] = time.perf_counter() - start
         metrics[f"{name}_compile_s"] = compile_seconds() - compiled
         metrics[f"peak_memory_{name}_gib"] = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
+        metrics[f"{name}_alloc_retries"] = _alloc_retries(device) - retries if cuda else None
+
+
+def _alloc_retries(device: torch.device) -> int:
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
 
 
 def hand_back(engine: Any, device: torch.device) -> None:

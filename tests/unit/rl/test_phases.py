@@ -15,7 +15,7 @@ def test_a_phase_records_its_time_and_no_peak_on_cpu():
     with phase(metrics, "train", torch.device("cpu"), "4 samples", "--max-tokens-per-micro-batch"):
         pass
     assert metrics["train_s"] >= 0 and metrics["train_compile_s"] == 0.0
-    assert metrics["peak_memory_train_gib"] is None
+    assert metrics["peak_memory_train_gib"] is None and metrics["train_alloc_retries"] is None
 
 
 def test_out_of_memory_is_one_line_naming_phase_size_and_option():
@@ -34,3 +34,13 @@ def test_other_errors_pass_through():
     with pytest.raises(ValueError, match="not memory"):
         with phase({}, "rollout", torch.device("cpu"), "x", "y"):
             raise ValueError("not memory")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_phase_on_cuda_records_its_peak_and_its_allocator_retries():
+    metrics: dict = {}
+    with phase(metrics, "train", torch.device("cuda"), "4 samples", "--max-tokens-per-micro-batch"):
+        x = torch.empty(2**28, dtype=torch.uint8, device="cuda")
+    assert metrics["peak_memory_train_gib"] >= 0.25 and metrics["train_alloc_retries"] >= 0
+    del x
