@@ -219,7 +219,7 @@ def gib(x) -> str:
 
 
 def table(result: dict) -> str:
-    head = ("upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x tokens   rc"
+    head = ("upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x tokens   rc retry"
             " | publish s  save s"
             " | peak GiB roll/train/pub/save")
     out = [head, "-" * len(head)]
