@@ -180,7 +180,8 @@ class EngineCore:
             self.counters.decode_steps_overlapped += 1
         spans = StepSpans.begin(self.device)
         logits, depths = self.runner.decode(tokens, [s.num_cached for s in seqs], [s.blocks for s in seqs],
-                                            [s.exit_policy(ahead) for s in seqs])
+                                            [s.exit_policy(ahead) for s in seqs],
+                                            reach=max(s.max_kv_tokens for s in seqs))
         for seq in seqs:
             seq.num_cached += 1
         if spans is not None:

@@ -218,16 +218,27 @@ class ModelRunner:
 
     @torch.no_grad()
     def decode(self, tokens: list[int] | tuple[torch.Tensor, list[int]], positions: list[int],
-               block_tables: list[list[int]], policies: list[ExitPolicy]) -> tuple[torch.Tensor, torch.Tensor]:
+               block_tables: list[list[int]], policies: list[ExitPolicy], reach: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row at `positions` (= cached length) -> (logits [B, V], depths [B]).
 
         `tokens` are the input ids, or (ids on the device, row of each input in them): the
-        previous step's sampled tokens, read without a trip through the host."""
+        previous step's sampled tokens, read without a trip through the host. `reach` is the
+        longest context any of these rows may come to hold (0: unknown). With the Triton
+        attention the step's context width covers it from the first step: that kernel walks
+        each row's own length whatever the width (its bits do not depend on it), so one
+        captured graph per batch bucket serves a whole rollout, where widths that followed
+        the growing context captured a graph at each power of two (4-5 captures, 0.7-1.3 s a
+        rollout at 1.4B on the H200, docs/performance.md §15)."""
         b = len(positions)
         pad = batch_bucket(b) - b  # padding rows: token 0 at position 0 in the scratch slot, one loop
         policies = policies + [PADDING_POLICY] * pad
         host_ids = tokens if isinstance(tokens, list) else [0] * b
-        inputs = self._inputs(host_ids + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies)
+        longest = max(positions) + 1
+        if self.attention == "triton":
+            longest = max(longest, reach)
+        inputs = self._inputs(host_ids + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies,
+                              longest)
         if not isinstance(tokens, list):
             ids, rows = tokens
             inputs.ints[:b, DecodeInputs.IDS] = ids[to_device(rows, torch.long, ids.device)]
@@ -256,10 +267,11 @@ class ModelRunner:
         return logits[:b], depth[:b]
 
     def _inputs(self, tokens: list[int], positions: list[int], block_tables: list[list[int]],
-                policies: list[ExitPolicy]) -> DecodeInputs:
+                policies: list[ExitPolicy], longest: int) -> DecodeInputs:
         """The step's host inputs packed into two tensors: one host-to-device copy each (and
-        one copy each into a captured graph's inputs), whatever the batch size."""
-        chunks = -(-(max(positions) + 1) // self.attn_chunk)
+        one copy each into a captured graph's inputs), whatever the batch size; the context
+        width covers `longest` positions."""
+        chunks = -(-longest // self.attn_chunk)
         if self.graphs is not None:  # a power of two of chunks: few graph shapes (extra chunks are no-ops)
             chunks = 1 << (chunks - 1).bit_length()
         width = chunks * self.attn_chunk

@@ -25,6 +25,7 @@ from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
     check_replay_attention,
+    check_width_from_reach,
     check_write_and_attend,
 )
 from tests.unit.engine.conftest import prompts, tiny_model
@@ -146,3 +147,24 @@ def test_overlapped_decode_equals_one_step_at_a_time(dtype):
     overlapped, c = run(tiny_model(0), 8, overlap=True, **options)
     _assert_identical(overlapped, serial)
     assert c["decode_steps_overlapped"] > 0 and c["decode_rows_discarded"] > 0 and c["decode_steps_eager"] == 0
+
+
+def test_width_from_reach_keeps_the_bits_on_cuda():
+    check_width_from_reach("cuda")
+
+
+def test_a_rollout_captures_one_decode_graph_per_bucket():
+    """Decode steps take their width from the rows' reach, so the growing context of a rollout
+    needs no graph of its own at each power of two: one decode capture per batch bucket."""
+    model = tiny_model(0).cuda()
+    llm = LLM(model, max_num_seqs=4, kv_blocks=96, block_size=4, attn_chunk=8, cuda_graphs=True)
+    try:
+        params = [SamplingParams(max_tokens=40, seed=s, logprobs=0, max_loops=4, ignore_eos=True) for s in range(4)]
+        llm.generate(prompts(4, seed=1), params)
+        counters = llm.work_counters()
+    finally:
+        llm.close()
+    # one prefill width (prompts of 3-12 tokens: 16) and one decode step (4 rows, bucket 8, all
+    # running to the end); with widths that followed the context, 16, 32 and 64 were each captured
+    assert counters["graph_captures"] == 2 and counters["prefill_steps_graphed"] == 4, counters
+

@@ -281,9 +281,47 @@ def check_replay_mode_engine(device="cpu") -> None:
     assert max(errors.values()) <= 1e-5
 
 
+def check_width_from_reach(device="cpu") -> None:
+    """With the Triton attention a decode step's context width covers the longest context its
+    rows may reach (runner.decode's `reach`), not only the current one: a request allowed 40
+    tokens decodes its first 6 on wider steps than the same request allowed 6, with the same
+    tokens, depths and logprobs to the bit (the kernel walks each row's own length)."""
+    from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.settings import ExecutionSettings
+    from tests.unit.engine.conftest import prompts, tiny_model
+
+    model = tiny_model(0).to(device)
+    runs = {}
+    for max_tokens in (6, 40):
+        params = [SamplingParams(max_tokens=max_tokens, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+                  for s in range(3)]
+        llm = LLM(model, max_num_seqs=3, kv_blocks=48, block_size=4, attn_chunk=8, cuda_graphs=False,
+                  execution=ExecutionSettings(decode_attention="triton"))
+        widths, plain = [], llm.runner._inputs
+
+        def spy(*args, plain=plain, widths=widths):
+            inputs = plain(*args)
+            widths.append(inputs.width)
+            return inputs
+
+        llm.runner._inputs = spy
+        try:
+            outs = llm.generate(prompts(3, seed=1), params)
+        finally:
+            llm.close()
+        runs[max_tokens] = outs, widths
+    (short, narrow), (long, wide) = runs[6], runs[40]
+    assert min(wide) > max(narrow), (narrow, wide)
+    assert len({d for o in short for d in o.exit_depths[1:]}) >= 2
+    for a, b in zip(short, long, strict=True):
+        assert (a.output_token_ids, a.exit_depths, a.log_probs) == (
+            b.output_token_ids[:6], b.exit_depths[:6], b.log_probs[:6])
+
+
 CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,
           "write_and_attend": check_write_and_attend, "engine": check_engine,
-          "replay_attention": check_replay_attention, "replay_mode_engine": check_replay_mode_engine}
+          "replay_attention": check_replay_attention, "replay_mode_engine": check_replay_mode_engine,
+          "width_from_reach": check_width_from_reach}
 
 if __name__ == "__main__":
     sys.exit(run_checks(CHECKS, sys.argv[1:]))

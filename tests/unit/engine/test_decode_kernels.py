@@ -6,7 +6,8 @@ torch write exactly (and its output the unfused kernel's, bit for bit); and
 an engine running them (and the small-batch matmul, kernels/gemv.py) reports the torch
 path's logprobs and still equals the replay. The replay's attention through the decode
 kernel (`replay_attention="paged"`) equals SDPA, gives each query the decode kernel's
-bits for it alone, backpropagates SDPA's gradients, and keeps the engine's agreement.
+bits for it alone, backpropagates SDPA's gradients, and keeps the engine's agreement; a
+decode step whose width covers the rows' whole reach gives the narrow step's bits.
 
 The checks live in _decode_kernel_checks.py (shared with tests/gpu) and run in one
 subprocess with TRITON_INTERPRET=1, which must be set before the kernels are imported
@@ -22,7 +23,8 @@ from ._interpreted import interpreter_report
 
 pytest.importorskip("triton")
 
-CHECKS = ["attention", "batch_invariance", "write_and_attend", "engine", "replay_attention", "replay_mode_engine"]
+CHECKS = ["attention", "batch_invariance", "write_and_attend", "engine", "replay_attention", "replay_mode_engine",
+          "width_from_reach"]
 
 
 @pytest.fixture(scope="module")
