@@ -6,9 +6,10 @@ replay compute the same function:
 - `prefill` calls the model's whole-sequence forward on one sequence with
   per-position depths; its `kv_sink` hands over the K/V every position holds at each
   (loop, layer) — already in the last-exited layout — and we scatter them into the
-  paged planes. A fresh prompt runs at depth T; a
-  sequence recomputed after preemption is prefilled as prompt + generated tokens with
-  their recorded depths, which rebuilds exactly the KV it had.
+  paged planes. A fresh prompt runs at depth T (on CUDA at a bucket width, replayed from a
+  captured graph: CapturedPrefill); a sequence recomputed after preemption is prefilled
+  as prompt + generated tokens with their recorded depths, which rebuilds exactly the KV
+  it had.
 - `decode` feeds each row's newest token through loops 1..K with `model.run_loop`,
   attending over the row's cached tokens at the plane of the current loop. A row that
   has exited keeps its hidden state, and writes into plane t a copy of its own
