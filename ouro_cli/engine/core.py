@@ -118,17 +118,21 @@ class EngineCore:
         sample token 0 of each fresh one (a recomputed sequence already holds its next input).
 
         A GRPO group submits its prompt G times; the copies admitted in one step share one
-        prefill, and the others receive its K/V (every layer and plane) by a slot copy.
+        prefill, and the others receive its K/V (every layer and plane) by a slot copy, one
+        copy for all of the step's (224 of them at 256 samples of 32 prompts).
         Prefill is deterministic, so this gives the bits a separate prefill would."""
         fresh, logits = [], []
         done: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], torch.Tensor]] = {}
+        copy_from: list[int] = []
+        copy_to: list[int] = []
         for seq in seqs:
             tokens, depths = seq.prefill_tokens, seq.prefill_depths(self.num_loops)
             slots = self.kv.slots(seq.blocks, 0, len(tokens))
             key = (tuple(tokens), tuple(depths))
             if key in done:
                 source_slots, last = done[key]
-                self.kv.copy_slots(source_slots, slots)
+                copy_from += source_slots
+                copy_to += slots
                 self.counters.prefill_tokens_shared += len(tokens)
             else:
                 last = self.runner.prefill(PrefillItem(tokens, depths, slots))
@@ -137,6 +141,8 @@ class EngineCore:
             if seq.is_fresh:
                 fresh.append(seq)
                 logits.append(last)
+        if copy_to:  # every copy at once, queued after the prefills it copies from
+            self.kv.copy_slots(copy_from, copy_to)
         if fresh:
             self.sample(fresh, torch.stack(logits), [self.num_loops] * len(fresh), sched)
 
