@@ -17,13 +17,13 @@ It builds an HF directory (random bf16 weights at Ouro-1.4B shapes; a 49,152-ent
 word-level tokenizer whose every id decodes; the ChatML ids 0/1/2 as in Ouro) and a
 JSONL of arithmetic prompts, runs `python -m ouro_cli.cli.app train` in a subprocess,
 and prints per update what `metrics.jsonl` recorded: rollout (and of it the prefill) /
-train / publish / save / compile seconds, CUDA-graph capture seconds, the host's waits for sampled tokens (a rollout
-much longer than its waits and captures was bound by the host's per-step work, not the
-GPU), the device time of the decode steps' forwards and of their sampling (CUDA events, so
-the graph's share of a step shows beside the sampling's), optimizer-step seconds (with the
-host copies of `--offload-optimizer`), the train phase's allocator retries (a cache flush and a
-device sync each: a phase at the edge of its memory), response tokens per second, sequences in flight
-(decoded tokens per decode step), micro-batches, and the peak device memory of each phase,
+train / publish / save / compile seconds, CUDA-graph capture seconds, the host's waits for
+sampled tokens (a rollout much longer than its waits and captures was bound by the host's
+per-step work, not the GPU), the device time of the decode steps' forwards and of their
+sampling (CUDA events, so the graph's share of a step shows beside the sampling's),
+optimizer-step seconds (with the host copies of `--offload-optimizer`), the train phase's
+allocator retries (a cache flush and a device sync each: a phase at the edge of its memory),
+response tokens per second, sequences in flight (decoded tokens per decode step), micro-batches, and the peak device memory of each phase,
 beside the memory plan the run logged. A second table puts each phase beside its limit
 (bench/e2e_limits.py: the rollout's bytes roofline, the trainer's model FLOPs at 780
 TFLOP/s, the publication's copy) and sums them into the update's, then gives the steady
