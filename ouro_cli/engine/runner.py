@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -194,16 +196,24 @@ class ModelRunner:
         on (captured on first use of the width), else run eagerly. -> logits [V]."""
         if self.graphs is None:
             return self._prefill_body(inputs, None, last)
+        self._forget_stale_graphs()
+        graph = self._captured(self.prefill_graphs, (width, self.kv.planes), lambda: CapturedPrefill(self, width))
+        self.counters.prefill_steps_graphed += 1
+        return graph.run(inputs, last)
+
+    def _forget_stale_graphs(self) -> None:
+        """Drop the captured steps if the KV buffer they point into was released and taken again."""
         if self._graphs_generation != self.kv.generation:
             self.drop_graphs()
-        key = (width, self.kv.planes)
-        if key not in self.prefill_graphs:
+
+    def _captured(self, table: dict, key: tuple, capture_step: Callable[[], Any]) -> Any:
+        """`table[key]`, captured by `capture_step()` on first use (counted and timed)."""
+        if key not in table:
             start = time.perf_counter()
-            self.prefill_graphs[key] = CapturedPrefill(self, width)
+            table[key] = capture_step()
             self.counters.graph_captures += 1
             self.counters.graph_capture_ms += round((time.perf_counter() - start) * 1e3)
-        self.counters.prefill_steps_graphed += 1
-        return self.prefill_graphs[key].run(inputs, last)
+        return table[key]
 
     def _prefill_body(self, inputs: torch.Tensor, depths: torch.Tensor | None, last: torch.Tensor) -> torch.Tensor:
         """The prefill forward: `inputs` [2, W] the token ids and their KV slots, `depths` [1, W] or
@@ -247,15 +257,9 @@ class ModelRunner:
         if max_loops > self.kv.planes:
             raise RuntimeError(f"a decode row runs {max_loops} loops but the KV cache holds {self.kv.planes} planes")
         if self.graphs is not None:
-            if self._graphs_generation != self.kv.generation:  # the KV buffer was released and taken again
-                self.drop_graphs()
-            key = (b + pad, inputs.width, max_loops, self.kv.planes)
-            if key not in self.graphs:
-                start = time.perf_counter()
-                self.graphs[key] = CapturedDecodeStep(self, *key[:3])  # planes: the cache's current view
-                self.counters.graph_captures += 1
-                self.counters.graph_capture_ms += round((time.perf_counter() - start) * 1e3)
-            logits, depth = self.graphs[key].run(inputs)
+            self._forget_stale_graphs()
+            key = (b + pad, inputs.width, max_loops, self.kv.planes)  # planes: the cache's current view
+            logits, depth = self._captured(self.graphs, key, lambda: CapturedDecodeStep(self, *key[:3])).run(inputs)
             loops_run = max_loops
             self.counters.decode_steps_graphed += 1
         else:
