@@ -287,15 +287,15 @@ class EngineCore:
         self.publisher.finish()
 
     def release_memory(self) -> None:
-        """Free the KV cache and the CUDA graphs captured on it."""
+        """Free the KV cache. The CUDA graphs captured on it are kept: they replay again when the
+        cache comes back with the layout they were captured on (kv_memory.py)."""
         self.kv.release()
-        self.runner.drop_graphs()
 
     def restore_memory(self, blocks: int | None = None) -> None:
-        """Allocate the KV cache again (zeroed); decode steps are captured again on first use.
-        With `blocks`: room for that many blocks of the current view, at most the capacity;
-        a cache allocated smaller than that is allocated again (nothing is cached between
-        calls that could be lost: the core is idle)."""
+        """Allocate the KV cache again (zeroed). With `blocks`: room for that many blocks of the
+        current view (rounded up: kv_cache.restore_blocks), at most the capacity; a cache
+        allocated smaller than that is allocated again (nothing is cached between calls that
+        could be lost: the core is idle)."""
         if blocks is not None and not self.kv.released:
             wanted = min(blocks, self.kv.blocks_at(self.kv.planes, capacity=True))
             if self.kv.num_blocks >= wanted:
@@ -305,8 +305,8 @@ class EngineCore:
 
     def close(self) -> None:
         """Drop the captured steps and free the cache now, not when the core is collected."""
-        self.runner.graphs, self.runner.prefill_graphs, self.runner.graph_pool = None, {}, None
-        self.kv.release()
+        self.runner.close()
+        self.kv.close()
 
     def work_counters(self) -> dict[str, int]:
         return self.counters.as_dict()

@@ -172,7 +172,7 @@ class LLM(GenerationControl):
     # ---- memory hand-back (contract.ReleasesMemory) ---------------------------------------
 
     def release_memory(self) -> None:
-        """Free the KV cache (and the CUDA graphs captured on it) while the engine is idle."""
+        """Free the KV cache while the engine is idle (its CUDA graphs are kept for its return)."""
         with self.control.lock:
             self.control.check_open()
             if self.control.generating:
@@ -180,7 +180,7 @@ class LLM(GenerationControl):
             self.core.release_memory()
 
     def restore_memory(self) -> None:
-        """Allocate the KV cache again (zeroed); decode steps are captured again on first use."""
+        """Allocate the KV cache again (zeroed), the whole capacity."""
         with self.control.lock:
             self.control.check_open()
             self.core.restore_memory()

@@ -32,8 +32,11 @@ cache that holds every request's longest KV never refuses a block, so the schedu
 with it every output, is the one the whole capacity gives. Contents are not kept, which is safe
 because every slot a step reads was written by the same sequence after the last
 invalidation (see `invalidate`); a restored buffer is zeroed, so even unwritten slots
-hold finite values. `generation` counts restores: views into an older buffer (CUDA
-graphs captured on it) are stale once it changes.
+hold finite values. `generation` counts restores. A restore's size is rounded up to a
+step of the capacity (`restore_blocks`), so calls of one shape restore the very same view;
+on CUDA the buffer keeps its addresses across a release (kv_memory.ReservedBuffer), and
+`layout` (addresses, planes, blocks) then repeats too: the CUDA graphs captured on a
+layout (runner.py) stay valid for as long as it comes back.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ from __future__ import annotations
 import torch
 
 from .host_to_device import to_device
+from .kv_memory import device_buffer
+
+RESTORE_STEPS = 64  # a restored cache holds a multiple of 1/64 of its capacity (`restore_blocks`)
 
 
 class OutOfBlocks(RuntimeError):
@@ -83,6 +89,21 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def restore_blocks(blocks: int, capacity: int) -> int:
+    """The blocks a released cache of `capacity` blocks (at the view's planes) comes back with
+    for a call that can hold `blocks` at once: rounded up to a multiple of capacity /
+    RESTORE_STEPS, at most the capacity. Rollouts of one shape differ by a few prompt tokens;
+    rounded, they restore one view, whose CUDA graphs then need no new capture."""
+    step = max(1, capacity // RESTORE_STEPS)
+    return min(capacity, -(-max(blocks, 1) // step) * step)
+
+
+def capacity_blocks(kv_blocks: int, num_loops: int, planes: int, block_size: int) -> int:
+    """Blocks (scratch excluded) a cache of `kv_blocks` blocks at `num_loops` planes holds when
+    viewed with `planes` planes: the same bytes, re-cut (`PagedKVCache.blocks_at`)."""
+    return (num_loops * (kv_blocks + 1) * block_size // planes) // block_size - 1
+
+
 def request_blocks(kv_tokens: int, draft_tokens: int, block_size: int) -> int:
     """The most blocks one request holds at once: its longest KV (`kv_tokens`, prompt +
     max_tokens - 1) plus a token in flight and its draft tokens. A cache of the sum over a
@@ -98,7 +119,8 @@ class PagedKVCache:
     exactly those bytes whatever view is active."""
 
     def __init__(self, *, num_layers: int, num_loops: int, num_blocks: int, block_size: int,
-                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
+                 fixed_address: bool | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"kv_blocks must be >= 1, got {num_blocks}")
         self.num_layers, self.num_loops = num_layers, num_loops
@@ -110,7 +132,10 @@ class PagedKVCache:
         self._half = self._capacity_half
         self.generation = 0
         self.planes = num_loops
-        self._storage: torch.Tensor | None = None
+        # the K and V halves, each its own buffer (`fixed_address`: kv_memory.device_buffer)
+        self._buffers = tuple(device_buffer(self._capacity_half, dtype, self._device, fixed_address)
+                              for _ in range(2))
+        self._storage: tuple[torch.Tensor, torch.Tensor] | None = None
         self.restore()
 
     @property
@@ -120,6 +145,17 @@ class PagedKVCache:
     @property
     def released(self) -> bool:
         return self._storage is None
+
+    @property
+    def fixed_address(self) -> bool:
+        """Whether a restore brings the buffer back at its addresses (kv_memory.py)."""
+        return all(b.fixed_address for b in self._buffers)
+
+    @property
+    def layout(self) -> tuple[int, int, int, int]:
+        """(K address, V address, planes, blocks) of the held view: a CUDA graph captured on one
+        layout replays correctly whenever the cache holds that layout again."""
+        return self.k.data_ptr(), self.v.data_ptr(), self.planes, self.num_blocks
 
     def blocks_at(self, planes: int, *, capacity: bool = False) -> int:
         """Blocks (scratch excluded) that the allocated buffer (or, with `capacity`, the whole
@@ -148,26 +184,41 @@ class PagedKVCache:
                  self.head_dim)
         n = self.num_layers * self.planes * self.num_kv_heads * shape[3] * self.head_dim
         self.scratch_slot = self.num_blocks * self.block_size
-        self.k = self._storage[:n].view(shape)
-        self.v = self._storage[self._half:self._half + n].view(shape)
+        self.k = self._storage[0][:n].view(shape)
+        self.v = self._storage[1][:n].view(shape)
         self.allocator = BlockAllocator(self.num_blocks)
 
     def release(self) -> None:
         """Give the buffer's memory back (the engine is idle; nothing cached survives)."""
         self._storage = self.k = self.v = None
+        for buffer in self._buffers:
+            buffer.give_back()
 
     def restore(self, blocks: int | None = None) -> None:
         """Allocate (zeroed) storage again after `release`, with the current planes: room for
-        `blocks` blocks of the current view, at most the capacity (None: the capacity)."""
+        `blocks` blocks of the current view rounded up (`restore_blocks`), at most the capacity
+        (None: the capacity)."""
         if self._storage is not None:
             return
         self._half = self._capacity_half
         if blocks is not None:
             per_block = self.num_layers * self.planes * self.num_kv_heads * self.block_size * self.head_dim
-            self._half = min(self._capacity_half, (max(blocks, 1) + 1) * per_block)
-        self._storage = torch.zeros(2 * self._half, dtype=self.dtype, device=self._device)
+            rounded = restore_blocks(blocks, self.blocks_at(self.planes, capacity=True))
+            self._half = min(self._capacity_half, (rounded + 1) * per_block)
+        try:
+            self._storage = (self._buffers[0].take(self._half), self._buffers[1].take(self._half))
+        except BaseException:  # out of memory, say: neither half stays taken
+            for buffer in self._buffers:
+                buffer.give_back()
+            raise
         self.generation += 1
         self._view()
+
+    def close(self) -> None:
+        """Free the memory and, at a fixed address, the reserved address range."""
+        self.release()
+        for buffer in self._buffers:
+            buffer.close()
 
     def bytes_per_token(self) -> int:
         """Bytes one cached token occupies over all layers and planes of the view (K and V)."""

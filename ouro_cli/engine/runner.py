@@ -19,8 +19,9 @@ replay compute the same function:
 Decode batches are padded to a bucket size and attention runs in fixed chunks, so a
 row's arithmetic does not depend on its batch-mates (determinism across max_num_seqs),
 and step shapes depend only on (bucket, context chunks, max loops); exits are decided
-on the device (exits.ExitState). On CUDA the step is captured once per shape as a
-CUDA graph (CapturedDecodeStep): decoding is otherwise bound by kernel launches (13
+on the device (exits.ExitState). On CUDA the step is captured once per shape and KV
+layout as a CUDA graph (CapturedDecodeStep; the graphs of a layout are kept while the
+cache is released, and replay when it comes back at the same addresses): decoding is otherwise bound by kernel launches (13
 per layer and loop profiled on the H200 at 1.4B, with the Triton kernels, fused weights
 and compiled elementwise math; 11 since the input norm and the KV write were fused into
 neighbouring kernels, by count; ~100 in plain torch). Eager mode additionally stops early
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -74,7 +76,7 @@ class WorkCounters:
     decode_rows_discarded: int = 0    # such steps' rows for a sequence that had ended a step before
     prefill_us: int = 0             # wall time of the prefill steps, their first tokens' sampling included
     prefill_steps_graphed: int = 0  # fresh prompts prefilled by replaying a captured CUDA graph
-    graph_captures: int = 0         # decode and prefill steps captured as CUDA graphs (again after a KV release)
+    graph_captures: int = 0         # decode and prefill steps captured as CUDA graphs (again where the KV moved)
     graph_capture_ms: int = 0       # wall time of those captures
     # the host's waits for sampled tokens (core.finish_step): a decode far longer than its
     # waits kept the device waiting for the host instead (the host's per-step work is the bound)
@@ -111,6 +113,7 @@ MAX_GEMV_ROWS = 64  # kernels/gemv.py: decode batches up to this use the small-b
 # (ModelRunner.prefill); longer ones run eagerly at their own width, where the device's work
 # outweighs the host's launches.
 PREFILL_GRAPH_MAX = 512
+KEPT_LAYOUTS = 8  # KV layouts whose captured graphs a runner keeps (ModelRunner._graphs_for_layout)
 BUCKETED_PREFILL = ("cuda",)  # the device types that do (a test adds "cpu" to check the padding)
 
 
@@ -141,18 +144,27 @@ class ModelRunner:
         self.num_layers = len(model.model.layers)
         self.attn_chunk = attn_chunk
         use_graphs = cuda_graphs and kv.device.type == "cuda"
+        # the captured steps of the cache's current layout (None: graphs off), and those of the
+        # layouts before it (`_graphs_for_layout`)
         self.graphs: dict[tuple[int, int, int, int], CapturedDecodeStep] | None = {} if use_graphs else None
         self.prefill_graphs: dict[tuple[int, int], CapturedPrefill] = {}
+        self._layouts: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()
+        self._layout: tuple | None = None
         self.graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
-        self._graphs_generation = kv.generation
 
     def drop_graphs(self) -> None:
-        """Forget every captured step (they point into a KV buffer that is gone); steps are
-        captured again on first use. Their memory pool goes with them."""
+        """Forget every captured step; steps are captured again on first use. Their memory pool
+        goes with them."""
         if self.graphs is not None:
             self.graphs, self.prefill_graphs = {}, {}
             self.graph_pool = torch.cuda.graph_pool_handle()
-        self._graphs_generation = self.kv.generation
+        self._layouts.clear()
+        self._layout = None
+
+    def close(self) -> None:
+        """Drop the captured steps and their memory pool for good (graphs off from now on)."""
+        self.drop_graphs()
+        self.graphs, self.graph_pool = None, None
 
     @torch.no_grad()
     def prefill(self, item: PrefillItem) -> torch.Tensor:
@@ -196,15 +208,29 @@ class ModelRunner:
         on (captured on first use of the width), else run eagerly. -> logits [V]."""
         if self.graphs is None:
             return self._prefill_body(inputs, None, last)
-        self._forget_stale_graphs()
+        self._graphs_for_layout()
         graph = self._captured(self.prefill_graphs, (width, self.kv.planes), lambda: CapturedPrefill(self, width))
         self.counters.prefill_steps_graphed += 1
         return graph.run(inputs, last)
 
-    def _forget_stale_graphs(self) -> None:
-        """Drop the captured steps if the KV buffer they point into was released and taken again."""
-        if self._graphs_generation != self.kv.generation:
+    def _graphs_for_layout(self) -> None:
+        """Make `graphs` and `prefill_graphs` those captured on the cache's current layout
+        (kv_cache.PagedKVCache.layout: addresses, planes, blocks). A cache that keeps its
+        addresses across a release (kv_memory.ReservedBuffer) brings a rollout shape's layout
+        back every update, so its graphs replay with no new capture; the tables of the last
+        KEPT_LAYOUTS layouts are kept (a run cycling K = 2, 3, 4 uses three). Where the
+        address moves, no layout comes back: every earlier graph is dropped."""
+        layout = self.kv.layout
+        if layout == self._layout:
+            return
+        if not self.kv.fixed_address:
             self.drop_graphs()
+        tables = self._layouts.pop(layout, None) or ({}, {})
+        self._layouts[layout] = tables
+        while len(self._layouts) > KEPT_LAYOUTS:
+            self._layouts.popitem(last=False)
+        self.graphs, self.prefill_graphs = tables
+        self._layout = layout
 
     def _captured(self, table: dict, key: tuple, capture_step: Callable[[], Any]) -> Any:
         """`table[key]`, captured by `capture_step()` on first use (counted and timed)."""
@@ -257,7 +283,7 @@ class ModelRunner:
         if max_loops > self.kv.planes:
             raise RuntimeError(f"a decode row runs {max_loops} loops but the KV cache holds {self.kv.planes} planes")
         if self.graphs is not None:
-            self._forget_stale_graphs()
+            self._graphs_for_layout()
             key = (b + pad, inputs.width, max_loops, self.kv.planes)  # planes: the cache's current view
             logits, depth = self._captured(self.graphs, key, lambda: CapturedDecodeStep(self, *key[:3])).run(inputs)
             loops_run = max_loops
@@ -381,7 +407,8 @@ class CapturedDecodeStep:
     results are identical; it only skips the early break). Warm-up and capture use
     inputs that point every row at the scratch slot, so they never touch a live
     sequence's KV. Parameters and KV planes are updated in place elsewhere, so the
-    graph stays valid across weight publication. Outputs live in the graph's memory:
+    graph stays valid across weight publication, and across a release of the cache that
+    brings back its layout (ModelRunner._graphs_for_layout). Outputs live in the graph's memory:
     the caller consumes them before the next replay of any graph.
     """
 

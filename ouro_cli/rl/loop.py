@@ -384,7 +384,7 @@ def room_for_call(s: Session, k: int, sequences: int) -> None:
     draft = s.sampling.speculative_tokens
     need = call_kv_bytes(s.config, s.trainer.config.torch_dtype, block_size=s.options.engine.block_size,
                          planes=s.config.num_loops if draft else k, sequences=sequences, seq_tokens=s.seq_tokens,
-                         draft_tokens=draft)
+                         kv_blocks=s.sizing.kv_blocks, draft_tokens=draft)
     if not s.sizing.state_fits(need):
         offload.to_host()
 

@@ -213,13 +213,22 @@ class RunSizing:
 
 
 def call_kv_bytes(config: OuroConfig, dtype: torch.dtype, *, block_size: int, planes: int, sequences: int,
-                  seq_tokens: int, draft_tokens: int = 0) -> int:
-    """The most a released cache allocates for one generate call of `sequences` requests of at
-    most `seq_tokens` tokens (prompt + max_tokens) at `planes` planes: the engine's count
-    (`engine.kv_cache.request_blocks` per request) and the scratch block."""
-    from ouro_cli.engine.kv_cache import request_blocks  # the engine package: only when a run asks
+                  seq_tokens: int, kv_blocks: int | None, draft_tokens: int = 0) -> int:
+    """The most a released cache of `kv_blocks` blocks (at T planes) allocates for one generate
+    call of `sequences` requests of at most `seq_tokens` tokens (prompt + max_tokens) at
+    `planes` planes: the engine's count (`engine.kv_cache.request_blocks` per request, rounded
+    up as `restore_blocks` rounds it for that cache) and the scratch block. `kv_blocks` None:
+    the count before rounding, for a cache not yet sized."""
+    from ouro_cli.engine.kv_cache import (  # only when a run asks
+        capacity_blocks,
+        request_blocks,
+        restore_blocks,
+    )
 
-    blocks = sequences * request_blocks(seq_tokens - 1, draft_tokens, block_size) + 1
+    blocks = sequences * request_blocks(seq_tokens - 1, draft_tokens, block_size)
+    if kv_blocks is not None:
+        blocks = restore_blocks(blocks, capacity_blocks(kv_blocks, config.num_loops, planes, block_size))
+    blocks += 1
     return blocks * block_size * kv_bytes_per_token(config, dtype, planes)
 
 

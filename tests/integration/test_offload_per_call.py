@@ -42,7 +42,8 @@ def test_the_state_leaves_only_for_the_calls_that_need_its_room(tmp_path, monkey
     def as_if_on_a_gpu(config, memory, **kw):
         """A GPU whose memory leaves, beside the state, room for the K = 2 call and not for K = 4's."""
         calls = {k: sizing.call_kv_bytes(config, kw["dtype"], block_size=kw["block_size"], planes=k,
-                                         sequences=kw["sequences_needed"], seq_tokens=kw["seq_tokens"])
+                                         sequences=kw["sequences_needed"], seq_tokens=kw["seq_tokens"],
+                                         kv_blocks=None)
                  for k in (2, 4)}
         parts = sum(sizing.resident_bytes(config, kw["dtype"], kind="cuda", offload_optimizer=False,
                                           gradients_released=True).values())
@@ -51,6 +52,10 @@ def test_the_state_leaves_only_for_the_calls_that_need_its_room(tmp_path, monkey
         fake = sizing.DeviceMemory("cuda", total=total, free=total)
         monkeypatch.setattr(loop.DeviceMemory, "of", staticmethod(lambda device: fake))
         plan = real_size_run(config, fake, **kw)
+        calls = {k: sizing.call_kv_bytes(config, kw["dtype"], block_size=kw["block_size"], planes=k,
+                                         sequences=kw["sequences_needed"], seq_tokens=kw["seq_tokens"],
+                                         kv_blocks=plan.kv_blocks)
+                 for k in (2, 4)}  # what the sized engine allocates (rounded up: kv_cache.restore_blocks)
         plans.append((plan, calls))
         return plan
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ouro_cli.engine import LLM, SamplingParams
-from ouro_cli.engine.kv_cache import PagedKVCache
+from ouro_cli.engine.kv_cache import PagedKVCache, capacity_blocks, restore_blocks
 
 from .conftest import prompts
 from .test_replay import TOL, max_replay_error
@@ -46,6 +46,29 @@ def test_planes_change_only_while_no_block_is_used():
     kv.allocator.allocate(1)
     with pytest.raises(RuntimeError, match="blocks are in use"):
         kv.set_planes(2)
+
+
+def test_restores_round_up_to_a_step_of_the_capacity():
+    """Calls that differ by a few blocks restore one view (and so one layout for CUDA graphs);
+    never less than asked, never more than the capacity."""
+    assert [restore_blocks(b, 640) for b in (1, 10, 11, 20, 630, 640, 700)] == [10, 10, 20, 20, 630, 640, 640]
+    assert [restore_blocks(b, 40) for b in (0, 1, 39, 40)] == [1, 1, 39, 40]  # under 64 blocks: a step of one
+    kv = cache(num_blocks=10)
+    assert [capacity_blocks(10, T, p, 4) for p in (4, 2, 1)] == [kv.blocks_at(p, capacity=True) for p in (4, 2, 1)]
+    kv.release()
+    kv.set_planes(2)
+    kv.restore(blocks=5)
+    assert kv.num_blocks == 5 and kv.layout[2:] == (2, 5) and not kv.fixed_address  # CPU: PyTorch allocates
+
+
+def test_off_cuda_the_buffer_is_pytorch_allocated():
+    from ouro_cli.engine.kv_memory import TorchBuffer, device_buffer
+
+    buffer = device_buffer(64, torch.float32, torch.device("cpu"))
+    assert isinstance(buffer, TorchBuffer) and not buffer.fixed_address
+    assert not buffer.take(10).any()
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        device_buffer(64, torch.float32, torch.device("cpu"), fixed_address=True)
 
 
 def test_release_and_restore():
@@ -124,7 +147,8 @@ def test_a_released_cache_comes_back_as_large_as_the_call_needs(model):
         outs = trimmed.generate(prompts(3, seed=1), params)
         ps = prompts(3, seed=1)
         need = sum(-(-(len(p) + 10 - 1 + 2) // 4) for p in ps)  # blocks of prompt + max_tokens - 1 + 2 tokens
-        assert trimmed.kv.num_blocks == need < 200
+        # rounded up to a step of the capacity (200 // 64 = 3 blocks): calls of one shape share a view
+        assert trimmed.kv.num_blocks == restore_blocks(need, 200) == -(-need // 3) * 3 < 200
         assert trimmed.kv.nbytes < full.kv.nbytes
         for a, b in zip(reference, outs, strict=True):
             assert (a.output_token_ids, a.log_probs, a.exit_depths) == (b.output_token_ids, b.log_probs, b.exit_depths)

@@ -101,8 +101,12 @@ def test_offload_auto_keeps_the_state_on_the_gpu_for_the_calls_that_fit_beside_i
     off = sizing.activation_bytes_per_token(c, BF16, False, 640)
     room = auto.budget_bytes - auto.resident_bytes - grads - state
     assert auto.max_tokens_per_micro_batch == room // off // 128 * 128
-    call = {k: sizing.call_kv_bytes(c, BF16, block_size=16, planes=k, sequences=256, seq_tokens=640) for k in (2, 3, 4)}
-    assert call[4] == (256 * 41 + 1) * 16 * 768 * 2**10  # 641 tokens: 41 blocks each, and the scratch block
+    call = {k: sizing.call_kv_bytes(c, BF16, block_size=16, planes=k, sequences=256, seq_tokens=640,
+                                    kv_blocks=auto.kv_blocks) for k in (2, 3, 4)}
+    # 641 tokens: 41 blocks each, and the scratch block; more than the cache holds, so the call takes it all
+    assert (256 * 41 + 1) * 16 * 768 * 2**10 == sizing.call_kv_bytes(
+        c, BF16, block_size=16, planes=4, sequences=256, seq_tokens=640, kv_blocks=None) > call[4]
+    assert call[4] == (auto.kv_blocks + 1) * 16 * 768 * 2**10
     assert auto.state_fits(call[2]) and auto.state_fits(call[3]) and not auto.state_fits(call[4])
     # "on" keeps it on the host between steps; an engine that keeps its cache: the same
     assert not plan(offload_optimizer="on").state_per_call
@@ -241,7 +245,7 @@ def test_call_kv_bytes_is_what_a_released_engine_allocates_at_most(draft):
         llm.generate(prompts, params)
         planes = config.num_loops if draft else 2
         bound = sizing.call_kv_bytes(config, torch.float32, block_size=4, planes=planes, sequences=3,
-                                     seq_tokens=11 + 9, draft_tokens=draft)
+                                     seq_tokens=11 + 9, kv_blocks=400, draft_tokens=draft)
         assert llm.kv.planes == planes and 0 < llm.kv.nbytes <= bound
     finally:
         llm.close()
