@@ -17,12 +17,33 @@ through PyTorch as before and the graphs are captured again whenever the address
 (runner.ModelRunner keys its graphs by the cache's layout, addresses included).
 
 Contents never survive a release; a taken buffer is zeroed, so even slots no step wrote
-hold finite values.
+hold finite values. PyTorch's memory statistics do not see the reserved buffers' memory:
+`peak_mapped_bytes` counts it for the peaks a run records.
 """
 
 from __future__ import annotations
 
 import torch
+
+# device index -> [bytes mapped now, the most mapped since `reset_peak`]: memory PyTorch's
+# allocator does not see, for the peaks a run records (rl/phases.py)
+_MAPPED: dict[int, list[int]] = {}
+
+
+def peak_mapped_bytes(index: int) -> int:
+    """The most bytes the reserved buffers on CUDA device `index` held at once since `reset_peak`."""
+    return _MAPPED.get(index, [0, 0])[1]
+
+
+def reset_peak(index: int) -> None:
+    now = _MAPPED.setdefault(index, [0, 0])
+    now[1] = now[0]
+
+
+def _count(index: int, nbytes: int) -> None:
+    now = _MAPPED.setdefault(index, [0, 0])
+    now[0] += nbytes
+    now[1] = max(now[1], now[0])
 
 
 class TorchBuffer:
@@ -120,6 +141,7 @@ class ReservedBuffer:
                 self._call(cu.cuMemRelease, handle)
                 raise
             self._handle, self._mapped = handle, nbytes
+            _count(self._index, nbytes)
             self._call(cu.cuMemSetAccess, self._base, nbytes, [self._access], 1)
             raw = torch.as_tensor(_Interface(int(self._base), nbytes), device=self.device)
         tensor = raw.view(self.dtype)[:elements]
@@ -136,6 +158,7 @@ class ReservedBuffer:
             torch.cuda.synchronize(self._index)  # queued kernels may still read the cache
             self._call(cu.cuMemUnmap, self._base, self._mapped)
             self._call(cu.cuMemRelease, self._handle)
+        _count(self._index, -self._mapped)
         self._handle, self._mapped = None, 0
 
     def close(self) -> None:

@@ -18,6 +18,10 @@ bf16 as in fp32. Each op gets one summation order that no shape can change:
   path for every element: `exp`, `log`, `rsqrt`, + - * /. (On CPU torch's `sigmoid` and
   `silu` compute a tensor's scalar tail with another formula than its vectorised body, so
   an element's bits depend on its place in the tensor; here they are 1 / (1 + exp(-x)).)
+- **Row functions on CUDA** (RMSNorm and its fused variants, silu·up, log-softmax) run as one
+  Triton kernel each (kernels/exact_rows.py), a row per program in an order fixed by the
+  row's length: the torch chains below cost a kernel per op, and an exact train step at 1.4B
+  spent more time launching them than the device spent computing.
 - **Projections** (`linear`): on CPU the GEMM is always called on fixed tiles of
   ROW_TILE rows (the last one zero-padded), so every row is computed by a call of one
   shape, whether it is one of a decode step's 8 rows or of the trainer's thousands; on
@@ -129,12 +133,38 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
     return shifted - torch.log(row_sum(torch.exp(shifted)))[..., None]
 
 
+def _row_kernels(*tensors: torch.Tensor):
+    """kernels/exact_rows.py where exact mode runs its Triton kernels on these tensors' device
+    (CUDA; the Triton interpreter) and they take their dtypes, else None (this module's torch)."""
+    from ouro_cli.settings import exact_kernels
+
+    if not exact_kernels(tensors[0].device.type):
+        return None
+    from ouro_cli.kernels import exact_rows
+
+    return exact_rows if exact_rows.supported(*tensors) else None
+
+
+def _twin(name: str, fn, *dtype_args: int):
+    """What the model calls for `name`: kernels/exact_rows.py's kernel of that name where it runs
+    (one launch; `dtype_args`: the positions of the tensors whose dtypes it checks), else `fn`
+    keeping only its inputs for backward."""
+    kept = _keeping_inputs(fn)
+
+    @functools.wraps(fn)
+    def run(*args):
+        kernels = _row_kernels(*(args[i] for i in dtype_args))
+        return getattr(kernels, name)(*args) if kernels is not None else kept(*args)
+
+    return run
+
+
 # what the model calls (model/pointwise.py's exact twins, the trainer's loss)
-silu_mul = _keeping_inputs(_silu_mul)
-rms_norm = _keeping_inputs(_rms_norm)
-add_rms_norm = _keeping_inputs(_add_rms_norm)
-add_rms_norm_then_norm = _keeping_inputs(_add_rms_norm_then_norm)
-log_softmax = _keeping_inputs(_log_softmax)
+silu_mul = _twin("silu_mul", _silu_mul, 0, 1)
+rms_norm = _twin("rms_norm", _rms_norm, 0, 1)
+add_rms_norm = _twin("add_rms_norm", _add_rms_norm, 0, 1, 2)
+add_rms_norm_then_norm = _twin("add_rms_norm_then_norm", _add_rms_norm_then_norm, 0, 1, 2, 3)
+log_softmax = _twin("log_softmax", _log_softmax, 0)
 
 
 def exit_lambda(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

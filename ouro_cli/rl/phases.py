@@ -7,7 +7,8 @@ to lower.
         trainer.train_step(batch)
 
 records `train_s`, `train_compile_s` (the part of it spent compiling),
-`peak_memory_train_gib` and `train_alloc_retries` in `metrics`. The last two are CUDA's
+`peak_memory_train_gib` (the KV cache's memory outside PyTorch's allocator included) and
+`train_alloc_retries` in `metrics`. The last two are CUDA's
 (None on CPU, where PyTorch keeps neither): the retries count the allocations that found
 no cached block, so that the allocator freed its whole cache and asked the device again, a
 wait for the device each time. A phase that retries runs near its memory limit and slower
@@ -35,7 +36,10 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
 
     cuda = device.type == "cuda"
     if cuda:
+        from ouro_cli.engine import kv_memory
+
         torch.cuda.reset_peak_memory_stats(device)
+        kv_memory.reset_peak(_index(device))
     retries = _alloc_retries(device) if cuda else None
     start, compiled = time.perf_counter(), compile_seconds()
     try:
@@ -48,8 +52,21 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
     finally:
         metrics[f"{name}_s"] = time.perf_counter() - start
         metrics[f"{name}_compile_s"] = compile_seconds() - compiled
-        metrics[f"peak_memory_{name}_gib"] = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
+        metrics[f"peak_memory_{name}_gib"] = _peak_bytes(device) / GIB if cuda else None
         metrics[f"{name}_alloc_retries"] = _alloc_retries(device) - retries if cuda else None
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _peak_bytes(device: torch.device) -> int:
+    """PyTorch's peak allocation plus the KV cache's memory held outside its allocator
+    (engine/kv_memory.py): the cache is held whole through a rollout and not at all in the
+    other phases, so the two peaks add."""
+    from ouro_cli.engine import kv_memory
+
+    return torch.cuda.max_memory_allocated(device) + kv_memory.peak_mapped_bytes(_index(device))
 
 
 def _alloc_retries(device: torch.device) -> int:

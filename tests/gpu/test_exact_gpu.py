@@ -4,7 +4,8 @@
   bf16, and a row's bits the same alone, among 8, 64, 65 and 8,192 rows and reversed; the
   CPU checks (tests/unit/engine/_fixed_tile_checks.py) compiled, fp32 and bf16.
 - The row functions (norm, log-softmax over 49,152 logits, the gate) give a row the same
-  bits in a batch of 1 and of 4,096.
+  bits in a batch of 1 and of 4,096; their Triton kernels (kernels/exact_rows.py) pass the CPU
+  interpreter's checks compiled, and at the 1.4B widths.
 - End to end on a tiny model, bf16 and fp32, CUDA graphs on: every logprob the engine reports
   equals the replay to the bit, with threshold exits at mixed depths, and a request's outputs
   do not depend on its batch-mates.
@@ -67,6 +68,19 @@ def test_row_functions_are_batch_invariant_on_cuda():
         full = fn(x)
         for rows in (slice(0, 1), slice(5, 13), slice(100, 164)):
             assert torch.equal(fn(x[rows]), full[rows])
+
+
+@DTYPES
+def test_row_kernels_at_1p4b_widths(dtype):
+    """kernels/exact_rows.py compiled: the interpreter checks, then at the hidden, MLP and vocabulary
+    widths of 1.4B, with a batch of 4,096 rows."""
+    from tests.unit.engine import _exact_rows_checks as rows
+
+    rows.check_reference("cuda", dtype)
+    rows.check_batch_invariance("cuda", dtype)
+    rows.check_gradients("cuda", dtype)
+    rows.check_reference("cuda", dtype, widths=[2048, 5632], vocabs=[49152])
+    rows.check_batch_invariance("cuda", dtype, width=2048, vocab=49152, rows=(1, 8, 65, 4096))
 
 
 def _generate(model, max_num_seqs):

@@ -1,0 +1,218 @@
+"""Exact mode's row functions on CUDA as one Triton kernel each: RMSNorm (alone, closing a
+residual add, and followed by the next norm), SwiGLU's silu(gate)·up, and log-softmax.
+
+Exact mode (model/exact.py, docs/exact.md) needs every value a token gets to be a function of
+that token's own inputs. Its torch code spells each function out as a chain of elementwise
+ops and pairwise-tree sums, one kernel per op: at 1.4B a train step launched ~30 kernels per
+norm, some 130,000 in all, and the H200 profile of an exact train step (16 × 530 tokens) showed
+7.9 s of host time for 2.9 s of device work (docs/performance.md §16). Here each function is
+one launch. A row is one program (silu·up, elementwise, any split), and a program's
+summation order is fixed by the row's length alone: the block is the next power of two of the
+hidden size (log-softmax walks the vocabulary in fixed chunks of VOCAB_CHUNK, accumulating per
+lane and summing the lanes once), and the warps by the block. So a row's bits are the same
+whether it is one of the decode step's 8 rows or of the trainer's thousands, as the torch
+chains' are; the engine and the trainer run these very kernels, so they agree to the bit.
+The bits differ from the torch chains' (another order): a run uses one or the other on both
+sides (`settings.exact_kernels`).
+
+Roundings are those of docs/model.md §2: the norm in fp32, rounded to the activation dtype
+before the weight multiplies it; silu in fp32, rounded, then times `up`; a residual add is
+one rounding. Backward passes run PyTorch's ordinary kernels on the plain formulas
+(model/pointwise.py's), re-run from the saved inputs: the gradients of the same functions,
+which exact mode allows (docs/exact.md §2). Off CUDA the kernels run under the Triton
+interpreter (the CPU tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+VOCAB_CHUNK = 4096  # log-softmax's lanes: the vocabulary is walked in chunks of this many entries
+ELEMENTWISE_BLOCK = 1024
+
+
+@triton.jit
+def _normed(x, w_ptr, cols, ok, n_cols, eps):
+    """w * (x_fp32 * rsqrt(mean(x_fp32^2) + eps)), the normed row rounded to the weight's dtype
+    (the activations', `_supported`) before the product; the product in fp32 (one row)."""
+    wide = x.to(tl.float32)
+    mean_square = tl.sum(wide * wide, axis=0) / n_cols
+    normed = (wide * tl.math.rsqrt(mean_square + eps)).to(w_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+    return w.to(tl.float32) * normed.to(tl.float32)
+
+
+@triton.jit
+def _rms_rows_kernel(X, H, W, W2, OUT, OUT2, n_cols, eps, stride_x, stride_h, stride_o, stride_o2,
+                     BLOCK: tl.constexpr, ADD: tl.constexpr, THEN: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
+    dtype = OUT.dtype.element_ty
+    y = _normed(x, W, cols, ok, n_cols, eps).to(dtype)
+    if ADD:
+        h = tl.load(H + row * stride_h + cols, mask=ok, other=0.0)
+        y = (h.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(OUT + row * stride_o + cols, y, mask=ok)
+    if THEN:
+        y2 = _normed(y, W2, cols, ok, n_cols, eps).to(dtype)
+        tl.store(OUT2 + row * stride_o2 + cols, y2, mask=ok)
+
+
+@triton.jit
+def _silu_mul_kernel(G, U, OUT, n, BLOCK: tl.constexpr):
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = at < n
+    g = tl.load(G + at, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(U + at, mask=ok, other=0.0)
+    dtype = OUT.dtype.element_ty
+    silu = (g * (1.0 / (1.0 + tl.exp(-g)))).to(dtype)
+    tl.store(OUT + at, (silu.to(tl.float32) * u.to(tl.float32)).to(dtype), mask=ok)
+
+
+@triton.jit
+def _log_softmax_kernel(X, OUT, n_cols, stride_x, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    x_row, o_row = X + row * stride_x, OUT + row * stride_o
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        at = start + lanes
+        top = tl.maximum(top, tl.load(x_row + at, mask=at < n_cols, other=float("-inf")).to(tl.float32))
+    m = tl.max(top, axis=0)
+    m = tl.where(tl.abs(m) < float("inf"), m, 0.0)  # a non-finite max (NaN too) shifts by 0
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        at = start + lanes
+        x = tl.load(x_row + at, mask=at < n_cols, other=float("-inf")).to(tl.float32)
+        acc += tl.exp(x - m)
+    log_sum = tl.log(tl.sum(acc, axis=0))
+    for start in range(0, n_cols, BLOCK):
+        at = start + lanes
+        ok = at < n_cols
+        x = tl.load(x_row + at, mask=ok, other=0.0).to(tl.float32)
+        tl.store(o_row + at, ((x - m) - log_sum).to(OUT.dtype.element_ty), mask=ok)
+
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def supported(*tensors: torch.Tensor) -> bool:
+    """Whether these kernels take the arguments: one dtype of bf16, fp16, fp32 (exact mode's fp64,
+    the tests' references and gradcheck, stays on the torch code)."""
+    return tensors[0].dtype in DTYPES and all(t.dtype == tensors[0].dtype for t in tensors)
+
+
+def _warps(block: int) -> int:
+    """Warps per row program: a function of the block (so of the row length) alone."""
+    return min(16, max(1, block // 256))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 else x.contiguous().view(-1, x.shape[-1])
+
+
+def _rms_forward(x, weight, eps, h=None, next_weight=None):
+    rows = _rows(x)
+    n, width = rows.shape
+    hr = _rows(h) if h is not None else rows
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out2 = torch.empty_like(out) if next_weight is not None else out
+    o, o2 = out.view(-1, width), out2.view(-1, width)
+    block = triton.next_power_of_2(width)
+    if n:
+        _rms_rows_kernel[(n,)](rows, hr, weight, next_weight if next_weight is not None else weight, o, o2, width,
+                               eps, rows.stride(0), hr.stride(0), o.stride(0), o2.stride(0), BLOCK=block,
+                               ADD=h is not None, THEN=next_weight is not None, num_warps=_warps(block))
+    return out, out2
+
+
+def _plain():
+    from ouro_cli.model import (
+        pointwise,  # the plain formulas (pointwise imports model/exact.py, which imports us)
+    )
+
+    return pointwise
+
+
+class _RowFunction(torch.autograd.Function):
+    """forward: a kernel of this module (its bits); backward: autograd through `reference`, the
+    plain formula, re-run at the saved inputs. `inputs` are the tensor arguments, `extra` the
+    rest (eps)."""
+
+    @staticmethod
+    def forward(ctx, kernel, reference, extra, *inputs):
+        ctx.reference, ctx.extra = reference, extra
+        ctx.save_for_backward(*inputs)
+        out = kernel(*inputs, *extra)
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = ctx.saved_tensors
+        needs = ctx.needs_input_grad[3:]
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, needs, strict=True)]
+            outs = ctx.reference(*leaves, *ctx.extra)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
+            wanted = [leaf for leaf in leaves if leaf.requires_grad]
+            got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True))
+        return None, None, None, *(next(got) if leaf.requires_grad else None for leaf in leaves)
+
+
+def _run(kernel, reference, extra, *inputs):
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return _RowFunction.apply(kernel, reference, extra, *inputs)
+    return kernel(*inputs, *extra)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`weight * rms_norm(x)` over the last axis, in x's dtype (model/exact.py's `rms_norm`)."""
+    return _run(lambda x, w, eps: _rms_forward(x, w, eps)[0], lambda *a: _plain()._rms_norm(*a), (eps,), x, weight)
+
+
+def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`h + rms_norm(x, weight)`."""
+    return _run(lambda h, x, w, eps: _rms_forward(x, w, eps, h=h)[0], lambda *a: _plain()._add_rms_norm(*a),
+                (eps,), h, x, weight)
+
+
+def add_rms_norm_then_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`h' = h + rms_norm(x, weight)`, `rms_norm(h', next_weight)`) in one pass."""
+    return _run(lambda h, x, w, w2, eps: _rms_forward(x, w, eps, h=h, next_weight=w2),
+                lambda *a: _plain()._add_rms_norm_then_norm(*a), (eps,), h, x, weight, next_weight)
+
+
+def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    if n:
+        _silu_mul_kernel[(triton.cdiv(n, ELEMENTWISE_BLOCK),)](gate, up, out, n, BLOCK=ELEMENTWISE_BLOCK)
+    return out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) in fp32, rounded to gate's dtype, times `up`."""
+    return _run(_silu_mul_forward, lambda *a: _plain()._silu_mul(*a), (), gate, up)
+
+
+def _log_softmax_forward(x: torch.Tensor) -> torch.Tensor:
+    rows = _rows(x)
+    n, width = rows.shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    o = out.view(-1, width)
+    block = min(VOCAB_CHUNK, triton.next_power_of_2(width))
+    if n:
+        _log_softmax_kernel[(n,)](rows, o, width, rows.stride(0), o.stride(0), BLOCK=block, num_warps=_warps(block))
+    return out
+
+
+def log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last axis, in x's dtype (fp32 or wider for the logprobs)."""
+    return _run(_log_softmax_forward, lambda x: torch.log_softmax(x, dim=-1), (), x)
