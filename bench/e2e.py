@@ -9,6 +9,7 @@ memory flags at all, on a random Ouro-1.4B with a full-size tokenizer.
     python bench/e2e.py --cases a --train-args "--async-save --save-interval 1"  # any ouro train flags
     python bench/e2e.py --cases a --depths 2 --updates 3 --train-args --exact   # exact mode's whole update
     python bench/e2e.py --cases a --depths 2 --updates 2 --host-profile 1   # where a rollout's host time goes
+    python bench/e2e.py --cases a --depths 2 --updates 2 --train-profile 1  # where a train step's time goes
 
 Cases (prompts x samples per prompt x response tokens, by default at `--depths 2 3 4`):
   a  32 x 8 x 512     b  8 x 8 x 2,048     (--shape tiny: 4 x 4 x 64 and 2 x 4 x 256)
@@ -118,7 +119,7 @@ def write_data(path: Path, rows: int = 256) -> None:
 
 def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates: int, timeout: float,
              nproc: int = 1, extra: tuple[str, ...] = (), depths: tuple[int, ...] = (2, 3, 4),
-             host_profile: int | None = None) -> dict:
+             host_profile: int | None = None, train_profile: int | None = None) -> dict:
     prompts, group, response = (CASES if shape == "1.4b" else TINY_CASES)[name]
     label = f"{name}-{nproc}gpu" + ("-" + "-".join(a.lstrip("-") for a in extra) if extra else "")
     run = work / f"run-{label}"
@@ -126,9 +127,14 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
         if nproc > 1 else [sys.executable]
     stats = work / f"host-profile-{label}.pstats"
-    entry = ["-m", "ouro_cli.cli.app"] if host_profile is None or nproc > 1 else \
-        [str(REPO / "bench" / "train_host_profile.py"), str(host_profile), str(stats)]
+    train_table = work / f"train-profile-{label}.txt"
+    entry = ["-m", "ouro_cli.cli.app"]
+    if nproc == 1 and host_profile is not None:
+        entry = [str(REPO / "bench" / "train_host_profile.py"), str(host_profile), str(stats)]
+    elif nproc == 1 and train_profile is not None:
+        entry = [str(REPO / "bench" / "train_step_profile.py"), str(train_profile), str(train_table)]
     stats.unlink(missing_ok=True)
+    train_table.unlink(missing_ok=True)
     cmd = [*launch, *entry, "train", "--model", str(model), "--data", str(data),
            "--eval-data", "", "--run-dir", str(run), "--depths", *map(str, depths), "--updates", str(updates),
            "--prompts-per-update", str(prompts), "--group-size", str(group), "--max-response-len", str(response),
@@ -158,6 +164,11 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     shutil.rmtree(run / "checkpoint", ignore_errors=True)  # 19 GB at 1.4B: the next case needs the disk
     if stats.exists():
         print_host_profile(stats, records[host_profile] if host_profile < len(records) else {})
+    if train_table.exists():
+        record = records[train_profile] if train_profile < len(records) else {}
+        print(f"    profile of update {train_profile}'s train step (K = {record.get('k', '?')}, "
+              f"{record.get('train_micro_batches', '?')} micro-batches):")
+        print("\n".join("      " + line for line in train_table.read_text().splitlines()))
     return {"case": label, "shape": [prompts, group, response], "nproc": nproc, "returncode": returncode,
             "wall_s": wall, "updates": records}
 
@@ -257,6 +268,10 @@ def main() -> None:
     parser.add_argument("--host-profile", type=int, metavar="UPDATE",
                         help="cProfile the rollout of update UPDATE (0-based) in the one-rank run and print its "
                              "top functions (bench/train_host_profile.py)")
+    parser.add_argument("--train-profile", type=int, metavar="UPDATE",
+                        help="torch.profiler over the train step of update UPDATE (0-based) in the one-rank run: "
+                             "GPU busy against wall, kernel families, top kernels and operators "
+                             "(bench/train_step_profile.py; not with --host-profile)")
     parser.add_argument("--pd", action="store_true",
                         help="also run each case with prefill on GPU 0 and decode on GPU 1 (--prefill-devices 0 "
                              "--decode-devices 1) and compare its rollout with the local engine's")
@@ -270,6 +285,8 @@ def main() -> None:
             argv[i:i + 2] = [f"--train-args={argv[i + 1]}"]
             break
     args = parser.parse_args(argv)
+    if args.host_profile is not None and args.train_profile is not None:
+        parser.error("--host-profile and --train-profile wrap the same run: give one")
     base, depths = tuple(shlex.split(args.train_args)), tuple(args.depths)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -284,7 +301,7 @@ def main() -> None:
     results, pairs = [], []
     for c in args.cases:
         one = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1, base, depths,
-                       args.host_profile)
+                       args.host_profile, args.train_profile)
         results.append(one)
         if args.nproc > 1:
             for extra in [()] + ([("--dist-optimizer",)] if args.dist_optimizer else []):

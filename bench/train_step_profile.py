@@ -1,0 +1,89 @@
+"""`ouro train` with torch.profiler around one update's train step: where the job's train phase goes.
+
+    python bench/train_step_profile.py UPDATE OUT.txt train --model ... (ouro train's arguments)
+
+Runs the command line exactly as `python -m ouro_cli.cli.app` does, with the trainer's
+`train_update` profiled at its UPDATE-th call (0-based: the train step of update UPDATE), and
+writes to OUT.txt the step's wall time against the device's busy time (their gap is host time
+or waits for the device), then on CUDA the busy time per kernel family and the top kernels,
+and the top operators by own CPU time. bench/e2e.py `--train-profile UPDATE` runs it and prints
+the file.
+
+What it is for: bench/e2e.py's K = 2 train phase at 256 × 512 runs at 370-390 model TFLOP/s
+where K = 4's runs at 466-481 (docs/performance.md §15-16), and bench/train_step.py cannot
+replay that phase: its trainer lacks the run's memory plan (gradients freed between steps,
+the cache's memory handed back) and runs out of memory at the run's micro-batch budget. Only
+the profiled step slows down.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def profile_call(update: int, out: str, top: int = 30) -> None:
+    """Wrap Trainer.train_update so that its `update`-th call runs under torch.profiler, the
+    summary written to `out`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ouro_cli.trainer.trainer import Trainer
+
+    plain = Trainer.train_update
+    calls = [0]
+
+    def train_update(self, *args, **kwargs):
+        index, calls[0] = calls[0], calls[0] + 1
+        if index != update:
+            return plain(self, *args, **kwargs)
+        cuda = self.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            result = plain(self, *args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            wall = time.perf_counter() - start
+        Path(out).write_text(summary(prof, wall, cuda, top))
+        return result
+
+    Trainer.train_update = train_update
+
+
+def summary(prof, wall: float, cuda: bool, top: int) -> str:
+    import contextlib
+    import io
+
+    from kernel_table import cuda_kernels, print_kernel_table
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print(f"train step: {wall:.2f} s wall")
+        if cuda:
+            busy = print_kernel_table(cuda_kernels(prof), top, indent="  ")
+            print(f"  GPU busy {busy / 1e6:.2f} s = {busy / 1e6 / wall:.1%} of the wall time")
+        print("  operators by own CPU time:")
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
+        print("\n".join("    " + line for line in table.splitlines()))
+    return text.getvalue()
+
+
+def main() -> None:
+    if len(sys.argv) < 4:
+        raise SystemExit(__doc__)
+    update, out = int(sys.argv[1]), sys.argv[2]
+    profile_call(update, out)
+    sys.argv = [sys.argv[0], *sys.argv[3:]]
+    from ouro_cli.cli.app import main as ouro
+
+    ouro()
+
+
+if __name__ == "__main__":
+    main()
