@@ -114,33 +114,35 @@ class EngineCore:
         return plan
 
     def prefill(self, seqs: list[Sequence], sched: Scheduler) -> None:
-        """Prefill the admitted sequences, each computed once per distinct (tokens, depths), and
+        """Prefill the admitted sequences, each computed once per distinct (tokens, depths), in
+        groups of one width where they are fresh prompts (`ModelRunner.prefill_many`), and
         sample token 0 of each fresh one (a recomputed sequence already holds its next input).
 
         A GRPO group submits its prompt G times; the copies admitted in one step share one
         prefill, and the others receive its K/V (every layer and plane) by a slot copy, one
         copy for all of the step's (224 of them at 256 samples of 32 prompts).
         Prefill is deterministic, so this gives the bits a separate prefill would."""
-        fresh, logits = [], []
-        done: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[list[int], torch.Tensor]] = {}
+        items: list[PrefillItem] = []
+        computed_by: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        sources: list[int] = []  # per sequence, the item that computes it
         copy_from: list[int] = []
         copy_to: list[int] = []
         for seq in seqs:
             tokens, depths = seq.prefill_tokens, seq.prefill_depths(self.num_loops)
             slots = self.kv.slots(seq.blocks, 0, len(tokens))
             key = (tuple(tokens), tuple(depths))
-            if key in done:
-                source_slots, last = done[key]
-                copy_from += source_slots
+            if key in computed_by:
+                copy_from += items[computed_by[key]].slots
                 copy_to += slots
                 self.counters.prefill_tokens_shared += len(tokens)
             else:
-                last = self.runner.prefill(PrefillItem(tokens, depths, slots))
-                done[key] = (slots, last)
+                computed_by[key] = len(items)
+                items.append(PrefillItem(tokens, depths, slots))
+            sources.append(computed_by[key])
             seq.num_cached = len(tokens)
-            if seq.is_fresh:
-                fresh.append(seq)
-                logits.append(last)
+        last = self.runner.prefill_many(items)
+        fresh = [seq for seq in seqs if seq.is_fresh]
+        logits = [last[i] for seq, i in zip(seqs, sources, strict=True) if seq.is_fresh]
         if copy_to:  # every copy at once, queued after the prefills it copies from
             self.kv.copy_slots(copy_from, copy_to)
         if fresh:

@@ -123,6 +123,16 @@ def prefill_bucket(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+PREFILL_GROUP_TOKENS = 2048  # a prefill group's rows × width, at most (`prefill_group`)
+MAX_PREFILL_GROUP = 32
+
+
+def prefill_group(width: int) -> int:
+    """Rows of a group of fresh prompts prefilled together at bucket `width`: 32 up to width 64,
+    then fewer, 2,048 positions at most, so a group of one prompt and padding stays cheap."""
+    return max(1, min(MAX_PREFILL_GROUP, PREFILL_GROUP_TOKENS // width))
+
+
 def batch_bucket(b: int) -> int:
     """Decode batches are padded to a power of two (at least 8): a row then meets the same
     matmul shapes whatever the number of live rows (the CUDA-graph bucket too)."""
@@ -147,7 +157,7 @@ class ModelRunner:
         # the captured steps of the cache's current layout (None: graphs off), and those of the
         # layouts before it (`_graphs_for_layout`)
         self.graphs: dict[tuple[int, int, int, int], CapturedDecodeStep] | None = {} if use_graphs else None
-        self.prefill_graphs: dict[tuple[int, int], CapturedPrefill] = {}
+        self.prefill_graphs: dict[tuple[int, int, int], CapturedPrefill] = {}
         self._layouts: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()
         self._layout: tuple | None = None
         self.graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
@@ -168,50 +178,82 @@ class ModelRunner:
 
     @torch.no_grad()
     def prefill(self, item: PrefillItem) -> torch.Tensor:
-        """Run one sequence at its depths and fill its KV planes; logits [V] at its last position.
+        """`prefill_many([item])`: one sequence -> logits [V] at its last position."""
+        return self.prefill_many([item])[0]
 
-        One sequence per call: packing several would change the attention reduction
+    @torch.no_grad()
+    def prefill_many(self, items: list[PrefillItem]) -> list[torch.Tensor]:
+        """Run each sequence at its depths and fill its KV planes -> logits [V] at each one's last
+        position, in order.
+
+        No two sequences share a row: packing them would change the attention reduction
         lengths, and so the rounding, of each (see paged_attention.py). A fresh prompt (every
         position at depth T) runs without a depths tensor: the forward then plans its loops
         without reading the device (with one, it counts each loop's running positions on the
         host: a wait for the device per loop) and computes the same function. Only the last
-        position's logits are computed.
+        positions' logits are computed. A sequence recomputed with its recorded depths, or a
+        prompt past PREFILL_GRAPH_MAX, runs alone at its own width.
 
-        On CUDA a fresh prompt of up to PREFILL_GRAPH_MAX tokens runs at its bucket width
-        (`prefill_bucket`; the padding after it writes the scratch slot, and causal attention
-        keeps it out of the prompt's positions), and with CUDA graphs on as a captured graph
-        of that width (CapturedPrefill): an eager 1.4B prefill is bound by the host's launches
-        of its thousands of kernels. Eager or replayed, a prompt's bits are those of its
-        width, whatever else is prefilled."""
+        On CUDA fresh prompts of up to PREFILL_GRAPH_MAX tokens run at their bucket width
+        (`prefill_bucket`; the padding after a prompt writes the scratch slot, and causal
+        attention keeps it out of the prompt's positions), `prefill_group(width)` rows at a
+        time: a group holds prompts of one width, each in a row of its own, and a group short
+        of prompts is filled with rows of padding. With CUDA graphs on the group is one
+        captured graph (CapturedPrefill): an eager 1.4B prefill is bound by the host's launches
+        of its thousands of kernels; replayed one prompt at a time, 32 prompts still took
+        0.5-0.6 s on the H200, about 17 ms each against ~3 ms of weight reads
+        (docs/performance.md §16), a cost per replay that a group shares. The rows of a group do not mix (each a sequence of its own, every
+        product at one shape whatever the rows hold), so a prompt's bits are those of its width,
+        whatever else is prefilled: eager or replayed, in a full group or alone."""
         device = self.kv.device
-        n = len(item.tokens)
-        uniform = all(d == self.num_loops for d in item.depths)
-        bucketed = uniform and device.type in BUCKETED_PREFILL and n <= PREFILL_GRAPH_MAX
-        width = prefill_bucket(n) if bucketed else n
-        pad = width - n
-        inputs = to_device([item.tokens + [0] * pad, item.slots + [self.kv.scratch_slot] * pad], torch.long, device)
-        last = to_device([n - 1], torch.long, device)
-        if bucketed:
-            logits = self._prefill_replayed(width, inputs, last)
-        else:
+        out: list[torch.Tensor | None] = [None] * len(items)
+        grouped: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            n = len(item.tokens)
+            uniform = all(d == self.num_loops for d in item.depths)
+            if uniform and device.type in BUCKETED_PREFILL and n <= PREFILL_GRAPH_MAX:
+                grouped.setdefault(prefill_bucket(n), []).append(i)
+                continue
+            inputs = to_device([[item.tokens], [item.slots]], torch.long, device)
             depths = None if uniform else to_device([item.depths], torch.long, device)
-            logits = self._prefill_body(inputs, depths, last)
-        self.counters.prefill_tokens += n
-        self.counters.prefill_layer_tokens += sum(item.depths) * self.num_layers
-        # what the forward ran, loop by loop (the padding included)
-        executed = [width] * self.num_loops if bucketed else positions_per_loop(torch.tensor([item.depths]))
-        self.counters.prefill_layer_tokens_executed += sum(executed) * self.num_layers
-        return logits
+            out[i] = self._prefill_body(inputs, depths, to_device([n - 1], torch.long, device))[0]
+            executed = positions_per_loop(torch.tensor([item.depths]))
+            self.counters.prefill_layer_tokens_executed += sum(executed) * self.num_layers
+        for width, members in grouped.items():
+            size = prefill_group(width)
+            for at in range(0, len(members), size):
+                group = members[at:at + size]
+                for i, logits in zip(group, self._prefill_group([items[i] for i in group], width, size), strict=True):
+                    out[i] = logits
+                self.counters.prefill_layer_tokens_executed += size * width * self.num_loops * self.num_layers
+        for item in items:
+            self.counters.prefill_tokens += len(item.tokens)
+            self.counters.prefill_layer_tokens += sum(item.depths) * self.num_layers
+        return out
 
-    def _prefill_replayed(self, width: int, inputs: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """A fresh prompt at its bucket `width`: replayed from its captured graph when graphs are
-        on (captured on first use of the width), else run eagerly. -> logits [V]."""
+    def _prefill_group(self, items: list[PrefillItem], width: int, size: int) -> torch.Tensor:
+        """Fresh prompts of bucket `width` in `size` rows (rows past the prompts: padding on the
+        scratch slot), replayed from the group's captured graph when graphs are on (captured on
+        first use), else run eagerly. -> logits [len(items), V]."""
+        scratch = self.kv.scratch_slot
+        ids = [[0] * width for _ in range(size)]
+        slots = [[scratch] * width for _ in range(size)]
+        last = [0] * size
+        for row, item in enumerate(items):
+            n = len(item.tokens)
+            ids[row][:n], slots[row][:n], last[row] = item.tokens, item.slots, n - 1
+        device = self.kv.device
+        inputs = to_device([ids, slots], torch.long, device)
+        last_cols = to_device(last, torch.long, device)
         if self.graphs is None:
-            return self._prefill_body(inputs, None, last)
-        self._graphs_for_layout()
-        graph = self._captured(self.prefill_graphs, (width, self.kv.planes), lambda: CapturedPrefill(self, width))
-        self.counters.prefill_steps_graphed += 1
-        return graph.run(inputs, last)
+            logits = self._prefill_body(inputs, None, last_cols)
+        else:
+            self._graphs_for_layout()
+            graph = self._captured(self.prefill_graphs, (width, size, self.kv.planes),
+                                   lambda: CapturedPrefill(self, width, size))
+            self.counters.prefill_steps_graphed += len(items)
+            logits = graph.run(inputs, last_cols)
+        return logits[:len(items)]
 
     def _graphs_for_layout(self) -> None:
         """Make `graphs` and `prefill_graphs` those captured on the cache's current layout
@@ -242,16 +284,18 @@ class ModelRunner:
         return table[key]
 
     def _prefill_body(self, inputs: torch.Tensor, depths: torch.Tensor | None, last: torch.Tensor) -> torch.Tensor:
-        """The prefill forward: `inputs` [2, W] the token ids and their KV slots, `depths` [1, W] or
-        None (T everywhere), `last` [1] the column whose logits [V] come back."""
-        slots = inputs[1]
+        """The prefill forward of R sequences, one per row: `inputs` [2, R, W] the token ids and
+        their KV slots, `depths` [R, W] or None (T everywhere), `last` [R] each row's column whose
+        logits come back [R, V]."""
+        slots = inputs[1].flatten()
 
         def sink(loop: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
             if loop <= self.kv.planes:  # deeper planes are never read at this view's budget
-                self.kv.write(layer, loop - 1, slots, k[0], v[0])
+                self.kv.write(layer, loop - 1, slots, k.flatten(0, 1), v.flatten(0, 1))
 
+        rows = torch.arange(last.shape[0], device=last.device)
         with pointwise.eager():  # host-bound: compiled calls would cost more than they save here
-            return self.model(inputs[:1], depths=depths, kv_sink=sink, logits_at=(torch.zeros_like(last), last))[0]
+            return self.model(inputs[0], depths=depths, kv_sink=sink, logits_at=(rows, last))
 
     @torch.no_grad()
     def decode(self, tokens: list[int] | tuple[torch.Tensor, list[int]], positions: list[int],
@@ -437,18 +481,20 @@ class CapturedDecodeStep:
 
 
 class CapturedPrefill:
-    """A fresh prompt's prefill at one bucket width, captured as a CUDA graph for (width, KV planes).
+    """A group of fresh prompts' prefill at one bucket width, captured as a CUDA graph for
+    (width, rows, KV planes).
 
-    Its inputs are the padded token ids and KV slots [2, width] and the column of the prompt's
-    last token; warm-up and capture point every slot at the scratch slot. Like a decode step
-    it reads parameters and KV planes in place, so it stays valid across weight publication.
-    `run` returns a copy of the logits: a step prefills many prompts before it samples."""
+    Its inputs are the padded token ids and KV slots [2, rows, width] and each row's column of
+    its last token; warm-up and capture point every slot at the scratch slot. Like a decode
+    step it reads parameters and KV planes in place, so it stays valid across weight
+    publication. `run` returns a copy of the logits [rows, V]: a step prefills many groups
+    before it samples."""
 
-    def __init__(self, runner: ModelRunner, width: int) -> None:
+    def __init__(self, runner: ModelRunner, width: int, rows: int) -> None:
         kv = runner.kv
-        self.inputs = torch.full((2, width), kv.scratch_slot, dtype=torch.long, device=kv.device)
+        self.inputs = torch.full((2, rows, width), kv.scratch_slot, dtype=torch.long, device=kv.device)
         self.inputs[0] = 0
-        self.last = torch.zeros(1, dtype=torch.long, device=kv.device)
+        self.last = torch.zeros(rows, dtype=torch.long, device=kv.device)
         self.graph, self.logits = capture(lambda: runner._prefill_body(self.inputs, None, self.last), kv.device,
                                           runner.graph_pool)
 

@@ -1,9 +1,11 @@
-"""A fresh prompt prefilled at its bucket width (what the engine does on CUDA, where the
-bucket is a captured graph; runner.py `prefill`), checked on CPU by turning the buckets on
-here: the padding after the prompt writes only the scratch slot and changes nothing the
-prompt's positions compute but a GEMM's row count, so tokens, depths and fp32 logprobs are
-the unpadded run's (to rounding) and the replay's; the executed-work counter counts the
-padding; in exact mode the logprobs stay the replay's bits."""
+"""Fresh prompts prefilled at their bucket width, in groups of rows of one width (what the
+engine does on CUDA, where a group is a captured graph; runner.py `prefill_many`), checked on
+CPU by turning the buckets on here: the padding after a prompt, and the rows of padding that
+fill a group, write only the scratch slot and change nothing the prompt's positions compute
+but a GEMM's row count, so tokens, depths and fp32 logprobs are the unpadded run's (to
+rounding) and the replay's; a prompt gets the same bits (logits and every K/V plane) alone
+or among others; the executed-work counter counts the padding; in exact mode the logprobs
+stay the replay's bits."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 from ouro_cli.engine import LLM, SamplingParams, runner
-from ouro_cli.engine.runner import prefill_bucket
+from ouro_cli.engine.runner import PrefillItem, prefill_bucket, prefill_group
 
 from .conftest import prompts, tiny_model
 from .test_exact_engine import EXACT, _max_mismatch
@@ -49,7 +51,10 @@ def test_a_bucketed_prefill_gives_the_unpadded_results(request):
     assert max_replay_error(model, padded, 1.0) <= 1e-5
     work = len(model.model.layers) * model.num_loops
     assert counters["prefill_layer_tokens"] == plain_counters["prefill_layer_tokens"]
-    assert counters["prefill_layer_tokens_executed"] == sum(prefill_bucket(len(p)) for p in prompts(5, seed=1)) * work
+    # two groups of prompts of width 16 (4 admitted in the first step, 1 in a later one), each
+    # filled up with rows of padding
+    assert {prefill_bucket(len(p)) for p in prompts(5, seed=1)} == {16}
+    assert counters["prefill_layer_tokens_executed"] == 2 * prefill_group(16) * 16 * work
     assert plain_counters["prefill_layer_tokens_executed"] == plain_counters["prefill_layer_tokens"]
 
 
@@ -59,3 +64,26 @@ def test_a_bucketed_prefill_stays_exact(buckets_on_cpu, dtype):
     outs, counters = _generate(model, execution=EXACT)
     assert counters["prefill_layer_tokens_executed"] > counters["prefill_layer_tokens"]  # it did pad
     assert _max_mismatch(model, outs) == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_prefills_to_the_same_bits_alone_or_in_a_group(buckets_on_cpu, dtype):
+    """The PD prefill worker prefills one prompt at a time, the local engine a step's prompts
+    together: both must write the same K/V and give the same logits."""
+    model = tiny_model(0).to(dtype)
+    llm = LLM(model, max_num_seqs=8, kv_blocks=64, block_size=4)
+    runner, kv = llm.core.runner, llm.core.kv
+    t = model.num_loops
+    items = [PrefillItem(p, [t] * len(p), list(range(16 * i, 16 * i + len(p)))) for i, p in enumerate(prompts(6, seed=2))]
+    used = 16 * len(items)
+    try:
+        together = runner.prefill_many(items)
+        planes = kv.k[..., :used, :].clone(), kv.v[..., :used, :].clone()
+        kv.k.zero_(), kv.v.zero_()
+        alone = [runner.prefill(item) for item in reversed(items)][::-1]
+        for a, b in zip(together, alone, strict=True):
+            assert torch.equal(a, b)
+        assert torch.equal(planes[0], kv.k[..., :used, :]) and torch.equal(planes[1], kv.v[..., :used, :])
+        assert planes[0].abs().sum() > 0
+    finally:
+        llm.close()
