@@ -20,6 +20,9 @@ so that neither imports the other:
   "triton"; 0.0452 with "auto").
 - `replay_attention.py`: the whole-sequence forward's attention through the decode kernel,
   query by query (`--replay-attention paged`).
+- `fixed_tile.py` and `exact_rows.py`: exact mode's projections and row functions (norms,
+  silu·up, log-softmax), each with one summation order for any number of rows (`--exact`,
+  model/exact.py).
 
 Importing this package does not import triton. Off CUDA the kernels run only under the
 Triton interpreter (TRITON_INTERPRET=1, which the CPU tests use).

@@ -3,9 +3,9 @@ residual add, and followed by the next norm), SwiGLU's silu(gate)·up, and log-s
 
 Exact mode (model/exact.py, docs/exact.md) needs every value a token gets to be a function of
 that token's own inputs. Its torch code spells each function out as a chain of elementwise
-ops and pairwise-tree sums, one kernel per op: at 1.4B a train step launched ~30 kernels per
-norm, some 130,000 in all, and the H200 profile of an exact train step (16 × 530 tokens) showed
-7.9 s of host time for 2.9 s of device work (docs/performance.md §16). Here each function is
+ops and pairwise-tree sums, one kernel per op: ~30 per norm, and the H200 profile of an exact
+train step at 1.4B (16 × 530 tokens) counted over 150,000 operator calls, 7.9 s of host time
+for 2.9 s of device work (docs/performance.md §16). Here each function is
 one launch. A row is one program (silu·up, elementwise, any split), and a program's
 summation order is fixed by the row's length alone: the block is the next power of two of the
 hidden size (log-softmax walks the vocabulary in fixed chunks of VOCAB_CHUNK, accumulating per
