@@ -24,26 +24,48 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def wrap_call(owner: type, name: str, index: int, around) -> None:
+    """Make `owner.name`'s `index`-th call (0-based, counted over the process) run as
+    `around(instance, call)`, where `call()` runs it; every other call runs as it is. Shared
+    with bench/train_step_profile.py."""
+    plain = getattr(owner, name)
+    calls = [0]
+
+    def wrapped(self, *args, **kwargs):
+        at, calls[0] = calls[0], calls[0] + 1
+        if at != index:
+            return plain(self, *args, **kwargs)
+        return around(self, lambda: plain(self, *args, **kwargs))
+
+    setattr(owner, name, wrapped)
+
+
 def profile_call(update: int, out: str) -> None:
     """Wrap LLM.generate so that its `update`-th call runs under cProfile, dumped to `out`."""
     from ouro_cli.engine.engine import LLM
 
-    plain = LLM.generate
-    calls = [0]
-
-    def generate(self, *args, **kwargs):
-        index, calls[0] = calls[0], calls[0] + 1
-        if index != update:
-            return plain(self, *args, **kwargs)
+    def around(_llm, call):
         prof = cProfile.Profile()
         prof.enable()
         try:
-            return plain(self, *args, **kwargs)
+            return call()
         finally:
             prof.disable()
             prof.dump_stats(out)
 
-    LLM.generate = generate
+    wrap_call(LLM, "generate", update, around)
+
+
+def run_ouro(usage: str, profile) -> None:
+    """`python SCRIPT UPDATE OUT <ouro arguments>`: `profile(UPDATE, OUT)` installs the wrapper,
+    then the command line runs as `python -m ouro_cli.cli.app` runs it."""
+    if len(sys.argv) < 4:
+        raise SystemExit(usage)
+    profile(int(sys.argv[1]), sys.argv[2])
+    sys.argv = [sys.argv[0], *sys.argv[3:]]
+    from ouro_cli.cli.app import main as ouro
+
+    ouro()
 
 
 def print_top(source, top: int, indent: str) -> None:
@@ -59,14 +81,7 @@ def print_top(source, top: int, indent: str) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 4:
-        raise SystemExit(__doc__)
-    update, out = int(sys.argv[1]), sys.argv[2]
-    profile_call(update, out)
-    sys.argv = [sys.argv[0], *sys.argv[3:]]
-    from ouro_cli.cli.app import main as ouro
-
-    ouro()
+    run_ouro(__doc__, profile_call)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from train_host_profile import run_ouro, wrap_call  # noqa: E402  (bench/: the same wrapping of a call)
+
 
 def profile_call(update: int, out: str, top: int = 30) -> None:
     """Wrap Trainer.train_update so that its `update`-th call runs under torch.profiler, the
@@ -35,25 +37,19 @@ def profile_call(update: int, out: str, top: int = 30) -> None:
 
     from ouro_cli.trainer.trainer import Trainer
 
-    plain = Trainer.train_update
-    calls = [0]
-
-    def train_update(self, *args, **kwargs):
-        index, calls[0] = calls[0], calls[0] + 1
-        if index != update:
-            return plain(self, *args, **kwargs)
-        cuda = self.device.type == "cuda"
+    def around(trainer, call):
+        cuda = trainer.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=activities) as prof:
             start = time.perf_counter()
-            result = plain(self, *args, **kwargs)
+            result = call()
             if cuda:
-                torch.cuda.synchronize(self.device)
+                torch.cuda.synchronize(trainer.device)
             wall = time.perf_counter() - start
         Path(out).write_text(summary(prof, wall, cuda, top))
         return result
 
-    Trainer.train_update = train_update
+    wrap_call(Trainer, "train_update", update, around)
 
 
 def summary(prof, wall: float, cuda: bool, top: int) -> str:
@@ -75,14 +71,7 @@ def summary(prof, wall: float, cuda: bool, top: int) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) < 4:
-        raise SystemExit(__doc__)
-    update, out = int(sys.argv[1]), sys.argv[2]
-    profile_call(update, out)
-    sys.argv = [sys.argv[0], *sys.argv[3:]]
-    from ouro_cli.cli.app import main as ouro
-
-    ouro()
+    run_ouro(__doc__, profile_call)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 A check module (`_decode_kernel_checks.py`, `_gemv_kernel_checks.py`) is a script whose
 `main` runs named checks through `run_checks`; the test file runs it in a subprocess
-with TRITON_INTERPRET=1 (`interpreter_report`), since the variable must be set before
-the kernels are imported and would otherwise leak into every later test of the process.
+with TRITON_INTERPRET=1 (`interpreter_report`, through the fixture and test that
+`interpreted_tests` makes), since the variable must be set before the kernels are imported
+and would otherwise leak into every later test of the process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,3 +47,21 @@ def interpreter_report(script: Path, names: list[str]) -> tuple[dict[str, str], 
                           timeout=300)
     status = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0] in names)
     return status, proc.stdout[-6000:] + proc.stderr[-6000:]
+
+
+def interpreted_tests(script_name: str, checks: list[str]):
+    """-> (a module-scoped fixture `report` that runs the check script `script_name`, beside this
+    file, once under the interpreter; a test parametrized over `checks` that each one passed).
+    A test file binds both at module level: `report, test_x_under_the_interpreter = ...`."""
+    script = Path(__file__).with_name(script_name)
+
+    @pytest.fixture(scope="module")
+    def report() -> tuple[dict[str, str], str]:
+        return interpreter_report(script, checks)
+
+    @pytest.mark.parametrize("check", checks)
+    def test(report, check):
+        status, log = report
+        assert status.get(check) == "ok", log
+
+    return report, test

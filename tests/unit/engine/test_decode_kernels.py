@@ -15,11 +15,9 @@ and would otherwise leak into every later test of this process."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from ._interpreted import interpreter_report
+from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
@@ -27,12 +25,4 @@ CHECKS = ["attention", "batch_invariance", "write_and_attend", "engine", "replay
           "width_from_reach"]
 
 
-@pytest.fixture(scope="module")
-def report() -> tuple[dict[str, str], str]:
-    return interpreter_report(Path(__file__).with_name("_decode_kernel_checks.py"), CHECKS)
-
-
-@pytest.mark.parametrize("check", CHECKS)
-def test_decode_kernels_under_the_interpreter(report, check):
-    status, log = report
-    assert status.get(check) == "ok", log
+report, test_decode_kernels_under_the_interpreter = interpreted_tests("_decode_kernel_checks.py", CHECKS)

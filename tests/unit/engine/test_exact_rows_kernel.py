@@ -9,11 +9,9 @@ test_fixed_tile_kernel.py's exact_engine checks. The checks live in _exact_rows_
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from ._interpreted import interpreter_report
+from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
@@ -21,12 +19,4 @@ CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_in
           "gradients_bf16"]
 
 
-@pytest.fixture(scope="module")
-def report() -> tuple[dict[str, str], str]:
-    return interpreter_report(Path(__file__).with_name("_exact_rows_checks.py"), CHECKS)
-
-
-@pytest.mark.parametrize("check", CHECKS)
-def test_exact_row_kernels_under_the_interpreter(report, check):
-    status, log = report
-    assert status.get(check) == "ok", log
+report, test_exact_row_kernels_under_the_interpreter = interpreted_tests("_exact_rows_checks.py", CHECKS)

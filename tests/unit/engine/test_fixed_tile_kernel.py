@@ -11,11 +11,9 @@ tests/gpu/test_exact_gpu.py) and run in one subprocess with TRITON_INTERPRET=1."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from ._interpreted import interpreter_report
+from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
@@ -23,12 +21,4 @@ CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_in
           "exact_engine_fp32", "exact_engine_bf16"]
 
 
-@pytest.fixture(scope="module")
-def report() -> tuple[dict[str, str], str]:
-    return interpreter_report(Path(__file__).with_name("_fixed_tile_checks.py"), CHECKS)
-
-
-@pytest.mark.parametrize("check", CHECKS)
-def test_fixed_tile_kernel_under_the_interpreter(report, check):
-    status, log = report
-    assert status.get(check) == "ok", log
+report, test_fixed_tile_kernel_under_the_interpreter = interpreted_tests("_fixed_tile_checks.py", CHECKS)

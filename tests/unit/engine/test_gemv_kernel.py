@@ -13,11 +13,9 @@ would otherwise leak into every later test of this process."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from ._interpreted import interpreter_report
+from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
@@ -25,12 +23,4 @@ CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_in
           "auto_routing"]
 
 
-@pytest.fixture(scope="module")
-def report() -> tuple[dict[str, str], str]:
-    return interpreter_report(Path(__file__).with_name("_gemv_kernel_checks.py"), CHECKS)
-
-
-@pytest.mark.parametrize("check", CHECKS)
-def test_gemv_kernel_under_the_interpreter(report, check):
-    status, log = report
-    assert status.get(check) == "ok", log
+report, test_gemv_kernel_under_the_interpreter = interpreted_tests("_gemv_kernel_checks.py", CHECKS)

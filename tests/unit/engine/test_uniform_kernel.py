@@ -9,23 +9,13 @@ subprocess with TRITON_INTERPRET=1, which must be set before the kernel is impor
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from ._interpreted import interpreter_report
+from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
 CHECKS = ["torch_bits", "rows_alone", "bad_input"]
 
 
-@pytest.fixture(scope="module")
-def report() -> tuple[dict[str, str], str]:
-    return interpreter_report(Path(__file__).with_name("_uniform_kernel_checks.py"), CHECKS)
-
-
-@pytest.mark.parametrize("check", CHECKS)
-def test_uniform_kernel_under_the_interpreter(report, check):
-    status, log = report
-    assert status.get(check) == "ok", log
+report, test_uniform_kernel_under_the_interpreter = interpreted_tests("_uniform_kernel_checks.py", CHECKS)
