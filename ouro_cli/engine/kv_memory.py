@@ -23,6 +23,8 @@ hold finite values. PyTorch's memory statistics do not see the reserved buffers'
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 # device index -> [bytes mapped now, the most mapped since `reset_peak`]: memory PyTorch's
@@ -87,6 +89,11 @@ class ReservedBuffer:
         torch.cuda.init()
         index = device.index if device.index is not None else torch.cuda.current_device()
         self._index = index
+        supported = self._call(driver.cuDeviceGetAttribute,
+                               driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                               driver.CUdevice(index))
+        if not supported:
+            raise RuntimeError(f"cuda:{index} does not support CUDA virtual memory management")
         prop = driver.CUmemAllocationProp()
         prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -105,10 +112,10 @@ class ReservedBuffer:
             self._base = self._call(driver.cuMemAddressReserve, self._reserved, 0, 0, 0)
         self._handle = None
         self._mapped = 0
-
-    @property
-    def address(self) -> int:
-        return int(self._base)
+        # a buffer dropped without close() still gives its memory and its range back
+        self._state = {"handle": None, "mapped": 0}
+        self._finalizer = weakref.finalize(self, _free, driver, index, self._base, self._reserved, self._state)
+        self._finalizer.atexit = False  # the process's exit frees it all
 
     def _round(self, nbytes: int) -> int:
         g = self._granularity
@@ -141,6 +148,7 @@ class ReservedBuffer:
                 self._call(cu.cuMemRelease, handle)
                 raise
             self._handle, self._mapped = handle, nbytes
+            self._state.update(handle=handle, mapped=nbytes)
             _count(self._index, nbytes)
             self._call(cu.cuMemSetAccess, self._base, nbytes, [self._access], 1)
             raw = torch.as_tensor(_Interface(int(self._base), nbytes), device=self.device)
@@ -160,20 +168,35 @@ class ReservedBuffer:
             self._call(cu.cuMemRelease, self._handle)
         _count(self._index, -self._mapped)
         self._handle, self._mapped = None, 0
+        self._state.update(handle=None, mapped=0)
 
     def close(self) -> None:
         """Give the memory back and free the address range."""
         self.give_back()
-        if self._base is not None:
+        if self._finalizer.detach() is not None:
             with torch.cuda.device(self._index):
                 self._call(self._cu.cuMemAddressFree, self._base, self._reserved)
-            self._base = None
+
+
+def _free(driver, index: int, base, reserved: int, state: dict) -> None:
+    """A reserved buffer's memory and address range, freed when it is collected unclosed (its
+    tensors went with the cache that held them); errors are ignored, as at interpreter exit."""
+    try:
+        with torch.cuda.device(index):
+            torch.cuda.synchronize(index)
+            if state["handle"] is not None:
+                driver.cuMemUnmap(base, state["mapped"])
+                driver.cuMemRelease(state["handle"])
+                _count(index, -state["mapped"])
+            driver.cuMemAddressFree(base, reserved)
+    except Exception:
+        pass
 
 
 def device_buffer(capacity: int, dtype: torch.dtype, device: torch.device, fixed_address: bool | None = None):
     """The buffer for one half of a KV cache: `ReservedBuffer` on CUDA where cuda-bindings is
-    installed (`fixed_address` None or True), else `TorchBuffer`. `fixed_address=True` where it
-    cannot be had raises."""
+    installed and the device and driver support it (`fixed_address` None or True), else
+    `TorchBuffer`. `fixed_address=True` where it cannot be had raises."""
     want = device.type == "cuda" if fixed_address is None else fixed_address
     if not want:
         return TorchBuffer(capacity, dtype, device)
@@ -185,4 +208,7 @@ def device_buffer(capacity: int, dtype: torch.dtype, device: torch.device, fixed
         if fixed_address:
             raise ImportError("a KV cache at a fixed address needs NVIDIA's cuda-bindings package "
                               "(pip install 'ouro-cli[cuda]')") from None
-        return TorchBuffer(capacity, dtype, device)
+    except Exception:  # a driver without virtual memory management, bindings for another CUDA
+        if fixed_address:
+            raise
+    return TorchBuffer(capacity, dtype, device)

@@ -21,7 +21,8 @@ row's arithmetic does not depend on its batch-mates (determinism across max_num_
 and step shapes depend only on (bucket, context chunks, max loops); exits are decided
 on the device (exits.ExitState). On CUDA the step is captured once per shape and KV
 layout as a CUDA graph (CapturedDecodeStep; the graphs of a layout are kept while the
-cache is released, and replay when it comes back at the same addresses): decoding is otherwise bound by kernel launches (13
+cache is released, and replay when it comes back at the same addresses): decoding is
+otherwise bound by kernel launches (13
 per layer and loop profiled on the H200 at 1.4B, with the Triton kernels, fused weights
 and compiled elementwise math; 11 since the input norm and the KV write were fused into
 neighbouring kernels, by count; ~100 in plain torch). Eager mode additionally stops early
@@ -202,9 +203,10 @@ class ModelRunner:
         captured graph (CapturedPrefill): an eager 1.4B prefill is bound by the host's launches
         of its thousands of kernels; replayed one prompt at a time, 32 prompts still took
         0.5-0.6 s on the H200, about 17 ms each against ~3 ms of weight reads
-        (docs/performance.md §16), a cost per replay that a group shares. The rows of a group do not mix (each a sequence of its own, every
-        product at one shape whatever the rows hold), so a prompt's bits are those of its width,
-        whatever else is prefilled: eager or replayed, in a full group or alone."""
+        (docs/performance.md §16), a cost per replay that a group shares. The rows of a group
+        do not mix (each a sequence of its own, every product at one shape whatever the rows
+        hold), so a prompt's bits are those of its width, whatever else is prefilled: eager or
+        replayed, in a full group or alone."""
         device = self.kv.device
         out: list[torch.Tensor | None] = [None] * len(items)
         grouped: dict[int, list[int]] = {}

@@ -347,7 +347,12 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         write_hf_assets(run.checkpoint, config, source.assets_dir)
         plans.write_plan(run.plan, plan)
     stats = publish(engine, trainer.named_weights_for_publication(), version=start_update + 1)
-    log(f"engine: {type(engine).__name__}, initial publication v{start_update + 1} in {stats['publish_s'] * 1e3:.1f} ms")
+    kv = getattr(engine, "kv", None)  # LLM's cache; other engines keep theirs to themselves
+    where = "" if kv is None or kv.device.type != "cuda" else \
+        ("; KV cache at a fixed address (its CUDA graphs kept across train steps)" if kv.fixed_address
+         else "; KV cache allocated anew each rollout (no cuda-bindings: its CUDA graphs are captured again)")
+    log(f"engine: {type(engine).__name__}, initial publication v{start_update + 1} in {stats['publish_s'] * 1e3:.1f} "
+        f"ms{where}")
     hand_back(engine, trainer.device)  # the first call allocates the cache it needs (engine.kv_cache)
     return session
 

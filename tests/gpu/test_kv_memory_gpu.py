@@ -56,6 +56,18 @@ def test_reserved_buffer_comes_back_at_its_address_zeroed_and_frees_its_memory()
         buffer.close()
 
 
+def test_a_dropped_buffer_gives_its_memory_back():
+    import gc
+
+    buffer = device_buffer(256 * MIB, torch.bfloat16, torch.device("cuda"))
+    taken = buffer.take(200 * MIB)
+    torch.cuda.synchronize()
+    free_held = torch.cuda.mem_get_info()[0]
+    del taken, buffer
+    gc.collect()
+    assert torch.cuda.mem_get_info()[0] - free_held >= 400 * MIB - 2 * MIB
+
+
 def _rollout(llm: LLM, k: int, n: int, seed: int):
     params = [SamplingParams(max_tokens=24, seed=seed + i, logprobs=0, max_loops=k, exit_threshold=0.6,
                              ignore_eos=True) for i in range(n)]

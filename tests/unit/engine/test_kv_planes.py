@@ -9,6 +9,8 @@ taking it back changes no output.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 import torch
 
@@ -163,3 +165,57 @@ def test_a_released_cache_comes_back_as_large_as_the_call_needs(model):
     finally:
         full.close()
         trimmed.close()
+
+
+class _Cache:
+    """What ModelRunner reads of a cache to keep its graphs: the layout and whether it comes back."""
+
+    def __init__(self, fixed_address: bool) -> None:
+        self.fixed_address, self.layout, self.generation = fixed_address, (1, 2, 4, 10), 0
+
+
+def _runner_with_graph_tables(cache) -> object:
+    from ouro_cli.engine.runner import ModelRunner
+
+    runner = ModelRunner.__new__(ModelRunner)  # the table logic alone: no model, CPU
+    runner.kv, runner.graphs, runner.prefill_graphs = cache, {}, {}
+    runner._layouts, runner._layout = OrderedDict(), None
+    runner.graph_pool = None
+    return runner
+
+
+def test_graph_tables_follow_the_cache_layout(monkeypatch):
+    """A cache that keeps its addresses brings each layout back, and with it the graphs captured
+    on it (a run cycling K = 2, 3, 4 keeps three tables); one whose address moves drops them."""
+    from ouro_cli.engine.runner import KEPT_LAYOUTS
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", object)  # a fresh pool where graphs are dropped
+
+    cache = _Cache(fixed_address=True)
+    runner = _runner_with_graph_tables(cache)
+    tables = {}
+    for k in (2, 3, 4, 2, 3, 4):
+        cache.layout = (1, 2, k, 100 // k)
+        runner._graphs_for_layout()
+        if k in tables:
+            assert runner.graphs is tables[k] and runner.graphs == {"captured": k}
+        else:
+            runner.graphs["captured"] = k
+            tables[k] = runner.graphs
+    for extra in range(KEPT_LAYOUTS):  # older layouts give way to newer ones
+        cache.layout = (1, 2, 1, extra)
+        runner._graphs_for_layout()
+    cache.layout = (1, 2, 2, 50)
+    runner._graphs_for_layout()
+    assert runner.graphs == {}
+
+    moving = _Cache(fixed_address=False)
+    runner = _runner_with_graph_tables(moving)
+    runner._graphs_for_layout()
+    runner.graphs["captured"] = 1
+    first = moving.layout
+    moving.layout = (5, 6, 4, 10)
+    runner._graphs_for_layout()
+    moving.layout = first
+    runner._graphs_for_layout()
+    assert runner.graphs == {}  # never kept: the addresses it was captured on may hold anything now
