@@ -68,7 +68,7 @@ def check_reference(device="cpu", dtype=torch.float32, widths=WIDTHS, vocabs=VOC
 
 
 def check_batch_invariance(device="cpu", dtype=torch.float32, width=256, vocab=5000,
-                           rows=(1, 2, 7, 64, 130)) -> None:
+                           rows=(1, 2, 7, 40)) -> None:
     """Row i's bits are the same alone, among the first rows of a batch of each size in `rows`,
     reversed, and (silu·up) at any offset of the flat tensor."""
     from ouro_cli.kernels import exact_rows

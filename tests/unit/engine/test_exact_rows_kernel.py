@@ -1,7 +1,7 @@
 """Exact mode's row kernels (ouro_cli/kernels/exact_rows.py) on CPU, under the Triton interpreter:
 RMSNorm (alone, closing a residual add, and followed by the next norm), silu·up and
 log-softmax equal fp64 references written out independently, to a rounding or two of fp32 and
-bf16; a row's bits are the same alone, in batches of 2 to 130 rows and reversed (and silu·up's
+bf16; a row's bits are the same alone, in batches of 2 to 40 rows and reversed (and silu·up's
 at any place in the tensor); their gradients are autograd's of the plain formulas, bit for bit.
 The whole exact Triton path, these kernels included, is checked end to end by
 test_fixed_tile_kernel.py's exact_engine checks. The checks live in _exact_rows_checks.py
