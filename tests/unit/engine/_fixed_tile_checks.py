@@ -88,13 +88,28 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
         assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double().cpu()), out.exit_depths
 
 
+def check_exact_engine_grouped(device="cpu", dtype=torch.bfloat16) -> None:
+    """`check_exact_engine` with fresh prompts prefilled as on CUDA: at their bucket width, in
+    groups of rows filled up with rows of padding (runner.prefill_many; groups of 4 rows here,
+    where the interpreter would take minutes over CUDA's 32)."""
+    from ouro_cli.engine import runner
+
+    before = runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP
+    runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP = (device, "cuda"), 4
+    try:
+        check_exact_engine(device, dtype)
+    finally:
+        runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP = before
+
+
 CHECKS = {"reference_fp32": check_reference,
           "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
           "batch_invariance_fp32": check_batch_invariance,
           "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
           "bad_input": check_bad_input,
           "exact_engine_fp32": check_exact_engine,
-          "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16)}
+          "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16),
+          "exact_engine_grouped_bf16": check_exact_engine_grouped}
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ column); a row's output is bitwise the same alone, in a batch of up to 200 rows 
 reversed order; shapes or dtypes it does not take raise ValueError. And exact mode's whole
 Triton path, what it runs on CUDA (these projections, the decode kernel for the decode step,
 the prefill and the replay), gives the engine the replay's logprobs to the bit, fp32 and
-bf16, on the tiny model with threshold exits. (The interpreter's dot is
+bf16, on the tiny model with threshold exits, also with prompts prefilled in padded groups
+as on CUDA. (The interpreter's dot is
 an fp32 product and sum: see gemv.py.) The checks live in _fixed_tile_checks.py (shared with
 tests/gpu/test_exact_gpu.py) and run in one subprocess with TRITON_INTERPRET=1."""
 
@@ -18,7 +19,7 @@ from ._interpreted import interpreted_tests
 pytest.importorskip("triton")
 
 CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_invariance_bf16", "bad_input",
-          "exact_engine_fp32", "exact_engine_bf16"]
+          "exact_engine_fp32", "exact_engine_bf16", "exact_engine_grouped_bf16"]
 
 
 report, test_fixed_tile_kernel_under_the_interpreter = interpreted_tests("_fixed_tile_checks.py", CHECKS)
