@@ -1,6 +1,7 @@
 """The same guarantees on CUDA (skipped without a GPU): fp32 logprobs equal the replay,
-captured CUDA graphs give the eager results (a captured prefill the eager one's bits), batch
-size does not change outputs, published weights reach captured graphs, and a bf16 engine runs."""
+captured CUDA graphs give the eager results (a captured prefill the eager one's bits, a
+prompt the same bits alone or in a prefill group), batch size does not change outputs,
+published weights reach captured graphs, and a bf16 engine runs."""
 
 from __future__ import annotations
 
@@ -80,6 +81,33 @@ def test_cuda_prefill_graph_gives_the_eager_bits():
         assert llm.work_counters()["prefill_steps_graphed"] == 1
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_prefill_groups_give_a_prompt_its_bits_alone(dtype):
+    """Fresh prompts prefilled together (one captured group) and one at a time (the PD prefill
+    worker's way), graphs on and off: the same logits and K/V in every layer and plane."""
+    model = tiny_model(0).to("cuda", dtype)
+    t = model.num_loops
+    items = [PrefillItem(p, [t] * len(p), list(range(16 * i, 16 * i + len(p))))
+             for i, p in enumerate(prompts(6, seed=2))]
+    used = 16 * len(items)
+    results = []
+    for graphs in (True, False):
+        llm = LLM(model, max_num_seqs=8, kv_blocks=64, block_size=4, cuda_graphs=graphs)
+        runner, kv = llm.core.runner, llm.core.kv
+        try:
+            llm.core.restore_memory()
+            for together in (True, False):
+                kv.k.zero_(), kv.v.zero_()
+                logits = runner.prefill_many(items) if together else [runner.prefill(item) for item in items]
+                results.append((torch.stack(logits), kv.k[..., :used, :].clone(), kv.v[..., :used, :].clone()))
+        finally:
+            llm.close()
+    first = results[0]
+    assert first[1].abs().sum() > 0
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
 
 
 def test_cuda_bf16_runs():
