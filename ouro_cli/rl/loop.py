@@ -350,7 +350,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     kv = getattr(engine, "kv", None)  # LLM's cache; other engines keep theirs to themselves
     where = "" if kv is None or kv.device.type != "cuda" else \
         ("; KV cache at a fixed address (its CUDA graphs kept across train steps)" if kv.fixed_address
-         else "; KV cache allocated anew each rollout (no cuda-bindings: its CUDA graphs are captured again)")
+         else "; KV cache allocated anew each rollout (cuda-bindings missing, or no CUDA virtual memory "
+              "management: its CUDA graphs are captured again every update)")
     log(f"engine: {type(engine).__name__}, initial publication v{start_update + 1} in {stats['publish_s'] * 1e3:.1f} "
         f"ms{where}")
     hand_back(engine, trainer.device)  # the first call allocates the cache it needs (engine.kv_cache)
