@@ -12,8 +12,8 @@ held (CUDA's virtual memory management: cuMemAddressReserve, cuMemCreate, cuMemM
 unmaps and frees that memory on release: the device gets every byte back, and the next
 restore maps new memory at the same addresses, so the graphs captured on it replay as they
 are. It calls the CUDA driver through NVIDIA's `cuda-bindings` package (PyTorch exposes no
-such allocation); where that package is missing, or off CUDA, `TorchBuffer` allocates
-through PyTorch as before and the graphs are captured again whenever the address moves
+such allocation); where that package is missing, where the device or driver cannot do
+it, or off CUDA, `TorchBuffer` allocates through PyTorch as before and the graphs are captured again whenever the address moves
 (runner.ModelRunner keys its graphs by the cache's layout, addresses included).
 
 Contents never survive a release; a taken buffer is zeroed, so even slots no step wrote
