@@ -180,8 +180,12 @@ class ReservedBuffer:
 
 def _free(driver, index: int, base, reserved: int, state: dict) -> None:
     """A reserved buffer's memory and address range, freed when it is collected unclosed (its
-    tensors went with the cache that held them); errors are ignored, as at interpreter exit."""
+    tensors went with the cache that held them); errors are ignored, as at interpreter exit.
+    A collection that happens while a CUDA graph is being captured leaves them (a device
+    synchronisation would break the capture)."""
     try:
+        if torch.cuda.is_current_stream_capturing():
+            return
         with torch.cuda.device(index):
             torch.cuda.synchronize(index)
             if state["handle"] is not None:
