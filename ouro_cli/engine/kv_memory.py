@@ -13,8 +13,9 @@ unmaps and frees that memory on release: the device gets every byte back, and th
 restore maps new memory at the same addresses, so the graphs captured on it replay as they
 are. It calls the CUDA driver through NVIDIA's `cuda-bindings` package (PyTorch exposes no
 such allocation); where that package is missing, where the device or driver cannot do
-it, or off CUDA, `TorchBuffer` allocates through PyTorch as before and the graphs are captured again whenever the address moves
-(runner.ModelRunner keys its graphs by the cache's layout, addresses included).
+it, or off CUDA, `TorchBuffer` allocates through PyTorch as before, and the graphs are
+captured again whenever the address moves (runner.ModelRunner keys its graphs by the
+cache's layout, addresses included).
 
 Contents never survive a release; a taken buffer is zeroed, so even slots no step wrote
 hold finite values. PyTorch's memory statistics do not see the reserved buffers' memory:
@@ -110,8 +111,7 @@ class ReservedBuffer:
                                            driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
             self._reserved = self._round(max(capacity, 1) * dtype.itemsize)
             self._base = self._call(driver.cuMemAddressReserve, self._reserved, 0, 0, 0)
-        self._handle = None
-        self._mapped = 0
+        # the mapped memory's handle and size (None, 0 while given back), shared with the finalizer:
         # a buffer dropped without close() still gives its memory and its range back
         self._state = {"handle": None, "mapped": 0}
         self._finalizer = weakref.finalize(self, _free, driver, index, self._base, self._reserved, self._state)
@@ -134,7 +134,7 @@ class ReservedBuffer:
 
     def take(self, elements: int) -> torch.Tensor:
         """A zeroed tensor of the first `elements` (at most the capacity), at the reserved address."""
-        if self._handle is not None:
+        if self._state["handle"] is not None:
             raise RuntimeError("ReservedBuffer.take while its memory is taken: give it back first")
         if elements > self.capacity:
             raise ValueError(f"asked for {elements} elements, the buffer reserves {self.capacity}")
@@ -147,7 +147,6 @@ class ReservedBuffer:
             except BaseException:
                 self._call(cu.cuMemRelease, handle)
                 raise
-            self._handle, self._mapped = handle, nbytes
             self._state.update(handle=handle, mapped=nbytes)
             _count(self._index, nbytes)
             self._call(cu.cuMemSetAccess, self._base, nbytes, [self._access], 1)
@@ -159,15 +158,15 @@ class ReservedBuffer:
     def give_back(self) -> None:
         """Unmap and free the taken memory once the device is done with it; the caller has dropped
         every tensor into it (a later access would fault)."""
-        if self._handle is None:
+        handle, mapped = self._state["handle"], self._state["mapped"]
+        if handle is None:
             return
         cu = self._cu
         with torch.cuda.device(self._index):
             torch.cuda.synchronize(self._index)  # queued kernels may still read the cache
-            self._call(cu.cuMemUnmap, self._base, self._mapped)
-            self._call(cu.cuMemRelease, self._handle)
-        _count(self._index, -self._mapped)
-        self._handle, self._mapped = None, 0
+            self._call(cu.cuMemUnmap, self._base, mapped)
+            self._call(cu.cuMemRelease, handle)
+        _count(self._index, -mapped)
         self._state.update(handle=None, mapped=0)
 
     def close(self) -> None:

@@ -131,9 +131,9 @@ def _rms_forward(x, weight, eps, h=None, next_weight=None):
 
 
 def _plain():
-    from ouro_cli.model import (
-        pointwise,  # the plain formulas (pointwise imports model/exact.py, which imports us)
-    )
+    """model/pointwise.py, whose plain formulas the backward passes differentiate (imported here:
+    pointwise imports model/exact.py, which imports this module)."""
+    from ouro_cli.model import pointwise
 
     return pointwise
 
