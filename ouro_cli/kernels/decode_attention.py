@@ -52,13 +52,24 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
                              K_PREV, V_PREV, K_NEW, V_NEW, NEW_SLOTS, ACTIVE,
                              stride_qb, stride_qh, stride_kh, stride_ks, stride_sb, stride_ob, stride_oh,
                              stride_knb, stride_knh, stride_vnb, stride_vnh,
+                             FIRST, COUNT,
                              G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK: tl.constexpr, IEEE: tl.constexpr, WRITE: tl.constexpr, HAS_PREV: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
+                             BLOCK: tl.constexpr, IEEE: tl.constexpr, WRITE: tl.constexpr, HAS_PREV: tl.constexpr,
+                             BLOCKED: tl.constexpr, DOT_AS_SUM: tl.constexpr):
     h = tl.program_id(1).to(tl.int64)
     g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)
-    gd_ok = (g < G)[:, None] & (d < D)[None, :]
+    if BLOCKED:  # rows r = (query FIRST[p] + r // G, head h·G + r % G); the table row is the first query's
+        b = tl.load(FIRST + tl.program_id(0)).to(tl.int64)
+        query = b + g // G
+        row_ok = g < tl.load(COUNT + tl.program_id(0)) * G
+        head = h * G + g % G
+    else:  # rows r = (query b, head h·G + r), r < G
+        b = tl.program_id(0).to(tl.int64)
+        query = b + g * 0
+        row_ok = g < G
+        head = h * G + g
+    gd_ok = row_ok[:, None] & (d < D)[None, :]
     kv_head = K + h * stride_kh
     v_head = V + h * stride_kh
     if WRITE:  # this row's K/V of head h into its slot first (an exited row carries plane t-1's)
@@ -74,10 +85,11 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
         tl.store(kv_head + new_slot * stride_ks + d, k_new, mask=d < D)
         tl.store(v_head + new_slot * stride_ks + d, v_new, mask=d < D)
         tl.debug_barrier()  # the stores above, visible to every thread of the block below
-    q_rows = Q + b * stride_qb + (h * G + g)[:, None] * stride_qh
+    q_rows = Q + query[:, None] * stride_qb + head[:, None] * stride_qh
     q = tl.load(q_rows + d[None, :], mask=gd_ok, other=0.0)
     q = q.to(K.dtype.element_ty)
-    length = tl.load(LENGTHS + b).to(tl.int32)
+    row_length = tl.load(LENGTHS + tl.where(row_ok, query, b)).to(tl.int32)  # [GP]; padding rows: the first's
+    length = tl.max(row_length, 0)  # the block's longest run (a decode row's own length)
     m = tl.full([GP], float("-inf"), tl.float32)
     l_sum = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, BLOCK_D], tl.float32)
@@ -88,28 +100,39 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
         nd_ok = n_ok[:, None] & (d < D)[None, :]
         offs = slot[:, None] * stride_ks + d[None, :]
         k = tl.load(kv_head + offs, mask=nd_ok, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(n_ok[None, :], s * scale, float("-inf"))  # [GP, BLOCK]; every tile holds >= 1 valid position
+        s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM)
+        # [GP, BLOCK]; every tile holds >= 1 position of a decode row, and of a block's longest row
+        s = tl.where(n[None, :] < row_length[:, None], s * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)  # exp(-inf) = 0 on the first tile
         p = tl.exp(s - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
+        l_new = l_sum * alpha + tl.sum(p, 1)
         v = tl.load(v_head + offs, mask=nd_ok, other=0.0)
-        if IEEE:
-            pv = tl.dot(p.to(V.dtype.element_ty), v, input_precision="ieee")
+        acc_new = acc * alpha[:, None] + _dot(p.to(V.dtype.element_ty), v, IEEE, DOT_AS_SUM)
+        if BLOCKED:  # a row whose run ended before this tile keeps its state: the tiles a decode row never reads
+            live = start < row_length
+            m, l_sum, acc = tl.where(live, m_new, m), tl.where(live, l_new, l_sum), tl.where(live[:, None], acc_new, acc)
         else:
-            pv = tl.dot(p.to(V.dtype.element_ty), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+            m, l_sum, acc = m_new, l_new, acc_new
     o = acc / l_sum[:, None]
-    tl.store(OUT + b * stride_ob + (h * G + g)[:, None] * stride_oh + d[None, :], o.to(OUT.dtype.element_ty),
+    tl.store(OUT + query[:, None] * stride_ob + head[:, None] * stride_oh + d[None, :], o.to(OUT.dtype.element_ty),
              mask=gd_ok)
 
 
-def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None) -> torch.Tensor:
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
+    """a @ b in fp32: the tensor-core dot (IEEE fp32 for fp32 operands), or under the interpreter
+    (DOT_AS_SUM) fp32 products summed by tl.sum, output by output, so that a row's bits do not
+    depend on the other rows of its tile (numpy's matmul promises no such thing)."""
+    if DOT_AS_SUM:
+        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None, blocks=None) -> torch.Tensor:
     b, hq, d = q.shape
     hkv = k_plane.shape[0]
     assert hq % hkv == 0 and k_plane.shape == v_plane.shape and k_plane.stride() == v_plane.stride()
@@ -125,16 +148,23 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=Non
         assert k_prev.stride() == k_plane.stride() and v_prev.stride() == k_plane.stride()
         k_new, v_new = _unit_last_stride(k_new), _unit_last_stride(v_new)
     g = hq // hkv
+    first, count = (lengths, lengths) if blocks is None else blocks
     o = torch.empty_like(q)
-    _decode_attention_kernel[(b, hkv)](
+    _decode_attention_kernel[(b if blocks is None else first.shape[0], hkv)](
         q, k_plane, v_plane, ctx_slots, lengths, o, d**-0.5,
         k_prev, v_prev, k_new, v_new, new_slots, active,
         q.stride(0), q.stride(1), k_plane.stride(0), k_plane.stride(1), ctx_slots.stride(0), o.stride(0), o.stride(1),
-        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), first, count,
+        G=g, GP=group_rows(g), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK=block, IEEE=k_plane.dtype == torch.float32, WRITE=write is not None, HAS_PREV=has_prev,
-        num_warps=num_warps)
+        BLOCKED=blocks is not None, DOT_AS_SUM=q.device.type != "cuda", num_warps=num_warps)
     return o
+
+
+def group_rows(g: int) -> int:
+    """The rows of a program's tiles for G query heads per kv head: G padded to a power of two,
+    at least 16 (tl.dot needs M >= 16)."""
+    return max(16, triton.next_power_of_2(g))
 
 
 def paged_decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor,
@@ -143,6 +173,22 @@ def paged_decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torc
     layer); ctx_slots [B, W] slot ids of positions 0..W-1; lengths [B] (1 <= length <= W: a row
     attends to its first `length` positions) -> o [B, Hq, D] in q's dtype. Scale head_dim**-0.5."""
     return _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps)
+
+
+def blocked_decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor,
+                             lengths: torch.Tensor, first: torch.Tensor, count: torch.Tensor, block: int = BLOCK,
+                             num_warps: int = NUM_WARPS) -> torch.Tensor:
+    """`paged_decode_attention` of the B queries of q [B, Hq, D], several queries per program: program
+    p runs queries first[p] .. first[p] + count[p] - 1 (count[p] <= queries_per_program(G)),
+    which must share their context's slots up to their longest length, and reads them from
+    ctx_slots[first[p]]. The queries share each tile's K/V loads; each computes the bits it
+    computes alone (a row whose length ends before a tile leaves its state as it is)."""
+    return _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, blocks=(first, count))
+
+
+def queries_per_program(g: int) -> int:
+    """How many queries of G heads each fill one program's rows in `blocked_decode_attention`."""
+    return max(1, group_rows(g) // g)
 
 
 def write_kv_and_attend(q: torch.Tensor, k_plane_t: torch.Tensor, v_plane_t: torch.Tensor,

@@ -18,9 +18,14 @@ it did not narrow the agreement there (mean |Δ logprob| over 32 tokens 0.0656, 
 0.0659 with SDPA; still 3e-3 relative after loop 1, layer 0), so the divergence starts in
 another operation. On CPU under the Triton interpreter it makes them bitwise equal.
 
-Cost: no query shares its K/V reads with its neighbours (O(S²) reads per head) and
-G = Hq/Hkv heads fill a 16-row MMA tile. This is an exactness mode to measure and use
-where agreement matters more than training speed, not the default.
+Programs: the decode step's program holds one query's G = Hq/Hkv heads in a 16-row MMA tile
+(15 rows padding at G = 1). Here a program holds up to 16 / G consecutive queries of one
+run (one document's start, so one slot table), `program_blocks` cuts them, and the kernel
+(decode_attention.blocked_decode_attention) walks the tiles up to the block's longest run.
+Each row still folds the tiles its decode step folds, in the same order, with the same
+instruction; a tile past a row's own run leaves that row's state untouched. Sharing a tile's
+K/V loads among 16 queries cuts the O(S²) reads per head 16-fold. This is an exactness mode
+(and exact mode's attention on CUDA), not the default.
 
 Visible keys must be one contiguous run ending at the query, as SequenceLayout builds
 them (causal, documents contiguous in a row, padding on the edges): other masks are
@@ -33,42 +38,71 @@ import torch
 
 from ouro_cli.model.exact import reference_backward, visible_runs
 
-from .decode_attention import paged_decode_attention
+from .decode_attention import blocked_decode_attention, queries_per_program
 
-# The slot table of the last layout: every layer and loop of one forward shares its mask, so
-# the check and the [B·S, S] table are built once per forward, not once per layer call.
-_last_layout: list = [None, None, None]  # mask, (B, S, device), (slots, lengths)
+# The tables of the last layout, and of the last query subset: every layer and loop of one
+# forward shares its mask (and a loop its rows), so the check, the [B·S, S] slot table and the
+# program blocks are built once per forward (per loop), not once per layer call.
+_last_layout: list = [None, None, None]  # mask, (B, S, device, per), (slots, lengths, keys, blocks)
+_last_rows: list = [None, None, None]  # rows, the layout's tables, (slots, lengths, blocks)
 
 
-def _slot_table(mask: torch.Tensor | None, b: int, s: int, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(slots [B·S, S], lengths [B·S]): query (b, i) reads slots b·S + start .. b·S + i."""
-    shape = (b, s, device)
+def _slot_table(mask: torch.Tensor | None, b: int, s: int, device: torch.device, per: int) -> tuple:
+    """(slots [B·S, S], lengths [B·S], keys [B·S], blocks): query (b, i) reads slots
+    b·S + start .. b·S + i, keys are the flat index of its run's start, blocks the programs'
+    (first, count) over all B·S queries, `per` at most to a program (`program_blocks`)."""
+    shape = (b, s, device, per)
     if _last_layout[0] is mask and _last_layout[1] == shape:
         return _last_layout[2]
     start, length = visible_runs(mask, b, s, device, "--replay-attention paged")
     row_base = (torch.arange(b, device=device) * s)[:, None] + start  # [B, S]
     slots = row_base.reshape(-1, 1) + torch.arange(s, device=device)[None, :]
     slots = slots.clamp(max=b * s - 1)  # past a query's length the kernel masks its loads
-    _last_layout[:] = [mask, shape, (slots, length.reshape(-1))]
+    keys = row_base.reshape(-1)
+    _last_layout[:] = [mask, shape, (slots, length.reshape(-1), keys, program_blocks(keys, per))]
     return _last_layout[2]
+
+
+def _tables_at(tables: tuple, rows: torch.Tensor | None, per: int) -> tuple:
+    """(slots, lengths, blocks) of the queries at `rows` (flat indices), or of all."""
+    slots, lengths, keys, blocks = tables
+    if rows is None:
+        return slots, lengths, blocks
+    if _last_rows[0] is not rows or _last_rows[1] is not tables:
+        _last_rows[:] = [rows, tables, (slots.index_select(0, rows), lengths.index_select(0, rows),
+                                        program_blocks(keys.index_select(0, rows), per))]
+    return _last_rows[2]
+
+
+def program_blocks(keys: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, count) [P]: the queries, in their order, cut into programs of at most `per`
+    (decode_attention.queries_per_program) consecutive queries with one key (their run's
+    start, hence one slot table up to their longest length). A new key starts a program."""
+    n = keys.shape[0]
+    index = torch.arange(n, device=keys.device)
+    new = torch.ones(n, dtype=torch.bool, device=keys.device)
+    new[1:] = keys[1:] != keys[:-1]
+    group_first = torch.cummax(torch.where(new, index, 0), 0).values
+    first = torch.nonzero(new | ((index - group_first) % per == 0)).squeeze(1)
+    count = torch.diff(first, append=first.new_tensor([n]))
+    return first, count
 
 
 def paged_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                   rows: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D] through the decode kernel, one query per row.
-    With `rows` [N] (flat indices b·S + i), q [1,N,Hq,D] holds only those positions' queries
-    (a loop that only they run, model/attention.py `attention_at_rows`) -> [1,N,Hq,D]: each
-    query reads the same table row, so its bits are those it has among all B·S."""
+    """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D] through the decode kernel: each query gets the
+    bits the decode step computes for it, several queries of one run sharing a program's K/V
+    reads. With `rows` [N] (flat indices b·S + i), q [1,N,Hq,D] holds only those positions'
+    queries (a loop that only they run, model/attention.py `attention_at_rows`) -> [1,N,Hq,D]:
+    each query reads the same table row, so its bits are those it has among all B·S."""
     b, s, hkv, d = k.shape
     hq = q.shape[2]
-    slots, lengths = _slot_table(mask, b, s, q.device)
-    if rows is not None:
-        slots, lengths = slots.index_select(0, rows), lengths.index_select(0, rows)
+    per = queries_per_program(hq // hkv)
+    slots, lengths, (first, count) = _tables_at(_slot_table(mask, b, s, q.device, per), rows, per)
     # one plane per kv head over all B·S positions
     k_plane = k.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
     v_plane = v.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
-    o = paged_decode_attention(q.reshape(-1, hq, d), k_plane, v_plane, slots, lengths)
+    o = blocked_decode_attention(q.reshape(-1, hq, d), k_plane, v_plane, slots, lengths, first, count)
     return o.view(q.shape)
 
 

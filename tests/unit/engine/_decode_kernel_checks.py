@@ -194,37 +194,54 @@ def _packed_layout(device):
     return SequenceLayout.build(ids.to(device), valid.to(device), docs.to(device))
 
 
-def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
-    """`replay_attention="paged"` (kernels/replay_attention.py): equals SDPA to `tol` under
-    packed, padded and plain causal layouts; every query's output is bitwise the decode
-    kernel's for that query alone over its context, and the same when only some queries are
-    given (`rows`); gradients are SDPA's, bit for bit, for all queries and for some; a mask
-    that is not a contiguous run is refused."""
+def _check_replay_forward(q, k, v, tol) -> None:
+    """`check_replay_attention`'s forward checks at one head layout: SDPA to `tol`, and every
+    query's bits those of the decode kernel alone, for all queries and for some."""
     from ouro_cli.kernels.decode_attention import paged_decode_attention
-    from ouro_cli.kernels.replay_attention import (
-        paged_forward,
-        paged_replay_attention,
-        visible_runs,
-    )
-    from ouro_cli.model.attention import QueryRows, sdpa_attention, sdpa_attention_at_rows
+    from ouro_cli.kernels.replay_attention import paged_forward, visible_runs
+    from ouro_cli.model.attention import sdpa_attention
 
-    g = torch.Generator().manual_seed(5)
-    b, s, hq, hkv, d = 3, 21, 4, 2, 16
-    q, k, v = (torch.randn(b, s, h, d, generator=g).to(device, dtype) for h in (hq, hkv, hkv))
-    for mask in (_packed_layout(device).mask, None):
+    b, s, hq, d = q.shape
+    for mask in (_packed_layout(q.device).mask, None):
         out = paged_forward(q, k, v, mask)
         assert (out.double() - sdpa_attention(q, k, v, mask).double()).abs().max() <= tol
         start, length = visible_runs(mask, b, s, q.device)
-        for row, i in ((0, 0), (0, 20), (1, 3), (1, 12), (2, 5), (2, 16), (2, 20)):
-            lo, n = int(start[row, i]), int(length[row, i])
-            planes = [x[row, lo:lo + n].transpose(0, 1).contiguous() for x in (k, v)]
-            ctx = torch.arange(n + 5, device=q.device).clamp(max=n - 1)[None]  # another table width
-            alone = paged_decode_attention(q[row, i][None], *planes, ctx, torch.tensor([n], device=q.device))
-            assert torch.equal(alone[0], out[row, i]), (row, i)
+        for row in range(b):
+            for i in range(s):
+                lo, n = int(start[row, i]), int(length[row, i])
+                planes = [x[row, lo:lo + n].transpose(0, 1).contiguous() for x in (k, v)]
+                ctx = torch.arange(n + 5, device=q.device).clamp(max=n - 1)[None]  # another table width
+                alone = paged_decode_attention(q[row, i][None], *planes, ctx, torch.tensor([n], device=q.device))
+                assert torch.equal(alone[0], out[row, i]), (hq, row, i)
         # a loop that only some positions run gives the kernel their queries alone: the same bits
-        rows = torch.tensor([0, 3, 20, 21 + 7, 2 * 21 + 5, 2 * 21 + 16], device=q.device)
+        rows = torch.tensor([0, 3, 4, 5, 20, 21 + 7, 21 + 8, 2 * 21 + 5, 2 * 21 + 16], device=q.device)
         some = paged_forward(q.reshape(b * s, hq, d)[rows][None], k, v, mask, rows)
         assert torch.equal(some[0], out.reshape(b * s, hq, d)[rows])
+
+
+def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
+    """`replay_attention="paged"` (kernels/replay_attention.py): equals SDPA to `tol` under
+    packed, padded and plain causal layouts; every query's output is bitwise the decode
+    kernel's for that query alone over its context, with several queries of a run to a
+    program (G = 2 and G = 1 heads per kv head), and the same when only some queries are
+    given (`rows`); gradients are SDPA's, bit for bit, for all queries and for some; a mask
+    that is not a contiguous run is refused."""
+    from ouro_cli.kernels.replay_attention import (
+        paged_forward,
+        paged_replay_attention,
+        program_blocks,
+    )
+    from ouro_cli.model.attention import QueryRows, sdpa_attention, sdpa_attention_at_rows
+
+    keys = torch.tensor([0, 0, 0, 5, 5, 7, 7, 7, 7, 7], device=device)
+    first, count = program_blocks(keys, 2)  # a new run starts a program; a run is cut every 2 queries
+    assert first.tolist() == [0, 2, 3, 5, 7, 9] and count.tolist() == [2, 1, 2, 2, 2, 1]
+    g = torch.Generator().manual_seed(5)
+    b, s, hq, hkv, d = 3, 21, 4, 2, 16
+    k, v = (torch.randn(b, s, hkv, d, generator=g).to(device, dtype) for _ in range(2))
+    for heads in (hkv, hq):  # G = 1 (Ouro's: 16 queries a program) and G = 2 (8)
+        q = torch.randn(b, s, heads, d, generator=g).to(device, dtype)
+        _check_replay_forward(q, k, v, tol)
     mask = _packed_layout(device).mask
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
