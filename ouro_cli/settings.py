@@ -70,7 +70,7 @@ class ExecutionSettings:
         env="OURO_DECODE_GEMV")
     replay_attention: Literal["sdpa", "paged"] = option(
         "sdpa", help="The replay's and the prefill's attention: sdpa, or paged (the decode kernel's reduction "
-        "order, query by query: slower, for engine-trainer agreement to the bit; CUDA).", panel=P_EXEC,
+        "order for every query: slower, for engine-trainer agreement to the bit; CUDA).", panel=P_EXEC,
         env="OURO_REPLAY_ATTENTION")
     exact: bool = option(
         False, help="Batch-invariant kernels everywhere (docs/exact.md): engine and trainer compute every "

@@ -19,7 +19,8 @@ so that neither imports the other:
   engine-vs-trainer bf16 agreement did not change measurably with it (0.046 both ways with
   "triton"; 0.0452 with "auto").
 - `replay_attention.py`: the whole-sequence forward's attention through the decode kernel,
-  query by query (`--replay-attention paged`).
+  each query in the decode step's order, up to 16 queries of a run sharing a program's K/V
+  reads (`--replay-attention paged`, and exact mode's attention on CUDA).
 - `fixed_tile.py` and `exact_rows.py`: exact mode's projections and row functions (norms,
   silu·up, log-softmax), each with one summation order for any number of rows (`--exact`,
   model/exact.py).

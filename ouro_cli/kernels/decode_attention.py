@@ -25,6 +25,16 @@ store from the attention's reads. One kernel per layer and loop instead of two. 
 new slot's values from registers instead, a `tl.where` per tile, was measured slower on the
 H200: 85 against 50 µs a call at 128 rows × 192 positions.)
 
+`blocked_decode_attention` is the same kernel for the trainer's replay and the prefill
+(replay_attention.py): a program holds up to 16 / G queries of one run (one document, one
+slot table) in the rows that a decode step fills with one query's G heads and padding,
+walks the tiles up to its longest row and masks each row at its own length. A row folds the
+tiles its decode step folds, through the same instruction in the same order; on a tile past
+a row's own length the row keeps its state (a `tl.where`, not a fold of nothing), so its
+bits are the decode step's while the tile's K/V loads serve the whole block. Under the
+interpreter the dots are fp32 products summed by tl.sum (numpy's matmul promises no row
+independence within a tile).
+
 Both are CUDA-graph capturable: no host reads, and the grids depend only on shapes.
 """
 
