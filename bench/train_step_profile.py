@@ -6,7 +6,8 @@ Runs the command line exactly as `python -m ouro_cli.cli.app` does, with the tra
 `train_update` profiled at its UPDATE-th call (0-based: the train step of update UPDATE), and
 writes to OUT.txt the step's wall time against the device's busy time (their gap is host time
 or waits for the device), then on CUDA the busy time per kernel family and the top kernels,
-and the top operators by own CPU time. bench/e2e.py `--train-profile UPDATE` runs it and prints
+the host's waits for the device by the ouro_cli line that caused them, and the top operators
+by own CPU time. bench/e2e.py `--train-profile UPDATE` runs it and prints
 the file.
 
 What it is for: bench/e2e.py's K = 2 train phase at 256 × 512 runs at 370-390 model TFLOP/s
@@ -40,7 +41,7 @@ def profile_call(update: int, out: str, top: int = 30) -> None:
     def around(trainer, call):
         cuda = trainer.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, with_stack=True) as prof:
             start = time.perf_counter()
             result = call()
             if cuda:
@@ -64,10 +65,34 @@ def summary(prof, wall: float, cuda: bool, top: int) -> str:
         if cuda:
             busy = print_kernel_table(cuda_kernels(prof), top, indent="  ")
             print(f"  GPU busy {busy / 1e6:.2f} s = {busy / 1e6 / wall:.1%} of the wall time")
+            print_syncs(prof, top)
         print("  operators by own CPU time:")
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
         print("\n".join("    " + line for line in table.splitlines()))
     return text.getvalue()
+
+
+def print_syncs(prof, top: int) -> None:
+    """The host's waits for the device (cudaStreamSynchronize: `.item()`, `int(t)`, `nonzero`, a
+    device-to-host copy), by the innermost ouro_cli line that caused them, with the time the
+    host waited: each is a point where the device's queue ran dry behind it."""
+    from collections import Counter
+
+    count: Counter = Counter()
+    waited: Counter = Counter()
+    for event in prof.events():
+        if event.name != "cudaStreamSynchronize":
+            continue
+        parent, frames = event.cpu_parent, []
+        while parent is not None and not frames:
+            frames = [f for f in (parent.stack or []) if "ouro_cli" in f]
+            parent = parent.cpu_parent
+        where = frames[0].split("ouro_cli/")[-1] if frames else "(outside ouro_cli)"
+        count[where] += 1
+        waited[where] += event.cpu_time_total
+    print(f"  host waits for the device: {sum(count.values())}, {sum(waited.values()) / 1e6:.2f} s; by source:")
+    for where, n in count.most_common(top):
+        print(f"    {n:6d} x {waited[where] / n / 1e3:7.3f} ms  {where}")
 
 
 def main() -> None:

@@ -256,12 +256,23 @@ def positions_per_loop(depths: torch.Tensor, attention_mask: torch.Tensor | None
     return [int(running.sum()) if gathered else total for running, gathered in plans]
 
 
-def loop_gathers(running: int, total: int, *, exact: bool) -> bool:
+def loop_gathers(running: int, total: int, *, may_gather: bool = True) -> bool:
     """Whether a loop that `running` of the `total` positions of a micro-batch tensor run gathers
-    them (it then executes `running` positions) or runs all `total`. Exact mode never gathers:
-    it keeps every loop's attention in its one order (exact.dense_attention), which the
-    gathered queries' attention (attention_at_rows) does not run."""
-    return 0 < running < GATHER_BELOW * total and not exact
+    them (it then executes `running` positions) or runs all `total`; never where `may_gather`
+    is False (`gathering_allowed`)."""
+    return may_gather and 0 < running < GATHER_BELOW * total
+
+
+def gathering_allowed(settings: ExecutionSettings, device_type: str) -> bool:
+    """Whether the replay may gather a loop's running positions under `settings` on
+    `device_type`. In the default mode it may. In exact mode only where its attention is the
+    decode kernel (CUDA, or the Triton interpreter): a gathered query reads its own row of the
+    same slot table and gets the bits it gets among all positions (kernels/replay_attention.py),
+    and every other op of a loop treats rows alike (fixed-tile projections, row kernels,
+    elementwise code, copies), so a gathered loop computes the dense loop's bits. Exact mode's
+    torch attention (model/exact.py, CPU) has no gathered form: there every loop runs on every
+    position."""
+    return not settings.exact or settings.replay_attention_on(device_type) == "paged"
 
 
 # Where the layer regions compile, a masked forward runs on a width that is a multiple of this
@@ -310,7 +321,7 @@ def _loop_plan(loops: torch.Tensor | None, t: int) -> tuple[torch.Tensor | None,
         return None, False
     running = loops >= t
     n, total = int(running.sum()), running.numel()
-    if loop_gathers(n, total, exact=pointwise.active().exact):
+    if loop_gathers(n, total, may_gather=gathering_allowed(pointwise.active(), loops.device.type)):
         return running, True
     if n == total or t == 1:
         return None, False

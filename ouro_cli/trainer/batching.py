@@ -220,15 +220,16 @@ class TokenCost:
     loop: float
     idle: float = 0.0
 
-    def of_group(self, positions: int, running: Sequence[int], *, exact: bool) -> float:
+    def of_group(self, positions: int, running: Sequence[int], *, gathers: bool = True) -> float:
         """The cost of a micro-batch tensor of `positions` (padding included) in which
         `running[t-1]` real positions have depth ≥ t: each loop executes the positions the
-        replay runs it on (model/ouro.py `loop_gathers`)."""
+        replay runs it on (model/ouro.py `loop_gathers`; `gathers` False: every loop whole, as
+        exact mode's torch path runs them, `gathering_allowed`)."""
         cost = positions * (1.0 - len(running) * self.loop)
         for n in running:
             if n == 0:  # no position is this deep: the replay stops before this loop
                 break
-            ran = n if loop_gathers(n, positions, exact=exact) else positions
+            ran = n if loop_gathers(n, positions, may_gather=gathers) else positions
             cost += self.loop * (ran + self.idle * (positions - ran))
         return cost
 
@@ -245,14 +246,14 @@ def row_capacity(samples: Sequence[Sample], pack_length: int | None) -> int:
 def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | None = None,
                        max_tokens: int | None = None, pack: bool = True, pack_length: int | None = None,
                        cost: TokenCost | None = None, num_loops: int = 0,
-                       exact: bool = False) -> list[list[list[int]]]:
+                       gathers: bool = True) -> list[list[list[int]]]:
     """Micro-batches in order, each a list of rows, each row the indices of its samples.
 
     Rows are filled first fit, in order, up to the row capacity (`row_capacity`; without
     `pack` one sample per row, as wide as the longest local sample). A micro-batch closes
     when it holds `micro_batch_size` samples, or when the next sample needs a new row that
     would take rows × capacity past `max_tokens`; with a `cost` (and the model's `num_loops`,
-    and whether the replay runs `exact`), when the next sample would take the group's
+    and whether the replay `gathers` loops), when the next sample would take the group's
     `TokenCost.of_group` past `max_tokens`: that of the tensor `build_micro_batch` makes of it
     (rows × the fullest row), never more than its positions, so that the loops the replay
     then gathers or runs whole are the ones counted. Which
@@ -274,7 +275,7 @@ def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | Non
             fills = [*used, s.length] if target is None else [u + s.length * (r == target) for r, u in enumerate(used)]
             counts = s.depth_counts(num_loops)
             after = [a + b for a, b in zip(running, counts, strict=True)]
-            over = cost.of_group(len(fills) * max(fills), after, exact=exact) > max_tokens
+            over = cost.of_group(len(fills) * max(fills), after, gathers=gathers) > max_tokens
         else:
             over = target is None and max_tokens is not None and (len(rows) + 1) * capacity > max_tokens
         if rows and (full or over):

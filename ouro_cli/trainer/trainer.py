@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ouro_cli.model import OuroForCausalLM, pointwise
+from ouro_cli.model.ouro import gathering_allowed
 from ouro_cli.settings import ExecutionSettings, chosen_settings
 
 from . import checkpointing, setup
@@ -163,7 +164,8 @@ class Trainer:
         plan = plan_micro_batches(samples, micro_batch_size=c.micro_batch_size, max_tokens=c.max_tokens_per_micro_batch,
                                   pack=c.pack, pack_length=c.pack_length,
                                   cost=TokenCost(**c.micro_batch_token_cost) if c.micro_batch_token_cost else None,
-                                  num_loops=self.num_loops, exact=self.execution.exact)
+                                  num_loops=self.num_loops,
+                                  gathers=gathering_allowed(self.execution, self.device.type))
         return [build_micro_batch(samples, weights, self.num_loops, rows=rows, pad_id=self.pad_id) for rows in plan]
 
     def optimizer_step(self) -> dict[str, float]:

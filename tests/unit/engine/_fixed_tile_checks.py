@@ -62,9 +62,11 @@ def check_bad_input(device="cpu") -> None:
 def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
     """Exact mode's Triton path end to end (what it runs on CUDA: the fixed-tile projections,
     the decode kernel for the decode step, the prefill and the replay): the tiny model's
-    engine, with threshold exits, reports the logprobs of its replay to the bit."""
+    engine, with threshold exits, reports the logprobs of its replay to the bit, whether the
+    replay runs each loop on every position or gathers the positions that run it
+    (model/ouro.py `gathering_allowed`)."""
     from ouro_cli.engine import LLM, SamplingParams
-    from ouro_cli.model import pointwise
+    from ouro_cli.model import ouro, pointwise
     from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import prompts, tiny_model
 
@@ -82,10 +84,18 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
         m, r = len(out.prompt_token_ids), out.output_token_ids
         ids = torch.tensor([out.prompt_token_ids + r], device=device)
         depths = torch.tensor([[4] * m + out.exit_depths[1:] + [4]], device=device)
-        with torch.no_grad(), pointwise.executing(exact):
-            logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
-        ref = logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r, device=device)[:, None]).squeeze(1)
-        assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double().cpu()), out.exit_depths
+        for share in (0.0, 1.0):  # every loop on every position; every loop that not all run gathered
+            before, ouro.GATHER_BELOW = ouro.GATHER_BELOW, share
+            try:
+                with torch.no_grad(), pointwise.executing(exact):
+                    ran = ouro.positions_per_loop(depths)
+                    logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
+            finally:
+                ouro.GATHER_BELOW = before
+            assert share == 0.0 or min(ran) < depths.numel() or min(out.exit_depths[1:], default=4) == 4, ran
+            ref = logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r, device=device)[:, None]).squeeze(1)
+            assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double().cpu()), \
+                (share, out.exit_depths)
 
 
 def check_exact_engine_grouped(device="cpu", dtype=torch.bfloat16) -> None:

@@ -137,6 +137,28 @@ def test_a_loop_gathers_only_below_the_share(gather_below):
     assert ouro.positions_per_loop(depths, torch.tensor([[1] * 9 + [0] * 11])) == [9, 9, 8, 6]
 
 
+def test_exact_mode_gathers_only_where_its_attention_is_the_decode_kernel(gather_below, monkeypatch):
+    """Exact mode on CPU (its torch attention, which has no gathered form) runs every loop on
+    every position, even below the share; on CUDA, or under the Triton interpreter, where its
+    attention is the decode kernel, it gathers as the default mode does (the interpreter check
+    of the engine against both replays: tests/unit/engine/_fixed_tile_checks.py)."""
+    from ouro_cli.model import pointwise
+    from ouro_cli.settings import ExecutionSettings
+
+    gather_below(0.5)
+    exact, default = ExecutionSettings(exact=True), ExecutionSettings()
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert ouro.gathering_allowed(default, "cpu") and ouro.gathering_allowed(default, "cuda")
+    assert not ouro.gathering_allowed(exact, "cpu") and ouro.gathering_allowed(exact, "cuda")
+    depths = torch.tensor([[4] * 6 + [3] * 2 + [2] * 2 + [1] * 10])
+    with pointwise.executing(exact):
+        assert ouro.positions_per_loop(depths) == [20] * 4
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert ouro.gathering_allowed(exact, "cpu")
+    with pointwise.executing(exact):
+        assert ouro.positions_per_loop(depths) == [20, 20, 8, 6]
+
+
 def test_a_gathered_loop_hands_its_step_the_same_kinds_of_argument(gather_below, monkeypatch):
     """A compiled region guards on whether each argument is a view and whether it is None, and
     compiles a variant per answer. So the gathered loop's layer step gets tensors of their own

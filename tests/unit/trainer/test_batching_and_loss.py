@@ -137,31 +137,31 @@ def test_config_defaults_on_cpu():
 
 def test_token_cost_counts_full_depth_positions_as_one_and_shallow_ones_by_their_loops():
     cost = TokenCost(loop=0.2, idle=0.1)  # the rest, 1 - 4 x 0.2 = 0.2, whatever a position runs
-    assert cost.of_group(100, [100, 100, 100, 100], exact=False) == pytest.approx(100)
+    assert cost.of_group(100, [100, 100, 100, 100], gathers=True) == pytest.approx(100)
     # 95 of 100 positions stop at 2: loops 3 and 4 gather the other 5, and the 95 idle ones keep
     # a tenth of a loop each (their K/V in the copy the gathered queries attend over)
     by_hand = 100 * 0.2 + 0.2 * (100 + 100) + 2 * 0.2 * (5 + 0.1 * 95)
-    assert cost.of_group(100, [100, 100, 5, 5], exact=False) == pytest.approx(by_hand)
-    # exact mode never gathers: every loop any position runs runs on all of them
-    assert cost.of_group(100, [100, 100, 5, 5], exact=True) == pytest.approx(100)
+    assert cost.of_group(100, [100, 100, 5, 5], gathers=True) == pytest.approx(by_hand)
+    # where the replay does not gather (exact mode's torch path): every loop any position runs runs on all
+    assert cost.of_group(100, [100, 100, 5, 5], gathers=False) == pytest.approx(100)
     # 92 of 100 running: the loop runs every position (model/ouro.py GATHER_BELOW)
-    assert cost.of_group(100, [100, 92, 92, 92], exact=False) == pytest.approx(100)
+    assert cost.of_group(100, [100, 92, 92, 92], gathers=True) == pytest.approx(100)
     # no position runs loop 4: the replay stops after loop 3
-    assert cost.of_group(100, [100, 100, 100, 0], exact=False) == pytest.approx(100 - 0.2 * 100)
+    assert cost.of_group(100, [100, 100, 100, 0], gathers=True) == pytest.approx(100 - 0.2 * 100)
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_a_token_cost_budget_packs_shallow_batches_denser_and_bounds_what_the_replay_runs(exact):
+@pytest.mark.parametrize("gathers", [True, False])
+def test_a_token_cost_budget_packs_shallow_batches_denser_and_bounds_what_the_replay_runs(gathers):
     cost = TokenCost(loop=0.2, idle=0.1)
     shallow = [Sample([1, 2], [5] * 14, [2] * 14, [-1.0] * 14, 1.0) for _ in range(12)]  # 16 positions each
     deep = [Sample([1, 2], [5] * 14, [4] * 14, [-1.0] * 14, 1.0) for _ in range(12)]
     plain = plan_micro_batches(shallow, max_tokens=64)
     assert [len(mb) for mb in plain] == [4, 4, 4]
     # a batch whose every position runs all loops groups as the plain count does
-    assert plan_micro_batches(deep, max_tokens=64, cost=cost, num_loops=T, exact=exact) == plan_micro_batches(
+    assert plan_micro_batches(deep, max_tokens=64, cost=cost, num_loops=T, gathers=gathers) == plan_micro_batches(
         deep, max_tokens=64)
-    weighted = plan_micro_batches(shallow, max_tokens=64, cost=cost, num_loops=T, exact=exact)
-    if exact:  # loops 3-4 run on every position there: no saving
+    weighted = plan_micro_batches(shallow, max_tokens=64, cost=cost, num_loops=T, gathers=gathers)
+    if not gathers:  # loops 3-4 run on every position there: no saving
         assert weighted == plain
         return
     # a sample's 16 positions: 3 at depth 4 (the prompt's 2, the last: Sample.depths), 13 at 2
