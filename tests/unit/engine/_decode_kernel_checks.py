@@ -195,8 +195,8 @@ def _packed_layout(device):
 
 
 def _check_replay_forward(q, k, v, tol) -> None:
-    """`check_replay_attention`'s forward checks at one head layout: SDPA to `tol`, and every
-    query's bits those of the decode kernel alone, for all queries and for some."""
+    """`check_replay_attention`'s forward checks at one head layout: SDPA to `tol`, and the
+    queries' bits those of the decode kernel alone, for all queries and for some."""
     from ouro_cli.kernels.decode_attention import paged_decode_attention
     from ouro_cli.kernels.replay_attention import paged_forward, visible_runs
     from ouro_cli.model.attention import sdpa_attention
@@ -206,13 +206,14 @@ def _check_replay_forward(q, k, v, tol) -> None:
         out = paged_forward(q, k, v, mask)
         assert (out.double() - sdpa_attention(q, k, v, mask).double()).abs().max() <= tol
         start, length = visible_runs(mask, b, s, q.device)
-        for row in range(b):
-            for i in range(s):
-                lo, n = int(start[row, i]), int(length[row, i])
-                planes = [x[row, lo:lo + n].transpose(0, 1).contiguous() for x in (k, v)]
-                ctx = torch.arange(n + 5, device=q.device).clamp(max=n - 1)[None]  # another table width
-                alone = paged_decode_attention(q[row, i][None], *planes, ctx, torch.tensor([n], device=q.device))
-                assert torch.equal(alone[0], out[row, i]), (hq, row, i)
+        # every query of the row with three documents (programs cut at each start and every 16 / G
+        # queries), and the other rows' first, middle and last
+        for row, i in [(2, i) for i in range(s)] + [(r, i) for r in range(b - 1) for i in (0, 8, 15, 20)]:
+            lo, n = int(start[row, i]), int(length[row, i])
+            planes = [x[row, lo:lo + n].transpose(0, 1).contiguous() for x in (k, v)]
+            ctx = torch.arange(n + 5, device=q.device).clamp(max=n - 1)[None]  # another table width
+            alone = paged_decode_attention(q[row, i][None], *planes, ctx, torch.tensor([n], device=q.device))
+            assert torch.equal(alone[0], out[row, i]), (hq, row, i)
         # a loop that only some positions run gives the kernel their queries alone: the same bits
         rows = torch.tensor([0, 3, 4, 5, 20, 21 + 7, 21 + 8, 2 * 21 + 5, 2 * 21 + 16], device=q.device)
         some = paged_forward(q.reshape(b * s, hq, d)[rows][None], k, v, mask, rows)
