@@ -88,12 +88,18 @@ class QueryRows:
     layout_mask: torch.Tensor | None
 
     @classmethod
-    def build(cls, selected: torch.Tensor, layout_mask: torch.Tensor | None) -> QueryRows:
-        """selected [B, S] bool (at least one True) -> the rows it marks."""
+    def build(cls, selected: torch.Tensor, layout_mask: torch.Tensor | None, count: int | None = None,
+              width: int | None = None) -> QueryRows:
+        """selected [B, S] bool (at least one True) -> the rows it marks. `count` (how many) and
+        `width` (the most in one row), where the caller has read them, spare the device two
+        round trips."""
         b, s = selected.shape
         device = selected.device
-        rows = selected.flatten().nonzero().squeeze(1)
-        width = int(selected.sum(1).max())
+        if count is None:
+            rows = selected.flatten().nonzero().squeeze(1)
+        else:
+            rows = torch.nonzero_static(selected.flatten(), size=count).squeeze(1)
+        width = int(selected.sum(1).max()) if width is None else width
         rank = selected.long().cumsum(1).flatten().index_select(0, rows) - 1
         slots = rows.div(s, rounding_mode="floor") * width + rank
         position = torch.zeros(b * width, dtype=torch.long, device=device).index_copy(0, slots, rows % s)

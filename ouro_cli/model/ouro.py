@@ -30,6 +30,7 @@ the engine), and a model built without it has the defaults.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -161,17 +162,18 @@ class OuroForCausalLM(nn.Module):
         h = self.embed(input_ids)
         cos, sin = self.rope(layout.position_ids, h.dtype)
         if depths is not None:
-            depths = _check_depths(depths, input_ids.shape, self.num_loops)
+            depths = _check_depth_shape(depths, input_ids.shape)
         loops = _loops_to_run(depths, attention_mask, self.num_loops)
-        num_loops = self.num_loops if loops is None else max(int(loops.max()), 1)
+        plan = LoopCounts.read(depths, loops, self.num_loops)  # the forward's one read of the depths
+        num_loops = self.num_loops if loops is None else plan.deepest
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
         # one compiled region per layer call of each kind (compile_layers); bound to the settings, for recompute's re-run
         dense = pointwise.under(pointwise.region(_layer_step, h), self.execution)
         at_rows = pointwise.under(pointwise.region(_layer_step_at_rows, h), self.execution)
         for t in range(1, num_loops + 1):
-            running, gathered = _loop_plan(loops, t)
+            running, gathered = _loop_plan(loops, t, plan)
             if gathered:
-                queries = QueryRows.build(running, layout.mask)
+                queries = QueryRows.build(running, layout.mask, plan.running[t - 1], plan.widest[t - 1])
                 h = self._loop_at_rows(at_rows, t, h, cos, sin, queries, prev_kv, recompute, kv_sink)
             else:
                 h = self._loop_dense(dense, t, h, cos, sin, layout.mask, running, prev_kv, recompute, kv_sink)
@@ -247,13 +249,49 @@ class OuroForCausalLM(nn.Module):
 GATHER_BELOW = 0.9
 
 
-def positions_per_loop(depths: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[int]:
+def positions_per_loop(depths: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                       device_type: str | None = None) -> list[int]:
     """How many positions `forward(..., depths=depths, attention_mask=attention_mask)` runs the
-    layer stack on at each loop t = 1, 2, ...: its executed work is their sum × the layers."""
-    loops = _loops_to_run(depths.long(), attention_mask, int(depths.max()))
+    layer stack on at each loop t = 1, 2, ..., on `device_type` (default: where depths are; it
+    decides whether exact mode gathers, `gathering_allowed`): its executed work is their sum ×
+    the layers. One read of the depths."""
+    deepest = int(depths.max())
+    loops = _loops_to_run(depths.long(), attention_mask, deepest)
+    plan = LoopCounts.read(None, loops, deepest)
     total = loops.numel()
-    plans = (_loop_plan(loops, t) for t in range(1, max(int(loops.max()), 1) + 1))
-    return [int(running.sum()) if gathered else total for running, gathered in plans]
+    plans = (_loop_plan(loops, t, plan, device_type) for t in range(1, plan.deepest + 1))
+    return [plan.running[t - 1] if gathered else total for t, (_, gathered) in enumerate(plans, 1)]
+
+
+@dataclass(frozen=True)
+class LoopCounts:
+    """What a forward needs to know on the host about its depths, read from the device at
+    once: their least and greatest (for the check), and per loop t = 1..T how many positions
+    run it (`running`) and the most of them in one row (`widest`)."""
+
+    least: int
+    greatest: int
+    running: list[int]
+    widest: list[int]
+
+    @property
+    def deepest(self) -> int:
+        """The last loop any position runs (at least 1)."""
+        return max((t for t, n in enumerate(self.running, 1) if n), default=1)
+
+    @classmethod
+    def read(cls, depths: torch.Tensor | None, loops: torch.Tensor | None, num_loops: int) -> LoopCounts:
+        parts = [] if depths is None else [depths.min().reshape(1), depths.max().reshape(1)]
+        if loops is not None:
+            per_row = (loops[..., None] >= torch.arange(1, num_loops + 1, device=loops.device)).sum(1)  # [B, T]
+            parts += [per_row.sum(0), per_row.amax(0)]
+        values = torch.cat([x.long() for x in parts]).tolist() if parts else []
+        bounds, values = (values[:2], values[2:]) if depths is not None else ([1, num_loops], values)
+        running, widest = (values[:num_loops], values[num_loops:]) if loops is not None else ([], [])
+        counts = cls(bounds[0], bounds[1], running, widest)
+        if depths is not None and (counts.least < 1 or counts.greatest > num_loops):
+            raise ValueError(f"depths must lie in 1..{num_loops}, got {counts.least}..{counts.greatest}")
+        return counts
 
 
 def loop_gathers(running: int, total: int, *, may_gather: bool = True) -> bool:
@@ -313,15 +351,17 @@ def _loops_to_run(depths: torch.Tensor | None, attention_mask: torch.Tensor | No
     return depths.masked_fill(~attention_mask.bool(), 0)
 
 
-def _loop_plan(loops: torch.Tensor | None, t: int) -> tuple[torch.Tensor | None, bool]:
+def _loop_plan(loops: torch.Tensor | None, t: int, counts: LoopCounts, device_type: str | None = None
+               ) -> tuple[torch.Tensor | None, bool]:
     """How loop t runs: (positions that keep its result [B,S] or None for all, whether only they
     run it). Loop 1 runs every position unless it gathers: no position has K/V to fall back on,
-    and the idle ones there are padding."""
+    and the idle ones there are padding. `counts` holds the running positions, read before."""
     if loops is None:
         return None, False
     running = loops >= t
-    n, total = int(running.sum()), running.numel()
-    if loop_gathers(n, total, may_gather=gathering_allowed(pointwise.active(), loops.device.type)):
+    n, total = counts.running[t - 1], running.numel()
+    device_type = device_type or loops.device.type
+    if loop_gathers(n, total, may_gather=gathering_allowed(pointwise.active(), device_type)):
         return running, True
     if n == total or t == 1:
         return None, False
@@ -376,10 +416,8 @@ def _layer_step_at_rows(layer: DecoderLayer, closing: torch.Tensor, x, normed, c
     return out, out_normed, used["k"], used["v"]
 
 
-def _check_depths(depths: torch.Tensor, shape: torch.Size, num_loops: int) -> torch.Tensor:
+def _check_depth_shape(depths: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """depths as long, where their shape is the input's (their values: LoopCounts.read)."""
     if depths.shape != shape:
         raise ValueError(f"depths has shape {tuple(depths.shape)}, expected {tuple(shape)}")
-    lo, hi = int(depths.min()), int(depths.max())
-    if lo < 1 or hi > num_loops:
-        raise ValueError(f"depths must lie in 1..{num_loops}, got {lo}..{hi}")
     return depths.long()

@@ -169,8 +169,10 @@ class WorkCounter:
     tokens: int = 0  # real (non-padding) positions
     padded_tokens: int = 0  # positions in the micro-batch tensors, padding included
 
-    def add_micro_batch(self, mb: MicroBatch, num_layers: int, recompute: bool) -> None:
-        executed = num_layers * sum(positions_per_loop(mb.depths, mb.attention_mask))
+    def add_micro_batch(self, mb: MicroBatch, num_layers: int, recompute: bool, device_type: str | None = None) -> None:
+        """Count `mb` (its host copy, so that counting reads nothing back from the device),
+        replayed on `device_type` (default: where mb is), as model/ouro.py replays it there."""
+        executed = num_layers * sum(positions_per_loop(mb.depths, mb.attention_mask, device_type=device_type))
         self.executed += executed
         self.recomputed += executed if recompute else 0
         real = mb.attention_mask if mb.attention_mask is not None else torch.ones_like(mb.depths, dtype=torch.bool)

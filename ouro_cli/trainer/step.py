@@ -53,19 +53,21 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
     computes the per-loop log-probabilities of loop weighting. `whole` replaces the work
     counter's `layer_tokens_required` and `tokens` with those of the samples the micro-batches
     were cut from, where their parts replay a prompt twice (batching.split_prompts)."""
-    sums = dict.fromkeys(_SUMS, 0.0)
-    maxes = dict.fromkeys(_MAXES, 0.0)
-    by_depth = MismatchByDepth(num_loops)  # one length on every rank: the vectors are all-reduced
+    # Python numbers, or fp64 scalars on the device: the statistics are read back once, in
+    # _reduce, not after every micro-batch (each read waits for the device to drain its queue)
+    sums: dict = dict.fromkeys(_SUMS, 0.0)
+    maxes: dict = dict.fromkeys(_MAXES, 0.0)
+    by_depth = MismatchByDepth(num_loops, device)  # one length on every rank: the vectors are all-reduced
     work = WorkCounter()
     per_loop = config.loop_weighting != "exit"
     weighted_loops = model.num_loops if per_loop else 0
-    loop_sums = torch.zeros(weighted_loops, dtype=torch.float64)
-    loop_counts = torch.zeros(weighted_loops, dtype=torch.float64)
-    for index, mb in enumerate(micro_batches):
+    loop_sums = torch.zeros(weighted_loops, dtype=torch.float64, device=device)
+    loop_counts = torch.zeros(weighted_loops, dtype=torch.float64, device=device)
+    for index, host_mb in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         # Only the last backward may launch gradient reduction (matters with overlap_grad_reduce).
         sync = contextlib.nullcontext() if last else ddp_model.no_sync()
-        mb = mb.to(device)
+        mb = host_mb.to(device)
         states: dict[int, torch.Tensor] = {}
 
         def keep_scored(loop: int, h: torch.Tensor, mb=mb, states=states) -> None:
@@ -87,22 +89,20 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             loss.backward()
         with torch.no_grad():
             mismatch = (new.detach() - mb.rollout_logprobs).abs()
-            sums["loss"] += float(loss.detach())
-            sums["clipped"] += float(terms.clipped.sum())
-            sums["ratio"] += float(terms.ratio.sum())
-            sums["entropy"] += float(entropy(logp).sum())
-            sums["mismatch"] += float(mismatch.sum())
+            for key, value in (("loss", loss.detach()), ("clipped", terms.clipped.sum()), ("ratio", terms.ratio.sum()),
+                               ("entropy", entropy(logp).sum()), ("mismatch", mismatch.sum()),
+                               ("is_weight", correction.weight.sum()), ("is_masked", correction.masked.sum())):
+                sums[key] = sums[key] + value.double()
+            for key, value in (("ratio_max", terms.ratio.max()), ("mismatch_max", mismatch.max()),
+                               ("is_weight_max", correction.weight.max())):
+                maxes[key] = torch.maximum(torch.as_tensor(maxes[key], dtype=torch.float64, device=device),
+                                           value.double())
             sums["scored_tokens"] += mb.targets.numel()
             sums["samples"] += mb.num_samples
-            maxes["ratio_max"] = max(maxes["ratio_max"], float(terms.ratio.max()))
-            maxes["mismatch_max"] = max(maxes["mismatch_max"], float(mismatch.max()))
             maxes["micro_batch_tokens_max"] = max(maxes["micro_batch_tokens_max"], mb.padded_tokens)
-            sums["is_weight"] += float(correction.weight.sum())
-            sums["is_masked"] += float(correction.masked.sum())
-            maxes["is_weight_max"] = max(maxes["is_weight_max"], float(correction.weight.max()))
             by_depth.add(mismatch, mb.depths[mb.score_rows, mb.score_cols])
         maxes["micro_batches"] = len(micro_batches)
-        work.add_micro_batch(mb, num_layers, config.recomputes)
+        work.add_micro_batch(host_mb, num_layers, config.recomputes, device_type=device.type)
     sums.update(work.as_dict(), **(whole or {}))
     out = _reduce(sums, maxes, by_depth, device)
     if per_loop:
@@ -124,8 +124,8 @@ def _loop_weighted(model, config: TrainerConfig, mb: MicroBatch, states: dict[in
                          lambdas=lambdas, num_loops=model.num_loops)
     with torch.no_grad():
         ran = torch.arange(1, len(states) + 1, device=depth.device)[None, :] <= depth[:, None]
-        loop_sums[:len(states)] += (per_loop.detach() * ran).sum(0).double().cpu()
-        loop_counts[:len(states)] += ran.sum(0).double().cpu()
+        loop_sums[:len(states)] += (per_loop.detach() * ran).sum(0).double()
+        loop_counts[:len(states)] += ran.sum(0).double()
     return weighted_score(exit_logprobs, per_loop, omega)
 
 
@@ -157,7 +157,7 @@ def _reduce_loops(sums: torch.Tensor, counts: torch.Tensor, device: torch.device
     from megatron.core import parallel_state
 
     group = parallel_state.get_data_parallel_group()
-    both = torch.stack([sums, counts]).to(device)
+    both = torch.stack([sums, counts])
     if dist.get_world_size(group) > 1:
         dist.all_reduce(both, group=group)
     s, c = both.cpu().tolist()
@@ -167,36 +167,45 @@ def _reduce_loops(sums: torch.Tensor, counts: torch.Tensor, device: torch.device
 
 class MismatchByDepth:
     """|engine − trainer| logprob per exit depth of the scored token (the loops that produced
-    it: its scoring position's depth; the first response token is scored at the prompt's T)."""
+    it: its scoring position's depth; the first response token is scored at the prompt's T),
+    summed, counted and maximised on the device (fp64 [T] vectors, reductions of a fixed shape:
+    no atomics, the same bits in every run)."""
 
-    def __init__(self, num_loops: int) -> None:
-        self.sums, self.counts, self.maxes = ([0.0] * num_loops for _ in range(3))
+    def __init__(self, num_loops: int, device: torch.device) -> None:
+        self.sums, self.counts, self.maxes = (torch.zeros(num_loops, dtype=torch.float64, device=device)
+                                              for _ in range(3))
 
     def add(self, mismatch: torch.Tensor, depths: torch.Tensor) -> None:
-        for d in torch.unique(depths).tolist():
-            at = mismatch[depths == d]
-            self.sums[d - 1] += float(at.sum())
-            self.counts[d - 1] += at.numel()
-            self.maxes[d - 1] = max(self.maxes[d - 1], float(at.max()))
+        loops = torch.arange(1, self.sums.shape[0] + 1, device=depths.device)
+        at = depths[:, None] == loops[None, :]  # [N, T]: which depth scored each token
+        values = torch.where(at, mismatch.double()[:, None], 0.0)
+        self.sums += values.sum(0)
+        self.counts += at.sum(0).double()
+        self.maxes = torch.maximum(self.maxes, values.amax(0) if values.numel() else self.maxes)
 
-    def vectors(self) -> tuple[list[float], list[float]]:
-        return self.sums + self.counts, self.maxes
+    def vectors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([self.sums, self.counts]), self.maxes
 
 
-def _reduce(sums: dict[str, float], maxes: dict[str, float], by_depth: MismatchByDepth,
-            device: torch.device) -> dict[str, float]:
-    """Sum / max over data-parallel ranks, then turn sums into per-token means."""
+def _reduce(sums: dict, maxes: dict, by_depth: MismatchByDepth, device: torch.device) -> dict[str, float]:
+    """Sum / max over data-parallel ranks, then turn sums into per-token means: the step's one
+    read of its statistics (Python numbers and fp64 device scalars, `forward_backward`)."""
     from megatron.core import parallel_state
 
     group = parallel_state.get_data_parallel_group()
     depth_sums, depth_maxes = by_depth.vectors()
-    loops = len(by_depth.sums)
-    s = torch.tensor([sums[k] for k in _SUMS] + depth_sums, dtype=torch.float64, device=device)
-    m = torch.tensor([maxes[k] for k in _MAXES] + depth_maxes, dtype=torch.float64, device=device)
+    loops = by_depth.sums.shape[0]
+
+    def vector(values: dict, keys: tuple[str, ...], tail: torch.Tensor) -> torch.Tensor:
+        head = [torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(1) for k in keys]
+        return torch.cat([*head, tail])
+
+    s, m = vector(sums, _SUMS, depth_sums), vector(maxes, _MAXES, depth_maxes)
     if dist.get_world_size(group) > 1:
         dist.all_reduce(s, group=group)
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-    s_list, m_list = s.tolist(), m.tolist()
+    both = torch.cat([s, m]).tolist()
+    s_list, m_list = both[:s.shape[0]], both[s.shape[0]:]
     total = dict(zip(_SUMS, s_list[:len(_SUMS)], strict=True)) | dict(zip(_MAXES, m_list[:len(_MAXES)], strict=True))
     depth_sum, depth_count = s_list[len(_SUMS):len(_SUMS) + loops], s_list[len(_SUMS) + loops:]
     depth_max = m_list[len(_MAXES):]

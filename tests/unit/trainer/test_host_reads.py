@@ -1,0 +1,80 @@
+"""A train step brings values back from the device once per micro-batch, and once more for its
+statistics: on CUDA each such read (`.item()`, `int(t)`, `.tolist()`, `nonzero`, ...) waits
+for the device to drain its queue and leaves it idle while the host catches up
+(docs/performance.md §17). Counted on CPU with a TorchFunctionMode, by the ouro_cli function
+that asked; reads of the micro-batches' host copies (building and counting them,
+trainer/batching.py) do not wait for a device and are left out."""
+
+from __future__ import annotations
+
+import collections
+import traceback
+
+import pytest
+import torch
+from _trainer_samples import make_samples
+from torch.overrides import TorchFunctionMode
+
+from ouro_cli.model import build, ouro, tiny_config
+
+pytest.importorskip("megatron.core")
+
+READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy", "equal",
+         "unique", "any", "all"}
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the calls that read a tensor's values on the host, by the innermost ouro_cli
+    function on the stack, skipping those made for trainer/batching.py (host tensors)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: collections.Counter = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in READS:
+            frames = [f for f in traceback.extract_stack()[:-1] if "ouro_cli" in f.filename]
+            if frames and not any(f.filename.endswith("trainer/batching.py") for f in frames):
+                self.sites[f"{frames[-1].filename.split('ouro_cli/')[-1]}:{frames[-1].name}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_reads_the_device_once_per_micro_batch_and_once_for_its_statistics(monkeypatch):
+    from ouro_cli.trainer import Trainer, TrainerConfig
+
+    monkeypatch.setattr(ouro, "GATHER_BELOW", 1.01)  # every loop that not all positions run gathers
+    model = build(tiny_config(), seed=3)
+    samples = make_samples(model, 8, seed=5)
+    trainer = Trainer(model, TrainerConfig(device="cpu", max_tokens_per_micro_batch=32, prompt_heads=False))
+    try:
+        reads = HostReads()
+        with reads:
+            metrics = trainer.forward_backward(samples)
+    finally:
+        trainer.close()
+    n = metrics["micro_batches"]
+    assert n >= 3 and metrics["layer_tokens_executed"] < n * 32 * 4 * model.config.num_hidden_layers  # gathered
+    assert dict(reads.sites) == {"model/ouro.py:read": n,  # the forward's LoopCounts
+                                 "trainer/step.py:_reduce": 1,  # the statistics, with the per-depth mismatch
+                                 "trainer/trainer.py:_global_counts": 1}, dict(reads.sites)
+    assert 0 <= metrics["logprob_mismatch_mean"] <= metrics["logprob_mismatch_max"]
+    by_depth = metrics["logprob_mismatch_mean_by_depth"]
+    assert by_depth and all(0 <= v <= metrics["logprob_mismatch_max_by_depth"][d] for d, v in by_depth.items())
+
+
+def test_a_forward_reads_its_depths_once():
+    """Padding, packed documents and gathered loops: one read, and the bits of a forward that
+    reads them loop by loop (GATHER_BELOW's default)."""
+    model = build(tiny_config(), seed=3)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 100, (2, 12), generator=g)
+    depths = torch.randint(1, 5, (2, 12), generator=g)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 9:] = 0
+    reads = HostReads()
+    with torch.no_grad(), reads:
+        out = model(ids, depths, attention_mask=mask)
+    assert dict(reads.sites) == {"model/ouro.py:read": 1}
+    with pytest.raises(ValueError, match="depths must lie in 1..4"):
+        model(ids, depths + 1, attention_mask=mask)
+    assert torch.isfinite(out).all()
