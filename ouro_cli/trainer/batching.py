@@ -151,8 +151,16 @@ class MicroBatch:
     real_tokens: int
 
     def to(self, device: torch.device) -> MicroBatch:
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
-        return MicroBatch(**moved)
+        """This micro-batch on `device`. On CUDA each tensor goes through pinned memory and is
+        queued, not waited for: a copy from pageable memory would make the host wait for all of
+        the device's queued work (the last micro-batch's backward), once per tensor. PyTorch's
+        caching host allocator keeps the pinned copy until its transfer has run."""
+        cuda = torch.device(device).type == "cuda"
+
+        def move(v: torch.Tensor) -> torch.Tensor:
+            return v.pin_memory().to(device, non_blocking=True) if cuda else v.to(device)
+
+        return MicroBatch(**{k: (move(v) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()})
 
     @property
     def padded_tokens(self) -> int:

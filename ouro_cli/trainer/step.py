@@ -57,6 +57,8 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
     # _reduce, not after every micro-batch (each read waits for the device to drain its queue)
     sums: dict = dict.fromkeys(_SUMS, 0.0)
     maxes: dict = dict.fromkeys(_MAXES, 0.0)
+    zero = torch.zeros((), dtype=torch.float64, device=device)  # made there: no copy from the host
+    maxes.update(ratio_max=zero, mismatch_max=zero, is_weight_max=zero)
     by_depth = MismatchByDepth(num_loops, device)  # one length on every rank: the vectors are all-reduced
     work = WorkCounter()
     per_loop = config.loop_weighting != "exit"
@@ -95,8 +97,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
                 sums[key] = sums[key] + value.double()
             for key, value in (("ratio_max", terms.ratio.max()), ("mismatch_max", mismatch.max()),
                                ("is_weight_max", correction.weight.max())):
-                maxes[key] = torch.maximum(torch.as_tensor(maxes[key], dtype=torch.float64, device=device),
-                                           value.double())
+                maxes[key] = torch.maximum(maxes[key], value.double())
             sums["scored_tokens"] += mb.targets.numel()
             sums["samples"] += mb.num_samples
             maxes["micro_batch_tokens_max"] = max(maxes["micro_batch_tokens_max"], mb.padded_tokens)
@@ -197,8 +198,10 @@ def _reduce(sums: dict, maxes: dict, by_depth: MismatchByDepth, device: torch.de
     loops = by_depth.sums.shape[0]
 
     def vector(values: dict, keys: tuple[str, ...], tail: torch.Tensor) -> torch.Tensor:
-        head = [torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(1) for k in keys]
-        return torch.cat([*head, tail])
+        numbers = [k for k in keys if not isinstance(values[k], torch.Tensor)]  # one copy to the device for all
+        moved = dict(zip(numbers, torch.tensor([values[k] for k in numbers], dtype=torch.float64).to(device),
+                         strict=True))
+        return torch.cat([*((moved[k] if k in moved else values[k]).reshape(1) for k in keys), tail])
 
     s, m = vector(sums, _SUMS, depth_sums), vector(maxes, _MAXES, depth_maxes)
     if dist.get_world_size(group) > 1:
