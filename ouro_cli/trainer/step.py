@@ -135,10 +135,13 @@ def loop_logprobs(model, states: dict[int, torch.Tensor], depth: torch.Tensor, e
     """log π^(t)(target) [N, L] for t = 1..L (L = the loops run): the exit loop's is `exit_logprobs`,
     a loop t < d gets its own logits from its exit state (only the tokens that ran past t), a
     loop t > d is 0 (weighted 0). Each loop's logits are recomputed in the backward pass instead
-    of kept (torch checkpoint): what stays is the [n, H] state, not [n, V] log-softmax."""
+    of kept (torch checkpoint): what stays is the [n, H] state, not [n, V] log-softmax. The
+    tokens past each loop are counted in one read from the device."""
     columns = []
-    for t in sorted(states):
-        inner = (depth > t).nonzero().squeeze(-1)
+    loops = sorted(states)
+    past = torch.stack([(depth > t).sum() for t in loops]).tolist() if loops else []
+    for t, n in zip(loops, past, strict=True):
+        inner = torch.nonzero_static(depth > t, size=n).squeeze(-1)
         column = torch.zeros_like(exit_logprobs)
         if inner.numel():
             lp = checkpoint(_logprob_at, model, states[t][inner], targets[inner], temperatures[inner],
@@ -161,7 +164,7 @@ def _reduce_loops(sums: torch.Tensor, counts: torch.Tensor, device: torch.device
     both = torch.stack([sums, counts])
     if dist.get_world_size(group) > 1:
         dist.all_reduce(both, group=group)
-    s, c = both.cpu().tolist()
+    s, c = both.tolist()
     return {"loop_logprob_sum": s, "loop_tokens": [int(x) for x in c],
             "loop_logprob_mean": [a / n if n else None for a, n in zip(s, c, strict=True)]}
 

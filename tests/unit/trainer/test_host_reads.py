@@ -39,13 +39,17 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_step_reads_the_device_once_per_micro_batch_and_once_for_its_statistics(monkeypatch):
+@pytest.mark.parametrize("weighting", ["exit", "uniform"])
+def test_a_step_reads_the_device_once_per_micro_batch_and_once_for_its_statistics(monkeypatch, weighting):
+    """With loop weighting, each micro-batch reads one more time (the tokens past each loop),
+    and the step once more (the per-loop sums)."""
     from ouro_cli.trainer import Trainer, TrainerConfig
 
     monkeypatch.setattr(ouro, "GATHER_BELOW", 1.01)  # every loop that not all positions run gathers
     model = build(tiny_config(), seed=3)
     samples = make_samples(model, 8, seed=5)
-    trainer = Trainer(model, TrainerConfig(device="cpu", max_tokens_per_micro_batch=32, prompt_heads=False))
+    trainer = Trainer(model, TrainerConfig(device="cpu", max_tokens_per_micro_batch=32, prompt_heads=False,
+                                           loop_weighting=weighting))
     try:
         reads = HostReads()
         with reads:
@@ -54,9 +58,12 @@ def test_a_step_reads_the_device_once_per_micro_batch_and_once_for_its_statistic
         trainer.close()
     n = metrics["micro_batches"]
     assert n >= 3 and metrics["layer_tokens_executed"] < n * 32 * 4 * model.config.num_hidden_layers  # gathered
-    assert dict(reads.sites) == {"model/ouro.py:read": n,  # the forward's LoopCounts
-                                 "trainer/step.py:_reduce": 1,  # the statistics, with the per-depth mismatch
-                                 "trainer/trainer.py:_global_counts": 1}, dict(reads.sites)
+    expected = {"model/ouro.py:read": n,  # the forward's LoopCounts
+                "trainer/step.py:_reduce": 1,  # the statistics, with the per-depth mismatch
+                "trainer/trainer.py:_global_counts": 1}
+    if weighting != "exit":
+        expected |= {"trainer/step.py:loop_logprobs": n, "trainer/step.py:_reduce_loops": 1}
+    assert dict(reads.sites) == expected, dict(reads.sites)
     assert 0 <= metrics["logprob_mismatch_mean"] <= metrics["logprob_mismatch_max"]
     by_depth = metrics["logprob_mismatch_mean_by_depth"]
     assert by_depth and all(0 <= v <= metrics["logprob_mismatch_max_by_depth"][d] for d, v in by_depth.items())
