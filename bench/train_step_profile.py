@@ -74,8 +74,11 @@ def summary(prof, wall: float, cuda: bool, top: int) -> str:
 
 def print_syncs(prof, top: int) -> None:
     """The host's waits for the device (cudaStreamSynchronize: `.item()`, `int(t)`, `nonzero`, a
-    device-to-host copy), by the innermost ouro_cli line that caused them, with the time the
-    host waited: each is a point where the device's queue ran dry behind it."""
+    blocking copy), by the outermost operator that made them and the innermost ouro_cli line on
+    its Python stack, with the time the host waited: each is a point where the device's queue
+    ran dry behind it. Waits inside the backward have no Python stack (the autograd engine
+    runs them): their operator names them (an index_put_ under deterministic algorithms,
+    say)."""
     from collections import Counter
 
     count: Counter = Counter()
@@ -83,16 +86,19 @@ def print_syncs(prof, top: int) -> None:
     for event in prof.events():
         if event.name != "cudaStreamSynchronize":
             continue
-        parent, frames = event.cpu_parent, []
-        while parent is not None and not frames:
-            frames = [f for f in (parent.stack or []) if "ouro_cli" in f]
+        parent, frames, outermost = event.cpu_parent, [], "(no operator)"
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                outermost = parent.name
+            if not frames:
+                frames = [f for f in (parent.stack or []) if "ouro_cli" in f]
             parent = parent.cpu_parent
-        where = frames[0].split("ouro_cli/")[-1] if frames else "(outside ouro_cli)"
-        count[where] += 1
-        waited[where] += event.cpu_time_total
+        where = frames[0].split("ouro_cli/")[-1] if frames else "(no ouro_cli line: backward or a library)"
+        count[outermost, where] += 1
+        waited[outermost, where] += event.cpu_time_total
     print(f"  host waits for the device: {sum(count.values())}, {sum(waited.values()) / 1e6:.2f} s; by source:")
-    for where, n in count.most_common(top):
-        print(f"    {n:6d} x {waited[where] / n / 1e3:7.3f} ms  {where}")
+    for key, n in count.most_common(top):
+        print(f"    {n:6d} x {waited[key] / n / 1e3:7.3f} ms  {key[0]}  {key[1]}")
 
 
 def main() -> None:
