@@ -28,10 +28,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ouro_cli.host_to_device import HostCopy, to_device
 from ouro_cli.model import fuse_projections, pointwise
 
 from .contract import EngineError, WeightChunk
-from .host_to_device import HostCopy, to_device
 from .kv_cache import PagedKVCache
 from .publication import WeightPublisher
 from .runner import ModelRunner, PrefillItem, WorkCounters

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import torch
 
-from .host_to_device import to_device
+from ouro_cli.host_to_device import to_device
+
 from .kv_memory import device_buffer
 
 RESTORE_STEPS = 64  # a restored cache holds a multiple of 1/64 of its capacity (`restore_blocks`)

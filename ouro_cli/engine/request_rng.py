@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .host_to_device import to_device
+from ouro_cli.host_to_device import to_device
 
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment

@@ -48,12 +48,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ouro_cli.host_to_device import to_device
 from ouro_cli.model import OuroForCausalLM, exact, matmul, pointwise
 from ouro_cli.model.ouro import positions_per_loop
 
 from .async_exits import LaggedExitProbe
 from .exits import ExitPolicy, ExitState
-from .host_to_device import to_device
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from ouro_cli.host_to_device import to_device
 from ouro_cli.model import pointwise
 
-from .host_to_device import to_device
 from .request_rng import RequestRng, exponential, next_keys
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from ouro_cli.errors import UserError
+from ouro_cli.host_to_device import to_device
 from ouro_cli.model.ouro import loop_gathers, positions_per_loop
 
 
@@ -151,16 +152,11 @@ class MicroBatch:
     real_tokens: int
 
     def to(self, device: torch.device) -> MicroBatch:
-        """This micro-batch on `device`. On CUDA each tensor goes through pinned memory and is
-        queued, not waited for: a copy from pageable memory would make the host wait for all of
-        the device's queued work (the last micro-batch's backward), once per tensor. PyTorch's
-        caching host allocator keeps the pinned copy until its transfer has run."""
-        cuda = torch.device(device).type == "cuda"
-
-        def move(v: torch.Tensor) -> torch.Tensor:
-            return v.pin_memory().to(device, non_blocking=True) if cuda else v.to(device)
-
-        return MicroBatch(**{k: (move(v) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()})
+        """This micro-batch on `device`; on CUDA queued, not waited for (host_to_device.to_device:
+        a blocking copy would make the host wait for the last micro-batch's backward, once per
+        tensor)."""
+        return MicroBatch(**{k: (to_device(v, v.dtype, device) if isinstance(v, torch.Tensor) else v)
+                             for k, v in vars(self).items()})
 
     @property
     def padded_tokens(self) -> int:
