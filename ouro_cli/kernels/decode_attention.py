@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemv import dot_as_sum
+
 # Positions per tile and warps per program; both set the kernel's summation order, so the
 # trainer's paged replay (replay_attention.py) uses the same defaults, and one choice serves
 # every batch (a row's bits must not depend on its batch-mates). bench/decode_attention.py on
@@ -132,10 +134,9 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
     """a @ b in fp32: the tensor-core dot (IEEE fp32 for fp32 operands), or under the interpreter
-    (DOT_AS_SUM) fp32 products summed by tl.sum, output by output, so that a row's bits do not
-    depend on the other rows of its tile (numpy's matmul promises no such thing)."""
+    (DOT_AS_SUM) gemv.dot_as_sum, whose rows do not depend on each other."""
     if DOT_AS_SUM:
-        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        return dot_as_sum(a, b)
     elif IEEE:
         return tl.dot(a, b, input_precision="ieee")
     else:

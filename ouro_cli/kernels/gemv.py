@@ -48,13 +48,20 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
+def dot_as_sum(x, w):
+    """x @ w in fp32 as the interpreter runs it for the kernels' bit checks: the fp32 products
+    reduced over K by tl.sum, which numpy takes output by output over that output's own
+    products, so that a row's sum does not depend on the other rows of its tile (numpy's matmul,
+    the interpreter's tl.dot, promises no such thing; small_m_linear says why not tl.dot)."""
+    return tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+
+
+@triton.jit
 def _accumulate(acc, x, w, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
-    """acc + x @ w for x [ROWS, BLOCK_K], w [BLOCK_K, BLOCK_N], in fp32: the tensor-core dot,
-    or (DOT_AS_SUM, the interpreter) the fp32 products reduced over K by tl.sum, which numpy
-    takes output by output over that output's own BLOCK_K products, so that a row's sum does
-    not depend on the row's place in the tile (small_m_linear says why not tl.dot there)."""
+    """acc + x @ w for x [ROWS, BLOCK_K], w [BLOCK_K, BLOCK_N], in fp32: the tensor-core dot
+    accumulating into acc, or (DOT_AS_SUM, the interpreter) `dot_as_sum` added to it."""
     if DOT_AS_SUM:
-        acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        acc += dot_as_sum(x, w)
     elif IEEE:
         acc = tl.dot(x, w, acc, input_precision="ieee")
     else:
