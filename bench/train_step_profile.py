@@ -19,6 +19,7 @@ the profiled step slows down.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -41,20 +42,66 @@ def profile_call(update: int, out: str, top: int = 30) -> None:
     def around(trainer, call):
         cuda = trainer.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=activities, with_stack=True) as prof:
+        with profile(activities=activities, with_stack=True) as prof, sync_stacks(cuda) as stacks:
             start = time.perf_counter()
             result = call()
             if cuda:
                 torch.cuda.synchronize(trainer.device)
             wall = time.perf_counter() - start
-        Path(out).write_text(summary(prof, wall, cuda, top))
+        Path(out).write_text(summary(prof, wall, cuda, top, stacks))
         return result
 
     wrap_call(Trainer, "train_update", update, around)
 
 
-def summary(prof, wall: float, cuda: bool, top: int) -> str:
-    import contextlib
+@contextlib.contextmanager
+def sync_stacks(cuda: bool):
+    """Inside the block, every operation that makes the host wait for the device (PyTorch's
+    sync debug mode: `.item()`, a blocking copy, `nonzero`, ...) is recorded with the Python
+    stack of the thread that made it, innermost frames last; yields the Counter of stacks
+    (the last STACK_DEPTH frames outside torch, as "file:line function")."""
+    import traceback
+    import warnings
+    from collections import Counter
+
+    import torch
+
+    stacks: Counter = Counter()
+    if not cuda:
+        yield stacks
+        return
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return shown(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename
+                  and "/warnings.py" not in f.filename and Path(f.filename).name != Path(__file__).name]
+        stacks[tuple(f"{short(f.filename)}:{f.lineno} {f.name}" for f in frames[-STACK_DEPTH:])] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        shown, warnings.showwarning = warnings.showwarning, record
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield stacks
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            warnings.showwarning = shown
+
+
+STACK_DEPTH = 4
+
+
+def short(filename: str) -> str:
+    """A source path from its package folder on (ouro_cli/..., megatron/...)."""
+    for root in ("ouro_cli/", "megatron/", "bench/"):
+        if root in filename:
+            return root + filename.split(root, 1)[1]
+    return Path(filename).name
+
+
+def summary(prof, wall: float, cuda: bool, top: int, stacks=None) -> str:
     import io
 
     from kernel_table import cuda_kernels, print_kernel_table
@@ -66,6 +113,7 @@ def summary(prof, wall: float, cuda: bool, top: int) -> str:
             busy = print_kernel_table(cuda_kernels(prof), top, indent="  ")
             print(f"  GPU busy {busy / 1e6:.2f} s = {busy / 1e6 / wall:.1%} of the wall time")
             print_syncs(prof, top)
+            print_sync_stacks(stacks or {}, top)
         print("  operators by own CPU time:")
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
         print("\n".join("    " + line for line in table.splitlines()))
@@ -73,8 +121,8 @@ def summary(prof, wall: float, cuda: bool, top: int) -> str:
 
 
 def print_syncs(prof, top: int) -> None:
-    """The host's waits for the device (cudaStreamSynchronize: `.item()`, `int(t)`, `nonzero`, a
-    blocking copy), by the outermost operator that made them and the innermost ouro_cli line on
+    """The host's waits for the device (cudaStreamSynchronize, and cudaMemcpyAsync, where a copy
+    to pageable host memory waits: `.item()`, `int(t)`, `nonzero`, a blocking copy), by the outermost operator that made them and the innermost ouro_cli line on
     its Python stack, with the time the host waited: each is a point where the device's queue
     ran dry behind it. Waits inside the backward have no Python stack (the autograd engine
     runs them): their operator names them (an index_put_ under deterministic algorithms,
@@ -84,7 +132,7 @@ def print_syncs(prof, top: int) -> None:
     count: Counter = Counter()
     waited: Counter = Counter()
     for event in prof.events():
-        if event.name != "cudaStreamSynchronize":
+        if event.name not in ("cudaStreamSynchronize", "cudaMemcpyAsync"):
             continue
         parent, frames, outermost = event.cpu_parent, [], "(no operator)"
         while parent is not None:
@@ -96,9 +144,17 @@ def print_syncs(prof, top: int) -> None:
         where = frames[0].split("ouro_cli/")[-1] if frames else "(no ouro_cli line: backward or a library)"
         count[outermost, where] += 1
         waited[outermost, where] += event.cpu_time_total
-    print(f"  host waits for the device: {sum(count.values())}, {sum(waited.values()) / 1e6:.2f} s; by source:")
+    print(f"  syncs and copies: {sum(count.values())}, {sum(waited.values()) / 1e6:.2f} s of host time; by source:")
     for key, n in count.most_common(top):
         print(f"    {n:6d} x {waited[key] / n / 1e3:7.3f} ms  {key[0]}  {key[1]}")
+
+
+def print_sync_stacks(stacks, top: int) -> None:
+    """The host's waits by the Python stack that made them (`sync_stacks`), most frequent first;
+    a wait with no Python frame outside torch ran inside the backward's C++."""
+    print(f"  host waits by Python stack (sync debug mode): {sum(stacks.values())}")
+    for frames, n in sorted(stacks.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {n:6d} x  " + (" <- ".join(reversed(frames)) if frames else "(no Python frame outside torch)"))
 
 
 def main() -> None:
