@@ -17,13 +17,15 @@ sides (`settings.exact_kernels`).
 
 Roundings are those of docs/model.md §2: the norm in fp32, rounded to the activation dtype
 before the weight multiplies it; silu in fp32, rounded, then times `up`; a residual add is
-one rounding. Backward passes run PyTorch's ordinary kernels on the plain formulas
-(model/pointwise.py's), re-run from the saved inputs: the gradients of the same functions,
-which exact mode allows (docs/exact.md §2). Off CUDA the kernels run under the Triton
+one rounding. Backward passes are the pullbacks (torch.func.vjp) of the plain formulas
+(model/pointwise.py's) at the saved inputs, compiled where the forward's settings compile:
+the gradients of the same functions, which exact mode allows (docs/exact.md §2). Off CUDA the kernels run under the Triton
 interpreter (the CPU tests).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -139,29 +141,42 @@ def _plain():
 
 
 class _RowFunction(torch.autograd.Function):
-    """forward: a kernel of this module (its bits); backward: autograd through `reference`, the
-    plain formula, re-run at the saved inputs. `inputs` are the tensor arguments, `extra` the
-    rest (eps)."""
+    """forward: a kernel of this module (its bits); backward: the pullback of `reference`, the
+    plain formula, at the saved inputs (`_pullback`). `inputs` are the tensor arguments, `extra`
+    the rest (eps)."""
 
     @staticmethod
     def forward(ctx, kernel, reference, extra, *inputs):
         ctx.reference, ctx.extra = reference, extra
+        ctx.compiled = _plain().active().compiles(inputs[0].device.type)  # the forward's settings
         ctx.save_for_backward(*inputs)
         out = kernel(*inputs, *extra)
+        ctx.outputs = [(o.shape, o.dtype) for o in (out if isinstance(out, tuple) else (out,))]
         return out
 
     @staticmethod
     def backward(ctx, *grads):
         inputs = ctx.saved_tensors
+        cotangents = tuple(g if g is not None else torch.zeros(shape, dtype=dtype, device=inputs[0].device)
+                           for g, (shape, dtype) in zip(grads, ctx.outputs, strict=True))
+        got = _pullback(ctx.reference, ctx.compiled)(inputs, ctx.extra, cotangents)
         needs = ctx.needs_input_grad[3:]
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, needs, strict=True)]
-            outs = ctx.reference(*leaves, *ctx.extra)
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None]
-            wanted = [leaf for leaf in leaves if leaf.requires_grad]
-            got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True))
-        return None, None, None, *(next(got) if leaf.requires_grad else None for leaf in leaves)
+        return None, None, None, *(g if need else None for g, need in zip(got, needs, strict=True))
+
+
+@functools.cache
+def _pullback(reference, compiled: bool):
+    """(inputs, extra, cotangents) -> the gradients of `reference(*inputs, *extra)` for every
+    input: torch.func.vjp of the plain formula, compiled shape-generic where the forward's
+    settings compile (CUDA by default). Eager, autograd re-ran the formula op by op: ~30 kernels
+    per norm, and an exact train step at 1.4B spent 2.8 s of device time and most of its host
+    time in these backward passes (docs/performance.md §18). Gradients need no fixed order
+    (docs/exact.md §2): they are the same function's, as fused as the default mode's."""
+    def pullback(inputs, extra, cotangents):
+        outs, pull = torch.func.vjp(lambda *t: reference(*t, *extra), *inputs)
+        return pull(cotangents if isinstance(outs, tuple) else cotangents[0])
+
+    return _plain()._compiled(pullback, True) if compiled else pullback
 
 
 def _run(kernel, reference, extra, *inputs):
@@ -170,14 +185,18 @@ def _run(kernel, reference, extra, *inputs):
     return kernel(*inputs, *extra)
 
 
+def _log_softmax_reference(x: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(x, dim=-1)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`weight * rms_norm(x)` over the last axis, in x's dtype (model/exact.py's `rms_norm`)."""
-    return _run(lambda x, w, eps: _rms_forward(x, w, eps)[0], lambda *a: _plain()._rms_norm(*a), (eps,), x, weight)
+    return _run(lambda x, w, eps: _rms_forward(x, w, eps)[0], _plain()._rms_norm, (eps,), x, weight)
 
 
 def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`h + rms_norm(x, weight)`."""
-    return _run(lambda h, x, w, eps: _rms_forward(x, w, eps, h=h)[0], lambda *a: _plain()._add_rms_norm(*a),
+    return _run(lambda h, x, w, eps: _rms_forward(x, w, eps, h=h)[0], _plain()._add_rms_norm,
                 (eps,), h, x, weight)
 
 
@@ -185,7 +204,7 @@ def add_rms_norm_then_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(`h' = h + rms_norm(x, weight)`, `rms_norm(h', next_weight)`) in one pass."""
     return _run(lambda h, x, w, w2, eps: _rms_forward(x, w, eps, h=h, next_weight=w2),
-                lambda *a: _plain()._add_rms_norm_then_norm(*a), (eps,), h, x, weight, next_weight)
+                _plain()._add_rms_norm_then_norm, (eps,), h, x, weight, next_weight)
 
 
 def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -199,7 +218,7 @@ def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) in fp32, rounded to gate's dtype, times `up`."""
-    return _run(_silu_mul_forward, lambda *a: _plain()._silu_mul(*a), (), gate, up)
+    return _run(_silu_mul_forward, _plain()._silu_mul, (), gate, up)
 
 
 def _log_softmax_forward(x: torch.Tensor) -> torch.Tensor:
@@ -215,4 +234,4 @@ def _log_softmax_forward(x: torch.Tensor) -> torch.Tensor:
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
     """log_softmax over the last axis, in x's dtype (fp32 or wider for the logprobs)."""
-    return _run(_log_softmax_forward, lambda x: torch.log_softmax(x, dim=-1), (), x)
+    return _run(_log_softmax_forward, _log_softmax_reference, (), x)

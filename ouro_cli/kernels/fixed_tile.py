@@ -10,10 +10,18 @@ and the same instruction sequence per element (model/exact.py, docs/exact.md). c
 promises nothing of the kind: its heuristics pick another kernel, or a split-K one, as M
 changes (docs/performance.md: down_proj at 8 rows vs 8,192).
 
-The tiles (64 x 64 x 64 for 16-bit, BLOCK_K 32 with IEEE fp32 dots) are a compromise: 64
-rows fill a tensor-core tile for the trainer, and 64 columns keep enough programs reading
-W for the decode step's few rows. They are not tuned (bench/exact.py measures the cost on
-an H200); whatever they become, they must stay independent of M.
+What fixes an element's bits is the walk over K: BLOCK_K (64 for 16-bit, 32 with IEEE fp32
+dots), ascending, one fp32 accumulator, the same dot instruction family. The M x N tile only
+says which program computes the element. So the tile shape may follow the row count
+(`CONFIGS`: 64 x 64 with 4 warps keeps enough programs reading W for the decode step's few
+rows; 128 x 256 with 8 warps feeds the tensor cores at a prefill's or the trainer's
+thousands), but only among configs whose outputs are equal bit for bit: a GPU test
+(tests/gpu/test_exact_gpu.py) runs each shape's rows alone, few and many, across the
+thresholds, and `python bench/fixed_tile.py --sweep` checks every candidate's bits against
+the base config before it may join `CONFIGS`. fp32 keeps the base config at every M (its
+IEEE dot is a chain of FMAs whose cost the tile hardly changes). Programs walk the tiles in
+groups of GROUP_M row blocks, so a group reuses the same W columns from L2 (the order of
+programs changes no bits).
 
 Off CUDA it runs under the Triton interpreter only (the CPU tests), with the dot as an
 fp32 product summed by tl.sum (gemv.py's `_accumulate`, DOT_AS_SUM: the interpreter's
@@ -28,17 +36,26 @@ import triton.language as tl
 
 from .gemv import _accumulate
 
-BLOCK_M, BLOCK_N = 64, 64
-NUM_WARPS, NUM_STAGES = 4, 3
+# (up to this many rows, (BLOCK_M, BLOCK_N, warps, stages)); the first is the base config, the
+# only one for fp32 and off CUDA
+CONFIGS = ((256, (64, 64, 4, 3)), (None, (128, 256, 8, 3)))
+GROUP_M = 8
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
 def _fixed_tile_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                       IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+                       IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr, GROUP_M: tl.constexpr):
+    # program -> tile in groups of GROUP_M row blocks, column by column within a group
+    pid = tl.program_id(0)
+    blocks_m = tl.cdiv(M, BLOCK_M)
+    blocks_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * blocks_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
     rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -73,14 +90,30 @@ def fixed_tile_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x and w must share a dtype of bf16, fp16, fp32; got {x.dtype} and {w.dtype}")
     x = x if x.stride(1) == 1 else x.contiguous()
     w = w if w.stride(1) == 1 else w.contiguous()
+    m = x.shape[0]
+    return launch(x, w, config_for(m, x.dtype, x.device.type))
+
+
+def config_for(m: int, dtype: torch.dtype, device_type: str) -> tuple[int, int, int, int]:
+    """The tile config (BLOCK_M, BLOCK_N, warps, stages) for m rows: the base one for fp32 and off
+    CUDA, else the first of CONFIGS whose row limit m is within. All give the same bits."""
+    if dtype == torch.float32 or device_type != "cuda":
+        return CONFIGS[0][1]
+    return next(config for limit, config in CONFIGS if limit is None or m <= limit)
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int]) -> torch.Tensor:
+    """x [M, K] @ w.T with the given tile config (fixed_tile_linear's checks already made)."""
+    block_m, block_n, warps, stages = config
     m, k = x.shape
     n = w.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
     bk = block_k(x.dtype)
-    _fixed_tile_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    _fixed_tile_kernel[grid](
         x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=bk, EVEN_K=k % bk == 0, IEEE=x.dtype == torch.float32,
-        DOT_AS_SUM=x.device.type != "cuda", num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk, EVEN_K=k % bk == 0, IEEE=x.dtype == torch.float32,
+        DOT_AS_SUM=x.device.type != "cuda", GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
     return y

@@ -3,7 +3,8 @@
 `get_megatron_optimizer` picks the implementation from the config: plain fp32 params
 get `FP32Optimizer`; bf16 params get fp32 main weights (`Float16OptimizerWithFloat16Params`);
 `use_distributed_optimizer` shards main weights and Adam moments over data-parallel
-ranks. Gradient clipping (global L2 norm) is the optimizer's own (`clip_grad`).
+ranks. Gradient clipping (global L2 norm) is the optimizer's own (`clip_grad`), its norm
+taken without host waits (mcore/grad_norm.py).
 
 Two facts about these optimizers that checkpointing relies on (see checkpointing.py):
 Adam state exists only after the first step, and the distributed optimizer's loading
@@ -19,6 +20,7 @@ from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_mega
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from ouro_cli.errors import UserError
+from ouro_cli.mcore.grad_norm import use_sync_free_grad_norm
 
 from .config import TrainerConfig
 
@@ -38,6 +40,7 @@ def build_optimizer(config: TrainerConfig, ddp_model) -> MegatronOptimizer:
         params_dtype=dtype,
         use_distributed_optimizer=config.use_distributed_optimizer,
     )
+    use_sync_free_grad_norm()
     return get_megatron_optimizer(optimizer_config, [ddp_model])
 
 
