@@ -86,7 +86,7 @@ def main() -> None:
             total["cublas", m] = total.get(("cublas", m), 0) + cublas
             line = (f"{name:8} {m:6d} | {flops / ours / 1e12:10.1f} {flops / cublas / 1e12:11.1f} "
                     f"{cublas / ours:6.2f} {flops / ours / PEAK:7.2f}")
-            base = fixed_tile.launch(x, w, fixed_tile.CONFIGS[0][1:]) if configs else None
+            base = fixed_tile.launch(x, w, fixed_tile.CONFIGS[0][1]) if configs else None
             for config in configs:
                 try:
                     t = timed(lambda c=config, x=x, w=w: fixed_tile.launch(x, w, c), args.repeats)
