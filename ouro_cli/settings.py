@@ -106,6 +106,11 @@ class ExecutionSettings:
         `exact`: eager is one code for every shape, on both sides)."""
         if self.exact:
             return False
+        return self.compiles_gradients(device_type)
+
+    def compiles_gradients(self, device_type: str) -> bool:
+        """Whether backward-only math (exact mode's row-function pullbacks, whose gradients need
+        no fixed order) runs compiled on `device_type`: as the forward would without `exact`."""
         return self.compile == "always" or (self.compile == "auto" and device_type == "cuda")
 
     @property

@@ -148,7 +148,7 @@ class _RowFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel, reference, extra, *inputs):
         ctx.reference, ctx.extra = reference, extra
-        ctx.compiled = _plain().active().compiles(inputs[0].device.type)  # the forward's settings
+        ctx.compiled = _plain().active().compiles_gradients(inputs[0].device.type)  # the forward's settings
         ctx.save_for_backward(*inputs)
         out = kernel(*inputs, *extra)
         ctx.outputs = [(o.shape, o.dtype) for o in (out if isinstance(out, tuple) else (out,))]

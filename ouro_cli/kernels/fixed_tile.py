@@ -38,7 +38,7 @@ from .gemv import _accumulate
 
 # (up to this many rows, (BLOCK_M, BLOCK_N, warps, stages)); the first is the base config, the
 # only one for fp32 and off CUDA
-CONFIGS = ((256, (64, 64, 4, 3)), (None, (128, 256, 8, 3)))
+CONFIGS = ((256, (64, 64, 4, 3)), (1024, (128, 128, 8, 3)), (None, (256, 128, 8, 3)))
 GROUP_M = 8
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
