@@ -14,8 +14,9 @@ What fixes an element's bits is the walk over K: BLOCK_K (64 for 16-bit, 32 with
 dots), ascending, one fp32 accumulator, the same dot instruction family. The M x N tile only
 says which program computes the element. So the tile shape may follow the row count
 (`CONFIGS`: 64 x 64 with 4 warps keeps enough programs reading W for the decode step's few
-rows; 128 x 256 with 8 warps feeds the tensor cores at a prefill's or the trainer's
-thousands), but only among configs whose outputs are equal bit for bit: a GPU test
+rows; 128 x 128 and then 256 x 128 with 8 warps feed the tensor cores at a prefill's or the
+trainer's thousands: 530 TFLOP/s at 16,384 rows on the H200 where 64 x 64 gave 342,
+docs/performance.md §18), but only among configs whose outputs are equal bit for bit: a GPU test
 (tests/gpu/test_exact_gpu.py) runs each shape's rows alone, few and many, across the
 thresholds, and `python bench/fixed_tile.py --sweep` checks every candidate's bits against
 the base config before it may join `CONFIGS`. fp32 keeps the base config at every M (its

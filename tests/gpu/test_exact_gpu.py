@@ -1,7 +1,8 @@
 """Exact mode on CUDA (docs/exact.md; skipped without a GPU or triton).
 
 - The fixed-tile linear kernel at the Ouro-1.4B shapes: within 1 ulp of fp64 rounded to
-  bf16, and a row's bits the same alone, among 8, 64, 65 and 8,192 rows and reversed; the
+  bf16, and a row's bits the same alone, among 8 to 8,192 rows (across every tile config's
+  row limit) and reversed, and under every tile config; the
   CPU checks (tests/unit/engine/_fixed_tile_checks.py) compiled, fp32 and bf16.
 - The row functions (norm, log-softmax over 49,152 logits, the gate) give a row the same
   bits in a batch of 1 and of 4,096; their Triton kernels (kernels/exact_rows.py) pass the CPU
@@ -23,6 +24,7 @@ from ouro_cli.settings import ExecutionSettings
 from tests.unit.engine._fixed_tile_checks import (
     check_bad_input,
     check_batch_invariance,
+    check_configs,
     check_reference,
 )
 from tests.unit.engine._gemv_kernel_checks import operands
@@ -45,8 +47,9 @@ def test_fixed_tile_1p4b_shapes(name):
 
     x, w = operands(8192, n, k, torch.bfloat16, "cuda")
     big = fixed_tile_linear(x, w)
-    for m in (1, 8, 64):
+    for m in (1, 8, 64, 256, 257, 1024, 1025):  # each tile config of fixed_tile.CONFIGS, and their edges
         assert torch.equal(fixed_tile_linear(x[-m:].contiguous(), w), big[-m:]), f"{name}: rows changed at M={m}"
+    check_configs("cuda", torch.bfloat16, shapes=[(n, k)], rows=(8, 600))
 
 
 @DTYPES

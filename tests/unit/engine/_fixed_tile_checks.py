@@ -45,6 +45,32 @@ def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:3],
                 f"N={n} K={k} M={m}: rows changed with order"
 
 
+def check_configs(device="cpu", dtype=torch.bfloat16, shapes=((130, 64), (40, 96)), rows=(1, 65, 600)) -> None:
+    """Every tile config of CONFIGS computes every element once (the programs walk the tiles in
+    groups of GROUP_M row blocks, the last group short), and its output is the base config's,
+    bit for bit; `config_for` takes the base config for fp32 and off CUDA, and on CUDA the
+    first config whose row limit holds the rows."""
+    from ouro_cli.kernels import fixed_tile
+
+    configs = [config for _, config in fixed_tile.CONFIGS]
+    for case, (n, k) in enumerate(shapes):
+        for m in rows:
+            x, w = operands(m, n, k, dtype, device, seed=20 + case)
+            base = fixed_tile.launch(x, w, configs[0])
+            assert_close_to_reference(base, x, w, f"N={n} K={k} M={m}")
+            for config in configs[1:]:
+                if device == "cpu" and config[0] * config[1] * fixed_tile.block_k(dtype) > 2 ** 20:
+                    continue  # the interpreter's dot as a sum holds BLOCK_M x BLOCK_K x BLOCK_N: its limit
+                assert torch.equal(fixed_tile.launch(x, w, config), base), f"{config} N={n} K={k} M={m}"
+    assert fixed_tile.config_for(10 ** 6, torch.float32, "cuda") == configs[0]
+    assert fixed_tile.config_for(10 ** 6, torch.bfloat16, "cpu") == configs[0]
+    limits = [limit for limit, _ in fixed_tile.CONFIGS]
+    assert limits[-1] is None and all(a < b for a, b in zip(limits[:-2], limits[1:-1], strict=True))
+    for (limit, config), previous in zip(fixed_tile.CONFIGS, [0, *limits[:-1]], strict=True):
+        for m in (previous + 1, limit or previous + 10 ** 5):
+            assert fixed_tile.config_for(m, torch.bfloat16, "cuda") == config, f"{m} rows"
+
+
 def check_bad_input(device="cpu") -> None:
     """Shapes and dtypes it does not take raise ValueError before any launch."""
     from ouro_cli.kernels.fixed_tile import fixed_tile_linear
@@ -117,6 +143,7 @@ CHECKS = {"reference_fp32": check_reference,
           "batch_invariance_fp32": check_batch_invariance,
           "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
           "bad_input": check_bad_input,
+          "configs": check_configs,
           "exact_engine_fp32": check_exact_engine,
           "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16),
           "exact_engine_grouped_bf16": check_exact_engine_grouped}
