@@ -121,6 +121,7 @@ class OuroForCausalLM(nn.Module):
         logits_at: tuple[torch.Tensor, torch.Tensor] | None = None,
         kv_sink: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
         state_sink: Callable[[int, torch.Tensor], None] | None = None,
+        depth_counts: LoopCounts | None = None,
     ) -> torch.Tensor:
         """input_ids [B,S] -> logits [B,S,V], or [N,V] at `logits_at` = (rows [N], cols [N]) only
         (the trainer scores response tokens: the prompt's logits are never computed).
@@ -140,31 +141,38 @@ class OuroForCausalLM(nn.Module):
         K/V and states that mean nothing. Where the layer regions compile, a masked forward
         without sinks runs on a width padded to a multiple of WIDTH_ALIGN (the logits come
         back at the given width).
+
+        The loop plan needs the depths' counts on the host (`LoopCounts`): the forward reads them
+        from the device, once, unless the caller hands them in as `depth_counts`, computed with
+        `LoopCounts.of` from host copies of the same `depths` and `attention_mask` (the trainer
+        does: the read would wait for the previous micro-batch's backward to finish, and the
+        device would idle while the host launched the next forward).
         """
         with pointwise.executing(self.execution):
             return self._forward(input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
-                                 kv_sink, state_sink)
+                                 kv_sink, state_sink, depth_counts)
 
     def _forward(self, input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at, kv_sink,
-                 state_sink) -> torch.Tensor:
+                 state_sink, depth_counts=None) -> torch.Tensor:
         width = input_ids.shape[1]
         masked = attention_mask is not None or document_ids is not None
         if masked and kv_sink is None and state_sink is None and pointwise.regions_compile(input_ids.device.type):
             input_ids, depths, attention_mask, document_ids, position_ids = _aligned_columns(
                 input_ids, depths, attention_mask, document_ids, position_ids)
         logits = self._forward_aligned(input_ids, depths, attention_mask, document_ids, position_ids, recompute,
-                                       logits_at, kv_sink, state_sink)
+                                       logits_at, kv_sink, state_sink, depth_counts)
         return logits if logits_at is not None else logits[:, :width]  # the padding columns cut off
 
     def _forward_aligned(self, input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
-                         kv_sink, state_sink) -> torch.Tensor:
+                         kv_sink, state_sink, depth_counts=None) -> torch.Tensor:
         layout = SequenceLayout.build(input_ids, attention_mask, document_ids, position_ids)
         h = self.embed(input_ids)
         cos, sin = self.rope(layout.position_ids, h.dtype)
         if depths is not None:
             depths = _check_depth_shape(depths, input_ids.shape)
         loops = _loops_to_run(depths, attention_mask, self.num_loops)
-        plan = LoopCounts.read(depths, loops, self.num_loops)  # the forward's one read of the depths
+        # the forward's one read of the depths, unless the caller counted them on the host
+        plan = depth_counts if depth_counts is not None else LoopCounts.read(depths, loops, self.num_loops)
         num_loops = self.num_loops if loops is None else plan.deepest
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
         # one compiled region per layer call of each kind (compile_layers); bound to the settings, for recompute's re-run
@@ -278,6 +286,13 @@ class LoopCounts:
     def deepest(self) -> int:
         """The last loop any position runs (at least 1)."""
         return max((t for t, n in enumerate(self.running, 1) if n), default=1)
+
+    @classmethod
+    def of(cls, depths: torch.Tensor | None, attention_mask: torch.Tensor | None, num_loops: int) -> LoopCounts:
+        """The counts a forward of `depths` and `attention_mask` (as given to it) reads: on host
+        tensors, what a caller passes as its `depth_counts`, with no device involved."""
+        depths = depths.long() if depths is not None else None
+        return cls.read(depths, _loops_to_run(depths, attention_mask, num_loops), num_loops)
 
     @classmethod
     def read(cls, depths: torch.Tensor | None, loops: torch.Tensor | None, num_loops: int) -> LoopCounts:

@@ -301,6 +301,25 @@ def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | Non
     return batches
 
 
+class PlannedMicroBatches(Sequence[MicroBatch]):
+    """The micro-batches of a plan (`plan_micro_batches`), each built on the host when it is
+    asked for and not kept: the train step asks for micro-batch i + 1 after launching
+    micro-batch i's backward, so building it overlaps the device's work instead of holding
+    the device idle before the first forward (0.18 s for 256 x 530 tokens on a 2-core CPU)."""
+
+    def __init__(self, samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int,
+                 plan: list[list[list[int]]], pad_id: int = 0) -> None:
+        self.samples, self.weights, self.num_loops, self.plan, self.pad_id = samples, weights, num_loops, plan, pad_id
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return build_micro_batch(self.samples, self.weights, self.num_loops, rows=self.plan[index], pad_id=self.pad_id)
+
+
 def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int, *,
                       rows: list[list[int]], pad_id: int = 0) -> MicroBatch:
     """The tensors of one micro-batch: `rows` lists, per row, the indices (into `samples`) of

@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
+from ouro_cli.model.ouro import LoopCounts
+
 from .batching import MicroBatch, WorkCounter
 from .config import TrainerConfig
 from .determinism import deterministic_kernels
@@ -70,6 +72,8 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
         # Only the last backward may launch gradient reduction (matters with overlap_grad_reduce).
         sync = contextlib.nullcontext() if last else ddp_model.no_sync()
         mb = host_mb.to(device)
+        # the loop plan's counts from the host copy: the forward then reads nothing back
+        counts = LoopCounts.of(host_mb.depths, host_mb.attention_mask, num_loops)
         states: dict[int, torch.Tensor] = {}
 
         def keep_scored(loop: int, h: torch.Tensor, mb=mb, states=states) -> None:
@@ -78,7 +82,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
         with sync, deterministic_kernels(device, config.deterministic):
             logits = ddp_model(  # [N, V]: only where a response token is scored
                 mb.input_ids, mb.depths, attention_mask=mb.attention_mask, document_ids=mb.document_ids,
-                recompute=config.recomputes, logits_at=(mb.score_rows, mb.score_cols),
+                recompute=config.recomputes, logits_at=(mb.score_rows, mb.score_cols), depth_counts=counts,
                 **({"state_sink": keep_scored} if per_loop else {}),
             )
             new, logp = token_logprobs(logits, mb.targets, mb.temperatures)

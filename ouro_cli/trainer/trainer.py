@@ -31,10 +31,9 @@ from ouro_cli.settings import ExecutionSettings, chosen_settings
 
 from . import checkpointing, setup
 from .batching import (
-    MicroBatch,
+    PlannedMicroBatches,
     Sample,
     TokenCost,
-    build_micro_batch,
     loss_weights,
     plan_micro_batches,
     split_prompts,
@@ -153,11 +152,11 @@ class Trainer:
         metrics["grad_sync_s"] = watch.lap()
         return metrics
 
-    def _micro_batches(self, samples: Sequence[Sample], weights: list[list[float]]) -> list[MicroBatch]:
+    def _micro_batches(self, samples: Sequence[Sample], weights: list[list[float]]) -> PlannedMicroBatches:
         """The forward/backward passes of `samples` (their tokens' loss `weights`): fixed-budget
         samples as prompt heads and bodies where the config asks (batching.split_prompts; not
         under geo-mask, which needs a sequence's tokens together), cut by the token budget
-        (batching.plan_micro_batches), on the host."""
+        (batching.plan_micro_batches), each built on the host as the step reaches it."""
         c = self.config
         if c.prompt_heads and c.is_correction != "geo-mask":
             samples, weights = split_prompts(samples, weights, self.num_loops, c.prompt_head_overhead)
@@ -166,7 +165,7 @@ class Trainer:
                                   cost=TokenCost(**c.micro_batch_token_cost) if c.micro_batch_token_cost else None,
                                   num_loops=self.num_loops,
                                   gathers=gathering_allowed(self.execution, self.device.type))
-        return [build_micro_batch(samples, weights, self.num_loops, rows=rows, pad_id=self.pad_id) for rows in plan]
+        return PlannedMicroBatches(samples, weights, self.num_loops, plan, pad_id=self.pad_id)
 
     def optimizer_step(self) -> dict[str, float]:
         watch = Stopwatch()

@@ -1,9 +1,11 @@
-"""A train step brings values back from the device once per micro-batch, and once more for its
-statistics: on CUDA each such read (`.item()`, `int(t)`, `.tolist()`, `nonzero`, ...) waits
-for the device to drain its queue and leaves it idle while the host catches up
-(docs/performance.md §17). Counted on CPU with a TorchFunctionMode, by the ouro_cli function
+"""A train step brings values back from the device once for its statistics (and, with loop
+weighting, once per micro-batch for the per-loop sums): on CUDA each such read (`.item()`,
+`int(t)`, `.tolist()`, `nonzero`, ...) waits for the device to drain its queue and leaves it
+idle while the host catches up (docs/performance.md §17-18). Counted on CPU with a TorchFunctionMode, by the ouro_cli function
 that asked; reads of the micro-batches' host copies (building and counting them,
-trainer/batching.py) do not wait for a device and are left out."""
+trainer/batching.py; counting their depths for the forward's loop plan, LoopCounts.of) do not
+wait for a device and are left out. The forward's own read of its depths is counted: a step
+that did not hand it the counts would read once per micro-batch."""
 
 from __future__ import annotations
 
@@ -34,13 +36,18 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") in READS:
             frames = [f for f in traceback.extract_stack()[:-1] if "ouro_cli" in f.filename]
-            if frames and not any(f.filename.endswith("trainer/batching.py") for f in frames):
+            if frames and not any(f.filename.endswith("trainer/batching.py") or _counts_on_host(f) for f in frames):
                 self.sites[f"{frames[-1].filename.split('ouro_cli/')[-1]}:{frames[-1].name}"] += 1
         return func(*args, **(kwargs or {}))
 
 
+def _counts_on_host(frame) -> bool:
+    """LoopCounts.of: the trainer counts a micro-batch's depths from its host copy."""
+    return frame.filename.endswith("model/ouro.py") and frame.name == "of"
+
+
 @pytest.mark.parametrize("weighting", ["exit", "uniform"])
-def test_a_step_reads_the_device_once_per_micro_batch_and_once_for_its_statistics(monkeypatch, weighting):
+def test_a_step_reads_the_device_once_for_its_statistics(monkeypatch, weighting):
     """With loop weighting, each micro-batch reads one more time (the tokens past each loop),
     and the step once more (the per-loop sums)."""
     from ouro_cli.trainer import Trainer, TrainerConfig
@@ -58,8 +65,7 @@ def test_a_step_reads_the_device_once_per_micro_batch_and_once_for_its_statistic
         trainer.close()
     n = metrics["micro_batches"]
     assert n >= 3 and metrics["layer_tokens_executed"] < n * 32 * 4 * model.config.num_hidden_layers  # gathered
-    expected = {"model/ouro.py:read": n,  # the forward's LoopCounts
-                "trainer/step.py:_reduce": 1,  # the statistics, with the per-depth mismatch
+    expected = {"trainer/step.py:_reduce": 1,  # the statistics, with the per-depth mismatch
                 "trainer/trainer.py:_global_counts": 1}
     if weighting != "exit":
         expected |= {"trainer/step.py:loop_logprobs": n, "trainer/step.py:_reduce_loops": 1}
@@ -82,6 +88,11 @@ def test_a_forward_reads_its_depths_once():
     with torch.no_grad(), reads:
         out = model(ids, depths, attention_mask=mask)
     assert dict(reads.sites) == {"model/ouro.py:read": 1}
+    counted = HostReads()  # the counts made by the caller from host copies: no read, the same bits
+    with torch.no_grad(), counted:
+        again = model(ids, depths, attention_mask=mask,
+                      depth_counts=ouro.LoopCounts.of(depths, mask, model.config.num_loops))
+    assert dict(counted.sites) == {} and torch.equal(again, out)
     with pytest.raises(ValueError, match="depths must lie in 1..4"):
         model(ids, depths + 1, attention_mask=mask)
     assert torch.isfinite(out).all()
