@@ -301,6 +301,12 @@ def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | Non
     return batches
 
 
+def tokens_past(depths: torch.Tensor, loops: Sequence[int]) -> list[int]:
+    """How many of the host tensor `depths` exceed each loop of `loops` (loop weighting's count
+    of the tokens whose logits it recomputes at a loop they ran past)."""
+    return [int((depths > t).sum()) for t in loops]
+
+
 class PlannedMicroBatches(Sequence[MicroBatch]):
     """The micro-batches of a plan (`plan_micro_batches`), each built on the host when it is
     asked for and not kept: the train step asks for micro-batch i + 1 after launching

@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ouro_cli.model.ouro import LoopCounts
 
-from .batching import MicroBatch, WorkCounter
+from .batching import MicroBatch, WorkCounter, tokens_past
 from .config import TrainerConfig
 from .determinism import deterministic_kernels
 from .is_correction import correct
@@ -88,7 +88,8 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             new, logp = token_logprobs(logits, mb.targets, mb.temperatures)
             del logits
             correction = correct(config.is_correction, config.is_bounds, new, mb.rollout_logprobs, mb.sample_ids)
-            score = _loop_weighted(model, config, mb, states, new, loop_sums, loop_counts) if per_loop else new
+            score = _loop_weighted(model, config, mb, states, new, loop_sums, loop_counts,
+                                   host_mb.depths[host_mb.score_rows, host_mb.score_cols]) if per_loop else new
             del states
             terms = clipped_surrogate(score, correction.reference, mb.advantages, config.eps_low, config.eps_high)
             loss = (terms.loss * mb.weights * correction.weight).sum()
@@ -116,11 +117,14 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
 
 
 def _loop_weighted(model, config: TrainerConfig, mb: MicroBatch, states: dict[int, torch.Tensor],
-                   exit_logprobs: torch.Tensor, loop_sums: torch.Tensor, loop_counts: torch.Tensor) -> torch.Tensor:
+                   exit_logprobs: torch.Tensor, loop_sums: torch.Tensor, loop_counts: torch.Tensor,
+                   host_depth: torch.Tensor) -> torch.Tensor:
     """The log-probability the surrogate gets under loop weighting (loss.weighted_score), from the
-    scored positions' loop states; adds each loop's log-probabilities and token count to the sums."""
+    scored positions' loop states; adds each loop's log-probabilities and token count to the sums.
+    `host_depth` is the scored positions' depths on the host (the micro-batch's host copy)."""
     depth = mb.depths[mb.score_rows, mb.score_cols]
-    per_loop = loop_logprobs(model, states, depth, exit_logprobs, mb.targets, mb.temperatures)
+    past = tokens_past(host_depth, sorted(states))
+    per_loop = loop_logprobs(model, states, depth, exit_logprobs, mb.targets, mb.temperatures, past)
     lambdas = None
     if config.loop_weighting == "exit-pdf":
         with torch.no_grad():  # the gate is frozen: its distribution only weighs
@@ -135,15 +139,17 @@ def _loop_weighted(model, config: TrainerConfig, mb: MicroBatch, states: dict[in
 
 
 def loop_logprobs(model, states: dict[int, torch.Tensor], depth: torch.Tensor, exit_logprobs: torch.Tensor,
-                  targets: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+                  targets: torch.Tensor, temperatures: torch.Tensor, past: list[int] | None = None) -> torch.Tensor:
     """log π^(t)(target) [N, L] for t = 1..L (L = the loops run): the exit loop's is `exit_logprobs`,
     a loop t < d gets its own logits from its exit state (only the tokens that ran past t), a
     loop t > d is 0 (weighted 0). Each loop's logits are recomputed in the backward pass instead
-    of kept (torch checkpoint): what stays is the [n, H] state, not [n, V] log-softmax. The
-    tokens past each loop are counted in one read from the device."""
+    of kept (torch checkpoint): what stays is the [n, H] state, not [n, V] log-softmax. `past`
+    holds how many tokens ran past each loop of `states` (sorted), counted by the caller on the
+    host; without it they are counted in one read from the device."""
     columns = []
     loops = sorted(states)
-    past = torch.stack([(depth > t).sum() for t in loops]).tolist() if loops else []
+    if past is None:
+        past = torch.stack([(depth > t).sum() for t in loops]).tolist() if loops else []
     for t, n in zip(loops, past, strict=True):
         inner = torch.nonzero_static(depth > t, size=n).squeeze(-1)
         column = torch.zeros_like(exit_logprobs)
