@@ -14,7 +14,9 @@ time of one layer's projections at that row count.
 output equals, bit for bit, the base config's (kernels/fixed_tile.py `CONFIGS[0]`) at every
 shape: exact mode may pick its config by the row count only among configs whose bits are
 the same, since a row's bits must not depend on how many rows share its call
-(docs/exact.md). Medians of --repeats CUDA-event timings after a warm-up.
+(docs/exact.md). Medians of --repeats CUDA-event timings after a warm-up, each call replayed
+in a CUDA graph as the engine's decode step replays it (`--eager`: launched from Python, host
+launch cost included; the first sweep, docs/performance.md §18, ran that way).
 """
 
 from __future__ import annotations
@@ -40,18 +42,34 @@ CANDIDATES = ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 4, 3)
               (128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3), (64, 256, 4, 3))
 
 
-def timed(fn, repeats: int) -> float:
-    """Median seconds of `fn()` over `repeats` CUDA-event timings, after two warm-up calls."""
+GRAPH_CALLS = 10  # calls of `fn` per captured graph
+
+
+def timed(fn, repeats: int, graph: bool = True) -> float:
+    """Median seconds of one `fn()` over `repeats` CUDA-event timings, after two warm-up calls.
+    With `graph`, GRAPH_CALLS calls are captured in a CUDA graph and each timing is one replay
+    divided by them: the kernels' own time, as the decode step replays them, without the host's
+    launch cost (Triton's Python launcher costs tens of µs a call, more than a projection at a
+    few hundred rows takes on the device)."""
     for _ in range(2):
         fn()
+    run, calls = fn, 1
+    if graph:
+        torch.cuda.synchronize()
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            for _ in range(GRAPH_CALLS):
+                fn()
+        run, calls = captured.replay, GRAPH_CALLS
+        run()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        times.append(start.elapsed_time(end) / 1e3 / calls)
     return statistics.median(times)
 
 
@@ -67,6 +85,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time each candidate tile config and check its bits")
     ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--eager", action="store_true",
+                    help="time each call as launched from Python, not replayed in a CUDA graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: bench/fixed_tile.py needs a CUDA device")
@@ -80,8 +100,8 @@ def main() -> None:
             x, w = operands(m, n, k)
             flops = 2 * m * n * k
             flops_at[m] = flops_at.get(m, 0) + flops
-            ours = timed(lambda x=x, w=w: fixed_tile.fixed_tile_linear(x, w), args.repeats)
-            cublas = timed(lambda x=x, w=w: torch.nn.functional.linear(x, w), args.repeats)
+            ours = timed(lambda x=x, w=w: fixed_tile.fixed_tile_linear(x, w), args.repeats, not args.eager)
+            cublas = timed(lambda x=x, w=w: torch.nn.functional.linear(x, w), args.repeats, not args.eager)
             total["exact", m] = total.get(("exact", m), 0) + ours
             total["cublas", m] = total.get(("cublas", m), 0) + cublas
             line = (f"{name:8} {m:6d} | {flops / ours / 1e12:10.1f} {flops / cublas / 1e12:11.1f} "
@@ -89,7 +109,7 @@ def main() -> None:
             base = fixed_tile.launch(x, w, fixed_tile.CONFIGS[0][1]) if configs else None
             for config in configs:
                 try:
-                    t = timed(lambda c=config, x=x, w=w: fixed_tile.launch(x, w, c), args.repeats)
+                    t = timed(lambda c=config, x=x, w=w: fixed_tile.launch(x, w, c), args.repeats, not args.eager)
                     same = torch.equal(fixed_tile.launch(x, w, config), base)
                     line += f" | {flops / t / 1e12:7.1f} {'same' if same else 'DIFF'}"
                     total[config, m] = total.get((config, m), 0) + t

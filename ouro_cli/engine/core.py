@@ -68,9 +68,11 @@ class EngineCore:
     def __init__(self, model: nn.Module, limits: EngineLimits, *, attn_chunk: int = 128,
                  cuda_graphs: bool | None = None, async_exits: bool = False, weight_version: int = 0) -> None:
         model.eval()
-        if next(model.parameters()).is_cuda and not model.execution.exact:
-            # fewer, wider GEMMs per decode loop (model/fusion.py); exact mode multiplies by the
-            # trainer's very matrices (docs/exact.md)
+        if next(model.parameters()).is_cuda:
+            # fewer, wider GEMMs per decode loop (model/fusion.py). Exact mode too: its fixed-tile
+            # kernel gives an output column the bits of that column's weight row and the input
+            # row alone, so [q;k;v] and [gate;up] multiply to the trainer's separate products'
+            # bits (docs/exact.md §2; tests/unit/engine/_fixed_tile_checks.py check_fused_columns)
             fuse_projections(model)
         self.model, self.limits = model, limits
         cfg = model.config

@@ -25,6 +25,7 @@ from tests.unit.engine._fixed_tile_checks import (
     check_bad_input,
     check_batch_invariance,
     check_configs,
+    check_fused_columns,
     check_reference,
 )
 from tests.unit.engine._gemv_kernel_checks import operands
@@ -50,6 +51,13 @@ def test_fixed_tile_1p4b_shapes(name):
     for m in (1, 8, 64, 256, 257, 1024, 1025):  # each tile config of fixed_tile.CONFIGS, and their edges
         assert torch.equal(fixed_tile_linear(x[-m:].contiguous(), w), big[-m:]), f"{name}: rows changed at M={m}"
     check_configs("cuda", torch.bfloat16, shapes=[(n, k)], rows=(8, 600))
+
+
+def test_fused_projections_keep_each_parts_bits():
+    """The engine's [q;k;v] and [gate;up] (model/fusion.py, on in exact mode too) at the 1.4B
+    shapes: each part's columns have the bits of that part's own product (the trainer's)."""
+    for parts in (((2048, 2048),) * 3, ((5632, 2048),) * 2):
+        check_fused_columns("cuda", torch.bfloat16, parts=parts, rows=(8, 256, 4096))
 
 
 @DTYPES

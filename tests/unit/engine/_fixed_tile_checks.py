@@ -71,6 +71,22 @@ def check_configs(device="cpu", dtype=torch.bfloat16, shapes=((130, 64), (40, 96
             assert fixed_tile.config_for(m, torch.bfloat16, "cuda") == config, f"{m} rows"
 
 
+def check_fused_columns(device="cpu", dtype=torch.bfloat16, parts=((40, 96), (24, 96), (64, 96)),
+                        rows=(1, 65, 300)) -> None:
+    """A weight stacked from parts ([q;k;v], [gate;up]: model/fusion.py, the engine's) gives each
+    part's columns the bits that part alone gives: an output column is a function of its own
+    weight row and the input row, whatever the matrix's width (the tile shape comes from the
+    row count only)."""
+    from ouro_cli.kernels.fixed_tile import fixed_tile_linear
+
+    k = parts[0][1]
+    for m in rows:
+        x, _ = operands(m, 1, k, dtype, device, seed=30 + m)
+        ws = [operands(1, n, k, dtype, device, seed=40 + i)[1] for i, (n, _) in enumerate(parts)]
+        fused = fixed_tile_linear(x, torch.cat(ws))
+        assert torch.equal(fused, torch.cat([fixed_tile_linear(x, w) for w in ws], dim=1)), f"M={m}"
+
+
 def check_bad_input(device="cpu") -> None:
     """Shapes and dtypes it does not take raise ValueError before any launch."""
     from ouro_cli.kernels.fixed_tile import fixed_tile_linear
@@ -90,17 +106,25 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
     the decode kernel for the decode step, the prefill and the replay): the tiny model's
     engine, with threshold exits, reports the logprobs of its replay to the bit, whether the
     replay runs each loop on every position or gathers the positions that run it
-    (model/ouro.py `gathering_allowed`)."""
+    (model/ouro.py `gathering_allowed`). The engine multiplies by fused [q;k;v] and [gate;up]
+    weights (as on CUDA, model/fusion.py), the replay by the separate ones (as the trainer)."""
+    import copy
+
     from ouro_cli.engine import LLM, SamplingParams
-    from ouro_cli.model import ouro, pointwise
+    from ouro_cli.model import fuse_projections, ouro, pointwise
     from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import prompts, tiny_model
 
     exact = ExecutionSettings(exact=True)
     assert exact.effective(device)["replay_attention"] == "paged"  # the kernels, not model/exact.py's torch
     model = tiny_model(0).to(device, dtype)
+    model.execution = exact  # the replay's settings, as the trainer's model gets them
+    engine_model = copy.deepcopy(model)
+    fuse_projections(engine_model)
+    assert engine_model.model.layers[0].self_attn.qkv_weight is not None
+    assert model.model.layers[0].self_attn.qkv_weight is None
     params = [SamplingParams(max_tokens=5, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
-    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False, execution=exact)
+    llm = LLM(engine_model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False, execution=exact)
     try:
         outs = llm.generate(prompts(3, seed=1, hi=6), params)
     finally:
@@ -144,6 +168,7 @@ CHECKS = {"reference_fp32": check_reference,
           "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
           "bad_input": check_bad_input,
           "configs": check_configs,
+          "fused_columns": check_fused_columns,
           "exact_engine_fp32": check_exact_engine,
           "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16),
           "exact_engine_grouped_bf16": check_exact_engine_grouped}
