@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The performance measurements of docs/performance.md on a CUDA machine, from the repository
+# root, each under a time limit of its own, with its log (and JSON) in $OUT (the device tool
+# brings that folder back) or /tmp/ouro-measure. Wheels in .whl/ are installed first, as in
+# scripts/gpu_check.sh. Name the steps to run (all by default; the whole set needs about
+# 12 minutes, so a 10-minute call takes part of it):
+#   bash scripts/gpu_measure.sh                  # every step below
+#   bash scripts/gpu_measure.sh e2e exact        # the steady update at each K, then exact mode's
+# Steps:
+#   e2e           bench/e2e.py case a (256 x 512), two updates at each K = 2, 3, 4
+#   exact         the same case at K = 2 with --exact: its cost against the default's
+#   agree         the GPU table's fp32 agreement row, grouped prefill (the engine's default)
+#   agree_single  the same with one prompt per prefill: what the grouping does to agreement
+#   fixed_tile    exact mode's projections against cuBLAS, every tile config timed and its bits checked
+set -uo pipefail
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 2
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/ouro-measure}
+mkdir -p "$out"
+status=0
+
+step() {  # NAME LIMIT_S COMMAND...: run it, keep its log, print its exit status and its last lines
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (at most ${limit} s): $*"
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "   exit $rc"
+  [ $rc -eq 0 ] || status=$rc
+  tail -n "${TAIL:-8}" "$out/$name.log"
+}
+
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(e2e exact agree agree_single fixed_tile)
+for s in "${steps[@]}"; do
+  case $s in
+    e2e) step e2e 330 python3 bench/e2e.py --cases a --updates 6 --timeout 300 --out "$out/e2e.json" ;;
+    exact) step exact 210 python3 bench/e2e.py --cases a --depths 2 --updates 2 --train-args=--exact --timeout 170 \
+             --out "$out/exact.json" ;;
+    agree) step agree 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 ;;
+    agree_single) step agree_single 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 \
+                    --prefill-group 1 ;;
+    fixed_tile) step fixed_tile 120 python3 bench/fixed_tile.py --sweep --rows 64 256 4096 16384 --repeats 5 ;;
+    *) echo "unknown step $s (e2e exact agree agree_single fixed_tile)"; exit 2 ;;
+  esac
+done
+exit $status
