@@ -6,11 +6,7 @@
 #   bash scripts/gpu_check.sh                      # GPU tests only
 #   bash scripts/gpu_check.sh bench/decode.py ...  # plus benchmarks (each run with python)
 set -uo pipefail
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 2
-else
-  export PYTHONPATH=$PWD
-fi
+source scripts/wheels_env.sh || exit 2
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"

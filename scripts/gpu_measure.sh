@@ -13,11 +13,7 @@
 #   agree_single  the same with one prompt per prefill: what the grouping does to agreement
 #   fixed_tile    exact mode's projections against cuBLAS, every tile config timed and its bits checked
 set -uo pipefail
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 2
-else
-  export PYTHONPATH=$PWD
-fi
+source scripts/wheels_env.sh || exit 2
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/ouro-measure}
 mkdir -p "$out"

@@ -13,7 +13,7 @@
 #   bash scripts/multi_gpu.sh            # on the GPU machine, repo root as cwd; N = the GPUs it sees
 #   CASES="a b" bash scripts/multi_gpu.sh
 #
-# Carried wheels (.whl/, see scripts/gpu_check.sh) are installed first. NVLink multicast stays
+# Carried wheels (.whl/, scripts/wheels_env.sh) are installed first. NVLink multicast stays
 # off (NCCL_NVLS_ENABLE=0): a program that uses it can take a shared host's GPUs out of
 # service. Output: $OUT (default /tmp/multi_gpu_out): e2e.json, e2e.log, pd_verify.log,
 # probe.log.
@@ -24,12 +24,7 @@ OUT=${OUT:-/tmp/multi_gpu_out}
 WORK=${WORK:-/tmp/multi_gpu_runs}
 CASES=${CASES:-a}
 mkdir -p "$OUT" "$WORK"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD || exit 2
-else
-  export PYTHONPATH=$PWD
-fi
+source scripts/wheels_env.sh || exit 2
 N=$(python3 -c "import torch; print(torch.cuda.device_count())")
 echo "GPUs: $N"
 [ "$N" -ge 2 ] || { echo "needs two GPUs or more"; exit 2; }
