@@ -19,8 +19,8 @@ Roundings are those of docs/model.md §2: the norm in fp32, rounded to the activ
 before the weight multiplies it; silu in fp32, rounded, then times `up`; a residual add is
 one rounding. Backward passes are the pullbacks (torch.func.vjp) of the plain formulas
 (model/pointwise.py's) at the saved inputs, compiled where the forward's settings compile:
-the gradients of the same functions, which exact mode allows (docs/exact.md §2). Off CUDA the kernels run under the Triton
-interpreter (the CPU tests).
+the gradients of the same functions, which exact mode allows (docs/exact.md §2). Off CUDA
+the kernels run under the Triton interpreter (the CPU tests).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ trainer's thousands: 530 TFLOP/s at 16,384 rows on the H200 where 64 x 64 gave 3
 docs/performance.md §18), but only among configs whose outputs are equal bit for bit: a GPU test
 (tests/gpu/test_exact_gpu.py) runs each shape's rows alone, few and many, across the
 thresholds, and `python bench/fixed_tile.py --sweep` checks every candidate's bits against
-the base config before it may join `CONFIGS`. fp32 keeps the base config at every M (its
-IEEE dot is a chain of FMAs whose cost the tile hardly changes). Programs walk the tiles in
+the base config before it may join `CONFIGS`. fp32 keeps the base config at every M (only
+the 16-bit configs were checked on the H200). Programs walk the tiles in
 groups of GROUP_M row blocks, so a group reuses the same W columns from L2 (the order of
 programs changes no bits).
 
