@@ -258,14 +258,15 @@ GATHER_BELOW = 0.9
 
 
 def positions_per_loop(depths: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                       device_type: str | None = None) -> list[int]:
+                       device_type: str | None = None, counts: LoopCounts | None = None) -> list[int]:
     """How many positions `forward(..., depths=depths, attention_mask=attention_mask)` runs the
     layer stack on at each loop t = 1, 2, ..., on `device_type` (default: where depths are; it
     decides whether exact mode gathers, `gathering_allowed`): its executed work is their sum ×
-    the layers. One read of the depths."""
-    deepest = int(depths.max())
+    the layers. `counts` are the depths' LoopCounts where the caller has them (the forward's
+    `depth_counts`); else one read of the depths."""
+    deepest = len(counts.running) if counts is not None else int(depths.max())
     loops = _loops_to_run(depths.long(), attention_mask, deepest)
-    plan = LoopCounts.read(None, loops, deepest)
+    plan = counts if counts is not None else LoopCounts.read(None, loops, deepest)
     total = loops.numel()
     plans = (_loop_plan(loops, t, plan, device_type) for t in range(1, plan.deepest + 1))
     return [plan.running[t - 1] if gathered else total for t, (_, gathered) in enumerate(plans, 1)]

@@ -38,7 +38,7 @@ import torch
 
 from ouro_cli.errors import UserError
 from ouro_cli.host_to_device import to_device
-from ouro_cli.model.ouro import loop_gathers, positions_per_loop
+from ouro_cli.model.ouro import LoopCounts, loop_gathers, positions_per_loop
 
 
 @dataclass
@@ -173,10 +173,13 @@ class WorkCounter:
     tokens: int = 0  # real (non-padding) positions
     padded_tokens: int = 0  # positions in the micro-batch tensors, padding included
 
-    def add_micro_batch(self, mb: MicroBatch, num_layers: int, recompute: bool, device_type: str | None = None) -> None:
+    def add_micro_batch(self, mb: MicroBatch, num_layers: int, recompute: bool, device_type: str | None = None,
+                        counts: LoopCounts | None = None) -> None:
         """Count `mb` (its host copy, so that counting reads nothing back from the device),
-        replayed on `device_type` (default: where mb is), as model/ouro.py replays it there."""
-        executed = num_layers * sum(positions_per_loop(mb.depths, mb.attention_mask, device_type=device_type))
+        replayed on `device_type` (default: where mb is), as model/ouro.py replays it there;
+        `counts`: its depths' LoopCounts where the caller made them for the forward."""
+        executed = num_layers * sum(positions_per_loop(mb.depths, mb.attention_mask, device_type=device_type,
+                                                       counts=counts))
         self.executed += executed
         self.recomputed += executed if recompute else 0
         real = mb.attention_mask if mb.attention_mask is not None else torch.ones_like(mb.depths, dtype=torch.bool)

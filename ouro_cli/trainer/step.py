@@ -108,7 +108,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             maxes["micro_batch_tokens_max"] = max(maxes["micro_batch_tokens_max"], mb.padded_tokens)
             by_depth.add(mismatch, mb.depths[mb.score_rows, mb.score_cols])
         maxes["micro_batches"] = len(micro_batches)
-        work.add_micro_batch(host_mb, num_layers, config.recomputes, device_type=device.type)
+        work.add_micro_batch(host_mb, num_layers, config.recomputes, device_type=device.type, counts=counts)
     sums.update(work.as_dict(), **(whole or {}))
     out = _reduce(sums, maxes, by_depth, device)
     if per_loop:
