@@ -39,7 +39,9 @@ PROJECTIONS = {"qkv": (6144, 2048), "o": (2048, 2048), "gate_up": (11264, 2048),
 ROWS = (8, 64, 256, 4096, 16384)
 # (BLOCK_M, BLOCK_N, warps, stages): BLOCK_K stays the dtype's (fixed_tile.block_k)
 CANDIDATES = ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3),
-              (128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3), (64, 256, 4, 3))
+              (128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3), (64, 256, 4, 3),
+              # smaller tiles and deeper pipelines for a decode step's 64-512 rows
+              (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 8, 3), (64, 64, 2, 4))
 
 
 GRAPH_CALLS = 10  # calls of `fn` per captured graph

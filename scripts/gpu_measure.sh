@@ -40,7 +40,7 @@ for s in "${steps[@]}"; do
     agree) step agree 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 ;;
     agree_single) step agree_single 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 \
                     --prefill-group 1 ;;
-    fixed_tile) step fixed_tile 120 python3 bench/fixed_tile.py --sweep --rows 64 256 4096 16384 --repeats 5 ;;
+    fixed_tile) step fixed_tile 180 python3 bench/fixed_tile.py --sweep --rows 64 128 256 512 4096 16384 --repeats 5 ;;
     *) echo "unknown step $s (e2e exact agree agree_single fixed_tile)"; exit 2 ;;
   esac
 done
