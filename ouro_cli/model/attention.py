@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from ouro_cli.errors import SettingError
 
-from . import exact, pointwise
+from . import exact, pointwise, unique_rows
+from .unique_rows import inverse_of
 
 
 @dataclass
@@ -79,13 +80,17 @@ class QueryRows:
     that [B·W] block and `mask` [B, 1, W, S] (True = attend) its row of the layout's mask.
     A padding slot sees key 0 only (never an all-masked row: see the module docstring) and its
     output is never read. `layout_mask` is the whole layout's mask (None: causal), for the
-    paged replay attention, which takes the rows as they are.
+    paged replay attention, which takes the rows as they are. `row_inverse` [B·S] and
+    `slot_inverse` [B·W] map a position and a slot back to its query's index (or -1): the
+    gathers of model/unique_rows.py move rows in and out with them.
     """
 
     rows: torch.Tensor
     slots: torch.Tensor
     mask: torch.Tensor
     layout_mask: torch.Tensor | None
+    row_inverse: torch.Tensor
+    slot_inverse: torch.Tensor
 
     @classmethod
     def build(cls, selected: torch.Tensor, layout_mask: torch.Tensor | None, count: int | None = None,
@@ -108,7 +113,7 @@ class QueryRows:
             mask = torch.arange(s, device=device)[None, None, :] <= position[..., None]
         else:
             mask = layout_mask[:, 0].gather(1, position[..., None].expand(b, width, s))
-        return cls(rows, slots, mask[:, None], layout_mask)
+        return cls(rows, slots, mask[:, None], layout_mask, inverse_of(rows, b * s), inverse_of(slots, b * width))
 
 
 PAGED_NEEDS_CUDA = ("--replay-attention paged runs a Triton kernel: it needs CUDA (or the Triton interpreter, "
@@ -133,13 +138,13 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 
 
 def attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
-                      mask: torch.Tensor, layout_mask: torch.Tensor | None) -> torch.Tensor:
+                      mask: torch.Tensor, layout_mask: torch.Tensor | None, slot_inverse: torch.Tensor) -> torch.Tensor:
     """q [1,N,Hq,D] at the N positions of a `QueryRows` (its fields, as tensors: a compiled
     region takes them as arguments), k/v [B,S,Hkv,D] at every position -> [1,N,Hq,D]:
     `dense_attention`'s output at those positions. With `replay_attention="paged"` each query
     runs the decode kernel over its own visible keys, as there; SDPA's gradient of the same."""
     def sdpa(q, k, v, _mask=None):
-        return sdpa_attention_at_rows(q, k, v, slots, mask)
+        return sdpa_attention_at_rows(q, k, v, slots, mask, slot_inverse)
 
     if _paged(q):
         from ouro_cli.kernels.replay_attention import paged_replay_attention
@@ -161,13 +166,14 @@ def _paged(q: torch.Tensor) -> bool:
 
 
 def sdpa_attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
-                           mask: torch.Tensor) -> torch.Tensor:
-    """`attention_at_rows` through SDPA: the queries scattered into their padded [B, W] block."""
+                           mask: torch.Tensor, slot_inverse: torch.Tensor) -> torch.Tensor:
+    """`attention_at_rows` through SDPA: the queries put into their padded [B, W] block, and
+    taken out of it, by gathers (model/unique_rows.py)."""
     b, width = mask.shape[0], mask.shape[2]
     hq, d = q.shape[2], q.shape[3]
-    block = q.new_zeros(b * width, hq, d).index_copy(0, slots, q[0]).view(b, width, hq, d)
+    block = unique_rows.put(q.new_zeros(b * width, hq, d), slots, slot_inverse, q[0]).view(b, width, hq, d)
     o = sdpa_attention(block, k, v, mask)
-    return o.reshape(b * width, hq, d).index_select(0, slots)[None]
+    return unique_rows.take(o.reshape(b * width, hq, d), slots, slot_inverse)[None]
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import exact, pointwise
+from . import exact, pointwise, unique_rows
 from .attention import QueryRows, SequenceLayout, attention_at_rows, dense_attention
 from .config import OuroConfig
 from .layers import Attend, DecoderLayer, RMSNorm, Rotary
@@ -215,8 +215,8 @@ class OuroForCausalLM(nn.Module):
         # Gathered as [1, N, ·] tensors of their own, not views of [N, ·] ones: a compiled region
         # guards on whether an argument is a view, and layer 0 (handed these) would otherwise
         # compile apart from the layers after it (handed the region's own outputs).
-        x = h.reshape(1, b * s, hidden).index_select(1, rows)
-        cos, sin = (c.reshape(1, b * s, -1).index_select(1, rows) for c in (cos, sin))
+        x = unique_rows.take(h.reshape(1, b * s, hidden), rows, queries.row_inverse, dim=1)
+        cos, sin = (c.reshape(1, b * s, -1).index_select(1, rows) for c in (cos, sin))  # no gradient flows to them
         first = self.model.layers[0].input_layernorm
         normed = pointwise.rms_norm_generic(x, first.weight, first.eps)
         # Only the paged replay attention reads the layout's mask (queries.mask holds the rows'
@@ -228,12 +228,12 @@ class OuroForCausalLM(nn.Module):
         for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
             prev_k, prev_v = prev_kv[i] or self._no_kv(h)  # only padding has run no loop before
             args = (layer, closing, x, normed, cos, sin, rows, queries.slots, queries.mask, layout_mask,
-                    prev_k, prev_v)
+                    queries.row_inverse, queries.slot_inverse, prev_k, prev_v)
             x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
             prev_kv[i] = (k, v)
             if kv_sink is not None:
                 kv_sink(t, i, k, v)
-        return h.reshape(b * s, hidden).index_copy(0, rows, normed[0]).view(b, s, hidden)
+        return unique_rows.put(h.reshape(b * s, hidden), rows, queries.row_inverse, normed[0]).view(b, s, hidden)
 
     def _no_kv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V a gathered loop keeps for positions that have run no loop (padding only):
@@ -408,7 +408,7 @@ def _layer_step(layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.T
 
 
 def _layer_step_at_rows(layer: DecoderLayer, closing: torch.Tensor, x, normed, cos, sin, rows, slots, mask,
-                        layout_mask, prev_k, prev_v):
+                        layout_mask, row_inverse, slot_inverse, prev_k, prev_v):
     """One layer call of a loop run only on the positions at `rows` (a QueryRows, field by field).
 
     x, normed, cos, sin [1,N,·] are theirs. Their new K/V replace theirs in copies of `prev_k`,
@@ -416,17 +416,17 @@ def _layer_step_at_rows(layer: DecoderLayer, closing: torch.Tensor, x, normed, c
     attend over those copies. Returns what `_layer_step` returns, the outputs [1,N,H] for the
     running positions only and the K/V [B,S,Hkv,D] of every position. A function of its
     arguments only (pointwise.region): the token dimensions, N included, are symbolic.
-    Every gather here and in the loop around it takes each position at most once, so their
-    backward scatter-adds add one term to zero: the same bits with any kernel, atomics
-    included (the trainer's steps stay deterministic, trainer/determinism.py).
+    Every gather here and in the loop around it takes each position at most once, so rows
+    move in and out by gathers through the inverse maps, forward and backward
+    (model/unique_rows.py): no scatter, which deterministic CUDA runs through a sort.
     """
     used: dict[str, torch.Tensor] = {}
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k = prev_k.flatten(0, 1).index_copy(0, rows, k[0]).view_as(prev_k)
-        v = prev_v.flatten(0, 1).index_copy(0, rows, v[0]).view_as(prev_v)
+        k = unique_rows.put(prev_k.flatten(0, 1), rows, row_inverse, k[0]).view_as(prev_k)
+        v = unique_rows.put(prev_v.flatten(0, 1), rows, row_inverse, v[0]).view_as(prev_v)
         used["k"], used["v"] = k, v
-        return attention_at_rows(q, k, v, rows, slots, mask, layout_mask)
+        return attention_at_rows(q, k, v, rows, slots, mask, layout_mask, slot_inverse)
 
     out, out_normed = layer(x, normed, cos, sin, attend, closing)
     return out, out_normed, used["k"], used["v"]

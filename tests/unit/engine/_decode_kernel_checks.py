@@ -258,7 +258,7 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
     grad_out = torch.randn(q_rows.shape, generator=g).to(device, dtype)
 
     def at_rows(q, k, v, _mask=None):
-        return sdpa_attention_at_rows(q, k, v, queries.slots, queries.mask)
+        return sdpa_attention_at_rows(q, k, v, queries.slots, queries.mask, queries.slot_inverse)
     out = paged_replay_attention(*leaves, mask, at_rows, rows=queries.rows)
     assert (out.double() - at_rows(*ref_leaves).double()).abs().max() <= tol
     got = torch.autograd.grad(out, leaves, grad_out)

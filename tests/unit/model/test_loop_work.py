@@ -168,9 +168,9 @@ def test_a_gathered_loop_hands_its_step_the_same_kinds_of_argument(gather_below,
     seen = []
     step = ouro._layer_step_at_rows
 
-    def spy(layer, closing, x, normed, cos, sin, rows, slots, mask, layout_mask, prev_k, prev_v):
+    def spy(layer, closing, x, normed, cos, sin, rows, slots, mask, layout_mask, *rest):
         seen.append(([t._base is None for t in (x, normed, cos, sin)], layout_mask))
-        return step(layer, closing, x, normed, cos, sin, rows, slots, mask, layout_mask, prev_k, prev_v)
+        return step(layer, closing, x, normed, cos, sin, rows, slots, mask, layout_mask, *rest)
 
     monkeypatch.setattr(ouro, "_layer_step_at_rows", spy)
     model = build(tiny_config(), seed=0)
