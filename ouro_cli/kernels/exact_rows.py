@@ -1,5 +1,5 @@
 """Exact mode's row functions on CUDA as one Triton kernel each: RMSNorm (alone, closing a
-residual add, and followed by the next norm), SwiGLU's silu(gate)·up, and log-softmax.
+residual add, and followed by the next norm), SwiGLU's silu(gate)·up, log-softmax, and RoPE.
 
 Exact mode (model/exact.py, docs/exact.md) needs every value a token gets to be a function of
 that token's own inputs. Its torch code spells each function out as a chain of elementwise
@@ -17,7 +17,8 @@ sides (`settings.exact_kernels`).
 
 Roundings are those of docs/model.md §2: the norm in fp32, rounded to the activation dtype
 before the weight multiplies it; silu in fp32, rounded, then times `up`; a residual add is
-one rounding. Backward passes are the pullbacks (torch.func.vjp) of the plain formulas
+one rounding; RoPE rounds each product and their sum, as torch's eager ops do (under the
+interpreter the kernel equals the eager formula bit for bit). Backward passes are the pullbacks (torch.func.vjp) of the plain formulas
 (model/pointwise.py's) at the saved inputs, compiled where the forward's settings compile:
 the gradients of the same functions, which exact mode allows (docs/exact.md §2). Off CUDA
 the kernels run under the Triton interpreter (the CPU tests).
@@ -73,6 +74,31 @@ def _silu_mul_kernel(G, U, OUT, n, BLOCK: tl.constexpr):
     dtype = OUT.dtype.element_ty
     silu = (g * (1.0 / (1.0 + tl.exp(-g)))).to(dtype)
     tl.store(OUT + at, (silu.to(tl.float32) * u.to(tl.float32)).to(dtype), mask=ok)
+
+
+@triton.jit
+def _rotary_kernel(X, COS, SIN, OUT, heads, stride_xr, stride_xh, stride_cr, stride_sr, stride_or, stride_oh,
+                   HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    # one position's heads [BLOCK_H, 2·HALF]: out = x·cos + rotate_half(x)·sin, each product and
+    # the sum rounded to the output dtype as torch's eager ops round them (no fused multiply-add:
+    # the launch turns fp fusion off)
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    j = tl.arange(0, HALF)[None, :]
+    ok = h < heads
+    x = X + row * stride_xr + h * stride_xh
+    lo = tl.load(x + j, mask=ok, other=0.0).to(tl.float32)
+    hi = tl.load(x + HALF + j, mask=ok, other=0.0).to(tl.float32)
+    c = COS + row * stride_cr
+    s = SIN + row * stride_sr
+    dtype = OUT.dtype.element_ty
+    out = OUT + row * stride_or + h * stride_oh
+    first = (lo * tl.load(c + j).to(tl.float32)).to(dtype).to(tl.float32) \
+        + (-hi * tl.load(s + j).to(tl.float32)).to(dtype).to(tl.float32)
+    second = (hi * tl.load(c + HALF + j).to(tl.float32)).to(dtype).to(tl.float32) \
+        + (lo * tl.load(s + HALF + j).to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(out + j, first.to(dtype), mask=ok)
+    tl.store(out + HALF + j, second.to(dtype), mask=ok)
 
 
 @triton.jit
@@ -230,6 +256,36 @@ def _log_softmax_forward(x: torch.Tensor) -> torch.Tensor:
     if n:
         _log_softmax_kernel[(n,)](rows, o, width, rows.stride(0), o.stride(0), BLOCK=block, num_warps=_warps(block))
     return out
+
+
+def rotary_supported(q: torch.Tensor) -> bool:
+    """Whether `rotary` takes a head size of q's: half of it a power of two (Triton's ranges)."""
+    half = q.shape[-1] // 2
+    return q.shape[-1] % 2 == 0 and half >= 1 and half & (half - 1) == 0
+
+
+def _rotate_forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., H, D] (any row stride), cos / sin [..., D] -> RoPE of x, contiguous."""
+    heads, d = x.shape[-2], x.shape[-1]
+    rows = x.reshape(-1, heads, d) if x.stride(-1) == 1 else x.contiguous().view(-1, heads, d)
+    c, s = _rows(cos), _rows(sin)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    o = out.view(-1, heads, d)
+    if rows.shape[0]:
+        _rotary_kernel[(rows.shape[0],)](rows, c, s, o, heads, rows.stride(0), rows.stride(1), c.stride(0),
+                                         s.stride(0), o.stride(0), o.stride(1), HALF=d // 2,
+                                         BLOCK_H=triton.next_power_of_2(heads), enable_fp_fusion=False)
+    return out
+
+
+def _rotary_forward(q, k, cos, sin):
+    return _rotate_forward(q, cos, sin), _rotate_forward(k, cos, sin)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE (rotate-half) on q [B,S,Hq,D] and k [B,S,Hkv,D] with cos / sin [B,S,D]: one launch
+    each, where the eager formula makes five kernels per tensor (`rotary_supported` first)."""
+    return _run(_rotary_forward, _plain()._rotary, (), q, k, cos, sin)
 
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:

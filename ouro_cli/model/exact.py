@@ -167,6 +167,18 @@ add_rms_norm_then_norm = _twin("add_rms_norm_then_norm", _add_rms_norm_then_norm
 log_softmax = _twin("log_softmax", _log_softmax, 0)
 
 
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q and k: kernels/exact_rows.py's kernel where exact mode runs its kernels (two
+    launches where the eager formula makes ten), else model/pointwise.py's formula, which is
+    elementwise and so batch-invariant as it is."""
+    kernels = _row_kernels(q, k, cos, sin)
+    if kernels is not None and kernels.rotary_supported(q):
+        return kernels.rotary(q, k, cos, sin)
+    from .pointwise import _rotary  # pointwise imports this module
+
+    return _rotary(q, k, cos, sin)
+
+
 def exit_lambda(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """λ = sigmoid(gate(h)) in fp32, shape h.shape[:-1]: the gate's product through `linear`."""
     z = linear(h, weight) + bias

@@ -210,10 +210,12 @@ def _dispatch(fn: Callable, x: torch.Tensor, dynamic: bool | None = None) -> Cal
     return fn
 
 
-# exact mode's twins of the functions above; RoPE and the residual adds are elementwise
-# arithmetic, batch-invariant as they are.
+# exact mode's twins of the functions above (RoPE's is one kernel per tensor where exact mode
+# runs its kernels, and the plain formula elsewhere: elementwise arithmetic is batch-invariant
+# as it is; so are the residual adds).
 _EXACT: dict[Callable, Callable] = {_rms_norm: exact.rms_norm, _add_rms_norm: exact.add_rms_norm,
-                                    _add_rms_norm_then_norm: exact.add_rms_norm_then_norm, _silu_mul: exact.silu_mul}
+                                    _add_rms_norm_then_norm: exact.add_rms_norm_then_norm, _silu_mul: exact.silu_mul,
+                                    _rotary: exact.rotary}
 
 
 # Each function meets a handful of variants: dtype (fp32/bf16), grad mode (training vs

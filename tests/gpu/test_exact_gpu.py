@@ -6,7 +6,8 @@
   CPU checks (tests/unit/engine/_fixed_tile_checks.py) compiled, fp32 and bf16.
 - The row functions (norm, log-softmax over 49,152 logits, the gate) give a row the same
   bits in a batch of 1 and of 4,096; their Triton kernels (kernels/exact_rows.py) pass the CPU
-  interpreter's checks compiled, and at the 1.4B widths.
+  interpreter's checks compiled, and at the 1.4B widths; RoPE's kernel equals the eager
+  formula bit for bit (the GPU's casts round to nearest, as torch's do).
 - End to end on a tiny model, bf16 and fp32, CUDA graphs on: every logprob the engine reports
   equals the replay to the bit, with threshold exits at mixed depths, and a request's outputs
   do not depend on its batch-mates.
@@ -92,6 +93,8 @@ def test_row_kernels_at_1p4b_widths(dtype):
     rows.check_gradients("cuda", dtype)
     rows.check_reference("cuda", dtype, widths=[2048, 5632], vocabs=[49152])
     rows.check_batch_invariance("cuda", dtype, width=2048, vocab=49152, rows=(1, 8, 65, 4096))
+    rows.check_rotary("cuda", dtype)
+    rows.check_rotary("cuda", dtype, heads=(16, 16), head_dim=128, positions=(8, 512))  # 1.4B's heads
 
 
 def _generate(model, max_num_seqs):

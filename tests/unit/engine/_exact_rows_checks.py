@@ -134,12 +134,74 @@ def check_gradients(device="cpu", dtype=torch.float32, width=48) -> None:
         assert exact_rows.rms_norm(x.requires_grad_(True), w, EPS).grad_fn is None
 
 
+def _truncated(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 -> bf16 by dropping the low 16 bits: the Triton interpreter's cast (the GPU's rounds
+    to nearest even)."""
+    assert dtype == torch.bfloat16, dtype
+    return (x.float().view(torch.int32) & -65536).view(torch.float32).to(dtype)
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cast=lambda t, dtype: t.to(dtype)):
+    """RoPE written out: each product in fp32 cast to x's dtype, their sum in fp32 cast again."""
+    half = x.shape[-1] // 2
+    c, s = cos.unsqueeze(2).float(), sin.unsqueeze(2).float()
+    rot = torch.cat((-x[..., half:], x[..., :half]), -1).float()
+    return cast(cast(x.float() * c, x.dtype).float() + cast(rot * s, x.dtype).float(), x.dtype)
+
+
+def check_rotary(device="cpu", dtype=torch.float32, heads=(4, 2), head_dim=16, positions=(2, 5)) -> None:
+    """RoPE's kernel equals the eager formula (model/pointwise.py `_rotary`, which equals it
+    written out with each rounding) bit for bit: on contiguous q and k, on q and k that are
+    views of one fused [q;k;v] output, and (its bits a function of the position alone) a
+    position alone as among all. In bf16 under the interpreter, whose casts truncate, it equals
+    the written-out formula with truncating casts. Its gradients are autograd's of the formula
+    (bitwise off CUDA, as check_gradients says)."""
+    from ouro_cli.kernels import exact_rows
+    from ouro_cli.model import pointwise
+
+    b, s = positions
+    hq, hkv = heads
+    qkv = _data(b * s, (hq + 2 * hkv) * head_dim, dtype, device, 30, scale=2.0).view(b, s, -1)
+    q_view, k_view, _ = qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], -1)
+    q_view, k_view = q_view.view(b, s, hq, head_dim), k_view.view(b, s, hkv, head_dim)
+    angles = _data(b * s, head_dim, torch.float64, "cpu", 31).view(b, s, head_dim)
+    cos, sin = angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+    assert exact_rows.rotary_supported(q_view)
+    for q, k in ((q_view, k_view), (q_view.contiguous(), k_view.contiguous())):
+        got = exact_rows.rotary(q, k, cos, sin)
+        if device == "cpu" and dtype != torch.float32:  # the interpreter truncates to 16 bits
+            want = tuple(_rotated(x, cos, sin, _truncated) for x in (q, k))
+        else:
+            want = pointwise._rotary(q, k, cos, sin)
+            assert all(torch.equal(a, b_) for a, b_ in zip(want, (_rotated(x, cos, sin) for x in (q, k)), strict=True))
+        for name, a, b_ in zip("qk", got, want, strict=True):
+            assert torch.equal(a, b_), f"rotary {name}: differs from the eager formula"
+    alone = exact_rows.rotary(q_view[1:, 3:4], k_view[1:, 3:4], cos[1:, 3:4], sin[1:, 3:4])
+    assert all(torch.equal(a[0, 0], full[1, 3]) for a, full in zip(alone, got, strict=True))
+    grads = []
+    for fn in (exact_rows.rotary, pointwise._rotary):
+        leaves = [t.clone().requires_grad_(True) for t in (q_view, k_view)]
+        outs = fn(*leaves, cos, sin)
+        seeds = [_data(o.numel(), 1, o.dtype, device, 40 + i).view_as(o) for i, o in enumerate(outs)]
+        grads.append(torch.autograd.grad(outs, leaves, seeds))
+    for name, a, b_ in zip("qk", *grads, strict=True):
+        if device == "cpu":
+            assert torch.equal(a, b_), f"rotary: gradient of {name} differs from the plain formula's"
+        else:
+            rtol = 1e-5 if a.dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(a, b_, rtol=rtol, atol=rtol * float(b_.abs().max()), msg=f"rotary {name}")
+    assert not exact_rows.rotary_supported(torch.empty(1, 1, 1, 12))  # half of 12 is not a power of two
+
+
 CHECKS = {"reference_fp32": check_reference,
           "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
           "batch_invariance_fp32": check_batch_invariance,
           "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
           "gradients_fp32": check_gradients,
-          "gradients_bf16": lambda: check_gradients(dtype=torch.bfloat16)}
+          "gradients_bf16": lambda: check_gradients(dtype=torch.bfloat16),
+          "rotary_fp32": check_rotary,
+          "rotary_bf16": lambda: check_rotary(dtype=torch.bfloat16),
+          "rotary_gqa_odd_heads": lambda: check_rotary(heads=(3, 1), head_dim=8)}
 
 
 if __name__ == "__main__":
