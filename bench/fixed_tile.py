@@ -11,7 +11,7 @@ dense bf16 peak (780 TFLOP/s). The last rows sum each over the five projections:
 time of one layer's projections at that row count.
 
 `--sweep` times every tile config of CANDIDATES on the same operands and says whether its
-output equals, bit for bit, the base config's (kernels/fixed_tile.py `CONFIGS[0]`) at every
+output equals, bit for bit, the base config's (kernels/fixed_tile.py `BASE`) at every
 shape: exact mode may pick its config by the row count only among configs whose bits are
 the same, since a row's bits must not depend on how many rows share its call
 (docs/exact.md). Medians of --repeats CUDA-event timings after a warm-up, each call replayed
@@ -108,7 +108,7 @@ def main() -> None:
             total["cublas", m] = total.get(("cublas", m), 0) + cublas
             line = (f"{name:8} {m:6d} | {flops / ours / 1e12:10.1f} {flops / cublas / 1e12:11.1f} "
                     f"{cublas / ours:6.2f} {flops / ours / PEAK:7.2f}")
-            base = fixed_tile.launch(x, w, fixed_tile.CONFIGS[0][1]) if configs else None
+            base = fixed_tile.launch(x, w, fixed_tile.BASE) if configs else None
             for config in configs:
                 try:
                     t = timed(lambda c=config, x=x, w=w: fixed_tile.launch(x, w, c), args.repeats, not args.eager)

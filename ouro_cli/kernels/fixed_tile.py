@@ -12,15 +12,16 @@ changes (docs/performance.md: down_proj at 8 rows vs 8,192).
 
 What fixes an element's bits is the walk over K: BLOCK_K (64 for 16-bit, 32 with IEEE fp32
 dots), ascending, one fp32 accumulator, the same dot instruction family. The M x N tile only
-says which program computes the element. So the tile shape may follow the row count
-(`CONFIGS`: 64 x 64 with 4 warps keeps enough programs reading W for the decode step's few
-rows; 128 x 128 and then 256 x 128 with 8 warps feed the tensor cores at a prefill's or the
-trainer's thousands: 530 TFLOP/s at 16,384 rows on the H200 where 64 x 64 gave 342,
-docs/performance.md §18), but only among configs whose outputs are equal bit for bit: a GPU test
-(tests/gpu/test_exact_gpu.py) runs each shape's rows alone, few and many, across the
-thresholds, and `python bench/fixed_tile.py --sweep` checks every candidate's bits against
-the base config before it may join `CONFIGS`. fp32 keeps the base config at every M (only
-the 16-bit configs were checked on the H200). Programs walk the tiles in
+says which program computes the element. So the tile shape may follow the row count and
+the weight's width (`CONFIGS`, from the H200 sweeps of docs/performance.md §18-19: small tiles
+keep enough programs reading W for a decode step's few hundred rows, more so for the narrow
+o and down projections; 256 x 128 with 8 warps feeds the tensor cores at a prefill's or the
+trainer's thousands, 538 TFLOP/s at 16,384 rows where 64 x 64 gave 337), but only among
+configs whose outputs are equal bit for bit: a GPU test (tests/gpu/test_exact_gpu.py) runs
+each shape's rows alone, few and many, across the thresholds, and `python bench/fixed_tile.py
+--sweep` checks every candidate's bits against the base config before it may join `CONFIGS`.
+fp32 keeps the base config at every M (only the 16-bit configs were checked on the H200).
+Programs walk the tiles in
 groups of GROUP_M row blocks, so a group reuses the same W columns from L2 (the order of
 programs changes no bits).
 
@@ -37,9 +38,26 @@ import triton.language as tl
 
 from .gemv import _accumulate
 
-# (up to this many rows, (BLOCK_M, BLOCK_N, warps, stages)); the first is the base config, the
+# (BLOCK_M, BLOCK_N, warps, stages): the config every other one must equal bit for bit, the
 # only one for fp32 and off CUDA
-CONFIGS = ((256, (64, 64, 4, 3)), (1024, (128, 128, 8, 3)), (None, (256, 128, 8, 3)))
+BASE = (64, 64, 4, 3)
+# (up to this many rows, up to this many output columns, config): the first entry that holds
+# a call's M and N. The H200's best at each row count (graph-timed, docs/performance.md §19):
+# at 256 rows o/down (N 2,048) keep the base tile, qkv (6,144) and lm_head (49,152) run
+# 128 x 128 with 8 warps, gate_up (11,264) 64 x 128: 13 % less time for a layer's projections.
+CONFIGS = (
+    (64, None, (64, 64, 4, 4)),
+    (128, 16384, (64, 64, 4, 4)),
+    (128, None, (128, 64, 8, 3)),
+    (256, 2048, BASE),
+    (256, 6144, (128, 128, 8, 3)),
+    (256, 16384, (64, 128, 4, 3)),
+    (256, None, (128, 128, 8, 3)),
+    (512, 2048, (128, 64, 8, 3)),
+    (512, 6144, (64, 128, 4, 3)),
+    (1024, None, (128, 128, 8, 3)),
+    (None, None, (256, 128, 8, 3)),
+)
 GROUP_M = 8
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -91,16 +109,17 @@ def fixed_tile_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x and w must share a dtype of bf16, fp16, fp32; got {x.dtype} and {w.dtype}")
     x = x if x.stride(1) == 1 else x.contiguous()
     w = w if w.stride(1) == 1 else w.contiguous()
-    m = x.shape[0]
-    return launch(x, w, config_for(m, x.dtype, x.device.type))
+    return launch(x, w, config_for(x.shape[0], w.shape[0], x.dtype, x.device.type))
 
 
-def config_for(m: int, dtype: torch.dtype, device_type: str) -> tuple[int, int, int, int]:
-    """The tile config (BLOCK_M, BLOCK_N, warps, stages) for m rows: the base one for fp32 and off
-    CUDA, else the first of CONFIGS whose row limit m is within. All give the same bits."""
+def config_for(m: int, n: int, dtype: torch.dtype, device_type: str) -> tuple[int, int, int, int]:
+    """The tile config (BLOCK_M, BLOCK_N, warps, stages) for m rows and n output columns: BASE for
+    fp32 and off CUDA, else the first entry of CONFIGS whose limits hold m and n. All give the
+    same bits."""
     if dtype == torch.float32 or device_type != "cuda":
-        return CONFIGS[0][1]
-    return next(config for limit, config in CONFIGS if limit is None or m <= limit)
+        return BASE
+    return next(config for rows, columns, config in CONFIGS
+                if (rows is None or m <= rows) and (columns is None or n <= columns))
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int]) -> torch.Tensor:

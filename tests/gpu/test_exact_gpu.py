@@ -49,9 +49,9 @@ def test_fixed_tile_1p4b_shapes(name):
 
     x, w = operands(8192, n, k, torch.bfloat16, "cuda")
     big = fixed_tile_linear(x, w)
-    for m in (1, 8, 64, 256, 257, 1024, 1025):  # each tile config of fixed_tile.CONFIGS, and their edges
+    for m in (1, 8, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025):  # both sides of each row limit (CONFIGS)
         assert torch.equal(fixed_tile_linear(x[-m:].contiguous(), w), big[-m:]), f"{name}: rows changed at M={m}"
-    check_configs("cuda", torch.bfloat16, shapes=[(n, k)], rows=(8, 600))
+    check_configs("cuda", torch.bfloat16, shapes=[(n, k)], rows=(8, 256, 600))
 
 
 def test_fused_projections_keep_each_parts_bits():

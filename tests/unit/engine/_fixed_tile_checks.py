@@ -47,28 +47,31 @@ def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:3],
 
 def check_configs(device="cpu", dtype=torch.bfloat16, shapes=((130, 64), (40, 96)), rows=(1, 65, 600)) -> None:
     """Every tile config of CONFIGS computes every element once (the programs walk the tiles in
-    groups of GROUP_M row blocks, the last group short), and its output is the base config's,
-    bit for bit; `config_for` takes the base config for fp32 and off CUDA, and on CUDA the
-    first config whose row limit holds the rows."""
+    groups of GROUP_M row blocks, the last group short), and its output is BASE's, bit for bit;
+    `config_for` takes BASE for fp32 and off CUDA, and on CUDA each entry of CONFIGS for the rows
+    and columns it holds and the entries before it do not."""
     from ouro_cli.kernels import fixed_tile
 
-    configs = [config for _, config in fixed_tile.CONFIGS]
+    configs = sorted({config for *_, config in fixed_tile.CONFIGS} - {fixed_tile.BASE})
     for case, (n, k) in enumerate(shapes):
         for m in rows:
             x, w = operands(m, n, k, dtype, device, seed=20 + case)
-            base = fixed_tile.launch(x, w, configs[0])
+            base = fixed_tile.launch(x, w, fixed_tile.BASE)
             assert_close_to_reference(base, x, w, f"N={n} K={k} M={m}")
-            for config in configs[1:]:
+            for config in configs:
                 if device == "cpu" and config[0] * config[1] * fixed_tile.block_k(dtype) > 2 ** 20:
                     continue  # the interpreter's dot as a sum holds BLOCK_M x BLOCK_K x BLOCK_N: its limit
                 assert torch.equal(fixed_tile.launch(x, w, config), base), f"{config} N={n} K={k} M={m}"
-    assert fixed_tile.config_for(10 ** 6, torch.float32, "cuda") == configs[0]
-    assert fixed_tile.config_for(10 ** 6, torch.bfloat16, "cpu") == configs[0]
-    limits = [limit for limit, _ in fixed_tile.CONFIGS]
-    assert limits[-1] is None and all(a < b for a, b in zip(limits[:-2], limits[1:-1], strict=True))
-    for (limit, config), previous in zip(fixed_tile.CONFIGS, [0, *limits[:-1]], strict=True):
-        for m in (previous + 1, limit or previous + 10 ** 5):
-            assert fixed_tile.config_for(m, torch.bfloat16, "cuda") == config, f"{m} rows"
+    assert fixed_tile.config_for(10 ** 6, 10 ** 6, torch.float32, "cuda") == fixed_tile.BASE
+    assert fixed_tile.config_for(10 ** 6, 10 ** 6, torch.bfloat16, "cpu") == fixed_tile.BASE
+    assert fixed_tile.CONFIGS[-1][:2] == (None, None)  # every call has a config
+    for index, (rows_up_to, columns_up_to, config) in enumerate(fixed_tile.CONFIGS):
+        before = [(r, c) for r, c, _ in fixed_tile.CONFIGS[:index]]
+        m = rows_up_to or 10 ** 6  # the largest call the entry holds
+        n = columns_up_to or 10 ** 6
+        if any((r is None or m <= r) and (c is None or n <= c) for r, c in before):
+            raise AssertionError(f"CONFIGS entry {index} is never reached at M={m}, N={n}")
+        assert fixed_tile.config_for(m, n, torch.bfloat16, "cuda") == config, f"entry {index}"
 
 
 def check_fused_columns(device="cpu", dtype=torch.bfloat16, parts=((40, 96), (24, 96), (64, 96)),
