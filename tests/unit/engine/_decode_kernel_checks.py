@@ -301,7 +301,7 @@ def check_replay_mode_engine(device="cpu") -> None:
 
 def check_width_from_reach(device="cpu") -> None:
     """With the Triton attention a decode step's context width covers the longest context its
-    rows may reach (runner.decode's `reach`), not only the current one: a request allowed 40
+    rows may reach (runner.decode's `reach`), not only the current one: a request allowed 16
     tokens decodes its first 6 on wider steps than the same request allowed 6, with the same
     tokens, depths and logprobs to the bit (the kernel walks each row's own length)."""
     from ouro_cli.engine import LLM, SamplingParams
@@ -310,7 +310,7 @@ def check_width_from_reach(device="cpu") -> None:
 
     model = tiny_model(0).to(device)
     runs = {}
-    for max_tokens in (6, 40):
+    for max_tokens in (6, 16):
         params = [SamplingParams(max_tokens=max_tokens, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
                   for s in range(3)]
         llm = LLM(model, max_num_seqs=3, kv_blocks=48, block_size=4, attn_chunk=8, cuda_graphs=False,
@@ -328,7 +328,7 @@ def check_width_from_reach(device="cpu") -> None:
         finally:
             llm.close()
         runs[max_tokens] = outs, widths
-    (short, narrow), (long, wide) = runs[6], runs[40]
+    (short, narrow), (long, wide) = runs[6], runs[16]
     assert min(wide) > max(narrow), (narrow, wide)
     assert len({d for o in short for d in o.exit_depths[1:]}) >= 2
     for a, b in zip(short, long, strict=True):
