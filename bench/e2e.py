@@ -49,6 +49,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -117,6 +118,27 @@ def write_data(path: Path, rows: int = 256) -> None:
             f.write(json.dumps({"prompt": f"What is {a}+{b}?", "label": a + b, "metadata": {"problem_id": i}}) + "\n")
 
 
+def run_in_own_group(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run `cmd` in a process group of its own -> (exit status, everything it printed). Past
+    `timeout` seconds, and if this script is stopped itself (SIGTERM from an outer `timeout`,
+    Ctrl-C), the whole group is killed: a run left behind holds its GPU memory, and the next
+    case then finds too little free (a device call lost a case that way, docs/performance.md
+    §19). The updates a stopped run finished still count."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, stdout
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        return 124, (stdout or "") + f"\nerror: the case ran past --timeout {timeout:.0f} s and was stopped\n"
+    finally:
+        if proc.poll() is None:  # this script is being stopped: take the run down with it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates: int, timeout: float,
              nproc: int = 1, extra: tuple[str, ...] = (), depths: tuple[int, ...] = (2, 3, 4),
              host_profile: int | None = None, train_profile: int | None = None) -> dict:
@@ -144,14 +166,7 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     print(f"== case {label}: {prompts} prompts x {group} samples x {response} tokens, {updates} updates"
           + (f" on {nproc} ranks" if nproc > 1 else ""), flush=True)
     start = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout)
-        returncode, stdout = done.returncode, done.stdout
-    except subprocess.TimeoutExpired as err:  # the updates it finished still count
-        out = err.stdout or b""
-        returncode, stdout = 124, (out.decode(errors="replace") if isinstance(out, bytes) else out)
-        stdout += f"\nerror: the case ran past --timeout {timeout:.0f} s and was stopped\n"
+    returncode, stdout = run_in_own_group(cmd, env, work, timeout)
     wall = time.perf_counter() - start
     (work / f"run-{label}.log").write_text(stdout)  # everything the run printed
     lines = stdout.splitlines()
@@ -253,6 +268,7 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind, so that a running case is killed
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=["1.4b", "tiny"], default="1.4b")
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
