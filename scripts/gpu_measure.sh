@@ -12,6 +12,8 @@
 #   agree         the GPU table's fp32 agreement row, grouped prefill (the engine's default)
 #   agree_single  the same with one prompt per prefill: what the grouping does to agreement
 #   fixed_tile    exact mode's projections against cuBLAS, every tile config timed and its bits checked
+#   profile       the K = 2 case with its third update's train step profiled (not in the default set)
+#   exact_profile the same in exact mode (not in the default set)
 set -uo pipefail
 source scripts/wheels_env.sh || exit 2
 export PYTHONUNBUFFERED=1
@@ -41,7 +43,11 @@ for s in "${steps[@]}"; do
     agree_single) step agree_single 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 \
                     --prefill-group 1 ;;
     fixed_tile) step fixed_tile 180 python3 bench/fixed_tile.py --sweep --rows 64 128 256 512 4096 16384 --repeats 5 ;;
-    *) echo "unknown step $s (e2e exact agree agree_single fixed_tile)"; exit 2 ;;
+    profile|exact_profile)
+      extra=(); [ "$s" = exact_profile ] && extra=(--train-args=--exact)
+      step "$s" 330 python3 bench/e2e.py --cases a --depths 2 --updates 3 --train-profile 2 "${extra[@]}" \
+        --timeout 300 --out "$out/$s.json" ;;
+    *) echo "unknown step $s (e2e exact agree agree_single fixed_tile profile exact_profile)"; exit 2 ;;
   esac
 done
 exit $status
