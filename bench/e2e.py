@@ -44,6 +44,7 @@ over the ranks (the table's peak memory is rank 0's).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -130,13 +131,18 @@ def run_in_own_group(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tu
         stdout, _ = proc.communicate(timeout=timeout)
         return proc.returncode, stdout
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         stdout, _ = proc.communicate()
         return 124, (stdout or "") + f"\nerror: the case ran past --timeout {timeout:.0f} s and was stopped\n"
     finally:
         if proc.poll() is None:  # this script is being stopped: take the run down with it
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_group(proc)
             proc.wait()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates: int, timeout: float,

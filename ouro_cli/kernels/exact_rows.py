@@ -17,11 +17,13 @@ sides (`settings.exact_kernels`).
 
 Roundings are those of docs/model.md §2: the norm in fp32, rounded to the activation dtype
 before the weight multiplies it; silu in fp32, rounded, then times `up`; a residual add is
-one rounding; RoPE rounds each product and their sum, as torch's eager ops do (under the
-interpreter the kernel equals the eager formula bit for bit). Backward passes are the pullbacks (torch.func.vjp) of the plain formulas
-(model/pointwise.py's) at the saved inputs, compiled where the forward's settings compile:
-the gradients of the same functions, which exact mode allows (docs/exact.md §2). Off CUDA
-the kernels run under the Triton interpreter (the CPU tests).
+one rounding; RoPE rounds each product and their sum, as torch's eager ops do (the checks
+compare it with the eager formula bit for bit; in bf16 under the interpreter, whose casts
+truncate, with that formula written out with truncating casts). Backward passes are the
+pullbacks (torch.func.vjp) of the plain formulas (model/pointwise.py's) at the saved inputs,
+compiled where the forward's settings compile: the gradients of the same functions, which
+exact mode allows (docs/exact.md §2). Off CUDA the kernels run under the Triton interpreter
+(the CPU tests).
 """
 
 from __future__ import annotations

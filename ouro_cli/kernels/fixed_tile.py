@@ -21,9 +21,8 @@ configs whose outputs are equal bit for bit: a GPU test (tests/gpu/test_exact_gp
 each shape's rows alone, few and many, across the thresholds, and `python bench/fixed_tile.py
 --sweep` checks every candidate's bits against the base config before it may join `CONFIGS`.
 fp32 keeps the base config at every M (only the 16-bit configs were checked on the H200).
-Programs walk the tiles in
-groups of GROUP_M row blocks, so a group reuses the same W columns from L2 (the order of
-programs changes no bits).
+Programs walk the tiles in groups of GROUP_M row blocks, so a group reuses the same W columns
+from L2 (the order of programs changes no bits).
 
 Off CUDA it runs under the Triton interpreter only (the CPU tests), with the dot as an
 fp32 product summed by tl.sum (gemv.py's `_accumulate`, DOT_AS_SUM: the interpreter's
