@@ -6,9 +6,10 @@ Runs the command line exactly as `python -m ouro_cli.cli.app` does, with the tra
 `train_update` profiled at its UPDATE-th call (0-based: the train step of update UPDATE), and
 writes to OUT.txt the step's wall time against the device's busy time (their gap is host time
 or waits for the device), then on CUDA the busy time per kernel family and the top kernels,
-the host's waits for the device by the ouro_cli line that caused them, and the top operators
-by own CPU time. bench/e2e.py `--train-profile UPDATE` runs it and prints
-the file.
+the device's idle gaps by the host operation whose launch the device waited for (where a
+step bound by the host's launch work loses its time), the host's waits for the device by the
+ouro_cli line that caused them, and the top operators by own CPU time. bench/e2e.py
+`--train-profile UPDATE` runs it and prints the file.
 
 What it is for: bench/e2e.py's K = 2 train phase at 256 × 512 runs at 370-390 model TFLOP/s
 where K = 4's runs at 466-481 (docs/performance.md §15-16), and bench/train_step.py cannot
@@ -112,12 +113,66 @@ def summary(prof, wall: float, cuda: bool, top: int, stacks=None) -> str:
         if cuda:
             busy = print_kernel_table(cuda_kernels(prof), top, indent="  ")
             print(f"  GPU busy {busy / 1e6:.2f} s = {busy / 1e6 / wall:.1%} of the wall time")
+            print_idle_gaps(cuda_kernels(prof), prof.events(), top)
             print_syncs(prof, top)
             print_sync_stacks(stacks or {}, top)
         print("  operators by own CPU time:")
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
         print("\n".join("    " + line for line in table.splitlines()))
     return text.getvalue()
+
+
+GAP_US = 5.0  # device idle for longer than this between kernels counts as a gap
+
+
+def idle_gaps(kernels, events, gap_us: float = GAP_US):
+    """Where the device sat idle: every stretch of more than `gap_us` µs with no kernel running
+    on any stream, charged to the host operator that launched the kernel after it (the device
+    waited for that launch) and the innermost ouro_cli line on that operator's Python stack.
+    -> (Counter of µs by (operator, line), Counter of gaps by the same, total idle µs)."""
+    from collections import Counter
+
+    by_id = {e.id: e for e in events if e.device_type != torch_cuda_type()}
+    idle: Counter = Counter()
+    count: Counter = Counter()
+    ordered = sorted(kernels, key=lambda k: k.time_range.start)
+    busy_until = ordered[0].time_range.end if ordered else 0.0
+    for kernel in ordered[1:]:
+        gap = kernel.time_range.start - busy_until
+        if gap > gap_us:
+            key = _launcher(by_id.get(getattr(kernel, "linked_correlation_id", 0)))
+            idle[key] += gap
+            count[key] += 1
+        busy_until = max(busy_until, kernel.time_range.end)
+    return idle, count, sum(idle.values())
+
+
+def torch_cuda_type():
+    import torch
+
+    return torch.autograd.DeviceType.CUDA
+
+
+def _launcher(op) -> tuple[str, str]:
+    """(outermost aten operator, innermost ouro_cli line) of the op that launched a kernel."""
+    if op is None:
+        return "(launcher not recorded)", ""
+    outermost, frames, parent = op.name, [], op
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            outermost = parent.name
+        if not frames:
+            frames = [f for f in (parent.stack or []) if "ouro_cli" in f]
+        parent = parent.cpu_parent
+    return outermost, frames[0].split("ouro_cli/")[-1] if frames else "(no ouro_cli line: backward or a library)"
+
+
+def print_idle_gaps(kernels, events, top: int) -> None:
+    idle, count, total = idle_gaps(kernels, events)
+    print(f"  device idle in gaps over {GAP_US:.0f} µs: {total / 1e6:.2f} s in {sum(count.values())} gaps; "
+          f"by the launch the device waited for:")
+    for key, us in idle.most_common(top):
+        print(f"    {us / 1e3:9.2f} ms  {count[key]:6d} gaps  {key[0]}  {key[1]}")
 
 
 def print_syncs(prof, top: int) -> None:
