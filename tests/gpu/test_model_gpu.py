@@ -1,5 +1,6 @@
 """The shared forward on CUDA: fp32 equals CPU, bf16 tracks fp32, recompute works, loops that
-gather their positions equal loops that run all of them (compiled regions on)."""
+gather their positions equal loops that run all of them (compiled regions on), and their row
+moves make no scatter under deterministic algorithms."""
 
 from __future__ import annotations
 
@@ -57,3 +58,11 @@ def test_gathered_loops_match_dense_on_cuda(monkeypatch):
     torch.testing.assert_close(logits[real], dense_logits[real], rtol=1e-4, atol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, dense_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_gathered_rows_make_no_scatter_under_deterministic_cuda():
+    """model/unique_rows.py compiled on CUDA under deterministic algorithms: no index_put
+    (which CUDA runs as a sort and a scatter) where index_copy makes some."""
+    from tests.unit.model.test_unique_rows import check_no_scatter_when_compiled
+
+    check_no_scatter_when_compiled("cuda")

@@ -60,10 +60,15 @@ def test_gradcheck_in_fp64():
 def test_a_compiled_region_runs_them_without_a_scatter():
     """Inside torch.compile, under deterministic algorithms (the trainer's CUDA step), forward
     and backward make no index_put: inductor runs the gathers itself. index_copy falls back to
-    the eager scatter there, which CUDA runs through a sort."""
+    the eager scatter there, which CUDA runs through a sort. (tests/gpu/test_model_gpu.py runs
+    this on CUDA.)"""
+    check_no_scatter_when_compiled("cpu")
+
+
+def check_no_scatter_when_compiled(device: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    base, index, src, grad = _operands(torch.float32)
+    base, index, src, grad = (t.to(device) for t in _operands(torch.float32))
     inverse = unique_rows.inverse_of(index, 12)
 
     def scatters(fn):
