@@ -132,7 +132,9 @@ def idle_gaps(kernels, events, gap_us: float = GAP_US):
     -> (Counter of µs by (operator, line), Counter of gaps by the same, total idle µs)."""
     from collections import Counter
 
-    by_id = {e.id: e for e in events if e.device_type != torch_cuda_type()}
+    import torch
+
+    by_id = {e.id: e for e in events if e.device_type != torch.autograd.DeviceType.CUDA}
     idle: Counter = Counter()
     count: Counter = Counter()
     ordered = sorted(kernels, key=lambda k: k.time_range.start)
@@ -147,23 +149,21 @@ def idle_gaps(kernels, events, gap_us: float = GAP_US):
     return idle, count, sum(idle.values())
 
 
-def torch_cuda_type():
-    import torch
-
-    return torch.autograd.DeviceType.CUDA
-
-
 def _launcher(op) -> tuple[str, str]:
     """(outermost aten operator, innermost ouro_cli line) of the op that launched a kernel."""
-    if op is None:
-        return "(launcher not recorded)", ""
-    outermost, frames, parent = op.name, [], op
-    while parent is not None:
-        if parent.name.startswith("aten::"):
-            outermost = parent.name
+    return ("(launcher not recorded)", "") if op is None else _source(op, op.name)
+
+
+def _source(op, outermost: str) -> tuple[str, str]:
+    """(the outermost aten operator from `op` up its parents, else `outermost`; the innermost
+    ouro_cli line on the first of them with one on its Python stack)."""
+    frames = []
+    while op is not None:
+        if op.name.startswith("aten::"):
+            outermost = op.name
         if not frames:
-            frames = [f for f in (parent.stack or []) if "ouro_cli" in f]
-        parent = parent.cpu_parent
+            frames = [f for f in (op.stack or []) if "ouro_cli" in f]
+        op = op.cpu_parent
     return outermost, frames[0].split("ouro_cli/")[-1] if frames else "(no ouro_cli line: backward or a library)"
 
 
@@ -189,16 +189,9 @@ def print_syncs(prof, top: int) -> None:
     for event in prof.events():
         if event.name not in ("cudaStreamSynchronize", "cudaMemcpyAsync"):
             continue
-        parent, frames, outermost = event.cpu_parent, [], "(no operator)"
-        while parent is not None:
-            if parent.name.startswith("aten::"):
-                outermost = parent.name
-            if not frames:
-                frames = [f for f in (parent.stack or []) if "ouro_cli" in f]
-            parent = parent.cpu_parent
-        where = frames[0].split("ouro_cli/")[-1] if frames else "(no ouro_cli line: backward or a library)"
-        count[outermost, where] += 1
-        waited[outermost, where] += event.cpu_time_total
+        key = _source(event.cpu_parent, "(no operator)")
+        count[key] += 1
+        waited[key] += event.cpu_time_total
     print(f"  syncs and copies: {sum(count.values())}, {sum(waited.values()) / 1e6:.2f} s of host time; by source:")
     for key, n in count.most_common(top):
         print(f"    {n:6d} x {waited[key] / n / 1e3:7.3f} ms  {key[0]}  {key[1]}")
