@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from ouro_cli.errors import SettingError
 
 from . import exact, pointwise, unique_rows
-from .unique_rows import inverse_of
 
 
 @dataclass
@@ -113,7 +112,8 @@ class QueryRows:
             mask = torch.arange(s, device=device)[None, None, :] <= position[..., None]
         else:
             mask = layout_mask[:, 0].gather(1, position[..., None].expand(b, width, s))
-        return cls(rows, slots, mask[:, None], layout_mask, inverse_of(rows, b * s), inverse_of(slots, b * width))
+        return cls(rows, slots, mask[:, None], layout_mask, unique_rows.inverse_of(rows, b * s),
+                   unique_rows.inverse_of(slots, b * width))
 
 
 PAGED_NEEDS_CUDA = ("--replay-attention paged runs a Triton kernel: it needs CUDA (or the Triton interpreter, "

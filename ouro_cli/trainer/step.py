@@ -139,17 +139,15 @@ def _loop_weighted(model, config: TrainerConfig, mb: MicroBatch, states: dict[in
 
 
 def loop_logprobs(model, states: dict[int, torch.Tensor], depth: torch.Tensor, exit_logprobs: torch.Tensor,
-                  targets: torch.Tensor, temperatures: torch.Tensor, past: list[int] | None = None) -> torch.Tensor:
+                  targets: torch.Tensor, temperatures: torch.Tensor, past: list[int]) -> torch.Tensor:
     """log π^(t)(target) [N, L] for t = 1..L (L = the loops run): the exit loop's is `exit_logprobs`,
     a loop t < d gets its own logits from its exit state (only the tokens that ran past t), a
     loop t > d is 0 (weighted 0). Each loop's logits are recomputed in the backward pass instead
     of kept (torch checkpoint): what stays is the [n, H] state, not [n, V] log-softmax. `past`
     holds how many tokens ran past each loop of `states` (sorted), counted by the caller on the
-    host; without it they are counted in one read from the device."""
+    host (`batching.tokens_past`), so nothing is read back from the device."""
     columns = []
     loops = sorted(states)
-    if past is None:
-        past = torch.stack([(depth > t).sum() for t in loops]).tolist() if loops else []
     for t, n in zip(loops, past, strict=True):
         inner = torch.nonzero_static(depth > t, size=n).squeeze(-1)
         column = torch.zeros_like(exit_logprobs)
