@@ -1,8 +1,7 @@
 """Exact mode's fixed-tile linear kernel (ouro_cli/kernels/fixed_tile.py) on CPU, under the Triton
 interpreter: it equals a dense fp64 x @ w.T to 1e-5 in fp32 and to 1 ulp in bf16 (M of 1 to 130
 rows: one tile, a partial one, several; N and K on and off the tiles; a single output column); a
-row's output is bitwise the same alone, in a
-batch of up to 200 rows and in reversed order; every tile config of CONFIGS computes each
+row's output is bitwise the same alone, in a batch of up to 200 rows and in reversed order; every tile config of CONFIGS computes each
 element once, with the base config's bits; a fused [q;k;v] weight gives each part's columns that
 part's bits; shapes or dtypes it does not take raise ValueError. And exact mode's whole Triton
 path, what it runs on CUDA (these projections, the decode kernel for the decode step, the
