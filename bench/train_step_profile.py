@@ -125,16 +125,26 @@ def summary(prof, wall: float, cuda: bool, top: int, stacks=None) -> str:
 GAP_US = 5.0  # device idle for longer than this between kernels counts as a gap
 
 
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaMemsetAsync",
+            "cudaMemcpyAsync")
+
+
 def idle_gaps(kernels, events, gap_us: float = GAP_US):
     """Where the device sat idle: every stretch of more than `gap_us` µs with no kernel running
-    on any stream, charged to the host operator that launched the kernel after it (the device
-    waited for that launch) and the innermost ouro_cli line on that operator's Python stack.
+    on any stream, charged to the host launch call (cudaLaunchKernel, ...) last begun before the
+    kernel after it started (the device waited for that launch), by that call's outermost aten
+    operator and the innermost ouro_cli line on its Python stack. Matched by time: the profiler's
+    events carry no usable link from a kernel to its launch (a link by event id charged every gap
+    of the H200 profile to the profiler's own "Activity Buffer Request").
     -> (Counter of µs by (operator, line), Counter of gaps by the same, total idle µs)."""
+    import bisect
     from collections import Counter
 
     import torch
 
-    by_id = {e.id: e for e in events if e.device_type != torch.autograd.DeviceType.CUDA}
+    launches = sorted((e for e in events if e.device_type != torch.autograd.DeviceType.CUDA
+                       and e.name in LAUNCHES), key=lambda e: e.time_range.start)
+    starts = [e.time_range.start for e in launches]
     idle: Counter = Counter()
     count: Counter = Counter()
     ordered = sorted(kernels, key=lambda k: k.time_range.start)
@@ -142,7 +152,8 @@ def idle_gaps(kernels, events, gap_us: float = GAP_US):
     for kernel in ordered[1:]:
         gap = kernel.time_range.start - busy_until
         if gap > gap_us:
-            key = _launcher(by_id.get(getattr(kernel, "linked_correlation_id", 0)))
+            at = bisect.bisect_right(starts, kernel.time_range.start) - 1
+            key = _launcher(launches[at] if at >= 0 else None)
             idle[key] += gap
             count[key] += 1
         busy_until = max(busy_until, kernel.time_range.end)

@@ -45,6 +45,7 @@ backward (`_keeping_inputs`: their fp32 intermediates would otherwise fill the m
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -187,15 +188,22 @@ def exit_lambda(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
 
 # ---- projections ------------------------------------------------------------------------
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ w[N, K].T -> [..., N], each row's bits a function of that row and w only."""
-    k, n = x.shape[-1], w.shape[0]
+def linear(x: torch.Tensor, w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T -> [..., N], each row's bits a function of that row and w only. A
+    sequence of weights multiplies as their stacked matrix (matmul.linear); the stack is not kept
+    for backward, which stacks them again."""
+    weights = (w,) if isinstance(w, torch.Tensor) else tuple(w)
+    k, n = x.shape[-1], sum(wi.shape[0] for wi in weights)
     rows = x.reshape(-1, k)
-    if rows.requires_grad or w.requires_grad:
-        out = _Linear.apply(rows, w)
+    if rows.requires_grad or any(wi.requires_grad for wi in weights):
+        out = _Linear.apply(rows, *weights)
     else:
-        out = _forward(rows, w)
+        out = _forward(rows, _stack(weights))
     return out.view(*x.shape[:-1], n)
+
+
+def _stack(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return weights[0] if len(weights) == 1 else torch.cat(weights)
 
 
 def _forward(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -222,19 +230,22 @@ def tiled_linear(rows: torch.Tensor, w: torch.Tensor, tile: int = ROW_TILE) -> t
 
 
 class _Linear(torch.autograd.Function):
-    """The forward in fixed tiles; the backward F.linear's gradient of the same product."""
+    """The forward in fixed tiles; the backward F.linear's gradient of the same product, split
+    into one gradient per weight."""
 
     @staticmethod
-    def forward(ctx, rows, w):
-        ctx.save_for_backward(rows, w)
-        return _forward(rows, w)
+    def forward(ctx, rows, *weights):
+        ctx.save_for_backward(rows, *weights)
+        return _forward(rows, _stack(weights))
 
     @staticmethod
     def backward(ctx, grad):
-        rows, w = ctx.saved_tensors
-        grad_rows = grad @ w if ctx.needs_input_grad[0] else None
-        grad_w = grad.t() @ rows if ctx.needs_input_grad[1] else None
-        return grad_rows, grad_w
+        rows, *weights = ctx.saved_tensors
+        grad_rows = grad @ _stack(tuple(weights)) if ctx.needs_input_grad[0] else None
+        grad_ws = [None] * len(weights)
+        if any(ctx.needs_input_grad[1:]):
+            grad_ws = list((grad.t() @ rows).split([w.shape[0] for w in weights]))
+        return grad_rows, *(g if need else None for g, need in zip(grad_ws, ctx.needs_input_grad[1:], strict=True))
 
 
 # ---- attention (CPU) ----------------------------------------------------------------------

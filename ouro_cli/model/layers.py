@@ -22,6 +22,24 @@ from .matmul import linear
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def project(x: torch.Tensor, fused: torch.Tensor | None, weights: tuple[torch.Tensor, ...]
+            ) -> tuple[torch.Tensor, ...]:
+    """x times each of `weights` (projections of one input: q, k, v or gate, up).
+
+    On CUDA as one product of their stacked matrix: `fused` where the engine made one
+    (model/fusion.py), else the weights stacked per call (the trainer's parameters stay
+    separate). One wide GEMM in place of several, forward, and in backward one for the
+    input's gradient (no sum of several) and one for the weights'. On CPU, one product
+    per weight, as the CPU engine (which fuses nothing) computes them: the CPU tests compare
+    the two sides bit for bit in exact mode, and CPU's matmul may round a column differently
+    in a wider matrix. On CUDA the default mode's cuBLAS may too, within bf16 rounding;
+    exact mode's fixed-tile kernel gives every column the same bits either way
+    (docs/exact.md §2)."""
+    if fused is None and not x.is_cuda:
+        return tuple(linear(x, w) for w in weights)
+    return linear(x, fused if fused is not None else weights).split([w.shape[0] for w in weights], -1)
+
+
 class RMSNorm(nn.Module):
     """`w * (x_wide * rsqrt(mean(x_wide^2) + eps)).to(x.dtype)`, x_wide at least fp32
     (docs/model.md §2)."""
@@ -69,11 +87,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         b, s, _ = x.shape
-        if self.qkv_weight is not None:
-            q, k, v = linear(x, self.qkv_weight).split(
-                [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1)
-        else:
-            q, k, v = linear(x, self.q_proj.weight), linear(x, self.k_proj.weight), linear(x, self.v_proj.weight)
+        q, k, v = project(x, self.qkv_weight, (self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
         q = q.view(b, s, self.num_heads, self.head_dim)
         k = k.view(b, s, self.num_kv_heads, self.head_dim)
         v = v.view(b, s, self.num_kv_heads, self.head_dim)
@@ -92,10 +106,7 @@ class MLP(nn.Module):
         self.gate_up_weight: torch.Tensor | None = None  # set by fusion.fuse_projections
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is not None:
-            gate, up = linear(x, self.gate_up_weight).chunk(2, -1)
-        else:
-            gate, up = linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)
+        gate, up = project(x, self.gate_up_weight, (self.gate_proj.weight, self.up_proj.weight))
         return linear(pointwise.silu_mul(gate, up), self.down_proj.weight)
 
 

@@ -1,6 +1,9 @@
 """The model's projections, with a hook for the engine's small-batch matmul kernel.
 
-Every weight multiplication of the model goes through `linear(x, w)` (= F.linear). A
+Every weight multiplication of the model goes through `linear(x, w)` (= F.linear). `w` may
+also be a sequence of weights [N_i, K] that share the input (q, k, v; gate, up): they are
+multiplied as one stacked matrix, in one product, and stay separate tensors with gradients
+of their own (the trainer's parameters keep their Hugging Face names and shapes). A
 caller may install, for the duration of a `with use_small_batch(kernel, max_rows)`
 block, a kernel that takes over products whose input has at most `max_rows` rows. The
 engine's decode step on CUDA installs its Triton small-batch kernel there (`--decode-gemv`,
@@ -17,7 +20,7 @@ whatever the batch (docs/exact.md); the small-batch hook is not consulted.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -30,10 +33,12 @@ Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [M, K], w [N
 _local = threading.local()  # .small: (kernel, max_rows) installed in this thread, or absent
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ w[N, K].T -> [..., N]."""
+def linear(x: torch.Tensor, w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T -> [..., N]; for a sequence of weights, x @ [w_0; w_1; ...].T ->
+    [..., N_0 + N_1 + ...], one product (their gradients flow to each)."""
     if pointwise.active().exact:
         return exact.linear(x, w)
+    w = stacked(w)
     small = getattr(_local, "small", None)
     if small is not None:
         kernel, max_rows = small
@@ -41,6 +46,14 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if rows <= max_rows:
             return kernel(x.reshape(rows, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], w.shape[0])
     return F.linear(x, w)
+
+
+def stacked(w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """One matrix of `w`'s rows: the tensor itself, or the weights concatenated (a copy, which
+    autograd differentiates into a view of the product's weight gradient per weight)."""
+    if isinstance(w, torch.Tensor):
+        return w
+    return w[0] if len(w) == 1 else torch.cat(list(w))
 
 
 @contextmanager
