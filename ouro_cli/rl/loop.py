@@ -186,9 +186,21 @@ def check_rank_params(update: int, digests: list[str]) -> bool:
     return True
 
 
+def _agreed(memory: DeviceMemory) -> DeviceMemory:
+    """The least total and free memory over the ranks: every rank sizes the run from the same
+    figures, so the memory plans in the execution plans they compare are the same. (Each rank
+    measured its own at its own moment: on CPU the free host memory moved between two ranks'
+    reads, and their plans disagreed.)"""
+    every = _all_gather(memory)
+    return DeviceMemory(memory.kind, min(m.total for m in every), min(m.free for m in every))
+
+
 def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved: dict[str, Any] | None) -> RunSizing:
-    """The run's memory plan (rl/sizing.py); a resumed run keeps the one its plan recorded."""
+    """The run's memory plan (rl/sizing.py), from memory figures every rank agrees on; a resumed
+    run keeps the one its plan recorded."""
     import os
+
+    from ouro_cli.trainer.setup import join_world
 
     t, e = options.trainer, options.engine
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if t.resolved_device == "cuda" \
@@ -202,8 +214,9 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
                         f"--max-response-len = {seq_tokens} tokens; raise it to at least {seq_tokens}, or leave it "
                         "to the memory plan")
     planes = config.num_loops if e.speculative_tokens else max(options.depths + options.eval_depths)
+    join_world(t.resolved_device)  # the trainer built after this takes the group over
     return size_run(
-        config, DeviceMemory.of(device), utilization=options.gpu_memory_utilization, dtype=t.torch_dtype,
+        config, _agreed(DeviceMemory.of(device)), utilization=options.gpu_memory_utilization, dtype=t.torch_dtype,
         block_size=e.block_size, seq_tokens=seq_tokens,
         sequences_needed=max(local_samples, min(options.eval_prompts, eval_rows)),
         tokens_per_update=local_samples * seq_tokens, planes=planes,
@@ -255,6 +268,7 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     from ouro_cli.engine.tokenizer import TextCodec
     from ouro_cli.model import from_state_dict
     from ouro_cli.trainer import Trainer
+    from ouro_cli.trainer.setup import leave_world
 
     log(f"data: {len(rows)} training rows, {len(eval_rows)} held-out rows; reward {options.task.reward_function}")
 
@@ -291,19 +305,23 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
 
         saved = plans.read_plan(latest_iteration_dir(run.checkpoint) / run.plan.name)
     seq_tokens = max(map(len, prompt_ids + eval_prompt_ids)) + response_len
-    sizing = _size(options, config, seq_tokens, len(eval_rows), saved)
-    contract["sizing"] = plans.sizing_entry(sizing)
-    cursor = DataCursor(len(rows), options.seed)
-    if resume:
-        device_type = options.trainer.resolved_device
-        plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler,
-                                  device_type=device_type)
-        plan = {**saved, "contract": plans.upgrade(saved["contract"], device_type)}  # an older plan gains what it lacked
-    else:
-        plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
+    try:  # a run that stops before its trainer exists leaves the process group _size joined
+        sizing = _size(options, config, seq_tokens, len(eval_rows), saved)
+        contract["sizing"] = plans.sizing_entry(sizing)
+        cursor = DataCursor(len(rows), options.seed)
+        if resume:
+            device_type = options.trainer.resolved_device
+            plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler,
+                                      device_type=device_type)
+            plan = {**saved, "contract": plans.upgrade(saved["contract"], device_type)}  # an older plan gains what it lacked
+        else:
+            plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
 
-    log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
-    trainer = Trainer(str(source_path), _trainer_config(options, sizing), execution=options.execution)
+        log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
+        trainer = Trainer(str(source_path), _trainer_config(options, sizing), execution=options.execution)
+    except BaseException:
+        leave_world()
+        raise
     if trainer.offload is not None:  # --offload-optimizer auto: the state leaves only for the calls that need it
         trainer.offload.keep_after_step = sizing.state_per_call
     # the process group exists from here on (the trainer creates or joins it)

@@ -37,17 +37,49 @@ class DistributedContext:
         return self.rank == 0
 
 
+# Whether `join_world` created the default process group for a trainer not built yet: that
+# trainer then owns it (destroys it on close) as if it had created it.
+_joined_early = [False]
+
+
+def _local_device(device_type: str) -> torch.device:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def join_world(device_type: str) -> None:
+    """Create the default process group now, as the trainer would, for the ranks torchrun
+    started (nothing for one process, or where a group exists): `ouro train` agrees on its
+    memory plan across ranks before it builds the trainer, which the plan configures. The
+    trainer built next takes the group over as its own."""
+    if dist.is_initialized() or not launched_by_torchrun():
+        return
+    device = _local_device(device_type)
+    dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
+                            device_id=device if device_type == "cuda" else None)
+    _joined_early[0] = True
+
+
+def leave_world() -> None:
+    """Destroy the group `join_world` created if no trainer has taken it over (a run that stops
+    before it builds its trainer)."""
+    if _joined_early[0] and dist.is_initialized():
+        dist.destroy_process_group()
+    _joined_early[0] = False
+
+
 def initialize(config: TrainerConfig) -> DistributedContext:
     """Create (or join) the default process group and Megatron's parallel state, then seed."""
     from megatron.core import parallel_state
 
     device_type = config.resolved_device
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
-    if device_type == "cuda":
-        torch.cuda.set_device(device)
+    device = _local_device(device_type)
 
-    owns = False
+    owns, _joined_early[0] = _joined_early[0] and dist.is_initialized(), False
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         if launched_by_torchrun():

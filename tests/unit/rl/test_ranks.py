@@ -6,6 +6,8 @@
   (pinned values).
 - The per-rank parameter hash sees every bit, and disagreeing hashes stop the run
   naming the update.
+- The memory plan is sized from the least memory any rank measured, so every rank's plan
+  is the same.
 """
 
 from __future__ import annotations
@@ -87,3 +89,14 @@ def test_ranks_that_disagree_stop_the_run_naming_the_update():
     assert check_rank_params(4, ["ab" * 32, "ab" * 32]) is True
     with pytest.raises(CheckFailed, match=r"update 7: trainer parameters differ .*rank 1 cdcdcdcdcdcd"):
         check_rank_params(7, ["ab" * 32, "cd" * 32])
+
+
+def test_every_rank_sizes_from_the_least_memory_any_rank_measured(monkeypatch):
+    from ouro_cli.rl import loop
+    from ouro_cli.rl.sizing import DeviceMemory
+
+    measured = [DeviceMemory("cpu", 64, 40), DeviceMemory("cpu", 64, 39)]  # free memory moved between two reads
+    monkeypatch.setattr(loop, "_all_gather", lambda value: measured)
+    assert loop._agreed(measured[0]) == loop._agreed(measured[1]) == DeviceMemory("cpu", 64, 39)
+    monkeypatch.undo()
+    assert loop._agreed(measured[0]) == measured[0]  # one process: its own figures
