@@ -8,6 +8,8 @@
   bits in a batch of 1 and of 4,096; their Triton kernels (kernels/exact_rows.py) pass the CPU
   interpreter's checks compiled, and at the 1.4B widths; RoPE's kernel equals the eager
   formula bit for bit (the GPU's casts round to nearest, as torch's do).
+- Exact mode's gradients on CUDA (stacked projections, the row kernels' pullbacks, the paged
+  replay attention with SDPA's backward) are the default mode's within fp32 rounding.
 - End to end on a tiny model, bf16 and fp32, CUDA graphs on: every logprob the engine reports
   equals the replay to the bit, with threshold exits at mixed depths, and a request's outputs
   do not depend on its batch-mates.
@@ -108,6 +110,12 @@ def _generate(model, max_num_seqs):
         return llm.generate(prompts(6, seed=1), params)
     finally:
         llm.close()
+
+
+def test_gradients_are_the_default_modes_within_fp32_rounding_on_cuda():
+    from tests.unit.model.test_exact import check_gradients_near_the_default
+
+    check_gradients_near_the_default("cuda")
 
 
 @DTYPES

@@ -216,10 +216,19 @@ def test_model_logits_are_bitwise_the_same_alone_padded_and_packed(dtype):
 
 
 def test_model_gradients_are_within_fp32_rounding_of_the_default():
+    check_gradients_near_the_default("cpu")
+
+
+def check_gradients_near_the_default(device: str) -> None:
+    """Exact mode's parameter gradients (its own kernels forward, ordinary ones backward; on
+    CUDA the stacked projections, the row kernels' pullbacks and the paged replay attention)
+    are the default mode's (eager) within fp32 rounding. Shared with tests/gpu/test_exact_gpu.py."""
     grads = {}
-    ids, dep = _seq(40, 11)
+    ids, dep = (t.to(device) for t in _seq(40, 11))
     for mode in (False, True):
-        model = _model(torch.float32, exact_mode=mode)
+        model = _model(torch.float32, exact_mode=mode).to(device)
+        if not mode:
+            model.execution = ExecutionSettings(compile="off")
         with pointwise.executing(model.execution):
             logp = pointwise.log_softmax(model(ids[None], depths=dep[None], recompute=mode)[0].float())
             logp[:, 3].sum().backward()
