@@ -1,7 +1,8 @@
 """A fixed-budget sample replayed as a body (its prompt at the deepest response loop, scoring
 r[1:]) and a prompt head (the prompt at T, scoring r[0]) — batching.split_prompts — gives the
 loss, its statistics and its gradient of the sample replayed whole, to fp32 rounding on
-CPU, and leaves the samples it cannot help whole."""
+CPU, and leaves the samples it cannot help whole; those, and the heads, come after the
+bodies, so only the last micro-batches run the prompts' deep loops."""
 
 from __future__ import annotations
 
@@ -93,6 +94,24 @@ def test_only_samples_whose_prompt_repeat_is_cheap_are_split():
     parts, _ = split_prompts([short, long], w, T)
     # short: (18 + 1) x 2 = 38 repeated of 18 x 4 + 511 x 2 + 4 = 1,098 required (3.5 %); long: 40 %
     assert [(p.length, p.scored_from) for p in parts] == [(530, 1), (1512, 0), (19, 0)]
+
+
+def test_only_the_last_micro_batches_run_the_deep_loops():
+    """Short responses stay whole, their prompts at T. Among the bodies each made its micro-batch
+    run loops 3 and 4 over its few prompt positions (24 layer calls of host time each, for almost
+    no device work); after the bodies, they share the heads' micro-batches."""
+    from ouro_cli.model.ouro import positions_per_loop
+
+    lengths = [512, 60, 512, 512, 40, 512, 512, 512]
+    samples = [Sample([1] * 18, [5] * n, [T] + [2] * (n - 1), [-1.0] * n, 1.0) for n in lengths]
+    weights = [[1.0] * n for n in lengths]
+    parts, part_weights = split_prompts(samples, weights, T)
+    assert [(p.length, p.scored_from) for p in parts] == [(530, 1)] * 6 + [(78, 0), (58, 0)] + [(19, 0)] * 6
+    plan = plan_micro_batches(parts, max_tokens=1100, num_loops=T)  # two bodies to a micro-batch
+    deep = [len(positions_per_loop(mb.depths, mb.attention_mask)) > 2  # it runs loop 3
+            for mb in (build_micro_batch(parts, part_weights, T, rows=rows) for rows in plan)]
+    assert deep == [False] * 3 + [True] * (len(plan) - 3), deep
+    assert split_prompts(samples[1:2], weights[1:2], T)[0] == samples[1:2]  # nothing to split: as they were
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
