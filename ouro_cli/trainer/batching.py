@@ -134,8 +134,6 @@ def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]],
         heads.append(Sample(s.prompt_ids, s.response_ids[:1], s.exit_depths[:1], s.rollout_logprobs[:1],
                             s.advantage, s.temperature))
         head_weights.append([w[0]])
-    if not parts:  # nothing split: the samples as they were
-        return whole, whole_weights
     return parts + whole + heads, part_weights + whole_weights + head_weights
 
 
