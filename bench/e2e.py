@@ -251,7 +251,7 @@ def gib(x) -> str:
 
 
 def table(result: dict) -> str:
-    head = ("upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x tokens   rc retry"
+    head = ("upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x tokens passes  rc retry"
             " | publish s  save s"
             " | peak GiB roll/train/pub/save")
     out = [head, "-" * len(head)]
@@ -266,6 +266,7 @@ def table(result: dict) -> str:
             f"{r.get('engine_decode_sample_gpu_us', 0) / 1e6:>7.1f} {tokens / r['rollout_s']:>7.0f} {in_flight:>10.1f} | "
             f"{r['train_s']:>7.1f} {r['compile_s']:>7.1f} {r.get('train_optimizer_s', 0.0):>6.2f} "
             f"{r['train_micro_batches']:>2} x {r['train_micro_batch_tokens_max']:>6}"
+            f" {r.get('train_loop_passes', 0):>3}/{r.get('train_gathered_loop_passes', 0):<2}"
             f" {'on' if r.get('train_layer_tokens_recomputed') else 'off':>4} {r.get('train_alloc_retries') or 0:>5}"
             f" | {r['publish_s']:>9.2f} {r['save_s']:>7.1f} | "
             f"{gib(r.get('peak_memory_rollout_gib'))}/{gib(r.get('peak_memory_train_gib'))}/"

@@ -177,14 +177,20 @@ class WorkCounter:
     required: int = 0  # layers × Σ depth over real positions: the work a per-token executor does
     tokens: int = 0  # real (non-padding) positions
     padded_tokens: int = 0  # positions in the micro-batch tensors, padding included
+    # loops run, summed over micro-batches, and those of them that gathered their positions: each
+    # is a pass of every layer, whose host launch work does not shrink with its positions
+    loop_passes: int = 0
+    gathered_passes: int = 0
 
     def add_micro_batch(self, mb: MicroBatch, num_layers: int, recompute: bool, device_type: str | None = None,
                         counts: LoopCounts | None = None) -> None:
         """Count `mb` (its host copy, so that counting reads nothing back from the device),
         replayed on `device_type` (default: where mb is), as model/ouro.py replays it there;
         `counts`: its depths' LoopCounts where the caller made them for the forward."""
-        executed = num_layers * sum(positions_per_loop(mb.depths, mb.attention_mask, device_type=device_type,
-                                                       counts=counts))
+        per_loop = positions_per_loop(mb.depths, mb.attention_mask, device_type=device_type, counts=counts)
+        executed = num_layers * sum(per_loop)
+        self.loop_passes += len(per_loop)
+        self.gathered_passes += sum(n < mb.depths.numel() for n in per_loop)
         self.executed += executed
         self.recomputed += executed if recompute else 0
         real = mb.attention_mask if mb.attention_mask is not None else torch.ones_like(mb.depths, dtype=torch.bool)
@@ -199,6 +205,8 @@ class WorkCounter:
             "layer_tokens_required": self.required,
             "tokens": self.tokens,
             "padded_tokens": self.padded_tokens,
+            "loop_passes": self.loop_passes,
+            "gathered_loop_passes": self.gathered_passes,
         }
 
 

@@ -43,7 +43,7 @@ from .loss import clipped_surrogate, entropy, loop_weights, token_logprobs, weig
 # Indices into the summed statistics vector.
 _SUMS = ("loss", "clipped", "ratio", "entropy", "mismatch", "scored_tokens", "samples",
          "layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "tokens", "padded_tokens",
-         "is_weight", "is_masked")
+         "loop_passes", "gathered_loop_passes", "is_weight", "is_masked")
 _MAXES = ("ratio_max", "mismatch_max", "micro_batches", "micro_batch_tokens_max", "is_weight_max")
 
 
@@ -239,6 +239,8 @@ def _reduce(sums: dict, maxes: dict, by_depth: MismatchByDepth, device: torch.de
         "layer_tokens_executed": int(total["layer_tokens_executed"]),
         "layer_tokens_recomputed": int(total["layer_tokens_recomputed"]),
         "layer_tokens_required": int(total["layer_tokens_required"]),
+        "loop_passes": int(total["loop_passes"]),  # loops run, over micro-batches (and ranks)
+        "gathered_loop_passes": int(total["gathered_loop_passes"]),  # those that gathered their positions
         "micro_batches": int(total["micro_batches"]),  # the most any rank ran
         "micro_batch_tokens_max": int(total["micro_batch_tokens_max"]),
         "is_weight_mean": total["is_weight"] / n,
@@ -289,6 +291,7 @@ _FIRST = ("logprob_mismatch_mean", "logprob_mismatch_max", "logprob_mismatch_mea
           "logprob_mismatch_max_by_depth", "lr")  # before any step moved the policy
 _FIRST_EPOCH_SUMS = ("samples", "response_tokens", "tokens", "padded_tokens")  # the update's data, once
 _ALL_SUMS = ("layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "micro_batches",
+             "loop_passes", "gathered_loop_passes",
              "forward_backward_s", "grad_sync_s", "optimizer_s")  # work and time
 _TOKEN_MEANS = ("clip_fraction", "ratio_mean", "entropy", "is_weight_mean", "is_masked_fraction")
 _MAX = ("ratio_max", "micro_batch_tokens_max", "is_weight_max")

@@ -92,3 +92,7 @@ def test_the_trainer_reports_the_work_it_ran(threshold_samples):
     assert metrics["layer_tokens_executed"] == counter.executed
     assert metrics["layer_tokens_required"] == counter.required
     assert metrics["layer_tokens_executed"] / metrics["layer_tokens_required"] <= LIMIT
+    # loop passes: the loops each micro-batch ran, and those that gathered (threshold exits: some do)
+    assert (metrics["loop_passes"], metrics["gathered_loop_passes"]) == (counter.loop_passes, counter.gathered_passes)
+    assert metrics["micro_batches"] <= counter.loop_passes <= 4 * metrics["micro_batches"]
+    assert 0 < counter.gathered_passes < counter.loop_passes
