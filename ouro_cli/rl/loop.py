@@ -150,7 +150,7 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
         aggregation = "constant_length" if options.advantage == "dr-grpo" else "token_mean"
     return dataclasses.replace(t, max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
                                micro_batch_token_cost=sizing.token_cost, prompt_heads=sizing.prompt_heads,
-                               whole_samples_last=sizing.whole_samples_last,
+                               deep_parts_first=sizing.deep_parts_first,
                                recompute="on" if sizing.recompute else "off",
                                offload_optimizer="on" if sizing.offload_optimizer else "off",
                                aggregation=aggregation, aggregation_length=options.sampling.max_response_len,

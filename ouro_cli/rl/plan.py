@@ -46,8 +46,8 @@ FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_d
              "eval_prompt_key", "eval_label_key", "eval_id_key", "eval_label_parser"}  # like eval_data
 EXECUTION_KEYS = set(leaves(ExecutionSettings))  # recorded as what they resolve to (contract "execution")
 # what a plan recorded before its `sizing` had these keys computed: plain positions, whole samples,
-# and (with heads) the samples left whole in their places among the bodies
-SIZING_BEFORE = {"token_cost": None, "prompt_heads": False, "whole_samples_last": False}
+# and (with heads) the samples left whole in their places among the bodies, the heads after them
+SIZING_BEFORE = {"token_cost": None, "prompt_heads": False, "deep_parts_first": False}
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr", "lr_decay_updates"}
 
 
@@ -80,7 +80,7 @@ def sizing_entry(sizing) -> dict[str, Any]:
     batch composition and micro-batch splits (summation order). A resumed run reuses it."""
     return {key: getattr(sizing, key) for key in ("kv_blocks", "max_num_seqs", "max_tokens_per_micro_batch",
                                                   "recompute", "token_cost", "prompt_heads",
-                                                  "whole_samples_last")}
+                                                  "deep_parts_first")}
 
 
 def new_plan(options: TrainOptions, contract: dict[str, Any], cursor: dict[str, Any],

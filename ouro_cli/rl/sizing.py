@@ -198,9 +198,9 @@ class RunSizing:
     # fixed-budget samples train as a body and a prompt head (trainer.batching.split_prompts):
     # how the update is cut into micro-batches, so recorded with them (a plan from before: no)
     prompt_heads: bool = False
-    # ... and the samples left whole come after the bodies, before the heads (split_prompts
-    # `whole_last`): the same loss, cut into other micro-batches (a plan from before: no)
-    whole_samples_last: bool = False
+    # ... and the samples left whole and the heads come before the bodies (split_prompts
+    # `deep_first`): the same loss, cut into other micro-batches (a plan from before: no)
+    deep_parts_first: bool = False
 
     def state_fits(self, call_kv_bytes: int) -> bool:
         """Whether a generate call whose cache takes `call_kv_bytes` (module function
@@ -241,7 +241,7 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
              kv_blocks: int | None = None, max_num_seqs: int | None = None,
              max_tokens_per_micro_batch: int | None = None, recompute: str = "auto",
              token_cost: dict[str, float] | None | str = "auto", prompt_heads: bool = True,
-             whole_samples_last: bool = True, exact: bool = False) -> RunSizing:
+             deep_parts_first: bool = True, exact: bool = False) -> RunSizing:
     """Size the KV cache, the decode batch and the micro-batches for one run.
 
     `seq_tokens`: the longest prompt + `--max-response-len` (one sequence's KV, one sample's
@@ -251,7 +251,7 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     Explicit `kv_blocks`, `max_num_seqs` and `max_tokens_per_micro_batch` win. `token_cost`
     "auto": a budget sized here counts full-depth positions (`token_cost_shares`), a given one plain
     positions; a resumed run passes the one its plan recorded, and its `prompt_heads` and
-    `whole_samples_last`.
+    `deep_parts_first`.
     `offload_optimizer` "auto" is decided from the shapes alone (module docstring), so a
     resumed run decides it the same way. `exact`: the trainer replays in exact mode, whose
     activations are counted apart (`activation_bytes_per_token`).
@@ -357,7 +357,7 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
                      recompute=recompute == "on", engine_releases_memory=engine_releases_memory,
                      offload_optimizer=offloads, gradients_released=released, state_per_call=per_call,
                      kv_room_beside_state=max(0, room(False)) if per_call else 0, token_cost=token_cost,
-                     prompt_heads=prompt_heads, whole_samples_last=whole_samples_last)
+                     prompt_heads=prompt_heads, deep_parts_first=deep_parts_first)
 
 
 def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:

@@ -103,7 +103,7 @@ HEAD_OVERHEAD = 0.05
 
 
 def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int,
-                  max_overhead: float = HEAD_OVERHEAD, whole_last: bool = True
+                  max_overhead: float = HEAD_OVERHEAD, deep_first: bool = True
                   ) -> tuple[list[Sample], list[list[float]]]:
     """Each sample whose response runs fewer than T loops everywhere as two parts, for the replay.
 
@@ -113,28 +113,32 @@ def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]],
     Its *head* — the prompt at depth T, scoring r[0] from the last prompt position's loop T
     (docs/model.md §3) — computes the remaining one. The loss is the same function, each part
     carrying its tokens' global weights. A sample whose response reaches T, has one token, or
-    whose prompt is too long for the repeat to pay (`max_overhead`), stays whole. The bodies
-    come first, then the whole samples (`whole_last`; else each in its sample's place among
-    the bodies, as plans from before it recorded), then the heads, each in the samples' order: the deep
-    loops of the whole samples' prompts and of the heads then run in the last micro-batches
-    only, instead of in every micro-batch that holds a whole sample (docs/performance.md §12,
-    §20: on the H200 such a loop, gathered over a few dozen positions, cost its 24 layer calls'
-    host time for almost no device work). With nothing split, the samples stay as they were.
+    whose prompt is too long for the repeat to pay (`max_overhead`), stays whole.
+
+    Order (`deep_first`): the whole samples, then the heads, then the bodies, each in the
+    samples' order. The parts that run the prompts' deep loops start the first micro-batch, so
+    those loops run in as few micro-batches as they fill, instead of in every micro-batch that
+    holds a whole sample (docs/performance.md §12, §20: on the H200 such a loop, gathered over a
+    few dozen positions, cost its 24 layer calls' host time for almost no device work). Without
+    `deep_first`, as plans from before it recorded: the bodies and the whole samples in the
+    samples' order, then the heads. With nothing split, the samples stay as they were.
     -> (parts, their weights)."""
     parts, part_weights, whole, whole_weights, heads, head_weights = [], [], [], [], [], []
     for s, w in zip(samples, weights, strict=True):
         deepest = max((int(d) for d in s.exit_depths[1:]), default=num_loops)
         repeated = (len(s.prompt_ids) + 1) * deepest
         if deepest >= num_loops or repeated > max_overhead * s.depth_sum(num_loops):
-            (whole if whole_last else parts).append(s)
-            (whole_weights if whole_last else part_weights).append(list(w))
+            (whole if deep_first else parts).append(s)
+            (whole_weights if deep_first else part_weights).append(list(w))
             continue
         parts.append(dataclasses.replace(s, prompt_depth=deepest, scored_from=1))
         part_weights.append(list(w[1:]))
         heads.append(Sample(s.prompt_ids, s.response_ids[:1], s.exit_depths[:1], s.rollout_logprobs[:1],
                             s.advantage, s.temperature))
         head_weights.append([w[0]])
-    return parts + whole + heads, part_weights + whole_weights + head_weights
+    if deep_first:
+        return whole + heads + parts, whole_weights + head_weights + part_weights
+    return parts + heads, part_weights + head_weights
 
 
 @dataclass

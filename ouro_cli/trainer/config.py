@@ -95,9 +95,9 @@ class TrainerConfig:
     # loop) and a prompt head scoring token 0 (batching.split_prompts); the same loss
     prompt_heads: bool = False
     prompt_head_overhead: float = 0.05  # split only where the repeated prompt loops cost at most this share
-    # ... and the samples left whole after the bodies, with the heads (split_prompts `whole_last`);
-    # a resumed plan from before: in their places
-    whole_samples_last: bool = True
+    # ... and the samples left whole and the heads before the bodies (split_prompts `deep_first`);
+    # a resumed plan from before: the whole samples in their places, the heads last
+    deep_parts_first: bool = True
     pack: bool = True  # several samples per row (document masking) instead of one padded row each
     pack_length: int | None = None  # max tokens per packed row; None: the longest local sample
     # "auto": on when the run's memory plan needs it (rl/sizing.py decides before the trainer is

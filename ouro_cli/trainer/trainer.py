@@ -160,7 +160,7 @@ class Trainer:
         c = self.config
         if c.prompt_heads and c.is_correction != "geo-mask":
             samples, weights = split_prompts(samples, weights, self.num_loops, c.prompt_head_overhead,
-                                             whole_last=c.whole_samples_last)
+                                             deep_first=c.deep_parts_first)
         plan = plan_micro_batches(samples, micro_batch_size=c.micro_batch_size, max_tokens=c.max_tokens_per_micro_batch,
                                   pack=c.pack, pack_length=c.pack_length,
                                   cost=TokenCost(**c.micro_batch_token_cost) if c.micro_batch_token_cost else None,

@@ -67,7 +67,7 @@ def test_the_lr_schedule_counts_optimizer_steps():
     from ouro_cli.rl.loop import _trainer_config
 
     sizing = SimpleNamespace(max_tokens_per_micro_batch=1024, recompute=False, offload_optimizer=False, token_cost=None,
-                             prompt_heads=False, whole_samples_last=True)
+                             prompt_heads=False, deep_parts_first=True)
     plain = _trainer_config(options(updates=10, lr_schedule="cosine", warmup_steps=2), sizing)
     assert (plain.warmup_steps, plain.decay_steps, plain.aggregation) == (2, 10, "token_mean")
     config = _trainer_config(options(updates=10, lr_schedule="cosine", warmup_steps=2, mini_batches=2, epochs=3),

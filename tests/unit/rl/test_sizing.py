@@ -255,13 +255,13 @@ def test_a_plan_from_before_token_costs_and_prompt_heads_resumes_as_it_ran():
     from ouro_cli.rl import plan as plans
 
     s = plan()
-    # a fresh run splits, puts the samples left whole after the bodies, and counts at full depth
-    assert s.prompt_heads and s.whole_samples_last and s.token_cost is not None
+    # a fresh run splits, puts the samples left whole and the heads before the bodies, and counts at full depth
+    assert s.prompt_heads and s.deep_parts_first and s.token_cost is not None
     entry = plans.sizing_entry(s)
-    old = {k: v for k, v in entry.items() if k not in ("token_cost", "prompt_heads", "whole_samples_last")}
+    old = {k: v for k, v in entry.items() if k not in ("token_cost", "prompt_heads", "deep_parts_first")}
     # resumed from the old plan: its recorded budget, whole samples and plain positions
     resumed = plan(max_tokens_per_micro_batch=old["max_tokens_per_micro_batch"], token_cost=None, prompt_heads=False,
-                   whole_samples_last=False)
+                   deep_parts_first=False)
     from ouro_cli.config import build
     from ouro_cli.rl.options import TrainOptions
 
@@ -270,8 +270,8 @@ def test_a_plan_from_before_token_costs_and_prompt_heads_resumes_as_it_ran():
     plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": plans.sizing_entry(resumed)},
                               allow_scheduler=False, device_type="cpu")
     with pytest.raises(UserError, match="^resume would change sizing.prompt_heads"):
-        plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": entry}, allow_scheduler=False,
-                                  device_type="cpu")
+        plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": {**entry, "deep_parts_first": False}},
+                                  allow_scheduler=False, device_type="cpu")
 
 
 def test_exact_mode_counts_its_own_activations():
@@ -290,20 +290,21 @@ def test_exact_mode_counts_its_own_activations():
 
 
 def test_a_plan_with_heads_from_before_keeps_its_whole_samples_in_place():
-    """A plan that split prompts before `whole_samples_last` existed resumes cutting its
-    micro-batches as it did (the whole samples among the bodies); changing that is refused."""
+    """A plan that split prompts before `deep_parts_first` existed resumes cutting its
+    micro-batches as it did (the whole samples among the bodies, the heads last); changing that is
+    refused."""
     from ouro_cli.config import build
     from ouro_cli.rl import plan as plans
     from ouro_cli.rl.options import TrainOptions
 
     entry = plans.sizing_entry(plan())
-    old = {k: v for k, v in entry.items() if k != "whole_samples_last"}
+    old = {k: v for k, v in entry.items() if k != "deep_parts_first"}
     base = plans.build_contract(build(TrainOptions, {"device": "cpu"}), data_sha256="d" * 64, model_config={"x": 1},
                                 tokenizer_sha256=None, template={"name": "chatml"}, num_loops=4)
     resumed = plan(max_tokens_per_micro_batch=old["max_tokens_per_micro_batch"], token_cost=old["token_cost"],
-                   prompt_heads=True, whole_samples_last=False)
+                   prompt_heads=True, deep_parts_first=False)
     plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": plans.sizing_entry(resumed)},
                               allow_scheduler=False, device_type="cpu")
-    with pytest.raises(UserError, match="^resume would change sizing.whole_samples_last"):
+    with pytest.raises(UserError, match="^resume would change sizing.deep_parts_first"):
         plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": entry}, allow_scheduler=False,
                                   device_type="cpu")

@@ -1,8 +1,8 @@
 """A fixed-budget sample replayed as a body (its prompt at the deepest response loop, scoring
 r[1:]) and a prompt head (the prompt at T, scoring r[0]) — batching.split_prompts — gives the
 loss, its statistics and its gradient of the sample replayed whole, to fp32 rounding on
-CPU, and leaves the samples it cannot help whole; those, and the heads, come after the
-bodies, so only the last micro-batches run the prompts' deep loops."""
+CPU, and leaves the samples it cannot help whole; those, and the heads, come before the
+bodies, so only the first micro-batches run the prompts' deep loops."""
 
 from __future__ import annotations
 
@@ -41,16 +41,20 @@ def budget_samples(model, n: int, k: int, seed: int) -> list[Sample]:
     return out
 
 
-def test_parts_score_every_token_once_and_heads_come_last():
+def test_parts_score_every_token_once_and_the_deep_parts_come_first():
     samples = [Sample([1, 2, 3], [4, 5, 6], [T, 2, 1], [-1.0] * 3, 0.5),  # deepest response loop 2: split
                Sample([1, 2], [4, 5], [T, T], [-1.0] * 2, 1.0),  # reaches T: whole
                Sample([7], [8], [T], [-1.0], 1.0)]  # one token: whole
     w = loss_weights(samples, "sequence_mean", global_tokens=6, global_samples=3)
     parts, weights = split_prompts(samples, w, T, max_overhead=1.0)
-    assert [(p.prompt_depth, p.scored_from, p.scored) for p in parts] == [(2, 1, 2), (None, 0, 2), (None, 0, 1),
-                                                                           (None, 0, 1)]
-    assert parts[0].depths(T) == [2, 2, 2, 2, 1, 2] and parts[3].depths(T) == [T, T, T, T]
-    assert weights == [w[0][1:], w[1], w[2], w[0][:1]]
+    # the samples left whole, then the head, then the body
+    assert [(p.prompt_depth, p.scored_from, p.scored) for p in parts] == [(None, 0, 2), (None, 0, 1), (None, 0, 1),
+                                                                           (2, 1, 2)]
+    assert parts[3].depths(T) == [2, 2, 2, 2, 1, 2] and parts[2].depths(T) == [T, T, T, T]
+    assert weights == [w[1], w[2], w[0][:1], w[0][1:]]
+    # as plans from before `deep_first` cut them: bodies and whole samples in order, heads last
+    before, _ = split_prompts(samples, w, T, max_overhead=1.0, deep_first=False)
+    assert before == [parts[3], parts[0], parts[1], parts[2]]
     (rows,) = plan_micro_batches(parts, pack_length=8)
     mb = build_micro_batch(parts, weights, T, rows=rows)
     assert mb.num_samples == 3  # a body's head counts its sample, the body does not
@@ -93,24 +97,24 @@ def test_only_samples_whose_prompt_repeat_is_cheap_are_split():
     w = [[0.5] * 512, [0.5] * 512]
     parts, _ = split_prompts([short, long], w, T)
     # short: (18 + 1) x 2 = 38 repeated of 18 x 4 + 511 x 2 + 4 = 1,098 required (3.5 %); long: 40 %
-    assert [(p.length, p.scored_from) for p in parts] == [(530, 1), (1512, 0), (19, 0)]
+    assert [(p.length, p.scored_from) for p in parts] == [(1512, 0), (19, 0), (530, 1)]  # the deep parts first
 
 
-def test_only_the_last_micro_batches_run_the_deep_loops():
+def test_only_the_first_micro_batches_run_the_deep_loops():
     """Short responses stay whole, their prompts at T. Among the bodies each made its micro-batch
     run loops 3 and 4 over its few prompt positions (24 layer calls of host time each, for almost
-    no device work); after the bodies, they share the heads' micro-batches."""
+    no device work); before the bodies, they share the heads' micro-batches."""
     from ouro_cli.model.ouro import positions_per_loop
 
     lengths = [512, 60, 512, 512, 40, 512, 512, 512]
     samples = [Sample([1] * 18, [5] * n, [T] + [2] * (n - 1), [-1.0] * n, 1.0) for n in lengths]
     weights = [[1.0] * n for n in lengths]
     parts, part_weights = split_prompts(samples, weights, T)
-    assert [(p.length, p.scored_from) for p in parts] == [(530, 1)] * 6 + [(78, 0), (58, 0)] + [(19, 0)] * 6
+    assert [(p.length, p.scored_from) for p in parts] == [(78, 0), (58, 0)] + [(19, 0)] * 6 + [(530, 1)] * 6
     plan = plan_micro_batches(parts, max_tokens=1100, num_loops=T)  # two bodies to a micro-batch
     deep = [len(positions_per_loop(mb.depths, mb.attention_mask)) > 2  # it runs loop 3
             for mb in (build_micro_batch(parts, part_weights, T, rows=rows) for rows in plan)]
-    assert deep == [False] * 3 + [True] * (len(plan) - 3), deep
+    assert deep == [True] + [False] * (len(plan) - 1), deep  # the whole samples and the heads fit one
     assert split_prompts(samples[1:2], weights[1:2], T)[0] == samples[1:2]  # nothing to split: as they were
 
 
@@ -137,7 +141,7 @@ def test_in_exact_mode_heads_and_bodies_score_the_engines_logprobs_to_the_bit(dt
         llm.close()
     samples = [Sample(o.prompt_token_ids, o.output_token_ids, o.exit_depths, o.log_probs, 1.0) for o in outs]
     parts, _ = split_prompts(samples, [[1.0] * len(s.response_ids) for s in samples], T, max_overhead=1.0)
-    assert [p.scored_from for p in parts] == [1] * 4 + [0] * 4  # four bodies, then their heads
+    assert [p.scored_from for p in parts] == [0] * 4 + [1] * 4  # four heads, then their bodies
     trainer = Trainer(copy.deepcopy(model), TrainerConfig(device="cpu", params_dtype=dtype, prompt_heads=True,
                                                          prompt_head_overhead=1.0), exact=True)
     try:
