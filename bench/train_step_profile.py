@@ -111,9 +111,10 @@ def summary(prof, wall: float, cuda: bool, top: int, stacks=None) -> str:
     with contextlib.redirect_stdout(text):
         print(f"train step: {wall:.2f} s wall")
         if cuda:
-            busy = print_kernel_table(cuda_kernels(prof), top, indent="  ")
+            kernels = cuda_kernels(prof)
+            busy = print_kernel_table(kernels, top, indent="  ")
             print(f"  GPU busy {busy / 1e6:.2f} s = {busy / 1e6 / wall:.1%} of the wall time")
-            print_idle_gaps(cuda_kernels(prof), prof.events(), top)
+            print_idle_gaps(kernels, prof.events(), top)
             print_syncs(prof, top)
             print_sync_stacks(stacks or {}, top)
         print("  operators by own CPU time:")
@@ -123,8 +124,6 @@ def summary(prof, wall: float, cuda: bool, top: int, stacks=None) -> str:
 
 
 GAP_US = 5.0  # device idle for longer than this between kernels counts as a gap
-
-
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaMemsetAsync",
             "cudaMemcpyAsync")
 

@@ -198,12 +198,17 @@ def linear(x: torch.Tensor, w: torch.Tensor | Sequence[torch.Tensor]) -> torch.T
     if rows.requires_grad or any(wi.requires_grad for wi in weights):
         out = _Linear.apply(rows, *weights)
     else:
-        out = _forward(rows, _stack(weights))
+        out = _forward(rows, stacked(weights))
     return out.view(*x.shape[:-1], n)
 
 
-def _stack(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    return weights[0] if len(weights) == 1 else torch.cat(weights)
+def stacked(w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """One matrix of `w`'s rows: the tensor itself, or the weights concatenated (a copy, which
+    autograd differentiates into a view of the product's weight gradient per weight). Shared
+    with model/matmul.py's `linear`."""
+    if isinstance(w, torch.Tensor):
+        return w
+    return w[0] if len(w) == 1 else torch.cat(list(w))
 
 
 def _forward(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -236,12 +241,12 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, *weights):
         ctx.save_for_backward(rows, *weights)
-        return _forward(rows, _stack(weights))
+        return _forward(rows, stacked(weights))
 
     @staticmethod
     def backward(ctx, grad):
         rows, *weights = ctx.saved_tensors
-        grad_rows = grad @ _stack(tuple(weights)) if ctx.needs_input_grad[0] else None
+        grad_rows = grad @ stacked(weights) if ctx.needs_input_grad[0] else None
         grad_ws = [None] * len(weights)
         if any(ctx.needs_input_grad[1:]):
             grad_ws = list((grad.t() @ rows).split([w.shape[0] for w in weights]))

@@ -38,7 +38,7 @@ def linear(x: torch.Tensor, w: torch.Tensor | Sequence[torch.Tensor]) -> torch.T
     [..., N_0 + N_1 + ...], one product (their gradients flow to each)."""
     if pointwise.active().exact:
         return exact.linear(x, w)
-    w = stacked(w)
+    w = exact.stacked(w)
     small = getattr(_local, "small", None)
     if small is not None:
         kernel, max_rows = small
@@ -46,14 +46,6 @@ def linear(x: torch.Tensor, w: torch.Tensor | Sequence[torch.Tensor]) -> torch.T
         if rows <= max_rows:
             return kernel(x.reshape(rows, x.shape[-1]).contiguous(), w).view(*x.shape[:-1], w.shape[0])
     return F.linear(x, w)
-
-
-def stacked(w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
-    """One matrix of `w`'s rows: the tensor itself, or the weights concatenated (a copy, which
-    autograd differentiates into a view of the product's weight gradient per weight)."""
-    if isinstance(w, torch.Tensor):
-        return w
-    return w[0] if len(w) == 1 else torch.cat(list(w))
 
 
 @contextmanager
