@@ -533,15 +533,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--agree-prompt", type=int, default=64)
     g.add_argument("--agree-new-tokens", type=int, default=64)
     g.add_argument("--prefill-group", type=int,
-                   help="prompts prefilled together (the engine's runner.MAX_PREFILL_GROUP; 1: one prompt at a "
-                        "time, as before grouped prefill): tells whether the grouping moves the agreement")
+                   help="prompts prefilled together, in every dtype (the engine's runner.MAX_PREFILL_GROUP, "
+                        "32, and MAX_PREFILL_GROUP_FP32, 1; 1: one prompt at a time): tells how the grouping moves "
+                        "the agreement")
     args = ap.parse_args(argv)
     if args.prefill_group is not None:
         if args.prefill_group < 1:
             ap.error("--prefill-group takes a positive number of prompts")
         from ouro_cli.engine import runner
 
-        runner.MAX_PREFILL_GROUP = args.prefill_group
+        runner.MAX_PREFILL_GROUP = runner.MAX_PREFILL_GROUP_FP32 = args.prefill_group
 
     cuda = args.device.startswith("cuda")
     args.shape = args.shape or ("1.4b" if cuda else "tiny")

@@ -9,8 +9,8 @@
 # Steps:
 #   e2e           bench/e2e.py case a (256 x 512), two updates at each K = 2, 3, 4
 #   exact         the same case at K = 2 with --exact: its cost against the default's
-#   agree         the GPU table's fp32 agreement row, grouped prefill (the engine's default)
-#   agree_single  the same with one prompt per prefill: what the grouping does to agreement
+#   agree         the GPU table's fp32 agreement row (fp32 prefills each prompt alone)
+#   agree_grouped the same with prompts prefilled 32 together, as bf16 does: what grouping does to it
 #   fixed_tile    exact mode's projections against cuBLAS, every tile config timed and its bits checked
 #   profile       the K = 2 case with its third update's train step profiled (not in the default set)
 #   exact_profile the same in exact mode (not in the default set)
@@ -33,21 +33,21 @@ step() {  # NAME LIMIT_S COMMAND...: run it, keep its log, print its exit status
 }
 
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(e2e exact agree agree_single fixed_tile)
+[ ${#steps[@]} -gt 0 ] || steps=(e2e exact agree agree_grouped fixed_tile)
 for s in "${steps[@]}"; do
   case $s in
     e2e) step e2e 330 python3 bench/e2e.py --cases a --updates 6 --timeout 300 --out "$out/e2e.json" ;;
     exact) step exact 210 python3 bench/e2e.py --cases a --depths 2 --updates 2 --train-args=--exact --timeout 170 \
              --out "$out/exact.json" ;;
     agree) step agree 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 ;;
-    agree_single) step agree_single 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 \
-                    --prefill-group 1 ;;
+    agree_grouped) step agree_grouped 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 \
+                     --prefill-group 32 ;;
     fixed_tile) step fixed_tile 180 python3 bench/fixed_tile.py --sweep --rows 64 128 256 512 4096 16384 --repeats 5 ;;
     profile|exact_profile)
       extra=(); [ "$s" = exact_profile ] && extra=(--train-args=--exact)
       step "$s" 330 python3 bench/e2e.py --cases a --depths 2 --updates 3 --train-profile 2 "${extra[@]}" \
         --timeout 300 --out "$out/$s.json" ;;
-    *) echo "unknown step $s (e2e exact agree agree_single fixed_tile profile exact_profile)"; exit 2 ;;
+    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile)"; exit 2 ;;
   esac
 done
 exit $status

@@ -126,12 +126,22 @@ def prefill_bucket(n: int) -> int:
 
 PREFILL_GROUP_TOKENS = 2048  # a prefill group's rows × width, at most (`prefill_group`)
 MAX_PREFILL_GROUP = 32
+MAX_PREFILL_GROUP_FP32 = 1  # fp32 prefills each prompt alone (`prefill_group` says why)
 
 
-def prefill_group(width: int) -> int:
-    """Rows of a group of fresh prompts prefilled together at bucket `width`: 32 up to width 64,
-    then fewer, 2,048 positions at most, so a group of one prompt and padding stays cheap."""
-    return max(1, min(MAX_PREFILL_GROUP, PREFILL_GROUP_TOKENS // width))
+def prefill_group(width: int, dtype: torch.dtype) -> int:
+    """Rows of a group of fresh prompts prefilled together at bucket `width` in `dtype`: 32 up
+    to width 64, then fewer, 2,048 positions at most, so a group of one prompt and padding
+    stays cheap.
+
+    In fp32 one row: a prompt prefills alone. A group's products run at 32 × 64 rows where a
+    lone prompt's run at 64, and cuBLAS picks other kernels for them; on the H200 at the 1.4B
+    shape the engine-trainer agreement in fp32 was a mean |Δ logprob| of 1.13e-5 grouped and
+    6.55e-6 alone (target 1e-5, docs/performance.md §21). fp32 runs are the ones that check that
+    agreement; the group's saving (a 32-prompt rollout's prefill from 0.5-0.6 s to 0.1 s) is
+    for bf16 runs."""
+    most = MAX_PREFILL_GROUP_FP32 if dtype == torch.float32 else MAX_PREFILL_GROUP
+    return max(1, min(most, PREFILL_GROUP_TOKENS // width))
 
 
 def batch_bucket(b: int) -> int:
@@ -197,8 +207,8 @@ class ModelRunner:
 
         On CUDA fresh prompts of up to PREFILL_GRAPH_MAX tokens run at their bucket width
         (`prefill_bucket`; the padding after a prompt writes the scratch slot, and causal
-        attention keeps it out of the prompt's positions), `prefill_group(width)` rows at a
-        time: a group holds prompts of one width, each in a row of its own, and a group short
+        attention keeps it out of the prompt's positions), `prefill_group(width, dtype)` rows at a
+        time (one in fp32): a group holds prompts of one width, each in a row of its own, and a group short
         of prompts is filled with rows of padding. With CUDA graphs on the group is one
         captured graph (CapturedPrefill): an eager 1.4B prefill is bound by the host's launches
         of its thousands of kernels; replayed one prompt at a time, 32 prompts still took
@@ -222,7 +232,7 @@ class ModelRunner:
             executed = positions_per_loop(torch.tensor([item.depths]))
             self.counters.prefill_layer_tokens_executed += sum(executed) * self.num_layers
         for width, members in grouped.items():
-            size = prefill_group(width)
+            size = prefill_group(width, self.kv.dtype)
             for at in range(0, len(members), size):
                 group = members[at:at + size]
                 for i, logits in zip(group, self._prefill_group([items[i] for i in group], width, size), strict=True):

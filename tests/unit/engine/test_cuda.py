@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ouro_cli.engine import LLM, SamplingParams
+from ouro_cli.engine import runner as runner_module
 from ouro_cli.engine.runner import PrefillItem
 
 from .conftest import prompts, tiny_model
@@ -84,9 +85,11 @@ def test_cuda_prefill_graph_gives_the_eager_bits():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_prefill_groups_give_a_prompt_its_bits_alone(dtype):
+def test_cuda_prefill_groups_give_a_prompt_its_bits_alone(monkeypatch, dtype):
     """Fresh prompts prefilled together (one captured group) and one at a time (the PD prefill
-    worker's way), graphs on and off: the same logits and K/V in every layer and plane."""
+    worker's way), graphs on and off: the same logits and K/V in every layer and plane (fp32
+    grouped here too, as with a larger MAX_PREFILL_GROUP_FP32)."""
+    monkeypatch.setattr(runner_module, "MAX_PREFILL_GROUP_FP32", runner_module.MAX_PREFILL_GROUP)
     model = tiny_model(0).to("cuda", dtype)
     t = model.num_loops
     items = [PrefillItem(p, [t] * len(p), list(range(16 * i, 16 * i + len(p))))
