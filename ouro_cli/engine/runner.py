@@ -135,7 +135,7 @@ def prefill_group(width: int, dtype: torch.dtype) -> int:
     stays cheap.
 
     In fp32 one row: a prompt prefills alone. A group's products run at 32 × 64 rows where a
-    lone prompt's run at 64, and cuBLAS picks other kernels for them; on the H200 at the 1.4B
+    lone prompt's run at 64 (other cuBLAS kernels, other rounding); on the H200 at the 1.4B
     shape the engine-trainer agreement in fp32 was a mean |Δ logprob| of 1.13e-5 grouped and
     6.55e-6 alone (target 1e-5, docs/performance.md §21). fp32 runs are the ones that check that
     agreement; the group's saving (a 32-prompt rollout's prefill from 0.5-0.6 s to 0.1 s) is
@@ -207,9 +207,9 @@ class ModelRunner:
 
         On CUDA fresh prompts of up to PREFILL_GRAPH_MAX tokens run at their bucket width
         (`prefill_bucket`; the padding after a prompt writes the scratch slot, and causal
-        attention keeps it out of the prompt's positions), `prefill_group(width, dtype)` rows at a
-        time (one in fp32): a group holds prompts of one width, each in a row of its own, and a group short
-        of prompts is filled with rows of padding. With CUDA graphs on the group is one
+        attention keeps it out of the prompt's positions), `prefill_group(width, dtype)` rows
+        at a time (one in fp32): a group holds prompts of one width, each in a row of its own,
+        and a group short of prompts is filled with rows of padding. With CUDA graphs on the group is one
         captured graph (CapturedPrefill): an eager 1.4B prefill is bound by the host's launches
         of its thousands of kernels; replayed one prompt at a time, 32 prompts still took
         0.5-0.6 s on the H200, about 17 ms each against ~3 ms of weight reads
