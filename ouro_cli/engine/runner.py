@@ -211,8 +211,8 @@ class ModelRunner:
         at a time (one in fp32): a group holds prompts of one width, each in a row of its own,
         and a group short of prompts is filled with rows of padding. With CUDA graphs on the
         group is one captured graph (CapturedPrefill): an eager 1.4B prefill is bound by the
-        host's launches of its thousands of kernels; replayed one prompt at a time, 32 prompts still took
-        0.5-0.6 s on the H200, about 17 ms each against ~3 ms of weight reads
+        host's launches of its thousands of kernels; replayed one prompt at a time, 32 prompts
+        still took 0.5-0.6 s on the H200, about 17 ms each against ~3 ms of weight reads
         (docs/performance.md §16), a cost per replay that a group shares. The rows of a group
         do not mix (each a sequence of its own, every product at one shape whatever the rows
         hold), so a prompt's bits are those of its width, whatever else is prefilled: eager or
