@@ -42,6 +42,12 @@ def triton_available() -> bool:
     return True
 
 
+def checks_enabled() -> bool:
+    """Whether the kernels check the indices they dereference before each launch
+    (`OURO_CHECK_KERNELS=1`, kernels/bounds.py): a debugging aid that reads the device."""
+    return os.environ.get("OURO_CHECK_KERNELS") == "1"
+
+
 def interpreted() -> bool:
     """Whether Triton kernels run under its CPU interpreter (Triton's own TRITON_INTERPRET)."""
     return os.environ.get("TRITON_INTERPRET") == "1"

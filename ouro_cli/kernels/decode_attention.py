@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import bounds, checks_enabled
 from .gemv import dot_as_sum
 
 # Positions per tile and warps per program; both set the kernel's summation order, so the
@@ -159,6 +160,10 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=Non
         assert k_prev.stride() == k_plane.stride() and v_prev.stride() == k_plane.stride()
         k_new, v_new = _unit_last_stride(k_new), _unit_last_stride(v_new)
     g = hq // hkv
+    if checks_enabled() and not bounds.capturing(q.device):
+        bounds.check_attention("decode attention", q, k_plane.shape[1], ctx_slots, lengths, blocks,
+                               queries_per_program(g), None if write is None else new_slots,
+                               None if write is None else k_new.shape[0])
     first, count = (lengths, lengths) if blocks is None else blocks
     o = torch.empty_like(q)
     _decode_attention_kernel[(b if blocks is None else first.shape[0], hkv)](

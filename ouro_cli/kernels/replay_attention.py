@@ -42,9 +42,19 @@ from .decode_attention import blocked_decode_attention, queries_per_program
 
 # The tables of the last layout, and of the last query subset: every layer and loop of one
 # forward shares its mask (and a loop its rows), so the check, the [B·S, S] slot table and the
-# program blocks are built once per forward (per loop), not once per layer call.
+# program blocks are built once per forward (per loop), not once per layer call. They belong to
+# that forward alone (`forget`, which the model calls at each forward's start and end): a table
+# built while a CUDA graph was captured holds what the graph's replays last wrote there, and
+# its memory goes back to the graph pool once no one holds it, so no other forward, eager or
+# captured, may read it.
 _last_layout: list = [None, None, None]  # mask, (B, S, device, per), (slots, lengths, keys, blocks)
 _last_rows: list = [None, None, None]  # rows, the layout's tables, (slots, lengths, blocks)
+
+
+def forget() -> None:
+    """Drop the tables of the forward that ran last (see `_last_layout`)."""
+    _last_layout[:] = [None, None, None]
+    _last_rows[:] = [None, None, None]
 
 
 def _slot_table(mask: torch.Tensor | None, b: int, s: int, device: torch.device, per: int) -> tuple:

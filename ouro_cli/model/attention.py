@@ -10,6 +10,9 @@ all keys: a loop of the forward that only some positions run (OuroForCausalLM.fo
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +121,24 @@ class QueryRows:
 
 PAGED_NEEDS_CUDA = ("--replay-attention paged runs a Triton kernel: it needs CUDA (or the Triton interpreter, "
                     "TRITON_INTERPRET=1)")
+
+
+@contextlib.contextmanager
+def one_forward() -> Iterator[None]:
+    """The scope of one forward pass for the paged replay attention's tables
+    (kernels/replay_attention.py `forget`): built for it, and dropped when it ends, so that no
+    later forward, eager or captured in a CUDA graph, reads a table another one built."""
+    _forget_tables()
+    try:
+        yield
+    finally:
+        _forget_tables()
+
+
+def _forget_tables() -> None:
+    tables = sys.modules.get("ouro_cli.kernels.replay_attention")  # never loaded: nothing to drop
+    if tables is not None:
+        tables.forget()
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

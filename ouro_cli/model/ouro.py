@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import exact, pointwise, unique_rows
+from . import attention, exact, pointwise, unique_rows
 from .attention import QueryRows, SequenceLayout, attention_at_rows, dense_attention
 from .config import OuroConfig
 from .layers import Attend, DecoderLayer, RMSNorm, Rotary
@@ -148,7 +148,7 @@ class OuroForCausalLM(nn.Module):
         does: the read would wait for the previous micro-batch's backward to finish, and the
         device would idle while the host launched the next forward).
         """
-        with pointwise.executing(self.execution):
+        with pointwise.executing(self.execution), attention.one_forward():
             return self._forward(input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
                                  kv_sink, state_sink, depth_counts)
 

@@ -136,3 +136,37 @@ def test_engine_logprobs_are_the_replay_to_the_bit_on_cuda(dtype):
     alone = _generate(model, 1)
     for a, b in zip(outs, alone, strict=True):
         assert (a.output_token_ids, a.exit_depths, a.log_probs) == (b.output_token_ids, b.exit_depths, b.log_probs)
+
+
+def test_prefill_graphs_of_several_widths_stay_valid_across_forwards():
+    """Exact mode with CUDA graphs: fresh prompts in four prefill buckets (a captured graph each),
+    a trainer-sized replay and junk in the freed memory between two rollouts; both rollouts
+    equal the graph-free engine's bit for bit. (A captured prefill once read the slot table its
+    warm-up had left in a module cache; once freed and reused, its replay read junk slots: an
+    illegal address at real prompt lengths.)"""
+    from ouro_cli.engine import LLM, SamplingParams
+    from tests.unit.engine.conftest import tiny_model
+
+    model = tiny_model(0).to("cuda", torch.bfloat16)
+    g = torch.Generator().manual_seed(7)
+    lengths = [5, 20, 40, 100, 200, 30, 90]
+    batch = [torch.randint(1, 96, (n,), generator=g).tolist() for n in lengths]
+    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+              for s in range(len(batch))]
+
+    def rollouts(graphs: bool) -> list[tuple]:
+        llm = LLM(model, max_num_seqs=8, kv_blocks=256, block_size=16, execution=EXACT, cuda_graphs=graphs)
+        try:
+            first = llm.generate(batch, params)
+            with torch.no_grad(), pointwise.executing(EXACT):  # a replay between rollouts, as the trainer's
+                model(torch.randint(1, 96, (4, 300), device="cuda"))
+            junk = torch.full((2**26,), 2**40, dtype=torch.long, device="cuda")  # reuses what was freed
+            del junk
+            second = llm.generate(batch, params)
+        finally:
+            llm.close()
+        return [[(o.output_token_ids, o.exit_depths, o.log_probs) for o in outs] for outs in (first, second)]
+
+    eager = rollouts(False)
+    assert eager[0] == eager[1]
+    assert rollouts(True) == eager

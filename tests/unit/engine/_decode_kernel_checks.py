@@ -336,10 +336,62 @@ def check_width_from_reach(device="cpu") -> None:
             b.output_token_ids[:6], b.exit_depths[:6], b.log_probs[:6])
 
 
+def check_replay_tables_per_forward(device="cpu") -> None:
+    """The paged replay attention's tables live for one forward (model/attention.py
+    `one_forward`): a forward never reads a table another forward left behind (a CUDA graph's
+    capture would keep reading that memory after it is reused), and none is left after it."""
+    from ouro_cli.kernels import replay_attention
+    from ouro_cli.settings import ExecutionSettings
+    from tests.unit.engine.conftest import tiny_model
+
+    model = tiny_model(0).to(device)
+    model.execution = ExecutionSettings(replay_attention="paged")
+    ids = torch.randint(1, 96, (2, 12), generator=torch.Generator().manual_seed(3)).to(device)
+    with torch.no_grad():
+        want = model(ids)
+        assert replay_attention._last_layout == [None, None, None] and replay_attention._last_rows[0] is None
+        # a stale table of this very shape, as a graph's warm-up would leave it: every slot wrong
+        replay_attention._slot_table(None, 2, 12, ids.device, 8)
+        slots = replay_attention._last_layout[2][0]
+        slots.fill_(0)
+        assert torch.equal(model(ids), want)
+
+
+def check_bounds_checks_name_the_bad_index(device="cpu") -> None:
+    """OURO_CHECK_KERNELS=1 (kernels/bounds.py): a slot past the plane, a length past the slot
+    table, and a program block past the queries each stop the launch with KernelIndexError."""
+    import os
+
+    from ouro_cli.kernels import bounds
+    from ouro_cli.kernels.decode_attention import blocked_decode_attention, paged_decode_attention
+
+    k_plane, v_plane, ctx, _, lengths = paged_context(3, 2, 16, [5, 9, 3], 16, torch.float32, device)
+    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(1)).to(device)
+    os.environ["OURO_CHECK_KERNELS"] = "1"
+    try:
+        paged_decode_attention(q, k_plane, v_plane, ctx, lengths)  # good indices pass
+        cases = {"slot": (ctx.clone().index_fill_(1, torch.tensor([2]), k_plane.shape[1]), lengths, None),
+                 "positions": (ctx, lengths + 16, None),
+                 "program": (ctx, lengths, (torch.tensor([0, 2]), torch.tensor([2, 2])))}
+        for name, (table, length, blocks) in cases.items():
+            try:
+                if blocks is None:
+                    paged_decode_attention(q, k_plane, v_plane, table, length)
+                else:
+                    blocked_decode_attention(q, k_plane, v_plane, table, length, *blocks)
+            except bounds.KernelIndexError as err:
+                assert "decode attention" in str(err), err
+            else:
+                raise AssertionError(f"a bad {name} index was launched")
+    finally:
+        del os.environ["OURO_CHECK_KERNELS"]
+
+
 CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,
           "write_and_attend": check_write_and_attend, "engine": check_engine,
           "replay_attention": check_replay_attention, "replay_mode_engine": check_replay_mode_engine,
-          "width_from_reach": check_width_from_reach}
+          "width_from_reach": check_width_from_reach, "replay_tables_per_forward": check_replay_tables_per_forward,
+          "bounds_checks": check_bounds_checks_name_the_bad_index}
 
 if __name__ == "__main__":
     sys.exit(run_checks(CHECKS, sys.argv[1:]))
