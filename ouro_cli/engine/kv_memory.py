@@ -25,28 +25,67 @@ hold finite values. PyTorch's memory statistics do not see the reserved buffers'
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import torch
 
-# device index -> [bytes mapped now, the most mapped since `reset_peak`]: memory PyTorch's
-# allocator does not see, for the peaks a run records (rl/phases.py)
-_MAPPED: dict[int, list[int]] = {}
+
+@dataclass
+class _Mapped:
+    """The reserved buffers' memory on one device, which PyTorch's allocator does not see, and
+    the peaks a run records with it (rl/phases.py). PyTorch's own peaks are folded in and reset
+    at every map and unmap, so the two are counted at the same moment: a peak of the
+    allocator's before the cache was mapped (the optimizer state, say) never adds to the
+    cache's."""
+
+    now: int = 0  # bytes mapped now
+    most: int = 0  # the most mapped since `reset_peak`
+    needed: int = 0  # the most allocated + mapped at once, up to the last map or unmap
+    held: int = 0  # the most reserved + mapped at once, likewise
+
+    def fold(self, index: int) -> None:
+        self.needed = max(self.needed, torch.cuda.max_memory_allocated(index) + self.now)
+        self.held = max(self.held, torch.cuda.max_memory_reserved(index) + self.now)
+        torch.cuda.reset_peak_memory_stats(index)
+
+
+_MAPPED: dict[int, _Mapped] = {}
 
 
 def peak_mapped_bytes(index: int) -> int:
     """The most bytes the reserved buffers on CUDA device `index` held at once since `reset_peak`."""
-    return _MAPPED.get(index, [0, 0])[1]
+    return _MAPPED.get(index, _Mapped()).most
+
+
+def mapped_bytes(index: int) -> int:
+    """The bytes the reserved buffers on CUDA device `index` hold now."""
+    return _MAPPED.get(index, _Mapped()).now
+
+
+def peak_bytes(index: int) -> tuple[int, int]:
+    """(needed, held) since `reset_peak` on CUDA device `index`, each at one moment: the most
+    memory the process's tensors took (PyTorch's allocated bytes plus the mapped KV cache),
+    and the most it held from the device (PyTorch's reserved segments, its cached blocks and
+    CUDA-graph pools included, plus the mapped KV cache). The CUDA context is in neither."""
+    mapped = _MAPPED.setdefault(index, _Mapped())
+    mapped.fold(index)
+    return mapped.needed, mapped.held
 
 
 def reset_peak(index: int) -> None:
-    now = _MAPPED.setdefault(index, [0, 0])
-    now[1] = now[0]
+    """Start the peaks over (PyTorch's too) from what is held now."""
+    torch.cuda.reset_peak_memory_stats(index)
+    mapped = _MAPPED.setdefault(index, _Mapped())
+    mapped.most = mapped.now
+    mapped.needed = torch.cuda.memory_allocated(index) + mapped.now
+    mapped.held = torch.cuda.memory_reserved(index) + mapped.now
 
 
 def _count(index: int, nbytes: int) -> None:
-    now = _MAPPED.setdefault(index, [0, 0])
-    now[0] += nbytes
-    now[1] = max(now[1], now[0])
+    mapped = _MAPPED.setdefault(index, _Mapped())
+    mapped.fold(index)
+    mapped.now += nbytes
+    mapped.most = max(mapped.most, mapped.now)
 
 
 class TorchBuffer:

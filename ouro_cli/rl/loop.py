@@ -74,7 +74,8 @@ from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
 
 Progress = Callable[[dict[str, Any]], None]
-NO_SAVE = {"save_s": 0.0, "save_compile_s": 0.0, "peak_memory_save_gib": None, "save_alloc_retries": None}
+NO_SAVE = {"save_s": 0.0, "save_compile_s": 0.0, "peak_memory_save_gib": None, "peak_held_save_gib": None,
+           "save_alloc_retries": None}
 
 
 @dataclass
@@ -219,7 +220,7 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
     return size_run(
         config, _agreed(DeviceMemory.of(device)), utilization=options.gpu_memory_utilization, dtype=t.torch_dtype,
         block_size=e.block_size, seq_tokens=seq_tokens,
-        sequences_needed=max(local_samples, min(options.eval_prompts, eval_rows)),
+        sequences_needed=max(local_samples, min(options.eval_prompts, eval_rows) * options.eval_samples),
         tokens_per_update=local_samples * seq_tokens, planes=planes,
         engine_releases_memory=e.releases_memory, offload_optimizer=t.offload_optimizer,
         optimizer_shards=world if t.use_distributed_optimizer else 1,
@@ -412,6 +413,10 @@ def room_for_call(s: Session, k: int, sequences: int) -> None:
                          kv_blocks=s.sizing.kv_blocks, draft_tokens=draft)
     if not s.sizing.state_fits(need):
         offload.to_host()
+        if s.trainer.device.type == "cuda":
+            # the KV cache maps device memory outside PyTorch's allocator (engine/kv_memory.py):
+            # the state's freed blocks must go back to the device, not stay in the allocator's cache
+            torch.cuda.empty_cache()
 
 
 def refill_stage(s: Session, update: int, k: int, samples: list[RolloutSample]) -> tuple[list[int], dict[str, Any]]:

@@ -7,9 +7,15 @@ to lower.
         trainer.train_step(batch)
 
 records `train_s`, `train_compile_s` (the part of it spent compiling),
-`peak_memory_train_gib` (the KV cache's memory outside PyTorch's allocator included) and
-`train_alloc_retries` in `metrics`. The last two are CUDA's
-(None on CPU, where PyTorch keeps neither): the retries count the allocations that found
+`peak_memory_train_gib` (the most memory the process's tensors took at once: PyTorch's
+allocated bytes plus the KV cache's memory outside its allocator), `peak_held_train_gib` (the
+most it held from the device at once: PyTorch's reserved segments, its cached blocks and
+CUDA-graph pools included, plus the KV cache; engine/kv_memory.py `peak_bytes`),
+`memory_outside_gib` (what the device has in use beyond that at the phase's end: the CUDA
+context, and any other process) and `train_alloc_retries` in `metrics`. The memory figures
+are CUDA's (None on CPU, where PyTorch keeps none): the peak plus the memory outside is what
+the memory plan's budget must hold (rl/sizing.py; the cached blocks are given back when
+an allocation needs them). The retries count the allocations that found
 no cached block, so that the allocator freed its whole cache and asked the device again, a
 wait for the device each time. A phase that retries runs near its memory limit and slower
 than it would with a little more room. An OOM raises `ResourceError` (exit 1): nothing of the
@@ -38,7 +44,6 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
     if cuda:
         from ouro_cli.engine import kv_memory
 
-        torch.cuda.reset_peak_memory_stats(device)
         kv_memory.reset_peak(_index(device))
     retries = _alloc_retries(device) if cuda else None
     start, compiled = time.perf_counter(), compile_seconds()
@@ -52,7 +57,11 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
     finally:
         metrics[f"{name}_s"] = time.perf_counter() - start
         metrics[f"{name}_compile_s"] = compile_seconds() - compiled
-        metrics[f"peak_memory_{name}_gib"] = _peak_bytes(device) / GIB if cuda else None
+        needed, held = _peak_bytes(device) if cuda else (None, None)
+        metrics[f"peak_memory_{name}_gib"] = needed / GIB if cuda else None
+        metrics[f"peak_held_{name}_gib"] = held / GIB if cuda else None
+        if cuda:
+            metrics["memory_outside_gib"] = _outside_bytes(device) / GIB
         metrics[f"{name}_alloc_retries"] = _alloc_retries(device) - retries if cuda else None
 
 
@@ -60,13 +69,19 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def _peak_bytes(device: torch.device) -> int:
-    """PyTorch's peak allocation plus the KV cache's memory held outside its allocator
-    (engine/kv_memory.py): the cache is held whole through a rollout and not at all in the
-    other phases, so the two peaks add."""
+def _peak_bytes(device: torch.device) -> tuple[int, int]:
     from ouro_cli.engine import kv_memory
 
-    return torch.cuda.max_memory_allocated(device) + kv_memory.peak_mapped_bytes(_index(device))
+    return kv_memory.peak_bytes(_index(device))
+
+
+def _outside_bytes(device: torch.device) -> int:
+    """Device memory in use that neither PyTorch's allocator nor the KV cache holds."""
+    from ouro_cli.engine import kv_memory
+
+    free, total = torch.cuda.mem_get_info(device)
+    index = _index(device)
+    return max(0, total - free - torch.cuda.memory_reserved(index) - kv_memory.mapped_bytes(index))
 
 
 def _alloc_retries(device: torch.device) -> int:

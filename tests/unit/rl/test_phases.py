@@ -44,3 +44,25 @@ def test_a_phase_on_cuda_records_its_peak_and_its_allocator_retries():
         x = torch.empty(2**28, dtype=torch.uint8, device="cuda")
     assert metrics["peak_memory_train_gib"] >= 0.25 and metrics["train_alloc_retries"] >= 0
     del x
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_peak_before_the_kv_cache_is_mapped_does_not_add_to_the_caches():
+    """The optimizer state leaves the device before a rollout maps its cache: the phase's peak
+    is the larger of the two moments, not their sum (engine/kv_memory.py `peak_bytes`)."""
+    pytest.importorskip("cuda.bindings")
+    from ouro_cli.engine.kv_memory import ReservedBuffer
+
+    gib = 2**30
+    buffer = ReservedBuffer(gib, torch.uint8, torch.device("cuda"))
+    metrics: dict = {}
+    with phase(metrics, "rollout", torch.device("cuda"), "x", "y"):
+        state = torch.empty(gib, dtype=torch.uint8, device="cuda")
+        del state
+        torch.cuda.empty_cache()
+        cache = buffer.take(gib)
+    assert 1.0 <= metrics["peak_memory_rollout_gib"] < 1.5 and 1.0 <= metrics["peak_held_rollout_gib"] < 1.5
+    assert metrics["memory_outside_gib"] > 0  # the CUDA context
+    del cache
+    buffer.close()
