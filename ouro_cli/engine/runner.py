@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from ouro_cli.host_to_device import to_device
-from ouro_cli.model import OuroForCausalLM, exact, matmul, pointwise
+from ouro_cli.model import OuroForCausalLM, attention, exact, matmul, pointwise
 from ouro_cli.model.ouro import positions_per_loop
 
 from .async_exits import LaggedExitProbe
@@ -525,13 +525,14 @@ def capture(body, device: torch.device, pool):
     default capture stream is one per process, made on whichever device was current at its
     first use, so an engine on cuda:1 beside one on cuda:0 (or in a process whose current
     device is cuda:0) would have its kernels launched from the wrong device."""
-    with torch.cuda.device(device):
+    with torch.cuda.device(device), attention.tables_kept() as tables:
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            body()  # warm-up outside capture (lazy inits, autotuning)
+            body()  # warm-up outside capture (lazy inits, autotuning, the replay attention's tables)
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
             outputs = body()
+    graph.kept_tables = tables  # the graph reads them at every replay (model/attention.py tables_kept)
     return graph, outputs

@@ -43,10 +43,10 @@ from .decode_attention import blocked_decode_attention, queries_per_program
 # The tables of the last layout, and of the last query subset: every layer and loop of one
 # forward shares its mask (and a loop its rows), so the check, the [B·S, S] slot table and the
 # program blocks are built once per forward (per loop), not once per layer call. They belong to
-# that forward alone (`forget`, which the model calls at each forward's start and end): a table
-# built while a CUDA graph was captured holds what the graph's replays last wrote there, and
-# its memory goes back to the graph pool once no one holds it, so no other forward, eager or
-# captured, may read it.
+# that forward (`forget`, which the model calls at each forward's start and end), or to one
+# CUDA graph: building them reads the device, so a capture reuses the tables of its warm-up,
+# and the graph holds them (`held`) for as long as it may replay. No other forward may read
+# them: once freed, their memory is reused, and a graph reading it reads junk slot ids.
 _last_layout: list = [None, None, None]  # mask, (B, S, device, per), (slots, lengths, keys, blocks)
 _last_rows: list = [None, None, None]  # rows, the layout's tables, (slots, lengths, blocks)
 
@@ -55,6 +55,11 @@ def forget() -> None:
     """Drop the tables of the forward that ran last (see `_last_layout`)."""
     _last_layout[:] = [None, None, None]
     _last_rows[:] = [None, None, None]
+
+
+def held() -> list:
+    """The tables cached now, for a captured graph to hold."""
+    return [t for t in (_last_layout[2], _last_rows[2]) if t is not None]
 
 
 def _slot_table(mask: torch.Tensor | None, b: int, s: int, device: torch.device, per: int) -> tuple:

@@ -123,15 +123,37 @@ PAGED_NEEDS_CUDA = ("--replay-attention paged runs a Triton kernel: it needs CUD
                     "TRITON_INTERPRET=1)")
 
 
+_KEEPING = [0]  # open `tables_kept` scopes
+
+
 @contextlib.contextmanager
 def one_forward() -> Iterator[None]:
     """The scope of one forward pass for the paged replay attention's tables
-    (kernels/replay_attention.py `forget`): built for it, and dropped when it ends, so that no
-    later forward, eager or captured in a CUDA graph, reads a table another one built."""
-    _forget_tables()
+    (kernels/replay_attention.py): built for it and dropped when it ends, so that no later
+    forward reads a table another one built (inside `tables_kept`, they stay)."""
+    if not _KEEPING[0]:
+        _forget_tables()
     try:
         yield
     finally:
+        if not _KEEPING[0]:
+            _forget_tables()
+
+
+@contextlib.contextmanager
+def tables_kept() -> Iterator[list]:
+    """A CUDA graph's warm-up and capture: their forwards share the tables (the capture cannot
+    build them: that reads the device), and the list yielded holds them when the scope ends,
+    for the graph to keep as long as it replays."""
+    _forget_tables()
+    _KEEPING[0] += 1
+    kept: list = []
+    try:
+        yield kept
+    finally:
+        _KEEPING[0] -= 1
+        tables = sys.modules.get("ouro_cli.kernels.replay_attention")
+        kept.extend(tables.held() if tables is not None else [])
         _forget_tables()
 
 

@@ -339,7 +339,8 @@ def check_width_from_reach(device="cpu") -> None:
 def check_replay_tables_per_forward(device="cpu") -> None:
     """The paged replay attention's tables live for one forward (model/attention.py
     `one_forward`): a forward never reads a table another forward left behind (a CUDA graph's
-    capture would keep reading that memory after it is reused), and none is left after it."""
+    capture would keep reading that memory after it is reused), and none is left after it;
+    a graph's warm-up and capture share theirs, which the graph then holds (`tables_kept`)."""
     from ouro_cli.kernels import replay_attention
     from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import tiny_model
@@ -355,6 +356,14 @@ def check_replay_tables_per_forward(device="cpu") -> None:
         slots = replay_attention._last_layout[2][0]
         slots.fill_(0)
         assert torch.equal(model(ids), want)
+        # a graph's warm-up and capture share theirs (the capture cannot build them), and the graph holds them
+        from ouro_cli.model.attention import tables_kept
+
+        with tables_kept() as kept:
+            model(ids)
+            built = replay_attention._last_layout[2]
+            assert torch.equal(model(ids), want) and replay_attention._last_layout[2] is built
+        assert kept[0] is built and replay_attention._last_layout[2] is None
 
 
 def check_bounds_checks_name_the_bad_index(device="cpu") -> None:
