@@ -51,13 +51,14 @@ REMOTE_CODE_CONFIG = {
 }
 
 
-def write_random_hf(path: Path, seed: int = 0) -> int:
-    """One bf16 model.safetensors at Ouro-1.4B shapes, streamed; returns the weight bytes.
+def write_random_hf(path: Path, seed: int = 0, layers: int = 24) -> int:
+    """One bf16 model.safetensors at Ouro-1.4B shapes (`layers` 48: Ouro-2.6B's), streamed;
+    returns the weight bytes.
 
     The safetensors layout is written by hand (8-byte header length, JSON header with
     data offsets, then the raw tensors in order) so that only one tensor is in memory.
     """
-    config = OuroConfig(extra=dict(REMOTE_CODE_CONFIG))
+    config = OuroConfig(num_hidden_layers=layers, extra=dict(REMOTE_CODE_CONFIG))
     shapes = expected_shapes(config)
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0

@@ -1,0 +1,204 @@
+"""The memory plan against the measured peaks, over the shapes and modes users run.
+
+    python bench/shapes.py --list                       # the cells
+    python bench/shapes.py --cells p100-r512-default    # one cell (1.4B, 2 updates)
+    python bench/shapes.py --cells p100-r512-default p100-r512-exact --updates 3 --depths 2 3 4
+    python bench/shapes.py --cells p16-r64-default --model tiny --updates 2   # the same path on CPU
+
+A cell is prompt length x response length x mode (x model). Each runs `ouro train` on
+defaults (no memory flags) in a subprocess, on a random Ouro checkpoint with a
+49,152-entry tokenizer (bench/e2e.py's), and prints per update the plan's budget beside the
+measured peak of each phase (rollout, refill, train, publish, save: `peak_memory_*_gib`, the
+device memory the process held at once, plus `memory_outside_gib`, the CUDA context), the
+update time and PASS where every phase stayed within the budget. Its last line is the cell's
+verdict; the exit status is 1 if any cell ran past its budget or failed.
+
+Prompt lengths: `p16`, `p1024` fixed; `p100` drawn per prompt from a log-normal with median
+100 tokens and a tail to 1,000 (the shape of MATH / DeepScaleR prompts). Responses: `rN`
+run to N tokens (the random model rarely stops), `rNv` stop at varied lengths: the config
+names 1/256 of the vocabulary as stop tokens, so a near-uniform random model stops after
+about 256 tokens on average, from a few tokens to N, and the scheduler admits new
+sequences mid-wave. Modes: `default`; `exact` (--exact); `async` (--exit-threshold 0.9
+--async-scheduling); `spec` (--speculative-tokens 3, at K = T).
+
+Cells run prompts x samples of 32 x 8 (r512) or 8 x 8 (r4096), or `--prompts` x 8;
+`--model 2.6b` builds the 48-layer shape. The scratch folder's checkpoint is deleted after each cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from e2e import VOCAB, full_size_tokenizer, run_in_own_group  # noqa: E402
+
+GIB = 2**30
+PROMPTS = ("p16", "p100", "p1024")
+RESPONSES = ("r512", "r512v", "r4096", "r4096v")
+MODES = {"default": [], "exact": ["--exact"], "async": ["--exit-threshold", "0.9", "--async-scheduling"],
+         "spec": ["--speculative-tokens", "3"]}
+PHASES = ("rollout", "refill", "train", "publish", "save")
+STOP_SHARE = 256  # rNv: one vocabulary entry in this many is a stop token
+
+
+def cells() -> list[str]:
+    return [f"{p}-{r}-{m}" for p in PROMPTS for r in RESPONSES for m in MODES]
+
+
+def prompt_lengths(kind: str, n: int, seed: int = 0) -> list[int]:
+    """Prompt lengths in tokens: fixed, or drawn (median 100, tail to 1,000)."""
+    if kind != "p100":
+        return [int(kind[1:])] * n
+    g = random.Random(seed)
+    return [int(min(1000, max(20, g.lognormvariate(math.log(100), 0.7)))) for _ in range(n)]
+
+
+def write_data(path: Path, lengths: list[int]) -> None:
+    """One row per prompt of about n tokens once chat-rendered: n - 16 random digits (one token
+    each in the bench tokenizer) and a question."""
+    g = random.Random(1)
+    with open(path, "w") as f:
+        for i, n in enumerate(lengths):
+            digits = "".join(g.choice("0123456789") for _ in range(max(1, n - 16)))
+            f.write(json.dumps({"prompt": f"{digits} What is 1+{i % 9}?", "label": 1 + i % 9,
+                                "metadata": {"problem_id": i}}) + "\n")
+
+
+def build_model(directory: Path, model: str, varied_stops: bool) -> None:
+    """A random checkpoint (bench/convert.py's streamed writer for 1.4B and 2.6B), the bench
+    tokenizer, and with `varied_stops` 1/STOP_SHARE of the vocabulary as eos ids."""
+    if model == "tiny":
+        import torch
+
+        from ouro_cli.checkpoint.hf import write_hf
+        from ouro_cli.model import build, tiny_config
+
+        directory.mkdir(parents=True)
+        config = tiny_config(vocab_size=VOCAB, max_position_embeddings=8192)
+        write_hf(directory, config, build(config, dtype=torch.bfloat16, seed=0).state_dict().items())
+    else:
+        from convert import write_random_hf
+
+        write_random_hf(directory, seed=0, layers=48 if model == "2.6b" else 24)
+    full_size_tokenizer(directory)
+    config_file = directory / "config.json"
+    config = json.loads(config_file.read_text())
+    if varied_stops:
+        config["eos_token_id"] = list(range(100, VOCAB, STOP_SHARE))
+    config["max_position_embeddings"] = max(config.get("max_position_embeddings", 0), 8192)
+    config_file.write_text(json.dumps(config, indent=2))
+
+
+def run_cell(cell: str, model: str, work: Path, updates: int, depths: list[int], timeout: float,
+             extra: list[str], prompts: int | None = None) -> dict:
+    prompt, response, mode = cell.split("-")
+    tokens = int(response[1:].rstrip("v"))
+    prompts, group = (prompts or (32 if tokens <= 512 else 8)), 8
+    if model == "tiny":
+        prompts, group, tokens = 4, 4, min(tokens, 64)
+    if mode == "spec":
+        depths = [4]
+    checkpoint = work / f"model-{model}{'-stops' if response.endswith('v') else ''}"
+    if not (checkpoint / "config.json").exists():
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        build_model(checkpoint, model, response.endswith("v"))
+    data = work / f"{prompt}.jsonl"
+    write_data(data, prompt_lengths(prompt, prompts * max(updates, 1) * 2))
+    run = work / f"run-{cell}"
+    shutil.rmtree(run, ignore_errors=True)
+    cmd = [sys.executable, "-m", "ouro_cli.cli.app", "train", "--model", str(checkpoint), "--data", str(data),
+           "--eval-data", "", "--run-dir", str(run), "--depths", *map(str, depths), "--updates", str(updates),
+           "--prompts-per-update", str(prompts), "--group-size", str(group), "--max-response-len", str(tokens),
+           "--save-interval", "0", "--reward-function", "ouro_cli.rl.rewards.boxed_answer", *MODES[mode], *extra]
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    print(f"== {cell} ({model}): {prompts} x {group} x {tokens}, depths {depths}, {updates} updates", flush=True)
+    start = time.perf_counter()
+    code, out = run_in_own_group(cmd, env, work, timeout)
+    (work / f"run-{cell}.log").write_text(out)
+    for line in out.splitlines():
+        if line.startswith(("memory:", "error:")):
+            print("   ", line, flush=True)
+    plan_file = run / "ouro-plan.json"
+    budget = json.loads(plan_file.read_text())["sizing"]["budget_bytes"] / GIB \
+        if plan_file.exists() else None
+    metrics = run / "metrics.jsonl"
+    records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    shutil.rmtree(run / "checkpoint", ignore_errors=True)
+    if code != 0:
+        print("\n".join(out.splitlines()[-15:]))
+    return {"cell": cell, "model": model, "returncode": code, "wall_s": time.perf_counter() - start,
+            "budget_gib": budget, "updates": records}
+
+
+def verdict(result: dict) -> tuple[bool, list[str]]:
+    """(every phase of every update within the plan's budget, and the run finished; one line
+    per update). A phase is within it when the most its tensors took at once (the KV cache
+    included) plus the memory outside PyTorch (the CUDA context) is at most the budget; the
+    line also shows what the process held (its allocator's cached blocks too)."""
+    lines, ok = [], result["returncode"] == 0 and bool(result["updates"])
+    budget = result["budget_gib"] or 0.0
+    for r in result["updates"]:
+        outside = r.get("memory_outside_gib") or 0.0
+        peaks = {p: (r.get(f"peak_memory_{p}_gib"), r.get(f"peak_held_{p}_gib")) for p in PHASES}
+        peaks = {p: v for p, v in peaks.items() if v[0] is not None}
+        over = [p for p, (needed, _) in peaks.items() if needed + outside > budget]
+        ok = ok and not over
+        tokens = sum(r.get("rank_response_tokens", [0]))
+        lines.append(f"  update {r['update']} K={r['k']}: {r['step_s']:.1f} s (rollout {r['rollout_s']:.1f}, train "
+                     f"{r['train_s']:.1f}); {tokens} response tokens, {r.get('engine_preemptions', 0)} preempted; "
+                     f"peak GiB (held) + {outside:.1f} outside, budget {budget:.1f}: "
+                     + ", ".join(f"{p} {n:.1f} ({h:.1f})" for p, (n, h) in peaks.items())
+                     + (f"  OVER in {', '.join(over)}" if over else "  ok"))
+    return ok, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", nargs="+", default=[], help="cells to run (see --list)")
+    parser.add_argument("--list", action="store_true", help="print the cells and exit")
+    parser.add_argument("--model", choices=["1.4b", "2.6b", "tiny"], default="1.4b")
+    parser.add_argument("--updates", type=int, default=2)
+    parser.add_argument("--prompts", type=int, help="prompts per update (default 32 at r512, 8 at r4096)")
+    parser.add_argument("--depths", type=int, nargs="+", default=[4])
+    parser.add_argument("--timeout", type=float, default=540, help="seconds per cell")
+    parser.add_argument("--work", default="/tmp/ouro-shapes")
+    parser.add_argument("--out", help="write the results as JSON")
+    parser.add_argument("--train-args", default="", help="further ouro train flags for every cell")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(cells()))
+        return
+    unknown = [c for c in args.cells if c not in cells()]
+    if unknown or not args.cells:
+        parser.error(f"unknown or no cells {unknown}; --list shows them")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    results, failed = [], False
+    for cell in args.cells:
+        result = run_cell(cell, args.model, work, args.updates, args.depths, args.timeout, args.train_args.split(),
+                          args.prompts)
+        ok, lines = verdict(result)
+        failed |= not ok
+        print("\n".join(lines))
+        print(f"{cell} ({args.model}): {'PASS' if ok else 'FAIL'} (exit {result['returncode']}, "
+              f"{result['wall_s']:.0f} s)", flush=True)
+        results.append(result)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1, default=str))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
