@@ -203,3 +203,17 @@ class ReleasesMemory(Protocol):
     def release_memory(self) -> None: ...
 
     def restore_memory(self) -> None: ...
+
+
+@runtime_checkable
+class LimitsMemory(ReleasesMemory, Protocol):
+    """An engine whose KV cache can be held below its capacity: `limit_kv_blocks(n)` makes
+    every later `generate` take at most n blocks (counted at T planes; None: the capacity)
+    when it restores its cache, so that a colocated run survives an out-of-memory by asking
+    for less (rl/recovery.py). Sequences that do not fit wait or are preempted, as in any
+    cache too small for a whole call; `min_kv_blocks(seq_tokens, planes)` is the least that
+    still holds one sequence."""
+
+    def limit_kv_blocks(self, blocks: int | None) -> None: ...
+
+    def min_kv_blocks(self, seq_tokens: int, planes: int) -> int: ...

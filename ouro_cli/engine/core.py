@@ -295,17 +295,20 @@ class EngineCore:
         cache comes back with the layout they were captured on (kv_memory.py)."""
         self.kv.release()
 
-    def restore_memory(self, blocks: int | None = None) -> None:
+    def restore_memory(self, blocks: int | None = None, most: int | None = None) -> None:
         """Allocate the KV cache again (zeroed). With `blocks`: room for that many blocks of the
-        current view (rounded up: kv_cache.restore_blocks), at most the capacity; a cache
-        allocated smaller than that is allocated again (nothing is cached between calls that
-        could be lost: the core is idle)."""
+        current view (rounded up: kv_cache.restore_blocks), at most the capacity and at most
+        `most`; a cache allocated smaller than that, or larger than `most`, is allocated again
+        (nothing is cached between calls that could be lost: the core is idle)."""
+        if most is not None:
+            blocks = min(most, self.kv.blocks_at(self.kv.planes, capacity=True) if blocks is None else blocks)
         if blocks is not None and not self.kv.released:
             wanted = min(blocks, self.kv.blocks_at(self.kv.planes, capacity=True))
-            if self.kv.num_blocks >= wanted:
+            held = self.kv.num_blocks
+            if held >= wanted and (most is None or held <= most):
                 return
             self.release_memory()
-        self.kv.restore(blocks)
+        self.kv.restore(blocks, most=most)
 
     def close(self) -> None:
         """Drop the captured steps and free the cache now, not when the core is collected."""

@@ -30,6 +30,7 @@ import torch
 
 from ouro_cli.model import OuroForCausalLM
 from ouro_cli.settings import ExecutionSettings, chosen_settings
+from ouro_cli.testing.faults import simulated_device_limit
 
 from .contract import (
     EngineBusy,
@@ -41,7 +42,7 @@ from .contract import (
 )
 from .core import EngineCore
 from .frontend import Admission, GenerationControl, make_output, take_requests
-from .kv_cache import request_blocks
+from .kv_cache import capacity_blocks, request_blocks
 from .request_rng import RequestRng
 from .scheduler import Sequence
 from .setup import EngineLimits, open_model
@@ -87,6 +88,7 @@ class LLM(GenerationControl):
         self._seeds = random.Random(seed)
         self.control = Admission(core.publisher)
         self._next_request = 0
+        self._kv_limit: int | None = None  # limit_kv_blocks
 
     # ---- generation ------------------------------------------------------------------
 
@@ -95,8 +97,11 @@ class LLM(GenerationControl):
         with self.control.admitted():
             self.kv.set_planes(self._planes_for(params))
             seqs = self._make_sequences(prompts, params)
-            # after release_memory(): a cache only as large as these requests can ever fill
-            self.core.restore_memory(self._blocks_for(seqs))
+            # after release_memory(): a cache only as large as these requests can ever fill,
+            # and no larger than the limit (limit_kv_blocks)
+            blocks, most = self._blocks_for(seqs), self._limit_at_view()
+            simulated_device_limit(blocks if most is None else min(blocks, most), self.kv.planes, self.core.num_loops)
+            self.core.restore_memory(blocks, most=most)
             version = self.core.publisher.committed_version
             self._run(seqs)
             return [self._output(s, version) for s in seqs]
@@ -126,6 +131,26 @@ class LLM(GenerationControl):
                 return self.core.num_loops
             deepest = max(deepest, p.max_loops, *(p.exit_trace or ()))
         return max(1, min(deepest, self.core.num_loops))
+
+    def limit_kv_blocks(self, blocks: int | None) -> None:
+        """Every later generate call holds at most `blocks` KV blocks counted at T planes (None:
+        the capacity); see contract.LimitsMemory. Takes effect at the call's restore."""
+        if blocks is not None and blocks < 1:
+            raise ValueError(f"a KV limit must be at least one block, got {blocks}")
+        self._kv_limit = blocks
+
+    def min_kv_blocks(self, seq_tokens: int, planes: int) -> int:
+        """The fewest blocks at T planes whose view at `planes` planes holds one request of
+        `seq_tokens` tokens (prompt + max_tokens) and the scratch block."""
+        core = self.core
+        need = request_blocks(seq_tokens - 1, 0, core.limits.block_size) + 1
+        return -(-need * planes // core.num_loops)
+
+    def _limit_at_view(self) -> int | None:
+        """The limit in blocks of the current view (scratch excluded), or None."""
+        if self._kv_limit is None:
+            return None
+        return capacity_blocks(self._kv_limit, self.core.num_loops, self.kv.planes, self.core.limits.block_size)
 
     def _blocks_for(self, seqs: list[Sequence]) -> int:
         """Blocks of the current view that `seqs` can hold at most at once (kv_cache.request_blocks)."""

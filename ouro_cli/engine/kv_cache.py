@@ -195,16 +195,18 @@ class PagedKVCache:
         for buffer in self._buffers:
             buffer.give_back()
 
-    def restore(self, blocks: int | None = None) -> None:
+    def restore(self, blocks: int | None = None, most: int | None = None) -> None:
         """Allocate (zeroed) storage again after `release`, with the current planes: room for
         `blocks` blocks of the current view rounded up (`restore_blocks`), at most the capacity
-        (None: the capacity)."""
+        (None: the capacity) and at most `most` blocks (a limit is not rounded up)."""
         if self._storage is not None:
             return
         self._half = self._capacity_half
         if blocks is not None:
             per_block = self.num_layers * self.planes * self.num_kv_heads * self.block_size * self.head_dim
             rounded = restore_blocks(blocks, self.blocks_at(self.planes, capacity=True))
+            if most is not None:
+                rounded = min(rounded, most)
             self._half = min(self._capacity_half, (rounded + 1) * per_block)
         try:
             self._storage = (self._buffers[0].take(self._half), self._buffers[1].take(self._half))

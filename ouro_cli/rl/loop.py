@@ -42,11 +42,13 @@ from ouro_cli.artifacts import (
     mark_complete,
     write_manifest,
 )
+from ouro_cli.engine.contract import LimitsMemory
 from ouro_cli.errors import CheckFailed, Interrupted, UserError
 from ouro_cli.testing import faults
 
 from . import plan as plans
 from . import records as run_records
+from . import recovery
 from .advantages import group_advantages, length_penalty, zero_variance
 from .cursor import DataCursor
 from .data import Row, columns_for, data_sha256, load_dataset
@@ -103,6 +105,8 @@ class Session:
     trackers: Trackers = field(default_factory=lambda: Trackers([], Path("."), {}, ""))  # --logger (rank 0)
     # the last save ran after its update's metrics line: the next line gets its figures
     unlogged_save: dict[str, Any] = field(default_factory=lambda: dict(NO_SAVE))
+    # out-of-memory decisions of this rank's current update, not yet recorded (rl/recovery.py)
+    new_decisions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_main(self) -> bool:
@@ -316,6 +320,10 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
             plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler,
                                       device_type=device_type)
             plan = {**saved, "contract": plans.upgrade(saved["contract"], device_type)}  # an older plan gains what it lacked
+            # out-of-memory decisions recorded after the checkpoint replay too (rl/recovery.py)
+            root = plans.read_plan(run.plan) if run.plan.is_file() else None
+            if recovery.decisions(saved) or (root and recovery.decisions(root)):
+                plan[recovery.KEY] = recovery.merged(saved, root)
         else:
             plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
 
@@ -392,11 +400,36 @@ def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
     if not mine:  # a refill round smaller than the rank count
         return [], agreed
     room_for_call(s, k, len(mine) * s.options.group_size)
-    try:
+
+    def call() -> list[RolloutSample]:
         return generate_groups(s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], s.sampling,
-                               group_size=s.options.group_size, k=k, update=update, positions=positions), agreed
+                               group_size=s.options.group_size, k=k, update=update, positions=positions)
+
+    try:
+        if not isinstance(s.engine, LimitsMemory):
+            return call(), agreed
+        limit = recovery.kv_limit(s.plan, update, s.rank)
+        s.engine.limit_kv_blocks(limit)
+        planes = s.config.num_loops if s.sampling.speculative_tokens else k
+        samples = recovery.generate_with_recovery(
+            call, s.engine, limit=limit, capacity=s.sizing.kv_blocks, floor=s.engine.min_kv_blocks(s.seq_tokens, planes),
+            on_decision=lambda blocks: s.new_decisions.append(
+                {"update": update, "rank": s.rank, "phase": "rollout", "what": "kv_blocks", "kv_blocks": blocks}))
+        return samples, agreed
     except RolloutCheckFailed as err:
         raise CheckFailed(f"update {update}: {err}") from err
+
+
+def record_decisions(s: Session) -> list[dict[str, Any]]:
+    """Every rank's out-of-memory decisions of this update (rl/recovery.py), recorded in the
+    run's plan at once (rank 0 writes it), not only with the next checkpoint."""
+    mine, s.new_decisions = s.new_decisions, []
+    every = [d for part in _all_gather(mine) for d in part]
+    if every:
+        s.plan = {**s.plan, recovery.KEY: recovery.decisions(s.plan) + every}
+        if s.is_main:
+            plans.write_plan(s.run.plan, s.plan)
+    return every
 
 
 def room_for_call(s: Session, k: int, sequences: int) -> None:
@@ -585,6 +618,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     with phase(timing, "rollout", device, f"update {update}, K={k}, up to {sizing.max_num_seqs} sequences in a "
                f"{sizing.kv_bytes / 2**30:.1f} GiB KV cache", lower):
         samples, plan_agreed = rollout_stage(s, update, k)
+    decided = record_decisions(s)
     faults.point("rollout")
     score_stage(s, update, samples)
     with phase(timing, "refill", device, f"update {update}, refill rounds of up to {s.options.prompts_per_update} "
@@ -629,7 +663,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         "update": update, "k": k, "weight_version": samples[0].weight_version, "config_hash": samples[0].config_hash,
         "ranks": s.world, "plan_agreed_ranks": plan_agreed, "params_identical_across_ranks": identical,
         **{f"rank_{key}": [r[key] for r in ranks] for key in ranks[0]}, "rank_check_s": t_check - t_train,
-        "state_sha256": digest, **rollout_summary(records), **selection,
+        "state_sha256": digest, **rollout_summary(records), **selection, "memory_decisions": decided,
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),

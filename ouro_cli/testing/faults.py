@@ -22,6 +22,12 @@ A broken resume (`OURO_TEST_BREAK_RESUME=1`, `broken_resume`): a resumed run dra
 samples with another seed, the kind of bug `ouro verify-resume` exists to catch
 (tests/integration/test_verify_resume_cli.py checks that it does).
 
+A device too small (`OURO_TEST_KV_LIMIT=N`, `simulated_device_limit`): a generate call whose
+KV cache would hold more than N blocks' worth of memory (blocks counted at T planes) raises
+an out-of-memory error, as a device with too little free memory would, in every process
+alike; the recovery tests (tests/integration/test_oom_recovery.py) drive the run's
+out-of-memory recovery with it.
+
 PD worker faults (`pd_faults`): the PD engine's tests make a worker fail or stall
 (tests/unit/engine/test_pd.py); the coordinator hands what is set here to its workers.
 """
@@ -89,3 +95,17 @@ def pd_faults(faults: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
 def pd_fault(worker: str) -> dict[str, Any]:
     """The faults set for PD worker `worker` (P0, D0, ...); empty in every real run."""
     return dict(_pd_faults.get(worker, {}))
+
+
+KV_LIMIT_ENV = "OURO_TEST_KV_LIMIT"
+_KV_LIMIT = int(os.environ[KV_LIMIT_ENV]) if os.environ.get(KV_LIMIT_ENV) else None
+
+
+def simulated_device_limit(blocks: int, planes: int, num_loops: int) -> None:
+    """Raise torch.OutOfMemoryError where a call's cache of `blocks` blocks at `planes` planes
+    would exceed the simulated device (`OURO_TEST_KV_LIMIT`); a no-op in every real run."""
+    if _KV_LIMIT is not None and blocks * planes > _KV_LIMIT * num_loops:
+        import torch
+
+        raise torch.OutOfMemoryError(f"{KV_LIMIT_ENV}: {blocks} KV blocks at {planes} planes do not fit the simulated "
+                                     f"device ({_KV_LIMIT} at {num_loops})")
