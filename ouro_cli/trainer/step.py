@@ -2,7 +2,8 @@
 
     zero grad buffers
     for each micro-batch:  replay forward -> clipped surrogate (weighed or masked by
-                           --is-correction, is_correction.py) -> backward (accumulate)
+                           --is-correction, is_correction.py; dual clip, trainer/loss.py)
+                           -> backward (accumulate)
     DDP grad sync (all-reduce, or reduce-scatter for the distributed optimizer)
     optimizer step (clip, Adam) -> LR scheduler step
 
@@ -91,7 +92,8 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             score = _loop_weighted(model, config, mb, states, new, loop_sums, loop_counts,
                                    host_mb.depths[host_mb.score_rows, host_mb.score_cols]) if per_loop else new
             del states
-            terms = clipped_surrogate(score, correction.reference, mb.advantages, config.eps_low, config.eps_high)
+            terms = clipped_surrogate(score, correction.reference, mb.advantages, config.eps_low, config.eps_high,
+                                      log_ratio_bound=config.log_ratio_bound, clip_ratio_c=config.clip_ratio_c)
             loss = (terms.loss * mb.weights * correction.weight).sum()
             loss.backward()
         with torch.no_grad():
