@@ -100,6 +100,8 @@ def test_sample_checks():
         Sample([1], [2, 3], [4], [-1.0, -1.0], 1.0).check(T)
     with pytest.raises(UserError):
         Sample([1], [2], [5], [-1.0], 1.0).check(T)
+    with pytest.raises(UserError, match="first_logprobs"):
+        Sample([1], [2], [4], [-1.0], 1.0, first_logprobs=[-1.0, -2.0]).check(T)
 
 
 def test_clipped_surrogate_branches():
