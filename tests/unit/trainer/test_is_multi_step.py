@@ -2,9 +2,9 @@
 and the importance weight are both taken against the update's first policy. Checked against a
 hand computation over 2 mini-batches × 2 epochs — each step's loss, clip fraction and largest
 ratio, from a plain loop over the samples written without the trainer's code — in which the
-policy has moved after the first step, so the ratio and the clip are not trivial; the dual clip
-(`--clip-ratio-c`) in the same computation. With one step per update the extra forward is
-skipped, and giving a step the first policy's logprobs changes no bit."""
+policy has moved after the first step, so the ratio and the clip are not trivial; the dual
+clip (`--clip-ratio-c`) and loop weighting in the same computation. With one step per update
+the extra forward is skipped, and giving a step the first policy's logprobs changes no bit."""
 
 from __future__ import annotations
 
@@ -73,14 +73,18 @@ def step_by_hand(policy, batch, first, mode, bounds, c):
     return loss, clipped, largest, tokens, capped
 
 
-@pytest.mark.parametrize("mode, bounds, c", [("tis", (0.5, 1.5), None), ("mis", (0.7, 1.4), 1.1)],
-                         ids=["tis", "mis-dual-clip"])
-def test_two_mini_batches_two_epochs_by_hand(base_model, samples, mode, bounds, c):
+@pytest.mark.parametrize("mode, bounds, c, loops", [("tis", (0.5, 1.5), None, "exit"),
+                                                   ("mis", (0.7, 1.4), 1.1, "uniform")],
+                         ids=["tis", "mis-dual-clip-uniform"])
+def test_two_mini_batches_two_epochs_by_hand(base_model, samples, mode, bounds, c, loops):
+    """Loop weighting changes the gradient, not the loss's value (docs/grpo.md §5): the hand
+    computation holds under it too."""
     from ouro_cli.trainer import Trainer, TrainerConfig
 
     a, b = samples[:3], samples[3:]
     first = {id(s): logprobs_by_hand(base_model, s) for s in samples}
-    config = TrainerConfig(device="cpu", lr=1e-2, is_correction=mode, is_bounds=list(bounds), clip_ratio_c=c)
+    config = TrainerConfig(device="cpu", lr=1e-2, is_correction=mode, is_bounds=list(bounds), clip_ratio_c=c,
+                           loop_weighting=loops)
     steps = []
     with Trainer(copy.deepcopy(base_model), config) as trainer:
         forward_backward = trainer.forward_backward
