@@ -135,9 +135,10 @@ def replay_logprobs(ddp_model, micro_batches: Sequence[MicroBatch], config: Trai
     for host_mb in micro_batches:
         mb = host_mb.to(device)
         counts = LoopCounts.of(host_mb.depths, host_mb.attention_mask, num_loops)
-        with deterministic_kernels(device, config.deterministic):
-            new, _ = token_logprobs(scored_logits(ddp_model, mb, counts, config), mb.targets, mb.temperatures)
-        out.append((new.detach(), mb.weights))
+        with deterministic_kernels(device, config.deterministic):  # no reference to the graph outlives the line
+            logprobs = token_logprobs(scored_logits(ddp_model, mb, counts, config), mb.targets,
+                                      mb.temperatures)[0].detach()
+        out.append((logprobs, mb.weights))
     return out
 
 
