@@ -45,3 +45,8 @@ def single_process_group(backend: str | None = None) -> Iterator[None]:
 
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launched_ranks() -> int:
+    """The ranks torchrun started (1 without torchrun), known before the process group exists."""
+    return int(os.environ.get("WORLD_SIZE", "1"))

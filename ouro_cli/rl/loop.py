@@ -206,12 +206,13 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
     run keeps the one its plan recorded."""
     import os
 
+    from ouro_cli.mcore.process import launched_ranks
     from ouro_cli.trainer.setup import join_world
 
     t, e = options.trainer, options.engine
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if t.resolved_device == "cuda" \
         else torch.device("cpu")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_ranks()
     local_samples = -(-options.prompts_per_update // world) * options.group_size
     recorded = (saved or {}).get("contract", {}).get("sizing") or {}
     given = t.max_tokens_per_micro_batch

@@ -12,8 +12,10 @@ run computes goes into `ouro-plan.json` (plan.py), which `ouro resume` holds the
 
 `validate` is the one place a tree is checked: each section's own rules (a section
 checks itself when it is built), then the rules that span sections. Combinations an
-execution mode cannot run (speculation with a depth schedule, threshold exits or async
-scheduling; CUDA graphs without CUDA) fail loudly instead of being ignored.
+execution mode cannot run fail loudly instead of being ignored: the pairs of options that
+change what a run trains or samples are refused or tested by one table (rl/combinations.py:
+speculation with threshold exits or async scheduling, PD with either or with several ranks),
+and speculation needs one depth, CUDA graphs a GPU.
 """
 
 from __future__ import annotations
@@ -168,9 +170,6 @@ class EngineOptions:
                 raise UserError(f"{flag} must list distinct device indices >= 0, got {devices}")
         if self.factory != DEFAULT_ENGINE:
             raise UserError("--prefill-devices/--decode-devices build the PD engine; drop --engine")
-        if self.speculative_tokens or self.async_scheduling:
-            raise UserError("--prefill-devices/--decode-devices do not run with --speculative-tokens or "
-                            "--async-scheduling yet")
 
 
 @dataclass
@@ -273,6 +272,11 @@ class TrainOptions:
         from .loggers import check_loggers
 
         check_loggers(self.loggers)
+        from ouro_cli.mcore.process import launched_ranks
+
+        from .combinations import check
+
+        check(self, launched_ranks())
         self._validate_speculation()
         self.trainer.validate()
         self.execution.check(self.trainer.resolved_device)
@@ -319,17 +323,14 @@ class TrainOptions:
 
     def _validate_speculation(self) -> None:
         """Speculation verifies every draft at full depth T: it needs `--depths T` alone (the loop
-        checks K = T once the model is known), no threshold exits, synchronous scheduling; held-out
-        evaluations then run at K = T only (`--eval-depths` left at its default is set to it)."""
+        checks K = T once the model is known; threshold exits and async scheduling are refused
+        with it, rl/combinations.py); held-out evaluations then run at K = T only (`--eval-depths`
+        left at its default is set to it)."""
         if not self.engine.speculative_tokens:
             return
-        if self.engine.async_scheduling:
-            raise UserError("--speculative-tokens needs synchronous scheduling; drop --async-scheduling")
         if len(self.depths) != 1:
             raise UserError(f"--speculative-tokens needs --depths T alone (the full depth, e.g. --depths 4), "
                             f"got --depths {' '.join(map(str, self.depths))}")
-        if self.sampling.exit_threshold != 1:
-            raise UserError("--speculative-tokens needs --exit-threshold 1: drafts are verified at full depth")
         if self.eval_depths not in (list(DEFAULT_DEPTHS), self.depths):
             raise UserError(f"--speculative-tokens evaluates at K = {self.depths[0]} only; drop --eval-depths or "
                             f"pass --eval-depths {self.depths[0]}")

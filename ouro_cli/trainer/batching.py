@@ -2,7 +2,9 @@
 
 A `Sample` is one rollout: prompt p (m tokens), response r (n tokens), the loops each
 response token was produced with (`exit_depths`, n entries, docs/model.md §3), the rollout's
-log-probabilities of r and the sample's advantage. The trainer replays `p + r` with
+log-probabilities of r and the sample's advantage; under `--is-correction` with several
+optimizer steps per update also the trainer's log-probabilities of r under the update's first
+policy (`first_logprobs`, Trainer.train_update). The trainer replays `p + r` with
 depths `[T]*m + exit_depths[1:] + [T]`; position m-1 scores r[0], position m+j-1
 scores r[j].
 
@@ -53,6 +55,9 @@ class Sample:
     # the first response token it scores (1: the sample's prompt head scores token 0)
     prompt_depth: int | None = None
     scored_from: int = 0
+    # the trainer's logprobs of r under the update's first policy (is_correction.py); None: the
+    # step that trains the sample is its update's only one
+    first_logprobs: Sequence[float] | None = None
 
     @property
     def length(self) -> int:
@@ -65,6 +70,9 @@ class Sample:
         if len(self.exit_depths) != n or len(self.rollout_logprobs) != n:
             raise UserError(f"a sample with {n} response tokens needs {n} exit_depths and {n} rollout_logprobs, "
                             f"got {len(self.exit_depths)} and {len(self.rollout_logprobs)}")
+        if self.first_logprobs is not None and len(self.first_logprobs) != n:
+            raise UserError(f"a sample with {n} response tokens needs {n} first_logprobs, "
+                            f"got {len(self.first_logprobs)}")
         if any(not 1 <= int(d) <= num_loops for d in self.exit_depths):
             raise UserError(f"exit_depths must lie in 1..{num_loops}")
         if not self.temperature > 0:
@@ -134,7 +142,8 @@ def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]],
         parts.append(dataclasses.replace(s, prompt_depth=deepest, scored_from=1))
         part_weights.append(list(w[1:]))
         heads.append(Sample(s.prompt_ids, s.response_ids[:1], s.exit_depths[:1], s.rollout_logprobs[:1],
-                            s.advantage, s.temperature))
+                            s.advantage, s.temperature,
+                            first_logprobs=None if s.first_logprobs is None else s.first_logprobs[:1]))
         head_weights.append([w[0]])
     if deep_first:
         return whole + heads + parts, whole_weights + head_weights + part_weights
@@ -153,6 +162,7 @@ class MicroBatch:
     score_cols: torch.Tensor  # [N] its column
     targets: torch.Tensor  # [N] the response token scored there
     rollout_logprobs: torch.Tensor  # [N] fp32
+    first_logprobs: torch.Tensor | None  # [N] fp32 (Sample.first_logprobs); None when no sample has them
     advantages: torch.Tensor  # [N] fp32, the sample's advantage on each of its tokens
     temperatures: torch.Tensor  # [N] fp32
     weights: torch.Tensor  # [N] fp32, loss weight of each token (global normalisation)
@@ -356,7 +366,10 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
     depths = torch.ones(shape, dtype=torch.long)  # padding: depth 1 (any valid value; never read)
     valid = torch.zeros(shape, dtype=torch.bool)
     docs = torch.full(shape, -1, dtype=torch.long)
-    score_rows, score_cols, targets, old, adv, temp, w, sample_of = [], [], [], [], [], [], [], []
+    score_rows, score_cols, targets, old, first, adv, temp, w, sample_of = [], [], [], [], [], [], [], [], []
+    with_first = [samples[i].first_logprobs is not None for row in rows for i in row]
+    if any(with_first) and not all(with_first):
+        raise ValueError("a micro-batch mixes samples with and without first_logprobs")
     for r, row in enumerate(rows):
         col = 0
         for doc, i in enumerate(row):
@@ -372,6 +385,7 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
             score_cols += range(col + m - 1 + f, col + m + n - 1)
             targets += [int(t) for t in s.response_ids[f:]]
             old += [float(x) for x in s.rollout_logprobs[f:]]
+            first += [float(x) for x in s.first_logprobs[f:]] if s.first_logprobs is not None else []
             adv += [float(s.advantage)] * k
             temp += [float(s.temperature)] * k
             w += list(weights[i])
@@ -389,6 +403,7 @@ def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[floa
         score_cols=torch.tensor(score_cols, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
         rollout_logprobs=torch.tensor(old, **f32),
+        first_logprobs=torch.tensor(first, **f32) if all(with_first) else None,
         advantages=torch.tensor(adv, **f32),
         temperatures=torch.tensor(temp, **f32),
         weights=torch.tensor(w, **f32),

@@ -20,6 +20,9 @@ from ouro_cli.config import P_ENGINE, P_GRPO, P_OPT, P_RUN, option
 from ouro_cli.errors import UserError
 
 DTYPES = ("fp32", "bf16")
+# |log ratio| is clamped to this (trainer/loss.py): exp(20) ≈ 4.9e8 is finite in fp32 and bf16, and no
+# ratio a clipped objective can use comes near it, so inside the bound the loss is the plain one
+LOG_RATIO_BOUND = 20.0
 AGGREGATIONS = ("auto", "token_mean", "sequence_mean", "constant_length")
 LOOP_WEIGHTINGS = ("exit", "uniform", "progressive", "exit-pdf")
 DEFAULT_SEED = 1234
@@ -62,6 +65,14 @@ class TrainerConfig:
     # ---- GRPO loss ----------------------------------------------------------------
     eps_low: float = option(0.2, help="Ratio clip below 1.", panel=P_OPT)
     eps_high: float = option(0.28, help="Ratio clip above 1.", panel=P_OPT)
+    # Off by default: the objective stays plain PPO/GRPO, and a run planned before the option
+    # existed (read as having the default, rl/plan.py upgrade) keeps the loss it ran with.
+    clip_ratio_c: float | None = option(
+        None, help="Dual clip for negative advantages: a token's loss is at most -c x A, so a ratio above c "
+        "takes no gradient (3 is common; > 1).", panel=P_OPT, shown="off")
+    log_ratio_bound: float = option(
+        LOG_RATIO_BOUND, help="The log-ratio is clamped to +-B before exponentiating (a finite loss for any "
+        "ratio).", panel=P_OPT)
     aggregation: Literal["auto", "token_mean", "sequence_mean", "constant_length"] = option(
         "auto", help="How token terms are averaged: token_mean, sequence_mean, constant_length (sum over the "
         "batch / (samples x --max-response-len)), or auto: constant_length under --advantage dr-grpo, else "
@@ -140,6 +151,10 @@ class TrainerConfig:
              f"--offload-optimizer must be auto, on or off, got {self.offload_optimizer!r}")
         need(self.eps_low >= 0 and self.eps_high >= 0, "--eps-low and --eps-high must be >= 0")
         need(self.eps_low < 1, "--eps-low must be < 1 (the ratio is clipped at 1 - eps_low)")
+        need(self.clip_ratio_c is None or self.clip_ratio_c > 1,
+             f"--clip-ratio-c must be > 1 (it caps the loss of ratios above it), got {self.clip_ratio_c}")
+        need(math.isfinite(self.log_ratio_bound) and self.log_ratio_bound > 0,
+             f"--log-ratio-bound must be a finite number > 0, got {self.log_ratio_bound}")
         need(self.aggregation in AGGREGATIONS,
              f"--aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
         need(self.aggregation_length is None or self.aggregation_length >= 1, "aggregation_length must be >= 1")

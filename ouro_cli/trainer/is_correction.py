@@ -2,11 +2,17 @@
 
 Outside exact mode the engine samples from π_rollout, which differs from the trainer's
 π_train at the same weights by rounding (docs/exact.md §1). GRPO's ratio exp(new − rollout)
-then mixes that mismatch into the policy ratio. A correction separates the two: the PPO
-ratio is taken against the trainer's own logprobs at the rollout's weights (`reference`:
-there is one optimizer step per batch, so that is `new` detached, the ratio's value is 1 and
-its gradient ∇ log π), and r = π_train / π_rollout per token, detached, weighs or masks
-each token's loss (`weight`):
+then mixes that mismatch into the policy ratio. A correction separates the two. Both of
+its parts are taken against the update's *first* policy π_first: the trainer at the weights
+the engine sampled with, before the update's first optimizer step (`first`, the replay's
+logprobs at those weights, which the trainer computes before that step when an update
+takes several; Trainer.train_update):
+
+- the PPO ratio exp(new − first) (`reference` = first): from the second step on it is the
+  policy's move since sampling, which the clip bounds; at the first step it is 1 in value
+  with gradient ∇ log π;
+- r = π_first / π_rollout per token, detached, weighs or masks each token's loss (`weight`):
+  the engine-vs-trainer mismatch alone, without the policy's drift over the update's steps.
 
     none      weight 1; reference = the rollout's logprobs (the uncorrected objective)
     tis       weight min(r, HIGH)                        truncated importance sampling
@@ -39,25 +45,26 @@ class Correction:
 
 
 def correct(mode: str, bounds: tuple[float, float] | list[float], new: torch.Tensor, rollout: torch.Tensor,
-            sample_ids: torch.Tensor) -> Correction:
+            sample_ids: torch.Tensor, first: torch.Tensor | None = None) -> Correction:
     """The correction of N scored tokens: `new` the trainer's logprobs, `rollout` the engine's,
-    `sample_ids` [N] which sample (sequence) each token belongs to, each sample's tokens
-    consecutive (as batching.build_micro_batch lays them out)."""
-    new = new.detach()
+    `first` the trainer's under the update's first policy (None: this is the update's only
+    step, so `new` is that policy's), `sample_ids` [N] which sample (sequence) each token
+    belongs to, each sample's tokens consecutive (as batching.build_micro_batch lays them out)."""
+    first = new.detach() if first is None else first
     if mode == "none":
-        return Correction(torch.ones_like(new), rollout)
+        return Correction(torch.ones_like(first), rollout)
     low, high = bounds
-    log_ratio = new - rollout
+    log_ratio = first - rollout
     if mode == "tis":
         weight = torch.exp(log_ratio).clamp(max=high)
     elif mode == "mis":
         ratio = torch.exp(log_ratio)
-        weight = ((ratio >= low) & (ratio <= high)).to(new.dtype)
+        weight = ((ratio >= low) & (ratio <= high)).to(first.dtype)
     elif mode == "geo-mask":  # a sample's tokens are consecutive; split, not index_add (deterministic on CUDA)
         counts = torch.unique_consecutive(sample_ids, return_counts=True)[1]
         means = torch.stack([part.mean() for part in torch.split(log_ratio, counts.tolist())])
         geo = torch.exp(means).repeat_interleave(counts)
-        weight = ((geo >= low) & (geo <= high)).to(new.dtype)
+        weight = ((geo >= low) & (geo <= high)).to(first.dtype)
     else:
         raise ValueError(f"unknown is_correction {mode!r}; expected one of {', '.join(MODES)}")
-    return Correction(weight, new)
+    return Correction(weight, first)

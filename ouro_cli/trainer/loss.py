@@ -1,12 +1,14 @@
 """The GRPO objective on replayed log-probabilities (docs/model.md §3–4).
 
 For each response token: new = log_softmax(logits / temperature)[token] from the
-trainer's replay, old = the rollout engine's log-probability of the same token,
-ratio = exp(new − old), and the clipped surrogate
+trainer's replay, old = the rollout engine's log-probability of the same token (under
+`--is-correction`, the trainer's own under the update's first policy: is_correction.py),
+ratio = exp(clamp(new − old, ±B)), and the clipped surrogate
 
     loss_tok = −min(ratio · A, clip(ratio, 1 − ε_low, 1 + ε_high) · A)
+    loss_tok = min(loss_tok, −c · A)        for A < 0, with the dual clip c (`clip_ratio_c`)
 
-with the sample's advantage A. There is no KL term, no reference model and no critic:
+with the sample's advantage A and B = `log_ratio_bound`. There is no KL term, no reference model and no critic:
 the rollouts are on-policy up to the replay mismatch (reported), and the asymmetric
 clip (ε_high > ε_low) leaves room for low-probability tokens to grow. The per-token
 terms are summed with weights that implement token-mean or sequence-mean over the
@@ -28,6 +30,8 @@ import torch
 
 from ouro_cli.model import pointwise
 
+from .config import LOG_RATIO_BOUND
+
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, V] at the scoring positions -> (log p(target) [N], log_softmax [N, V]), fp32."""
@@ -43,13 +47,22 @@ class TokenTerms:
 
 
 def clipped_surrogate(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                      eps_low: float, eps_high: float) -> TokenTerms:
-    ratio = torch.exp(new_logprobs - old_logprobs)
+                      eps_low: float, eps_high: float, *, log_ratio_bound: float = LOG_RATIO_BOUND,
+                      clip_ratio_c: float | None = None) -> TokenTerms:
+    """The clipped surrogate per token. The log-ratio is clamped to ±`log_ratio_bound` before it is
+    exponentiated (inside the bound the values and gradients are those of the plain ratio; outside
+    it the ratio is constant, its gradient 0). `clip_ratio_c` (dual clip, A < 0 only) caps a
+    token's loss at −c·A: beyond r > c the term is constant and takes no gradient."""
+    ratio = torch.exp(torch.clamp(new_logprobs - old_logprobs, -log_ratio_bound, log_ratio_bound))
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
     r = ratio.detach()
     active = ((advantages > 0) & (r > 1.0 + eps_high)) | ((advantages < 0) & (r < 1.0 - eps_low))
+    if clip_ratio_c is not None:
+        negative = advantages < 0
+        loss = torch.where(negative, torch.minimum(loss, -clip_ratio_c * advantages), loss)
+        active = active | (negative & (r > clip_ratio_c))
     return TokenTerms(loss, r, active)
 
 

@@ -2,7 +2,8 @@
 
     zero grad buffers
     for each micro-batch:  replay forward -> clipped surrogate (weighed or masked by
-                           --is-correction, is_correction.py) -> backward (accumulate)
+                           --is-correction, is_correction.py; dual clip, trainer/loss.py)
+                           -> backward (accumulate)
     DDP grad sync (all-reduce, or reduce-scatter for the distributed optimizer)
     optimizer step (clip, Adam) -> LR scheduler step
 
@@ -80,18 +81,16 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             states[loop] = h[mb.score_rows, mb.score_cols]  # [N, H]: the scored positions only
 
         with sync, deterministic_kernels(device, config.deterministic):
-            logits = ddp_model(  # [N, V]: only where a response token is scored
-                mb.input_ids, mb.depths, attention_mask=mb.attention_mask, document_ids=mb.document_ids,
-                recompute=config.recomputes, logits_at=(mb.score_rows, mb.score_cols), depth_counts=counts,
-                **({"state_sink": keep_scored} if per_loop else {}),
-            )
+            logits = scored_logits(ddp_model, mb, counts, config, keep_scored if per_loop else None)
             new, logp = token_logprobs(logits, mb.targets, mb.temperatures)
             del logits
-            correction = correct(config.is_correction, config.is_bounds, new, mb.rollout_logprobs, mb.sample_ids)
+            correction = correct(config.is_correction, config.is_bounds, new, mb.rollout_logprobs, mb.sample_ids,
+                                 first=mb.first_logprobs)
             score = _loop_weighted(model, config, mb, states, new, loop_sums, loop_counts,
                                    host_mb.depths[host_mb.score_rows, host_mb.score_cols]) if per_loop else new
             del states
-            terms = clipped_surrogate(score, correction.reference, mb.advantages, config.eps_low, config.eps_high)
+            terms = clipped_surrogate(score, correction.reference, mb.advantages, config.eps_low, config.eps_high,
+                                      log_ratio_bound=config.log_ratio_bound, clip_ratio_c=config.clip_ratio_c)
             loss = (terms.loss * mb.weights * correction.weight).sum()
             loss.backward()
         with torch.no_grad():
@@ -113,6 +112,33 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
     out = _reduce(sums, maxes, by_depth, device)
     if per_loop:
         out.update(_reduce_loops(loop_sums, loop_counts, device))
+    return out
+
+
+def scored_logits(ddp_model, mb: MicroBatch, counts: LoopCounts, config: TrainerConfig, state_sink=None
+                  ) -> torch.Tensor:
+    """The replay's logits [N, V] at the positions that score `mb`'s response tokens (on the
+    device; `counts` its depths' LoopCounts; `state_sink` receives every loop's exit state)."""
+    return ddp_model(mb.input_ids, mb.depths, attention_mask=mb.attention_mask, document_ids=mb.document_ids,
+                     recompute=config.recomputes, logits_at=(mb.score_rows, mb.score_cols), depth_counts=counts,
+                     **({"state_sink": state_sink} if state_sink is not None else {}))
+
+
+def replay_logprobs(ddp_model, micro_batches: Sequence[MicroBatch], config: TrainerConfig, device: torch.device,
+                    num_loops: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per micro-batch, (the logprobs [N] of its scored tokens at the current weights, its
+    `weights` [N]), on the device; no gradient is kept. It is `forward_backward`'s forward, grad
+    mode included, and the graph is dropped: compiled regions and exact mode's functions branch
+    on grad mode, so a no-grad forward could round otherwise, while this one gives the logprobs
+    the next step's forward computes from the same weights and micro-batches, bit for bit."""
+    out = []
+    for host_mb in micro_batches:
+        mb = host_mb.to(device)
+        counts = LoopCounts.of(host_mb.depths, host_mb.attention_mask, num_loops)
+        with deterministic_kernels(device, config.deterministic):  # no reference to the graph outlives the line
+            logprobs = token_logprobs(scored_logits(ddp_model, mb, counts, config), mb.targets,
+                                      mb.temperatures)[0].detach()
+        out.append((logprobs, mb.weights))
     return out
 
 

@@ -17,6 +17,8 @@ trainer, nothing on CUDA); the model's forward and backward run outside it.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -39,7 +41,7 @@ from .batching import (
     split_prompts,
 )
 from .config import TrainerConfig
-from .step import Stopwatch, combine_steps, forward_backward, optimizer_step
+from .step import Stopwatch, combine_steps, forward_backward, optimizer_step, replay_logprobs
 
 
 class Trainer:
@@ -100,17 +102,24 @@ class Trainer:
         """Several optimizer steps on one rollout batch: one `train_step` per mini-batch (this
         rank's share of it; every rank passes the same number), in order, `epochs` times over.
 
-        Every step's ratio is taken against the rollout's logprobs, so from the second step on
-        the clip bounds how far the policy moves from the one that sampled. A mini-batch that
+        Every step's ratio is taken against the policy that sampled, so from the second step on
+        the clip bounds how far the policy moves from it: against the rollout's logprobs, or
+        under `--is-correction` against the trainer's own at the update's first weights, which
+        `with_first_logprobs` computes for every sample before the first step (is_correction.py;
+        an update of one step has them in that step's own forward). A mini-batch that
         holds no response token on any rank takes no step, but the LR schedule still advances
         by one: the schedule counts the planned steps (updates × mini-batches × epochs), so its
         position depends on the update alone. A step the optimizer refuses (a non-finite
         gradient) ends the update there; the caller stops the run (rl/loop.py check_step).
         Returns the steps' metrics combined (step.combine_steps)."""
+        taken = [self._global_counts(batch, allow_empty=True)[0] > 0 for batch in mini_batches]
+        if self.config.is_correction != "none" and epochs * sum(taken) > 1:
+            mini_batches = [self.with_first_logprobs(batch) if any_tokens else batch
+                            for batch, any_tokens in zip(mini_batches, taken, strict=True)]
         steps: list[dict[str, Any] | None] = []
         for epoch in range(epochs):
-            for batch in mini_batches:
-                if self._global_counts(batch, allow_empty=True)[0] == 0:
+            for batch, any_tokens in zip(mini_batches, taken, strict=True):
+                if not any_tokens:
                     with self._megatron():
                         self.scheduler.step(increment=1)
                     steps.append(None)
@@ -122,6 +131,33 @@ class Trainer:
                         and math.isfinite(metrics["grad_norm"])):
                     return combine_steps(steps)
         return combine_steps(steps)
+
+    def with_first_logprobs(self, samples: Sequence[Sample]) -> list[Sample]:
+        """`samples` (this rank's share of one mini-batch) with `first_logprobs`: each response
+        token's logprob at the current weights, from the forward a train step on them would run
+        (the same micro-batches, step.replay_logprobs), so a step taken now would compute the
+        very same values. No gradient is kept and no RNG is drawn."""
+        for s in samples:
+            s.check(self.num_loops)
+        # The plan routes each token's value as it routes its loss weight (split_prompts,
+        # build_micro_batch): a token's index in `samples`, passed as its weight, comes back
+        # beside its logprob (exact in the micro-batch's fp32 weights below 2**24 tokens).
+        offsets = [0]
+        for s in samples:
+            offsets.append(offsets[-1] + len(s.response_ids))
+        if offsets[-1] >= 2**24:
+            raise ValueError(f"{offsets[-1]} response tokens in one mini-batch of one rank; at most 2**24 - 1")
+        positions = [[float(i) for i in range(a, b)] for a, b in itertools.pairwise(offsets)]
+        self.ddp.train()
+        with pointwise.executing(self.execution):
+            parts = replay_logprobs(self.ddp, self._micro_batches(samples, positions), self.config, self.device,
+                                    self.num_loops)
+        flat = torch.empty(offsets[-1], dtype=torch.float32, device=self.device)
+        for logprobs, index in parts:
+            flat[index.long()] = logprobs
+        values = flat.tolist()
+        return [dataclasses.replace(s, first_logprobs=values[a:b])
+                for s, (a, b) in zip(samples, itertools.pairwise(offsets), strict=True)]
 
     def forward_backward(self, samples: Sequence[Sample]) -> dict[str, float]:
         """Gradients of the global-batch GRPO loss, synced over ranks, in the grad buffers."""

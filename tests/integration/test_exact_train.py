@@ -2,7 +2,13 @@
 exits at mixed depths, every update's engine-vs-trainer mismatch is exactly 0.0, in fp32 and
 in bf16; without --exact the bf16 run's is not (the control); the mismatch is reported by
 exit depth; `--is-correction` runs and reports what it masked; and `ouro verify-resume
---exact` finds the resumed run bit-identical to the continuous one."""
+--exact` finds the resumed run bit-identical to the continuous one.
+
+The exact runs carry the pairs rl/combinations.py names them for: the fp32 run trains with
+the options of the loss on (two epochs with a clip of ±0.001, which the policy's move reaches
+at the second step; the IS weights are exactly 1) and the optimizer state offloaded, a third
+samples on PD workers, and the resumed exact run schedules asynchronously and filters groups
+over mini-batches, its mismatch exactly 0 too."""
 
 from __future__ import annotations
 
@@ -15,7 +21,13 @@ from .harness import run_all
 from .test_train_cli import ouro
 from .tiny_checkpoint import REWARD, make_checkpoint
 
-RUNS = {"exact-fp32": ["--exact", "--dtype", "fp32"], "exact-bf16": ["--exact", "--dtype", "bf16"],
+# one mini-batch: the first step, whose mismatch the metrics report, covers every sampled token
+TRAINED = ["--epochs", "2", "--is-correction", "tis", "--clip-ratio-c", "3", "--loop-weighting", "uniform",
+           "--advantage", "rloo", "--overlong", "soft", "--offload-optimizer", "on",
+           "--eps-low", "0.001", "--eps-high", "0.001"]  # a clip the second step's small move reaches
+RUNS = {"exact-fp32": ["--exact", "--dtype", "fp32", *TRAINED], "exact-bf16": ["--exact", "--dtype", "bf16"],
+        "exact-pd": ["--exact", "--dtype", "fp32", "--prefill-devices", "0", "--decode-devices", "1", "--kv-transport",
+                     "shm"],
         "default-bf16": ["--dtype", "bf16", "--is-correction", "mis", "--is-bounds", "0.999", "1.001"]}
 
 
@@ -38,7 +50,7 @@ def runs(tmp_path_factory):
                   for name in names}
 
 
-@pytest.mark.parametrize("name", ["exact-fp32", "exact-bf16"])
+@pytest.mark.parametrize("name", ["exact-fp32", "exact-bf16", "exact-pd"])
 def test_exact_runs_have_no_mismatch_at_all(runs, name):
     root, metrics = runs
     assert [m["k"] for m in metrics[name]] == [2, 3, 4]
@@ -49,6 +61,10 @@ def test_exact_runs_have_no_mismatch_at_all(runs, name):
         assert set(m["exit_depth_histogram"]) <= set(m["logprob_mismatch_mean_by_depth"])
     contract = json.loads((root / name / "ouro-plan.json").read_text())["contract"]
     assert contract["execution"]["exact"] == "on"
+    if name == "exact-fp32":  # two epochs: the second step's ratios are the policy's move alone
+        for m in metrics[name]:
+            assert m["train_optimizer_steps"] == 2 and m["train_is_weight_mean"] == 1.0
+            assert 0 < m["train_clip_fraction"] < 1 and m["train_ratio_max"] > 1.001
 
 
 def test_default_bf16_mismatches_and_its_correction_masks(runs):
@@ -65,9 +81,15 @@ def test_verify_resume_is_bit_identical_in_exact_mode(runs):
     root, _ = runs
     work = root / "vr"
     proc = ouro("verify-resume", "--updates", "3", "--resume-at", "2", "--work-dir", str(work), *options(root),
-                "--exact", "--dtype", "bf16", "--json", cwd=root)
+                "--exact", "--dtype", "bf16", "--filter-groups", "--mini-batches", "2", "--async-scheduling", "--json",
+                cwd=root)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["identical"] and doc["first_divergence"] is None
     plan = json.loads((work / "resumed" / "ouro-plan.json").read_text())
     assert plan["contract"]["execution"]["exact"] == "on"
+    assert (plan["contract"]["async_scheduling"], plan["contract"]["filter_groups"]) == (True, True)
+    for line in (work / "resumed" / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        assert m["logprob_mismatch_max"] == 0.0, m["update"]
+        assert m["train_optimizer_steps"] + m["train_empty_mini_batches"] == 2, m["update"]

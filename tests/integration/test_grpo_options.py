@@ -80,7 +80,9 @@ def test_two_ranks_filter_refill_and_split_as_one_rank_does(tmp_path):
     """Refill rounds and mini-batches depend on batch positions and rewards only: two gloo ranks
     draw, filter, refill and train the same groups as one rank, and keep bit-identical replicas,
     through a refill round of one prompt (one rank draws nothing), a spent budget, and steps in
-    which one rank holds no sample or no rank does."""
+    which one rank holds no sample or no rank does; with every option of the loss on (each rank
+    takes its samples' first-policy logprobs under `--is-correction` and several steps),
+    asynchronous threshold exits and the optimizer state offloaded between steps."""
     import os
     import subprocess
     import sys
@@ -91,7 +93,10 @@ def test_two_ranks_filter_refill_and_split_as_one_rank_does(tmp_path):
     flags = ["train", "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
              "--prompts-per-update", "4", "--group-size", "3", "--max-response-len", "6", "--depths", "2", "4",
              "--updates", "2", "--save-interval", "0", "--reward-function", BINARY_REWARD, "--filter-groups",
-             "--max-refill", "1", "--mini-batches", "3"]  # a refill round of one prompt: rank 1 draws none
+             "--max-refill", "1", "--mini-batches", "3",  # a refill round of one prompt: rank 1 draws none
+             "--epochs", "2", "--advantage", "rloo", "--overlong", "soft", "--is-correction", "tis", "--clip-ratio-c",
+             "3", "--loop-weighting", "uniform", "--exit-threshold", "0.5", "--async-scheduling",
+             "--offload-optimizer", "on"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "ouro_cli.cli.app", *flags, "--run-dir", str(tmp_path / "two")], cwd=tmp_path,

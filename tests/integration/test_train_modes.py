@@ -4,8 +4,11 @@ Self-speculation (`--speculative-tokens 3 --depths 4`): every rollout token is v
 at full depth, the trainer's replay agrees with the engine's logprobs, the metrics
 report the acceptance rate, and evaluations run at K = 4 only. Asynchronous scheduling
 (`--async-scheduling` with threshold exits) trains on delayed-exit rollouts that the
-trainer replays exactly. Incompatible combinations fail as usage errors (exit 2)
-naming the fix.
+trainer replays exactly. Both train with every option of the loss and the data on
+(`TRAINED`: several steps per update, the IS correction, the dual clip, loop weighting,
+an advantage, group filtering, overlong handling) and the optimizer state offloaded, the
+pairs rl/combinations.py names these tests for. Incompatible combinations fail as usage
+errors (exit 2) naming the fix.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from pathlib import Path
 from .test_train_cli import T, ouro, small
 from .tiny_checkpoint import make_checkpoint
 
+TRAINED = ["--mini-batches", "2", "--epochs", "2", "--is-correction", "tis", "--clip-ratio-c", "3", "--loop-weighting",
+           "exit-pdf", "--advantage", "dr-grpo", "--overlong", "soft", "--filter-groups", "--offload-optimizer", "on"]
+
 
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -25,7 +31,7 @@ def test_speculative_training_runs_at_full_depth(tmp_path):
     make_checkpoint(tmp_path)
     run = tmp_path / "run"
     proc = ouro("train", "--speculative-tokens", "3", "--depths", str(T), "--updates", "2", "--run-dir", str(run),
-                *small(tmp_path), "--json", cwd=tmp_path)
+                *small(tmp_path), *TRAINED, "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     metrics = _lines(run / "metrics.jsonl")
     assert [m["k"] for m in metrics] == [T, T]
@@ -35,6 +41,7 @@ def test_speculative_training_runs_at_full_depth(tmp_path):
         assert m["engine_spec_draft_tokens"] > 0
         assert 0.0 <= m["engine_spec_acceptance_rate"] <= 1.0
         assert m["engine_spec_verify_rows"] >= m["engine_spec_draft_tokens"]
+        assert m["train_optimizer_steps"] + m["train_empty_mini_batches"] == 4
     for update in range(2):
         records = _lines(run / "rollouts" / f"update_{update:06d}.jsonl")
         assert all(r["exit_depths"] == [T] * len(r["response_ids"]) for r in records)
@@ -48,11 +55,12 @@ def test_async_scheduling_trains_on_replayable_delayed_exits(tmp_path):
     make_checkpoint(tmp_path)
     run = tmp_path / "run"
     proc = ouro("train", "--async-scheduling", "--exit-threshold", "0.5", "--depths", "3", str(T), "--updates", "2",
-                "--eval-depths", str(T), "--run-dir", str(run), *small(tmp_path), "--json", cwd=tmp_path)
+                "--eval-depths", str(T), "--run-dir", str(run), *small(tmp_path), *TRAINED, "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     metrics = _lines(run / "metrics.jsonl")
     assert [m["k"] for m in metrics] == [3, T]
     assert all(m["logprob_mismatch_max"] < 1e-5 for m in metrics)
+    assert all(m["train_optimizer_steps"] + m["train_empty_mini_batches"] == 4 for m in metrics)
     depths = {d for u in range(2) for r in _lines(run / "rollouts" / f"update_{u:06d}.jsonl")
               for d in r["exit_depths"][1:]}
     # tokens exit early (below K), and one loop late: a signal at loop 1 exits after loop 2, never after 1

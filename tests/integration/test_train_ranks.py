@@ -6,7 +6,9 @@ records are written in global order), every metrics line shows both ranks, the p
 they agreed on and their bit-identical parameters, and the final weights match one
 rank's to fp32 reduction order (gradients summed over ranks instead of within one
 batch: ~1e-7). `ouro compare` passes the pair at 1e-5 and fails a tampered copy and a
-tolerance below the measured difference.
+tolerance below the measured difference. Both jobs sample by self-speculation in exact
+mode (the pairs rl/combinations.py names this test for): every rank's engine and trainer
+agree exactly.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from .tiny_checkpoint import REWARD, make_checkpoint
 def _flags(root: Path) -> list[str]:
     return ["--model", str(root / "hf"), "--data", str(root / "train.jsonl"), "--eval-data", str(root / "eval.jsonl"),
             "--prompts-per-update", "4", "--group-size", "3", "--max-response-len", "6", "--eval-prompts", "2",
-            "--eval-depths", "4", "--max-num-seqs", "4", "--reward-function", REWARD, "--depths", "2", "4",
-            "--updates", "2", "--save-interval", "0"]
+            "--eval-depths", "4", "--max-num-seqs", "4", "--reward-function", REWARD, "--depths", "4",
+            "--speculative-tokens", "2", "--exact", "--updates", "2", "--save-interval", "0"]
 
 
 def _lines(path: Path) -> list[dict]:
@@ -57,6 +59,8 @@ def test_two_ranks_match_one_rank_and_ouro_compare_judges_the_pair(tmp_path):
         assert sum(m["rank_response_tokens"]) == sum(m["response_lengths"])
     single = _lines(tmp_path / "one" / "metrics.jsonl")
     assert all(m["ranks"] == 1 and len(m["rank_param_sha256"]) == 1 for m in single)
+    for m in metrics + single:
+        assert m["logprob_mismatch_max"] == 0.0 and m["engine_spec_draft_tokens"] > 0, m["update"]
     for update in range(2):
         name = f"update_{update:06d}.jsonl"
         a, b = _lines(tmp_path / "one" / "rollouts" / name), _lines(tmp_path / "two" / "rollouts" / name)

@@ -81,8 +81,11 @@ def test_background_saves_keep_a_resume_bit_identical(tmp_path):
 def test_mini_batches_and_filtered_refills_resume_bit_identically(tmp_path):
     """`--mini-batches 2 --filter-groups`: each update takes two optimizer steps (and a warmup counted
     in them) on groups that refill rounds drew past the dropped ones; the data cursor and the LR
-    schedule carry that over a fresh-process resume bit for bit. A resume that would change these
-    options is refused, naming the option."""
+    schedule carry that over a fresh-process resume bit for bit, with every option of the loss
+    on at once (`--is-correction tis`, whose first-policy forward runs before each update's first
+    step, the dual clip, rloo, the soft length penalty, loop weighting), threshold exits and the
+    optimizer state offloaded between steps. A resume that would change these options is
+    refused, naming the option."""
     import pytest
 
     from .tiny_checkpoint import BINARY_REWARD
@@ -91,7 +94,9 @@ def test_mini_batches_and_filtered_refills_resume_bit_identically(tmp_path):
     opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
             "--prompts-per-update", "3", "--group-size", "3", "--max-response-len", "6", "--depths", "2", "3", "4",
             "--reward-function", BINARY_REWARD, "--mini-batches", "2", "--filter-groups", "--max-refill", "4",
-            "--warmup-steps", "2"]
+            "--warmup-steps", "2", "--is-correction", "tis", "--clip-ratio-c", "3", "--advantage", "rloo",
+            "--overlong", "soft", "--loop-weighting", "progressive", "--exit-threshold", "0.9",
+            "--offload-optimizer", "on"]
     work = tmp_path / "vr"
     proc = ouro("verify-resume", "--updates", "4", "--resume-at", "2", "--work-dir", str(work), *opts, "--json",
                 cwd=tmp_path)

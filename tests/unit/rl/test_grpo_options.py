@@ -89,7 +89,8 @@ def contract(**values):
 BASE = dict(filter_groups=True, max_refill=8, overlong="soft", overlong_buffer=4)
 CHANGES = [("mini_batches", 2), ("epochs", 2), ("filter_groups", False), ("max_refill", 3), ("overlong", "mask"),
            ("overlong_buffer", 6), ("advantage", "rloo"), ("loop_weighting", "exit-pdf"),
-           ("loop_weight_alpha", 2.0), ("aggregation", "constant_length")]
+           ("loop_weight_alpha", 2.0), ("aggregation", "constant_length"), ("is_correction", "tis"),
+           ("clip_ratio_c", 3.0), ("log_ratio_bound", 10.0)]
 
 
 @pytest.mark.parametrize("key, value", CHANGES)

@@ -100,6 +100,8 @@ def test_sample_checks():
         Sample([1], [2, 3], [4], [-1.0, -1.0], 1.0).check(T)
     with pytest.raises(UserError):
         Sample([1], [2], [5], [-1.0], 1.0).check(T)
+    with pytest.raises(UserError, match="first_logprobs"):
+        Sample([1], [2], [4], [-1.0], 1.0, first_logprobs=[-1.0, -2.0]).check(T)
 
 
 def test_clipped_surrogate_branches():
@@ -112,6 +114,27 @@ def test_clipped_surrogate_branches():
     assert terms.clipped.tolist() == [True, False, False, True, False]
 
 
+def test_log_ratio_bound_and_dual_clip_by_hand():
+    """Log-ratios of ±30 are clamped to ±20 before the exponential (finite, no gradient beyond);
+    the dual clip c = 3 caps a negative advantage's loss at 3|A| (ratio 5: capped, no gradient;
+    ratio 2: untouched) and leaves positive advantages alone."""
+    new = torch.tensor([30.0, -30.0, math.log(5.0), math.log(2.0), math.log(5.0)], requires_grad=True)
+    adv = torch.tensor([-1.0, -1.0, -2.0, -1.0, 1.0])
+    plain = clipped_surrogate(new, torch.zeros(5), adv, eps_low=0.2, eps_high=0.28)
+    assert plain.ratio.tolist() == pytest.approx([math.exp(20), math.exp(-20), 5.0, 2.0, 5.0], rel=1e-6)
+    assert torch.isfinite(plain.loss).all() and plain.loss[0].item() == pytest.approx(math.exp(20), rel=1e-6)
+    plain.loss.sum().backward()
+    assert new.grad.tolist()[:2] == [0.0, 0.0] and new.grad[2].item() == pytest.approx(10.0, rel=1e-6)
+    new.grad = None
+    dual = clipped_surrogate(new, torch.zeros(5), adv, eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0)
+    assert dual.loss.tolist() == pytest.approx([3.0, 0.8 * 1.0, 6.0, 2.0, -1.28], rel=1e-6)
+    assert dual.clipped.tolist() == [True, True, True, False, True]
+    dual.loss.sum().backward()
+    assert new.grad.tolist() == pytest.approx([0.0, 0.0, 0.0, 2.0, 0.0], abs=1e-6)
+    tight = clipped_surrogate(new.detach(), torch.zeros(5), adv, 0.2, 0.28, log_ratio_bound=1.0)
+    assert tight.ratio.tolist() == pytest.approx([math.e, 1 / math.e, math.e, 2.0, math.e], rel=1e-6)
+
+
 def test_token_logprobs_use_temperature_and_entropy_is_finite():
     logits = torch.tensor([[2.0, 0.0, -1e4]])
     lp, logp = token_logprobs(logits, torch.tensor([1]), torch.tensor([0.5]))
@@ -121,7 +144,8 @@ def test_token_logprobs_use_temperature_and_entropy_is_finite():
 
 @pytest.mark.parametrize("bad", [dict(tensor_parallel=2), dict(pipeline_parallel=2), dict(context_parallel=2),
                                  dict(eps_low=1.0), dict(lr_schedule="cosine", warmup_steps=4, decay_steps=3),
-                                 dict(micro_batch_size=0), dict(aggregation="sum")])
+                                 dict(micro_batch_size=0), dict(aggregation="sum"), dict(clip_ratio_c=1.0),
+                                 dict(log_ratio_bound=0.0), dict(log_ratio_bound=math.inf)])
 def test_config_rejects_what_it_cannot_run(bad):
     with pytest.raises(UserError):
         TrainerConfig(**bad)
@@ -133,6 +157,7 @@ def test_config_defaults_on_cpu():
         assert cfg.resolved_device == "cpu" and cfg.torch_dtype == torch.float32
     assert (cfg.eps_low, cfg.eps_high, cfg.aggregation) == (0.2, 0.28, "auto")
     assert (cfg.resolved_aggregation, cfg.loop_weighting) == ("token_mean", "exit")
+    assert (cfg.clip_ratio_c, cfg.log_ratio_bound) == (None, 20.0)
 
 
 def test_token_cost_counts_full_depth_positions_as_one_and_shallow_ones_by_their_loops():

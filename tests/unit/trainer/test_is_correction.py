@@ -40,6 +40,17 @@ def test_tis_weighs_by_the_ratio_truncated_at_high():
     assert torch.equal(c.reference, new)  # the PPO ratio against the trainer's own logprobs
 
 
+def test_a_later_step_is_corrected_by_the_first_policy():
+    """After a step the trainer's logprobs `new` have moved: the weight still compares the first
+    policy with the rollout, and the ratio is taken against the first policy."""
+    first, rollout, ids = _case([1.0, 3.0, 0.25], [0, 0, 1])
+    new = first + 0.5
+    c = correct("tis", BOUNDS, new, rollout, ids, first=first)
+    assert torch.allclose(c.weight, torch.tensor([1.0, 2.0, 0.25], dtype=torch.float64))
+    assert c.reference is first
+    assert correct("mis", BOUNDS, new, rollout, ids, first=first).weight.tolist() == [1.0, 0.0, 0.0]
+
+
 def test_mis_masks_tokens_outside_the_band():
     new, rollout, ids = _case([1.0, 3.0, 0.25, 0.51, 1.99, 2.01], [0, 0, 0, 1, 1, 1])
     c = correct("mis", BOUNDS, new, rollout, ids)
