@@ -139,7 +139,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
         source = open_checkpoint(options.model)
         inputs = [options.data, *source.input_paths]
         artifacts.check_output_dir(target, options.overwrite, inputs=inputs)
-        note = unfinished_run_note(options.model)
+        note = unfinished_run_note(options.model, source)
         if note:
             log(f"note: {note}")
         ks = validate_depths(options.depths, source.config.num_loops)
@@ -150,6 +150,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
         prompt_ids = tokenize_prompts(codec, template, rows, source.config.max_position_embeddings,
                                       options.sampling.max_response_len, options.data)
         net = from_state_dict(source.config, dict(source.iter_tensors()), device=device)
+        source.release()  # a training run's iteration was pinned while it was read
     sampling = RolloutSampling.of(options.sampling, num_loops=source.config.num_loops, seed=options.seed,
                                   stop_token_ids=stop_tokens_for(source.config, codec), decode=codec.decode)
     engine = LLM(net, max_num_seqs=options.max_num_seqs, execution=options.execution)

@@ -323,6 +323,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     except BaseException:
         leave_world()
         raise
+    finally:
+        source.release()  # what the run reads of it is read: the run's own saves may prune it
     if trainer.offload is not None:  # --offload-optimizer auto: the state leaves only for the calls that need it
         trainer.offload.keep_after_step = sizing.state_per_call
     # the process group exists from here on (the trainer creates or joins it)
