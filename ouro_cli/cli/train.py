@@ -98,7 +98,7 @@ def _resume(run_dir: Path, updates: int, override_opt_param_scheduler: bool, jso
         plans.read_plan(run.plan)  # not a run: say so before anything else
         with RunLock(run.root, "ouro resume", create=False, log=_note):
             options = plans.resume_options(plans.read_plan(run.plan), given, updates=updates, run_dir=str(run_dir))
-            check_run_dir(run, options)
+            check_run_dir(run, options, resuming=True)
             return _run(options, run, resume=True, override_scheduler=override_opt_param_scheduler,
                         json_output=json_output, command="ouro resume")
 
