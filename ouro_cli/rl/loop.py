@@ -109,8 +109,21 @@ class Session:
 
 # ---- setup ---------------------------------------------------------------------------
 
+def _check_present(options: TrainOptions) -> None:
+    """The data files exist; a missing one is named by its flag and its path as first given. The
+    held-out set is outside the run's contract, so the line says how to continue without it."""
+    if not Path(options.data).exists():
+        raise UserError(f"the training data --data {options.shown_path('data')} does not exist; give an existing "
+                        "file (a run resumes only on its own data, whose sha256 it checks: restore it there)")
+    if options.eval_data and not Path(options.eval_data).exists():
+        raise UserError(f"the held-out set --eval-data {options.shown_path('eval_data')} does not exist; it is not "
+                        "part of the run's contract: pass --eval-data with another held-out file, or --eval-data '' "
+                        "to evaluate nothing")
+
+
 def _check_inputs(options: TrainOptions):
     """Everything that can be wrong with the inputs, found before any model loads."""
+    _check_present(options)
     rows = load_dataset(options.data, columns_for(options))
     eval_rows = load_dataset(options.eval_data, columns_for(options, held_out=True)) if options.eval_data else []
     reward_fn = load_reward(options.task.reward_function)

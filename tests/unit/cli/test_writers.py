@@ -25,7 +25,7 @@ MODEL, EVAL = BUNDLED / "model", BUNDLED / "eval.jsonl"
 PATH_NAME = re.compile(r"(^|_)(out|dir|data|model|hf|ckpt|run|config|files?|path)(_|$)")
 
 INPUTS = {("train", "config"), ("train", "model"), ("train", "data"), ("train", "eval_data"), ("resume", "run_dir"),
-          ("eval", "model"), ("eval", "data"), ("export", "ckpt_or_run"),
+          ("resume", "eval_data"), ("eval", "model"), ("eval", "data"), ("export", "ckpt_or_run"),
           ("convert hf-to-mcore", "hf_dir"), ("convert mcore-to-hf", "ckpt"), ("verify-resume", "compare"),
           ("status", "run_dir"), ("plot", "run_dir"), ("compare", "run_a"), ("compare", "run_b"),
           ("data check", "files"), ("data check", "model")}
