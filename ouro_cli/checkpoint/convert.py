@@ -1,10 +1,11 @@
 """Whole conversions between formats, as published artifacts (used by `ouro convert` and `ouro export`).
 
 A conversion reads an already validated source (`sources.open_checkpoint`) and writes
-its output inside `artifacts.staged_output`: the weights, config and assets, then
-`manifest.json`, then the COMPLETE marker; the staging directory replaces OUT only
-when all of that succeeded. An OUT that overlaps the files the conversion reads is
-refused before anything is written (`artifacts.check_output_dir`). Tensors pass through
+its output through the output guard (ouro_cli/outputs.py `staged_output`): the weights,
+config and assets, then `manifest.json`, then the COMPLETE marker, in a staging directory
+that replaces OUT only when all of that succeeded, while the conversion holds OUT's lock.
+An OUT the guard refuses (overlapping what the conversion reads, inside a run's own files,
+not empty without `overwrite`) is refused before anything is written. Tensors pass through
 untouched (no dtype change), one at a time wherever the target format allows it.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ouro_cli import artifacts
+from ouro_cli import artifacts, outputs
 
 from . import layout
 from .hf import DEFAULT_MAX_SHARD_BYTES, write_hf
@@ -40,7 +41,8 @@ def to_megatron(
 ) -> dict[str, Any]:
     """Write `source` as a Megatron dist checkpoint at `out` (with hf_assets/ for export)."""
     start = time.perf_counter()
-    with artifacts.staged_output(Path(out), overwrite=overwrite, inputs=source.input_paths) as staging:
+    with outputs.staged_output(Path(out), overwrite=overwrite, command=command,
+                                inputs=source.input_paths) as staging:
         save_megatron(staging, source.config, source.iter_tensors(), iteration=iteration,
                       assets_from=source.assets_dir, on_tensor=on_tensor)
         artifacts.write_manifest(staging, command, options, source.input_paths)
@@ -60,7 +62,8 @@ def to_hf(
 ) -> dict[str, Any]:
     """Write `source` as a Hugging Face directory at `out`, loadable with the original remote code."""
     start = time.perf_counter()
-    with artifacts.staged_output(Path(out), overwrite=overwrite, inputs=source.input_paths) as staging:
+    with outputs.staged_output(Path(out), overwrite=overwrite, command=command,
+                                inputs=source.input_paths) as staging:
         written = write_hf(staging, source.config, source.iter_tensors(), max_shard_bytes=max_shard_bytes,
                            assets_from=source.assets_dir, specs=source.specs, on_tensor=on_tensor)
         artifacts.write_manifest(staging, command, options, source.input_paths)

@@ -104,6 +104,9 @@ class HFCheckpoint:
     def input_paths(self) -> list[Path]:
         return [self.path]
 
+    def release(self) -> None:
+        """Nothing is held between reads of an HF directory (MegatronCheckpoint's pins its iteration)."""
+
     def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(physical name, tensor) one at a time, file by file (model order within a file)."""
         from safetensors import safe_open

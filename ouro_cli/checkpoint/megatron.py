@@ -100,13 +100,16 @@ def write_hf_assets(root: Path, config: OuroConfig, assets_from: Path | None) ->
 
 
 class MegatronCheckpoint:
-    """The latest complete iteration of a Megatron checkpoint, validated; tensors load lazily."""
+    """The latest complete iteration of a Megatron checkpoint, validated; tensors load lazily.
+
+    The iteration is pinned for as long as this object lives (`layout.pin_latest`), so a
+    training run that writes the checkpoint meanwhile cannot prune it under the reader."""
 
     kind = "megatron"
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.path = layout.latest_iteration_dir(self.root)  # refuses an iteration without COMPLETE
+        self.path, self._pin = layout.pin_latest(self.root)  # refuses an iteration without COMPLETE
         self.assets_dir = self.root / layout.HF_ASSETS
         if not (self.assets_dir / "config.json").is_file():
             raise CheckpointError(
@@ -127,6 +130,11 @@ class MegatronCheckpoint:
     def input_paths(self) -> list[Path]:
         tracker = self.root / layout.TRACKER  # absent after a first save interrupted before its tracker write
         return [*([tracker] if tracker.is_file() else []), self.path, self.assets_dir]
+
+    def release(self) -> None:
+        """Unpin the iteration (a reader that has its tensors lets the run prune it)."""
+        if self._pin is not None:
+            self._pin.release()
 
     def _stored_model_tensors(self, expected: dict) -> dict[str, tuple[str, TensorSpec]]:
         """Physical name -> (checkpoint key, spec) for the model tensors; other keys are ignored."""

@@ -44,6 +44,8 @@ class CheckpointSource(Protocol):
     @property
     def input_paths(self) -> list[Path]: ...
 
+    def release(self) -> None: ...
+
     def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]: ...
 
 
@@ -82,16 +84,16 @@ def open_checkpoint(path: str | Path) -> CheckpointSource:
     )
 
 
-def unfinished_run_note(path: str | Path) -> str | None:
-    """What a command says when `path` is a run directory that has not finished (no COMPLETE)."""
+def unfinished_run_note(path: str | Path, source: CheckpointSource) -> str | None:
+    """What a command says when `path` is a run directory that has not finished (no COMPLETE):
+    which of its checkpoints `source` (opened from `path`) reads."""
     from ouro_cli.artifacts import is_complete
 
     path = Path(path)
     if megatron_root(path) != run_checkpoint_dir(path) or is_complete(path):
         return None
-    latest = layout.latest_iteration_dir(run_checkpoint_dir(path)).name
     return (f"{path} is a run that has not finished (no COMPLETE marker): using its latest complete "
-            f"checkpoint, {RUN_CHECKPOINT_DIR}/{latest}")
+            f"checkpoint, {RUN_CHECKPOINT_DIR}/{Path(source.path).name}")
 
 
 def read_checkpoint(path: str | Path) -> tuple[OuroConfig, dict[str, torch.Tensor]]:

@@ -161,7 +161,7 @@ def write_hf_command(path: Path, out: Path, *, max_shard_size: str, overwrite: b
         source = open_checkpoint(path)
         if check is not None:
             check(source)
-        note = unfinished_run_note(path)
+        note = unfinished_run_note(path, source)
         if note:
             console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         options = {source_key: str(path), "out": str(out), "max_shard_bytes": shard_bytes, "overwrite": overwrite}

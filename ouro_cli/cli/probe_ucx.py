@@ -3,8 +3,9 @@
 Each setting runs in two fresh processes (NIXL agents, UCX backend): one WRITEs a
 known pattern with a notification into a buffer the other registered (VRAM on CUDA,
 DRAM otherwise), and the receiver checks every byte — completion alone never passes.
-Writes `probe.json`. Exit 0 when a setting delivered, 1 when none did, 2 when NIXL is
-not installed (with the install hint) or the input is bad.
+Writes `probe.json` through the output guard (ouro_cli/outputs.py: an existing one only with
+`--overwrite`). Exit 0 when a setting delivered, 1 when none did, 2 when NIXL is not installed
+(with the install hint) or the input is bad.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Annotated, Any
 import typer
 
 from .common import JSON_OPTION, console, run_command
+
+OVERWRITE = typer.Option("--overwrite", help="Replace an existing probe.json. \\[default: off]", show_default=False)
 
 EPILOG = """Examples:
 
@@ -35,12 +38,19 @@ def probe_ucx(
     repeats: Annotated[int, typer.Option("--repeats", help="WRITEs per setting (median time is reported).")] = 3,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per setting before it counts as hung.")] = 30.0,
     out: Annotated[Path, typer.Option("--out", help="Directory for probe.json.")] = Path("."),
+    overwrite: Annotated[bool, OVERWRITE] = False,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Probe UCX transport settings between two processes; recommend the fastest that delivered."""
     extra = list(ctx.args)  # `--tls a b c`: values after the first stay in ctx.args
 
     def body() -> dict[str, Any]:
+        from ouro_cli.outputs import claimed_output
+
+        with claimed_output(out / "probe.json", overwrite=overwrite, command="ouro probe-ucx", file=True) as output:
+            return _probe(output)
+
+    def _probe(output) -> dict[str, Any]:
         from ouro_cli.engine.pd.transport import NIXL_INSTALL_HINT, nixl_available
         from ouro_cli.errors import CheckFailed, UserError
 
@@ -59,9 +69,9 @@ def probe_ucx(
                 settings.append(setting)
         console.print(f"probing {len(settings)} UCX settings, {size_mb} MiB × {repeats} WRITEs each")
         document = run_probe(settings, devices=devices, size=size_mb << 20, repeats=repeats, timeout=timeout)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "probe.json"
-        path.write_text(json.dumps(document, indent=2) + "\n")
+        with output.staged() as staging:
+            staging.write_text(json.dumps(document, indent=2) + "\n")
+        path = output.path
         document["probe_json"] = str(path)
         _print(document)
         if document["recommended"] is None:

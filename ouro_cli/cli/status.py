@@ -1,4 +1,7 @@
-"""`ouro status RUN` and `ouro plot RUN`: read a run's files, change nothing in it but metrics.png."""
+"""`ouro status RUN` and `ouro plot RUN`: read a run's files, change nothing in it but metrics.png.
+
+`plot --out FILE` writes elsewhere through the output guard (ouro_cli/outputs.py): never into
+a run's own files, an existing FILE only with `--overwrite`, and the PNG appears whole."""
 
 from __future__ import annotations
 
@@ -57,20 +60,30 @@ def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTI
 
 def plot(run_dir: Annotated[Path, RUN_ARGUMENT],
          out: Annotated[Path | None, typer.Option("--out", help="Where to write the PNG. \\[default: RUN/metrics.png]")] = None,
+         overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file. "
+                                                 "\\[default: off]", show_default=False)] = False,
          json_output: bool = JSON_OPTION) -> None:
     """Redraw a run's metrics.png from its metrics.jsonl and evaluations.jsonl."""
     def body() -> dict[str, Any]:
+        import contextlib
+
         from ouro_cli.errors import UserError
+        from ouro_cli.outputs import Output, claimed_output
         from ouro_cli.rl.plots import plot_run
         from ouro_cli.rl.run_dir import RunDir
 
         run = RunDir(run_dir)
         if not run.is_run():
             raise UserError(f"{run.root} is not an ouro run directory (no {run.plan.name})")
-        target = out or run.plot
-        if plot_run(run.metrics, run.evaluations, target) is None:
-            raise UserError(f"nothing to plot: {run.metrics} has no updates yet, or matplotlib is not installed")
-        console.print(f"wrote {target}")
-        return {"plot": str(target)}
+        if out is None or out.resolve() == run.plot.resolve():  # the run's own plot, redrawn
+            claimed = contextlib.nullcontext(Output(run.plot, overwrite=True, file=True))
+        else:
+            claimed = claimed_output(out, overwrite=overwrite, command="ouro plot", file=True,
+                                     inputs=[run.metrics, run.evaluations])
+        with claimed as output, output.staged() as staging:
+            if plot_run(run.metrics, run.evaluations, staging) is None:
+                raise UserError(f"nothing to plot: {run.metrics} has no updates yet, or matplotlib is not installed")
+        console.print(f"wrote {output.path}")
+        return {"plot": str(output.path)}
 
     run_command(body, json_output=json_output)

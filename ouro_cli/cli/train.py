@@ -98,7 +98,7 @@ def _resume(run_dir: Path, updates: int, override_opt_param_scheduler: bool, jso
         plans.read_plan(run.plan)  # not a run: say so before anything else
         with RunLock(run.root, "ouro resume", create=False, log=_note):
             options = plans.resume_options(plans.read_plan(run.plan), given, updates=updates, run_dir=str(run_dir))
-            check_run_dir(run, options)
+            check_run_dir(run, options, resuming=True)
             return _run(options, run, resume=True, override_scheduler=override_opt_param_scheduler,
                         json_output=json_output, command="ouro resume")
 
@@ -121,7 +121,7 @@ def _train_command():
 RESUME_OPTIONS = ("depths", "lr", "seed", "temperature", "group_size", "prompts_per_update", "advantage",
                   "mini_batches", "epochs", "overlong", "loop_weighting", "max_num_seqs",
                   "kv_transport", "compile", "compile_layers", "decode_attention", "decode_gemv", "replay_attention",
-                  "eval_interval", "save_interval", "export_hf", "save_on_interrupt", "async_save")
+                  "eval_data", "eval_interval", "save_interval", "export_hf", "save_on_interrupt", "async_save")
 
 
 def _resume_command():

@@ -101,15 +101,15 @@ def response_record(sample: RolloutSample, index: int, reward: float) -> dict[st
 def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """`ouro eval`: the held-out accuracy per K of one checkpoint (HF, Megatron or a run
     directory) with `options.samples` samples per prompt, written to `options.out`
-    (evaluations.jsonl, responses.jsonl, manifest, COMPLETE) through a staged output, so the
-    directory appears whole or not at all. Inputs are checked before the model loads; returns
-    the result document (`out`, `evaluations`, the path of `responses`, and the `note` that an
-    unfinished run was read at its latest complete checkpoint)."""
+    (evaluations.jsonl, responses.jsonl, manifest, COMPLETE) through the output guard
+    (ouro_cli/outputs.py): OUT is checked before the model loads and again once the
+    checkpoint's files are known, stays locked while the evaluation runs, and appears whole or
+    not at all. Returns the result document (`out`, `evaluations`, the path of `responses`,
+    and the `note` that an unfinished run was read at its latest complete checkpoint)."""
     import time
     from pathlib import Path
 
-    from ouro_cli import artifacts
-    from ouro_cli.errors import UserError
+    from ouro_cli import outputs
 
     from .data import columns_for, load_dataset
     from .rewards import check_labels, load_reward
@@ -118,14 +118,24 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
     reward_fn = load_reward(options.task.reward_function)
     check_labels(reward_fn, options.task.reward_function, [(f"{options.data}:{r.line}", r.label) for r in rows])
     target = Path(options.out or f"evals/ouro-eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    artifacts.check_output_dir(target, options.overwrite, inputs=[options.data])
+    with outputs.claimed_output(target, overwrite=options.overwrite, command="ouro eval",
+                                inputs=[options.data]) as output:
+        return _run_eval(options, rows, reward_fn, output, log)
+
+
+def _run_eval(options, rows: list[Row], reward_fn: Callable, output, log: Callable[[str], None]) -> dict[str, Any]:
+    """`run_eval` once OUT is claimed: load the checkpoint, evaluate, publish OUT."""
+    import time
+    from pathlib import Path
 
     import torch
 
+    from ouro_cli import artifacts
     from ouro_cli.checkpoint import open_checkpoint
     from ouro_cli.checkpoint.sources import unfinished_run_note
     from ouro_cli.engine import LLM
     from ouro_cli.engine.tokenizer import TextCodec
+    from ouro_cli.errors import UserError
     from ouro_cli.mcore import single_process_group
     from ouro_cli.model import from_state_dict
 
@@ -134,12 +144,12 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
     from .schedule import validate_depths
     from .template import template_for_checkpoint
 
+    target = output.path
     device = ("cuda" if torch.cuda.is_available() else "cpu") if options.device == "auto" else options.device
     with single_process_group():
-        source = open_checkpoint(options.model)
-        inputs = [options.data, *source.input_paths]
-        artifacts.check_output_dir(target, options.overwrite, inputs=inputs)
-        note = unfinished_run_note(options.model)
+        source = open_checkpoint(options.model)  # a training run's iteration is pinned until `release`
+        output.check([options.data, *source.input_paths])
+        note = unfinished_run_note(options.model, source)
         if note:
             log(f"note: {note}")
         ks = validate_depths(options.depths, source.config.num_loops)
@@ -150,6 +160,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
         prompt_ids = tokenize_prompts(codec, template, rows, source.config.max_position_embeddings,
                                       options.sampling.max_response_len, options.data)
         net = from_state_dict(source.config, dict(source.iter_tensors()), device=device)
+        source.release()
     sampling = RolloutSampling.of(options.sampling, num_loops=source.config.num_loops, seed=options.seed,
                                   stop_token_ids=stop_tokens_for(source.config, codec), decode=codec.decode)
     engine = LLM(net, max_num_seqs=options.max_num_seqs, execution=options.execution)
@@ -160,7 +171,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
                            responses=responses)
     finally:
         engine.close()
-    with artifacts.staged_output(target, overwrite=options.overwrite, inputs=inputs) as staging:
+    with output.staged() as staging:
         from ouro_cli.warnings_log import attach_active
 
         attach_active(staging / "logs" / "warnings.log", shown=target / "logs" / "warnings.log")

@@ -14,6 +14,10 @@ sees that the path no longer names its file and locks the one there now, so two
 processes never hold "the" lock at once. Under torchrun only rank 0 takes the lock; the
 other ranks are the same job. `read_lock` tells who holds a directory without taking it
 (for `ouro status`).
+
+The same lock guards an artifact while it is written (`output_lock`, ouro_cli/outputs.py):
+its file is then a hidden sibling of the output (`.OUT.lock`), since the output itself is
+replaced whole when it is published.
 """
 
 from __future__ import annotations
@@ -97,26 +101,26 @@ def read_lock(directory: Path) -> Holder | None:
 
 class RunLock:
     """`with RunLock(run_dir, "ouro train"):` holds `run_dir`'s lock for the block (creating
-    the directory when `create`); a live holder elsewhere is a `RunLocked` error."""
+    the directory when `create`); a live holder elsewhere is a `RunLocked` error. `path` puts
+    the lock file elsewhere than `run_dir/ouro.lock` (`output_lock`); the directory it lies in
+    is the one created, and `directory` is what the refusal names."""
 
     def __init__(self, directory: Path, command: str, *, create: bool = True,
-                 log: Callable[[str], None] = lambda s: None) -> None:
+                 log: Callable[[str], None] = lambda s: None, path: Path | None = None) -> None:
         self.directory = Path(directory)
         self.command = command
         self.create = create
         self.log = log
+        self.path = Path(path) if path is not None else self.directory / LOCK_FILE
         self._fd: int | None = None
         self._created = False
 
-    @property
-    def path(self) -> Path:
-        return self.directory / LOCK_FILE
-
     def acquire(self) -> None:
-        if not self.directory.is_dir():
+        home = self.path.parent
+        if not home.is_dir():
             if not self.create:
-                raise UserError(f"{self.directory} does not exist")
-            self.directory.mkdir(parents=True, exist_ok=True)
+                raise UserError(f"{home} does not exist")
+            home.mkdir(parents=True, exist_ok=True)
             self._created = True
         while True:
             try:
@@ -169,7 +173,7 @@ class RunLock:
         with contextlib.suppress(OSError):
             self.path.unlink()  # under the flock: see the module docstring
             if self._created:
-                self.directory.rmdir()  # only when empty
+                self.path.parent.rmdir()  # only when empty
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
@@ -180,3 +184,10 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def output_lock(out: Path, command: str) -> RunLock:
+    """The lock of an output that is written and then published whole: `.NAME.lock` beside
+    it, so that two writers of one output never both publish (module docstring)."""
+    out = Path(out)
+    return RunLock(out, command, path=out.parent / f".{out.name}.lock")

@@ -24,6 +24,7 @@ after update u as version u + 2. Rollouts of update u therefore carry version u 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable
@@ -34,16 +35,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ouro_cli.artifacts import (
-    check_outside_inputs,
-    check_writable,
-    clear_dir,
-    is_empty_dir,
-    mark_complete,
-    write_manifest,
-)
+from ouro_cli.artifacts import MANIFEST, is_complete, mark_complete, write_manifest
 from ouro_cli.engine.contract import LimitsMemory
 from ouro_cli.errors import CheckFailed, Interrupted, UserError
+from ouro_cli.outputs import check_output, clear_dir, is_empty_dir
 from ouro_cli.testing import faults
 
 from . import plan as plans
@@ -119,8 +114,21 @@ class Session:
 
 # ---- setup ---------------------------------------------------------------------------
 
+def _check_present(options: TrainOptions) -> None:
+    """The data files exist; a missing one is named by its flag and its path as first given. The
+    held-out set is outside the run's contract, so the line says how to continue without it."""
+    if not Path(options.data).exists():
+        raise UserError(f"the training data --data {options.shown_path('data')} does not exist; give an existing "
+                        "file (a run resumes only on its own data, whose sha256 it checks: restore it there)")
+    if options.eval_data and not Path(options.eval_data).exists():
+        raise UserError(f"the held-out set --eval-data {options.shown_path('eval_data')} does not exist; it is not "
+                        "part of the run's contract: pass --eval-data with another held-out file, or --eval-data '' "
+                        "to evaluate nothing")
+
+
 def _check_inputs(options: TrainOptions):
     """Everything that can be wrong with the inputs, found before any model loads."""
+    _check_present(options)
     rows = load_dataset(options.data, columns_for(options))
     eval_rows = load_dataset(options.eval_data, columns_for(options, held_out=True)) if options.eval_data else []
     reward_fn = load_reward(options.task.reward_function)
@@ -333,6 +341,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     except BaseException:
         leave_world()
         raise
+    finally:
+        source.release()  # what the run reads of it is read: the run's own saves may prune it
     if trainer.offload is not None:  # --offload-optimizer auto: the state leaves only for the calls that need it
         trainer.offload.keep_after_step = sizing.state_per_call
     # the process group exists from here on (the trainer creates or joins it)
@@ -688,14 +698,43 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
 
 # ---- the whole job -------------------------------------------------------------------
 
-def check_run_dir(run: RunDir, options: TrainOptions) -> None:
-    """The output guard (artifacts.py) for a run: the run directory lies outside the model, the
-    data and the eval data, and is writable; --export-hf lies outside those and the checkpoint."""
+def check_run_dir(run: RunDir, options: TrainOptions, *, resuming: bool = False) -> None:
+    """The output guard (ouro_cli/outputs.py) for a run: the run directory lies outside the model,
+    the data and the eval data and outside any other run's own files, and is writable (whether
+    it may hold something is `prepare_run_dir`'s to say). --export-hf lies outside those inputs,
+    the checkpoint and this run's own files, and is empty unless it may be replaced
+    (`_export_replaceable`)."""
     inputs = [options.model, options.data, *([options.eval_data] if options.eval_data else [])]
-    check_outside_inputs(run.root, inputs, what="run directory")
-    check_writable(run.root, what="run directory")
+    check_output(run.root, overwrite=True, inputs=inputs, what="run directory")
     if options.export_hf:
-        check_outside_inputs(Path(options.export_hf), [*inputs, run.checkpoint], what="--export-hf")
+        check_output(Path(options.export_hf), overwrite=_export_replaceable(run, options),
+                     inputs=[*inputs, run.checkpoint], runs=[run], what="--export-hf",
+                     hint="remove it" if resuming else "pass --overwrite")
+
+
+def _export_replaceable(run: RunDir, options: TrainOptions) -> bool:
+    """Whether the run may replace what --export-hf holds: with --overwrite (`ouro train`), or
+    when it is an export of this same run (a resume to more updates exports again)."""
+    out = Path(options.export_hf)
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+        source = Path(manifest["options"]["source"])
+        own = manifest["command"].endswith("--export-hf") and source.resolve() == run.checkpoint.resolve()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        own = False
+    return options.overwrite or (own and is_complete(out))
+
+
+def export_stage(run: RunDir, options: TrainOptions, command: str, log: Callable[[str], None]) -> Path:
+    """The final model as an HF directory at --export-hf, through the output guard (rank 0)."""
+    from ouro_cli.checkpoint import open_checkpoint
+    from ouro_cli.checkpoint.convert import to_hf
+
+    out = Path(options.export_hf)
+    to_hf(open_checkpoint(run.checkpoint), out, overwrite=_export_replaceable(run, options),
+          command=f"{command} --export-hf", options={"source": str(run.checkpoint.resolve())})
+    log(f"exported the final model to {out}")
+    return out
 
 
 def prepare_run_dir(run: RunDir, overwrite: bool, log: Callable[[str], None] = lambda s: None) -> None:
@@ -788,16 +827,12 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
         session.unlogged_save["save_s"] += time.perf_counter() - waited
         if session.is_main:
             if options.export_hf:
-                from ouro_cli.checkpoint import open_checkpoint
-                from ouro_cli.checkpoint.convert import to_hf
-
-                to_hf(open_checkpoint(run.checkpoint), Path(options.export_hf), overwrite=True,
-                      command=f"{command} --export-hf", options={"source": str(run.checkpoint)})
+                export_stage(run, options, command, log)
             if plot_run(run.metrics, run.evaluations, run.plot) is None:
                 log(f"{run.plot.name} not written (matplotlib is not installed)")
             mark_complete(run.root)
         return {"run_dir": str(run.root), "updates": options.updates, "start_update": session.start_update,
-                "last_weight_version": session.engine.get_weight_version(),
+                "export_hf": options.export_hf or None, "last_weight_version": session.engine.get_weight_version(),
                 "evaluations_before": evals_before, "evaluations_after": evals_after,
                 "reward_mean_per_update": [r["reward_mean"] for r in records],
                 "final_save_s": session.unlogged_save["save_s"]}

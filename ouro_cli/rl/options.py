@@ -20,7 +20,9 @@ and speculation needs one depth, CUDA graphs a GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +37,9 @@ BUNDLED = Path(__file__).resolve().parents[1] / "bundled" / "tiny"  # package da
 DEFAULT_ENGINE = "ouro_cli.engine.factory:default_factory"  # engine/factory.py DEFAULT_FACTORY
 DEFAULT_DEPTHS = (2, 3, 4)
 AUTO_REWARD, BOXED_REWARD, MATH_REWARD = "auto", "ouro_cli.rl.rewards.boxed_answer", "ouro_cli.rl.rewards.math_answer"
+
+# The options of `ouro train` that name files or directories: recorded absolute (`TrainOptions.absolute`).
+PATH_OPTIONS = ("model", "data", "eval_data", "export_hf")
 
 # Option names of runs written by earlier versions that no longer exist: dropped when a plan is read.
 RETIRED = {"test_break_resume"}  # now ouro_cli/testing/faults.py (OURO_TEST_BREAK_RESUME)
@@ -251,6 +256,24 @@ class TrainOptions:
     # ---- kernels and compilation, for the trainer and the engine alike ----------
     execution: ExecutionSettings = section(ExecutionSettings)
 
+    # not an option: the path options as the user gave them, where `absolute` changed them (kept in
+    # the plan, so that a resume can show the original of a file that went missing)
+    given_paths: dict[str, str] = field(default_factory=dict)
+
+    def absolute(self) -> TrainOptions:
+        """These options with each relative path option (PATH_OPTIONS) made absolute against the
+        working directory, the originals kept in `given_paths`: a run records its files absolute,
+        so that a resume from another directory reads the same files."""
+        changed = {name: os.path.abspath(value) for name in PATH_OPTIONS
+                   if (value := getattr(self, name)) and not os.path.isabs(value)}
+        given = {**self.given_paths, **{name: getattr(self, name) for name in changed}}
+        return dataclasses.replace(self, **changed, given_paths=given)
+
+    def shown_path(self, name: str) -> str:
+        """A path option as recorded, and as first given when that differs."""
+        value, given = getattr(self, name), self.given_paths.get(name)
+        return f"{value} (given as {given})" if given and given != value else str(value)
+
     def validate(self) -> TrainOptions:
         """The rules of the job as a whole (each section checked itself when it was built)."""
         self.task.resolve_reward(self.data)
@@ -404,4 +427,5 @@ def resolve(flags: dict[str, Any], config_file: str | None) -> TrainOptions:
     values = from_environment(TrainOptions)
     values.update(read_toml(config_file) if config_file else {})
     values.update({k: v for k, v in flags.items() if v is not None})
-    return tree.build(TrainOptions, values, check=False).validate()  # the file's types are checked, the flags' typed
+    # the file's types are checked, the flags' typed
+    return tree.build(TrainOptions, values, check=False).validate().absolute()

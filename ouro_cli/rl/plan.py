@@ -23,6 +23,7 @@ it resumes under the defaults and refuses any other setting, naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -86,7 +87,7 @@ def sizing_entry(sizing) -> dict[str, Any]:
 def new_plan(options: TrainOptions, contract: dict[str, Any], cursor: dict[str, Any],
              sizing: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"plan_version": PLAN_VERSION, "contract": contract, "options": options.to_dict(),
-            "next_update": 0, "cursor": cursor, "sizing": sizing}
+            "given_paths": options.given_paths, "next_update": 0, "cursor": cursor, "sizing": sizing}
 
 
 def advance(plan: dict[str, Any], next_update: int, cursor: dict[str, Any], updates: int) -> dict[str, Any]:
@@ -113,12 +114,16 @@ def read_plan(path: Path) -> dict[str, Any]:
 def resume_options(plan: dict[str, Any], given: dict[str, Any], *, updates: int, run_dir: str) -> TrainOptions:
     """The options of a resumed run: the plan's, then the flags given (None: not given). Flags
     that would change the contract are refused later, by `check_same_contract`, once the
-    contract of this invocation is known."""
+    contract of this invocation is known. Paths given now are relative to the working
+    directory; the plan's are absolute (those of a plan from before: made so here), and their
+    originals, as the run was started with them, are kept for messages (`given_paths`)."""
     values = dict(plan["options"])
     values.update(from_environment(TrainOptions))  # a variable that is set stands in for a flag given
     values.update({k: v for k, v in given.items() if v is not None})
     values.update(updates=updates, run_dir=run_dir, overwrite=False)
-    return TrainOptions.from_dict(values).validate()
+    recorded = {k: v for k, v in plan.get("given_paths", {}).items() if given.get(k) is None}
+    options = TrainOptions.from_dict(values).validate()
+    return dataclasses.replace(options, given_paths=recorded).absolute()
 
 
 def upgrade(contract: dict[str, Any], device_type: str) -> dict[str, Any]:

@@ -106,6 +106,6 @@ def plot_run(metrics_path: Path, evaluations_path: Path, out: Path) -> Path | No
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=100, format=Path(out).suffix[1:] or "png")  # the name as given, no suffix added
     plt.close(fig)
     return out

@@ -80,10 +80,13 @@ def checkpoint_next_update(run: RunDir) -> int | None:
         state = json.loads(state_file.read_text())
         return int(state["extra"]["next_update"])
     except FileNotFoundError:
-        raise UserError(f"{state_file} is missing: {state_file.parent.name} holds no training state") from None
+        raise UserError(f"{state_file} is missing: {state_file.parent.name} holds no training state; remove "
+                        f"{state_file.parent} to resume from the iteration before it (from the start when there "
+                        "is none)") from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
         raise UserError(f"{state_file} is damaged ({type(err).__name__}: {err}); remove "
-                        f"{state_file.parent} to resume from the iteration before it, if any") from None
+                        f"{state_file.parent} to resume from the iteration before it (from the start when there "
+                        "is none)") from None
 
 
 def resume_point(run: RunDir, updates: int, log: Callable[[str], None] = lambda s: None) -> int | None:
@@ -99,13 +102,20 @@ def resume_point(run: RunDir, updates: int, log: Callable[[str], None] = lambda 
 
 
 def repair_tracker(run: RunDir, log: Callable[[str], None] = lambda s: None) -> None:
-    """Point the tracker at the latest complete iteration (checkpoint/layout.py), saying so."""
+    """Point the tracker at the latest complete iteration (checkpoint/layout.py), saying why."""
     from ouro_cli.checkpoint import layout
 
+    named = layout.read_tracker(run.checkpoint) if (run.checkpoint / layout.TRACKER).is_file() else None
     repaired = layout.repair_tracker(run.checkpoint)
-    if repaired is not None:
-        log(f"checkpoint: {layout.iteration_dir_name(repaired)} is complete but its save was interrupted "
-            "before the tracker named it; the tracker now does")
+    if repaired is None:
+        return
+    name = layout.iteration_dir_name(repaired)
+    if named is not None and named != layout.RELEASE and repaired != layout.RELEASE and named > repaired:
+        log(f"checkpoint: the tracker named {layout.iteration_dir_name(named)}, which is gone or incomplete; it now "
+            f"names {name}, the newest complete iteration")
+    else:
+        log(f"checkpoint: {name} is complete but its save was interrupted before the tracker named it; the "
+            "tracker now does")
 
 
 def check_records(run: RunDir, start: int, log: Callable[[str], None] = lambda s: None) -> None:

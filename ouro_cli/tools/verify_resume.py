@@ -248,10 +248,12 @@ def compare_held(run_a: Path, run_b: Path) -> Report:
 
 
 def compare_and_write(run_a: Path, run_b: Path, path: Path) -> Report:
+    from ouro_cli.artifacts import write_json_atomic
+
     report = compare_runs(run_a, run_b)
     report.path = str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    write_json_atomic(path, report.to_dict())
     return report
 
 
@@ -279,12 +281,12 @@ def check_disk(work: Path, model: str) -> None:
 
 
 def check_work_dir(work: Path, inputs: list[Path]) -> None:
-    """The output guard (artifacts.py) for W, plus: empty, or an earlier work dir of verify-resume."""
-    from ouro_cli.artifacts import check_outside_inputs, check_writable
+    """The output guard (ouro_cli/outputs.py) for W, whose own rule for what W may hold is: nothing,
+    or an earlier work dir of verify-resume."""
+    from ouro_cli.outputs import check_output
     from ouro_cli.rl.lock import LOCK_FILE
 
-    check_outside_inputs(work, inputs, what="work directory")
-    check_writable(work, what="work directory")
+    check_output(work, overwrite=True, inputs=inputs, what="work directory")
     if not work.is_dir():
         return
     names = {p.name for p in work.iterdir()} - {LOCK_FILE}

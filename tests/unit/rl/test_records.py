@@ -1,10 +1,11 @@
 """Records against checkpoints (ouro_cli.rl.records, checkpoint.layout): a resume drops what
-ran after its checkpoint, refuses a gap below it, and recognises an iteration whose save
-was interrupted before its tracker write."""
+ran after its checkpoint, refuses a gap below it, recognises an iteration whose save was
+interrupted before its tracker write, and continues once a damaged iteration is removed."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -111,3 +112,21 @@ def test_a_run_that_has_its_updates_is_refused_only_when_complete(run):
         records.resume_point(run, 4)
     with pytest.raises(UserError, match="already has 4 updates"):
         records.resume_point(run, 3)
+
+
+def test_removing_the_iteration_an_error_names_resumes_from_the_one_before(run):
+    _iteration(run, 2)
+    _iteration(run, 4)
+    _logged(run, range(4))
+    (run.checkpoint / "iter_0000004" / records.STATE_FILE).write_text("{not json")
+    with pytest.raises(UserError, match=r"remove \S*iter_0000004 to resume from the iteration before it"):
+        records.resume_point(run, 6)
+    shutil.rmtree(run.checkpoint / "iter_0000004")  # what the error says: the tracker still names it
+    assert records.resume_point(run, 6) == 2
+    notes = []
+    records.repair_tracker(run, notes.append)
+    assert layout.read_tracker(run.checkpoint) == 2
+    assert notes == ["checkpoint: the tracker named iter_0000004, which is gone or incomplete; it now names "
+                     "iter_0000002, the newest complete iteration"]
+    shutil.rmtree(run.checkpoint / "iter_0000002")  # the last one too: the run starts again
+    assert not run.has_checkpoint() and records.resume_point(run, 6) is None
