@@ -540,6 +540,7 @@ def save_stage(s: Session, next_update: int) -> float:
 def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     if not s.eval_rows:
         return []
+    faults.point("evaluation")
     n, samples = min(s.options.eval_prompts, len(s.eval_rows)), s.options.eval_samples
     with phase({}, "evaluation", s.trainer.device,
                f"{n} prompts{f' x {samples} samples' if samples > 1 else ''} at K = {s.options.eval_depths}",
@@ -693,7 +694,7 @@ def _stop_if_asked(s: Session, stop: StopSignals, done: int, hint: str) -> None:
             run_records.sync_update(s.run, done - 1)
         save_stage(s, done)
         state = f"checkpoint saved at update {done}"
-    elif last == done:
+    elif last == done and last:
         state = f"its checkpoint is at update {done}"
     elif last:
         state = f"not saved: the resume repeats updates {last}-{done - 1} from the checkpoint at update {last}"
@@ -709,11 +710,13 @@ def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_
     """The whole job (the caller holds the run lock). A resume first checks the records against
     the checkpoint (records.py); a resume of a run that never saved a checkpoint starts it again."""
     continuing = resume
-    if resume and run_records.resume_point(run, options.updates, log) is None:
+    start = run_records.resume_point(run, options.updates, log) if resume else None
+    if resume and start is None:
         log(f"{run.root} never saved a checkpoint: starting it again from update 0")
         resume = False
     hint = f"ouro resume {run.root} --updates {options.updates}"
-    with StopSignals(log, hint) as stop:
+    state = f"its checkpoint is at update {start}" if start else "no checkpoint yet: the resume starts it again"
+    with StopSignals(log, hint, at_once=f"before its first update ({state})") as stop:
         session = setup(options, run, resume=resume, override_scheduler=override_scheduler, log=log)
         return _train(session, stop, continuing=continuing, hint=hint, log=log, on_update=on_update,
                       command=command)
@@ -735,6 +738,7 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
                 plans.write_plan(run.plan, session.plan)  # the checkpoint's: a kill may have come before the copy
         evals_before = evaluate_stage(session, session.start_update, "start") if session.start_update == 0 else []
         session.trackers.evaluations(session.start_update, evals_before)
+        stop.begin_updates()
         records = []
         for update in range(session.start_update, options.updates):
             _stop_if_asked(session, stop, update, hint)
