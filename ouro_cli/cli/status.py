@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import JSON_OPTION, console, run_command
+from .common import JSON_OPTION, console, rich_escape, run_command
 
 STATUS_EPILOG = """Examples:
 
@@ -42,6 +42,8 @@ def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTI
                       + (f"{ckpt.get('path', ckpt.get('problem'))} (continues at update {ckpt.get('next_update')})"
                          if ckpt else "none yet"))
         console.print(f"plan {s['plan_sha256'][:12]}")
+        for note in s["notes"]:
+            _note(note)
         table = Table()
         for col in ("K", "last training reward", "held-out accuracy"):
             table.add_column(col, justify="right")
@@ -68,9 +70,13 @@ def plot(run_dir: Annotated[Path, RUN_ARGUMENT],
         if not run.is_run():
             raise UserError(f"{run.root} is not an ouro run directory (no {run.plan.name})")
         target = out or run.plot
-        if plot_run(run.metrics, run.evaluations, target) is None:
+        if plot_run(run.metrics, run.evaluations, target, log=_note) is None:
             raise UserError(f"nothing to plot: {run.metrics} has no updates yet, or matplotlib is not installed")
         console.print(f"wrote {target}")
         return {"plot": str(target)}
 
     run_command(body, json_output=json_output)
+
+
+def _note(message: str) -> None:
+    console.print(f"[dim]{rich_escape(message)}[/]", soft_wrap=True)
