@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .data import Row
+from .rewards.grading import Grader
 from .rollout import RolloutSample, RolloutSampling, generate_groups, request_seed
 
 
@@ -55,19 +56,23 @@ def pass_ks(samples: int) -> list[int]:
 
 
 def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampling: RolloutSampling, *,
-             ks: Sequence[int], reward_fn: Callable[[str, Any, Any], float], samples: int = 1,
-             responses: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+             ks: Sequence[int], reward_fn: Grader | Callable[[str, Any, Any], float], samples: int = 1,
+             responses: list[dict[str, Any]] | None = None, where: str = "evaluation") -> list[dict[str, Any]]:
     """Accuracy (avg@N), mean exit depth and tokens per K of `ks` with `samples` samples per
     prompt, and pass@k when `samples` > 1 (module docstring). `responses`, when given, gets
-    one record per (K, prompt, sample) in that order (`response_record`)."""
+    one record per (K, prompt, sample) in that order (`response_record`). A reward that is
+    not a finite real number is a CheckFailed whose line begins with `where` and K
+    (rewards/grading.py)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
+    grade = Grader.of(reward_fn)
     seeds = [eval_seed(sampling.seed, i, s) for i in range(len(rows)) for s in range(samples)]
     results = []
     for k in ks:
         drawn = generate_groups(engine, rows, prompt_ids, sampling, group_size=samples, k=k, update=0,
                                 purpose="eval", seeds=seeds)
-        rewards = [float(reward_fn(s.text, s.row.label, s.row.metadata)) for s in drawn]
+        rewards = [grade(s.text, s.row.label, s.row.metadata, problem_id=s.row.problem_id, where=f"{where}, K={k}")
+                   for s in drawn]
         decode_depths = [d for s in drawn for d in s.exit_depths[1:]]
         result = {
             "k": k,
@@ -117,6 +122,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
     rows = load_dataset(options.data, columns_for(options))[:options.prompts]
     reward_fn = load_reward(options.task.reward_function)
     check_labels(reward_fn, options.task.reward_function, [(f"{options.data}:{r.line}", r.label) for r in rows])
+    grader = Grader(reward_fn, options.task.reward_function, options.task.reward_timeout)
     target = Path(options.out or f"evals/ouro-eval-{time.strftime('%Y%m%d-%H%M%S')}")
     artifacts.check_output_dir(target, options.overwrite, inputs=[options.data])
 
@@ -156,7 +162,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
     start = time.perf_counter()
     responses: list[dict[str, Any]] = []
     try:
-        results = evaluate(engine, rows, prompt_ids, sampling, ks=ks, reward_fn=reward_fn, samples=options.samples,
+        results = evaluate(engine, rows, prompt_ids, sampling, ks=ks, reward_fn=grader, samples=options.samples,
                            responses=responses)
     finally:
         engine.close()

@@ -65,7 +65,7 @@ from .phases import hand_back, phase
 from .plots import plot_run
 from .prompts import stop_tokens_for, tokenize_prompts
 from .publish import publish
-from .rewards import check_labels, load_reward, reward_problem
+from .rewards import Grader, check_labels, load_reward
 from .rollout import RolloutCheckFailed, RolloutSample, RolloutSampling, generate_groups
 from .run_dir import RunDir
 from .schedule import depth_for_update, validate_depths
@@ -85,7 +85,7 @@ class Session:
     prompt_ids: list[list[int]]
     eval_rows: list[Row]
     eval_prompt_ids: list[list[int]]
-    reward_fn: Callable
+    reward_fn: Grader
     sampling: RolloutSampling  # the rollouts'; evaluations use it with the run seed (`eval_sampling`)
     trainer: Any
     engine: Any
@@ -133,7 +133,7 @@ def _check_inputs(options: TrainOptions):
     if options.prompts_per_update > len(rows):
         raise UserError(f"--prompts-per-update {options.prompts_per_update} is more than the {len(rows)} rows of "
                         f"{options.data}: an update would repeat prompts; use at most {len(rows)}")
-    return rows, eval_rows, reward_fn, template
+    return rows, eval_rows, Grader(reward_fn, options.task.reward_function, options.task.reward_timeout), template
 
 
 def _trainer_config(options: TrainOptions, sizing: RunSizing):
@@ -454,22 +454,18 @@ def _group_flags(samples: list[RolloutSample]) -> list[tuple[int, bool]]:
 
 
 def score_stage(s: Session, update: int, samples: list[RolloutSample]) -> None:
-    """Raw rewards. A reward that is not a finite real number, or a reward function that
-    raises, stops the run (exit 1) before anything trains on the update, naming the
-    function, the problem and the value; the ranks agree first, so none waits in a collective."""
+    """Raw rewards. A reward that is not a finite real number, raises or runs past
+    --reward-timeout stops the run (exit 1) before anything trains on the update, naming the
+    function, the problem and the value (rewards/grading.py); the ranks agree first, so none
+    waits in a collective."""
     problem = None
     for sample in samples:
         try:
-            value = s.reward_fn(sample.text, sample.row.label, sample.row.metadata)
-        except Exception as err:  # a plugin may raise anything
-            problem = f"raised {type(err).__name__}: {err}"
-        else:
-            problem = reward_problem(value)
-        if problem is not None:
-            problem = (f"update {update}: reward function {s.options.task.reward_function} {problem} for problem_id "
-                       f"{sample.row.problem_id!r}; a reward must be a finite real number (bool, int or float)")
+            sample.reward = s.reward_fn(sample.text, sample.row.label, sample.row.metadata,
+                                        problem_id=sample.row.problem_id, where=f"update {update}")
+        except CheckFailed as err:
+            problem = str(err)
             break
-        sample.reward = float(value)
     problems = [p for p in _all_gather(problem) if p is not None]
     if problems:
         raise CheckFailed(problems[0])
@@ -545,7 +541,7 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     with phase({}, "evaluation", s.trainer.device,
                f"{n} prompts{f' x {samples} samples' if samples > 1 else ''} at K = {s.options.eval_depths}",
                "--eval-prompts, --eval-samples or --max-num-seqs"):
-        results, responses = _evaluate(s, n)
+        results, responses = _evaluate(s, n, update)
     if s.is_main:  # the responses first: an evaluations line is never there without its responses
         for r in responses:
             append_jsonl(s.run.responses, {"update": update, "when": when, **r})
@@ -555,11 +551,12 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     return results
 
 
-def _evaluate(s: Session, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _evaluate(s: Session, n: int, update: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     room_for_call(s, max(s.options.eval_depths), n * s.options.eval_samples)
     responses: list[dict[str, Any]] = []
     results = evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
-                       reward_fn=s.reward_fn, samples=s.options.eval_samples, responses=responses)
+                       reward_fn=s.reward_fn, samples=s.options.eval_samples, responses=responses,
+                       where=f"evaluation at update {update}")
     return results, responses
 
 
