@@ -111,11 +111,19 @@ def require_complete(directory: Path, what: str = "artifact") -> None:
 
 def check_outside_inputs(out: Path, inputs: Iterable[str | Path], what: str = "output") -> None:
     """Refuse an output that is, contains or lies inside an input (it would be replaced, emptied or hashed)."""
-    resolved = Path(out).resolve()
+    resolved = real_path(out)
     for item in inputs:
-        item = Path(item).resolve()
+        item = real_path(item)
         if resolved == item or resolved in item.parents or item in resolved.parents:
             raise UserError(f"{what} {resolved} overlaps the input {item}; choose a directory outside the input")
+
+
+def real_path(path: str | Path) -> Path:
+    """`path` with every symbolic link followed; a link loop is a UserError naming it."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # "Symlink loop from ..." (RuntimeError before Python 3.13)
+        raise UserError(f"{path} is a symbolic link loop; point it at a real file or directory") from None
 
 
 def check_writable(out: Path, what: str = "output") -> None:

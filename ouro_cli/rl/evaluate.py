@@ -137,7 +137,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
 
     from .metrics import append_jsonl, write_jsonl
     from .prompts import stop_tokens_for, tokenize_prompts
-    from .schedule import validate_depths
+    from .schedule import validate_depths, validate_min_loops
     from .template import template_for_checkpoint
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if options.device == "auto" else options.device
@@ -149,6 +149,7 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
         if note:
             log(f"note: {note}")
         ks = validate_depths(options.depths, source.config.num_loops)
+        validate_min_loops(options.sampling.min_loops, source.config.num_loops)
         codec = TextCodec.from_dir(source.assets_dir)
         if codec is None:
             raise UserError(f"{options.model} has no tokenizer.json")

@@ -68,7 +68,7 @@ from .publish import publish
 from .rewards import Grader, check_labels, load_reward
 from .rollout import RolloutCheckFailed, RolloutSample, RolloutSampling, generate_groups
 from .run_dir import RunDir
-from .schedule import depth_for_update, validate_depths
+from .schedule import depth_for_update, validate_depths, validate_min_loops
 from .sizing import DeviceMemory, RunSizing, call_kv_bytes, check_fits, describe, size_run
 from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
@@ -278,7 +278,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     config = source.config
     num_loops = config.num_loops
     validate_depths(options.depths, num_loops)
-    validate_depths(options.eval_depths, num_loops)
+    validate_depths(options.eval_depths, num_loops, flag="--eval-depths")
+    validate_min_loops(options.sampling.min_loops, num_loops)
     if options.engine.speculative_tokens and options.depths != [num_loops]:
         raise UserError(f"--speculative-tokens needs --depths {num_loops} (the model's total_ut_steps T): drafts are "
                         f"verified at full depth, got --depths {' '.join(map(str, options.depths))}")
