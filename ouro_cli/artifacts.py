@@ -96,3 +96,11 @@ def is_complete(directory: Path) -> bool:
 def require_complete(directory: Path, what: str = "artifact") -> None:
     if not is_complete(directory):
         raise UserError(f"{directory} is not a complete {what} (no {MARKER} marker): it was not finished; re-run the command that makes it")
+
+
+def real_path(path: str | Path) -> Path:
+    """`path` with every symbolic link followed; a link loop is a UserError naming it."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # "Symlink loop from ..." (RuntimeError before Python 3.13)
+        raise UserError(f"{path} is a symbolic link loop; point it at a real file or directory") from None

@@ -194,7 +194,9 @@ def flat(tree: Any) -> dict[str, Any]:
 def read_toml(path: str | Path, root: type) -> dict[str, Any]:
     """Options from a TOML file, by flat name (dashes or underscores), each value of its
     option's type. Keys may stand at the top, under any [heading], or under a heading that
-    names a section of the tree, which must then hold them."""
+    names a section of the tree, which must then hold them. An option set twice (under two
+    headings, or as `max_response_len` and `max-response-len`) is refused: which one wins
+    would be a guess."""
     path = Path(path)
     where = f"--config {path}"
     if not path.is_file():
@@ -205,17 +207,23 @@ def read_toml(path: str | Path, root: type) -> dict[str, Any]:
         raise UserError(f"{where} is not valid TOML: {err}") from err
     table, owned = leaves(root), sections(root)
     values: dict[str, Any] = {}
+    set_at: dict[str, str] = {}
 
     def take(node: Mapping[str, Any], heading: str | None) -> None:
         for key, value in node.items():
             name = key.replace("-", "_")
             if isinstance(value, dict):  # a heading: no option takes a table ([data] above data = "...")
-                take(value, name)
+                take(value, name if heading is None else f"{heading}.{name}")
                 continue
             if name not in table:
                 raise UserError(f"{where}: unknown option {name!r}")
-            if heading in owned and name not in owned[heading]:
-                raise UserError(f"{where}: {name} is not an option of [{heading}]")
+            section = heading.rpartition(".")[2] if heading else None
+            if section in owned and name not in owned[section]:
+                raise UserError(f"{where}: {name} is not an option of [{section}]")
+            at = f"[{heading}]" if heading else "the top level"
+            if name in set_at:
+                raise UserError(f"{where}: {name} is set twice, at {set_at[name]} and at {at}; keep one")
+            set_at[name] = at
             values[name] = value
 
     take(raw, None)

@@ -8,8 +8,10 @@ the sizes involved and the option to change.
 `SettingError` is the UserError of a bad execution setting (ouro_cli/settings.py: an option or
 the OURO_* variable that stands in for it; also a ValueError,
 for library callers).
-`Interrupted`: a run stopped on SIGINT or SIGTERM — exit 128 + the signal (130, 143), one
-line saying where it stopped and how to continue.
+`Interrupted`: a command stopped by SIGINT or SIGTERM — exit 128 + the signal (130, 143), one
+line saying where it stopped and how to continue. Like KeyboardInterrupt it is a
+BaseException: it may be raised anywhere (cli/signals.py, rl/stop.py), and no
+`except Exception` of a library or a plugin may take it for an error of its own.
 """
 
 
@@ -29,7 +31,7 @@ class SettingError(UserError, ValueError):
     pass
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.signum = signum

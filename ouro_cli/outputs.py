@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .artifacts import real_path
 from .errors import UserError
 from .rl.lock import output_lock
 from .rl.run_dir import RunDir
@@ -43,9 +44,9 @@ OVERWRITE_HINT = "pass --overwrite"
 
 def check_outside_inputs(out: Path, inputs: Iterable[str | Path], what: str = "output") -> None:
     """Refuse an output that is, contains or lies inside an input (it would be replaced, emptied or hashed)."""
-    resolved = Path(out).resolve()
+    resolved = real_path(out)
     for item in inputs:
-        item = Path(item).resolve()
+        item = real_path(item)
         if resolved == item or resolved in item.parents or item in resolved.parents:
             raise UserError(f"{what} {resolved} overlaps the input {item}; choose a directory outside the input")
 

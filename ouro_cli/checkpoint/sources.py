@@ -22,6 +22,7 @@ from typing import Protocol
 
 import torch
 
+from ouro_cli.artifacts import real_path
 from ouro_cli.errors import UserError
 from ouro_cli.model.config import OuroConfig
 
@@ -67,6 +68,7 @@ def open_checkpoint(path: str | Path) -> CheckpointSource:
     """The validated checkpoint at `path`, or a UserError saying what `path` is missing."""
     path = Path(path)
     if not path.exists():
+        real_path(path)  # a symbolic link loop says so
         raise UserError(f"{path} does not exist")
     if not path.is_dir():
         raise UserError(f"{path} is a file; expected a checkpoint directory")
@@ -77,6 +79,11 @@ def open_checkpoint(path: str | Path) -> CheckpointSource:
         return MegatronCheckpoint(root)
     if is_hf_dir(path) or (path / "config.json").is_file():
         return HFCheckpoint(path)  # a config without weights gets HFCheckpoint's precise message
+    from ouro_cli.rl.run_dir import RunDir
+
+    if RunDir(path).is_run():
+        raise UserError(f"{path} is a run that has not saved a checkpoint yet; read it after its first save "
+                        "(--save-interval), or continue it with `ouro resume`")
     raise UserError(
         f"{path} is not an Ouro checkpoint: expected an HF directory (config.json + {SINGLE_FILE} "
         f"or {INDEX_FILE}), a Megatron checkpoint ({layout.TRACKER}) or a run directory "

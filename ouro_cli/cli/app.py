@@ -1,14 +1,20 @@
 """The `ouro` Typer application. Heavy imports (torch, megatron) happen inside commands,
-so `ouro --help` stays fast."""
+so `ouro --help` stays fast. SIGINT and SIGTERM are handled from the first line on
+(signals.py): run as `python -m ouro_cli.cli.app`, before this module's own imports."""
 
 from __future__ import annotations
 
-import os
+from ouro_cli.cli import signals
 
-import typer
+if __name__ == "__main__":
+    signals.install()
 
-from . import compare, convert, data, eval, export, probe_ucx, status, train, verify_resume
-from .common import DEBUG_ENV
+import os  # noqa: E402
+
+import typer  # noqa: E402
+
+from . import compare, convert, data, eval, export, probe_ucx, status, train, verify_resume  # noqa: E402
+from .common import DEBUG_ENV  # noqa: E402
 
 EPILOG = """Examples:
 
@@ -69,6 +75,7 @@ def main() -> None:
     import sys
     import warnings
 
+    signals.install()
     # megatron-core announces its pure-PyTorch fallbacks on import, and its dist-checkpoint
     # loader calls a torch API that torch marks deprecated; neither is the user's business
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")

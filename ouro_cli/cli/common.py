@@ -6,9 +6,9 @@ every case (an error included: `{"ok": false, "error": ..., "exit_code": ...}`).
 Every exception that reaches a command becomes one line saying what went wrong and what
 to do (`describe_failure`), never a traceback. Exit codes: 0 success; 1 a check failed
 or the command failed at run time (CheckFailed, ResourceError, an OS error, a bug);
-2 bad usage or input (UserError, a model ConfigError); 128 + the signal for a run
-stopped by SIGINT (130) or SIGTERM (143). `OURO_DEBUG=1` (or `ouro --debug …`) prints the
-traceback as well, exit codes unchanged.
+2 bad usage or input (UserError, a model ConfigError); 128 + the signal for a command
+stopped by SIGINT (130) or SIGTERM (143), at any moment (signals.py). `OURO_DEBUG=1` (or
+`ouro --debug …`) prints the traceback as well, exit codes unchanged.
 """
 
 from __future__ import annotations
@@ -25,20 +25,18 @@ import typer
 from rich.console import Console
 
 from ouro_cli.errors import CheckFailed, Interrupted, ResourceError, UserError
+from ouro_cli.testing import faults
 
 console = Console(stderr=True, highlight=False)
 DEBUG_ENV = "OURO_DEBUG"
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [UserError]
-    try:  # the model's config errors are user errors when they reach the CLI
-        from ouro_cli.model.config import ConfigError
-
-        types.append(ConfigError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(types)
+    """UserError, and the model's ConfigError once its module is loaded (no error can be one
+    before). Nothing is imported here: a signal may have left torch half-imported, and the
+    model package imports it (signals.py)."""
+    config = sys.modules.get("ouro_cli.model.config")
+    return (UserError, config.ConfigError) if config is not None else (UserError,)
 
 
 def emit_json(document: dict[str, Any]) -> None:
@@ -52,6 +50,7 @@ def run_command(body: Callable[[], dict[str, Any] | None], *, json_output: bool 
     `body` returns the result document printed by `--json` (None prints nothing).
     """
     try:
+        faults.point("command")
         result = body()
     except (typer.Exit, SystemExit):
         raise

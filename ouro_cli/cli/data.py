@@ -5,8 +5,11 @@ as training (`--prompt-key`, `--label-key`, `--id-key`, `--label-parser`; ouro_c
 and described: its format, how many rows, prompt-length percentiles (in tokens of the
 prompt as training renders it, with the template, when `--model` names the checkpoint
 whose tokenizer to use; in characters otherwise), where the ids come from and which are
-duplicated, and the first bad row. `--reward-function` also runs the reward's label check,
-as training does before any model loads.
+duplicated, and the first bad row. Prompts are validated as training validates them
+(rl/prompts.py): a chat role the template does not know, and with `--model` a prompt that
+leaves no room for `--max-response-len` tokens, is an error with training's line.
+`--reward-function` also runs the reward's label check, as training does before any
+model loads.
 
 Exit 0 when every file would load; 2 when any would not, with one error line naming the
 first problem. `--json` prints the report on stdout either way.
@@ -20,6 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from ouro_cli.rl.data import Columns
+from ouro_cli.rl.options import SamplingOptions
 
 from .common import JSON_OPTION, console, rich_escape, run_command
 
@@ -66,6 +70,7 @@ def check(
     label_parser: Annotated[str, typer.Option("--label-parser", help="none, or gsm8k: the label is the number after '####' in GSM8K's answer text.", rich_help_panel=P_MAP)] = Columns.label_parser,
     model: Annotated[str | None, typer.Option("--model", help="Checkpoint (HF, Megatron or run directory) whose tokenizer measures prompts in tokens. \\[default: none: characters]", rich_help_panel=P_LEN)] = None,
     prompt_template: Annotated[str, typer.Option("--prompt-template", help="chatml, raw or tokenizer: how prompts are rendered before they are measured (needs --model).", rich_help_panel=P_LEN)] = "chatml",
+    max_response_len: Annotated[int, typer.Option("--max-response-len", help="With --model: refuse a prompt that leaves no room for this many response tokens, as training does.", rich_help_panel=P_LEN)] = SamplingOptions.max_response_len,
     reward_function: Annotated[str | None, typer.Option("--reward-function", help="Also run this reward's label check on every row. \\[default: none]", rich_help_panel=P_LEN)] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
@@ -78,7 +83,7 @@ def check(
         check_mapping({"--prompt-key": prompt_key, "--label-key": label_key, "--id-key": id_key,
                        "--label-parser": label_parser})
         columns = Columns(prompt_key, label_key, id_key, label_parser)
-        measure = _measure(model, prompt_template)
+        measure = _measure(model, prompt_template, max_response_len)
         if reward_function is not None:
             from ouro_cli.rl.rewards import load_reward
 
@@ -101,32 +106,39 @@ def check(
 
 @dataclass
 class _Measure:
-    """How a prompt's length is counted: in characters, or in the tokens of the prompt rendered
-    with the template (as training renders it) and the checkpoint's tokenizer."""
+    """How prompts are checked and their lengths counted: in characters against the template's
+    rules, or, with a checkpoint's tokenizer, as training tokenises them (rl/prompts.py), so
+    a prompt training refuses is refused here with the same line."""
 
+    template: Any
     unit: str = "characters"
     codec: Any = None
-    template: Any = None
     limit: int | None = None  # the model's max_position_embeddings
+    max_response_len: int = 0
 
-    def __call__(self, prompt: Any) -> int:
+    def lengths(self, rows: list[Any], path: str) -> list[int]:
+        """Each row's prompt length, or the UserError training would raise for the first bad one."""
+        self.template.check([(f"{path}:{r.line}", r.prompt) for r in rows])
         if self.codec is None:
             from ouro_cli.rl.template import as_messages
 
-            return sum(len(m["content"]) for m in as_messages(prompt))
-        return len(self.codec.encode(self.template.render(prompt)))
+            return [sum(len(m["content"]) for m in as_messages(r.prompt)) for r in rows]
+        from ouro_cli.rl.prompts import tokenize_prompts
+
+        return [len(ids) for ids in tokenize_prompts(self.codec, self.template, rows, self.limit,
+                                                     self.max_response_len, path)]
 
 
-def _measure(model: str | None, prompt_template: str) -> _Measure:
+def _measure(model: str | None, prompt_template: str, max_response_len: int) -> _Measure:
     from ouro_cli.errors import UserError
-    from ouro_cli.rl.template import TEMPLATE_NAMES
+    from ouro_cli.rl.template import TEMPLATE_NAMES, get_template
 
     if prompt_template not in TEMPLATE_NAMES:
         raise UserError(f"--prompt-template must be one of {', '.join(TEMPLATE_NAMES)}, got {prompt_template!r}")
     if model is None:
         if prompt_template != "chatml":
             raise UserError("--prompt-template needs --model: prompts are measured in the model's tokens")
-        return _Measure()
+        return _Measure(get_template(prompt_template))
     from ouro_cli.checkpoint import open_checkpoint
     from ouro_cli.engine.tokenizer import TextCodec
     from ouro_cli.rl.template import template_for_checkpoint
@@ -135,8 +147,8 @@ def _measure(model: str | None, prompt_template: str) -> _Measure:
     codec = TextCodec.from_dir(source.assets_dir)
     if codec is None:
         raise UserError(f"{model} has no tokenizer.json")
-    return _Measure("tokens", codec, template_for_checkpoint(prompt_template, source.assets_dir),
-                    source.config.max_position_embeddings)
+    return _Measure(template_for_checkpoint(prompt_template, source.assets_dir), "tokens", codec,
+                    source.config.max_position_embeddings, max_response_len)
 
 
 def _check_file(path: str, columns: Columns, measure: _Measure, reward_function: str | None) -> dict[str, Any]:
@@ -154,9 +166,7 @@ def _check_file(path: str, columns: Columns, measure: _Measure, reward_function:
         others.append(f"{scan.source.name}: no data rows (the file is empty)")
     lengths: list[int] = []
     try:
-        if measure.template is not None:
-            measure.template.check([(f"{path}:{r.line}", r.prompt) for r in scan.rows])
-        lengths = [measure(r.prompt) for r in scan.rows]
+        lengths = measure.lengths(scan.rows, path)
     except UserError as err:
         others.append(str(err))
     if reward_function is not None:

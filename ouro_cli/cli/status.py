@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import JSON_OPTION, console, run_command
+from .common import JSON_OPTION, console, rich_escape, run_command
 
 STATUS_EPILOG = """Examples:
 
@@ -45,6 +45,8 @@ def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTI
                       + (f"{ckpt.get('path', ckpt.get('problem'))} (continues at update {ckpt.get('next_update')})"
                          if ckpt else "none yet"))
         console.print(f"plan {s['plan_sha256'][:12]}")
+        for note in s["notes"]:
+            _note(note)
         table = Table()
         for col in ("K", "last training reward", "held-out accuracy"):
             table.add_column(col, justify="right")
@@ -81,9 +83,13 @@ def plot(run_dir: Annotated[Path, RUN_ARGUMENT],
             claimed = claimed_output(out, overwrite=overwrite, command="ouro plot", file=True,
                                      inputs=[run.metrics, run.evaluations])
         with claimed as output, output.staged() as staging:
-            if plot_run(run.metrics, run.evaluations, staging) is None:
+            if plot_run(run.metrics, run.evaluations, staging, log=_note) is None:
                 raise UserError(f"nothing to plot: {run.metrics} has no updates yet, or matplotlib is not installed")
         console.print(f"wrote {output.path}")
         return {"plot": str(output.path)}
 
     run_command(body, json_output=json_output)
+
+
+def _note(message: str) -> None:
+    console.print(f"[dim]{rich_escape(message)}[/]", soft_wrap=True)

@@ -121,7 +121,8 @@ def _train_command():
 RESUME_OPTIONS = ("depths", "lr", "seed", "temperature", "group_size", "prompts_per_update", "advantage",
                   "mini_batches", "epochs", "overlong", "loop_weighting", "max_num_seqs",
                   "kv_transport", "compile", "compile_layers", "decode_attention", "decode_gemv", "replay_attention",
-                  "eval_data", "eval_interval", "save_interval", "export_hf", "save_on_interrupt", "async_save")
+                  "eval_data", "eval_interval", "save_interval", "export_hf", "save_on_interrupt", "async_save",
+                  "reward_timeout")
 
 
 def _resume_command():

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .data import Row
+from .rewards.grading import Grader
 from .rollout import RolloutSample, RolloutSampling, generate_groups, request_seed
 
 
@@ -55,19 +56,23 @@ def pass_ks(samples: int) -> list[int]:
 
 
 def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampling: RolloutSampling, *,
-             ks: Sequence[int], reward_fn: Callable[[str, Any, Any], float], samples: int = 1,
-             responses: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+             ks: Sequence[int], reward_fn: Grader | Callable[[str, Any, Any], float], samples: int = 1,
+             responses: list[dict[str, Any]] | None = None, where: str = "evaluation") -> list[dict[str, Any]]:
     """Accuracy (avg@N), mean exit depth and tokens per K of `ks` with `samples` samples per
     prompt, and pass@k when `samples` > 1 (module docstring). `responses`, when given, gets
-    one record per (K, prompt, sample) in that order (`response_record`)."""
+    one record per (K, prompt, sample) in that order (`response_record`). A reward that is
+    not a finite real number is a CheckFailed whose line begins with `where` and K
+    (rewards/grading.py)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
+    grade = Grader.of(reward_fn)
     seeds = [eval_seed(sampling.seed, i, s) for i in range(len(rows)) for s in range(samples)]
     results = []
     for k in ks:
         drawn = generate_groups(engine, rows, prompt_ids, sampling, group_size=samples, k=k, update=0,
                                 purpose="eval", seeds=seeds)
-        rewards = [float(reward_fn(s.text, s.row.label, s.row.metadata)) for s in drawn]
+        rewards = [grade(s.text, s.row.label, s.row.metadata, problem_id=s.row.problem_id, where=f"{where}, K={k}")
+                   for s in drawn]
         decode_depths = [d for s in drawn for d in s.exit_depths[1:]]
         result = {
             "k": k,
@@ -117,13 +122,14 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
     rows = load_dataset(options.data, columns_for(options))[:options.prompts]
     reward_fn = load_reward(options.task.reward_function)
     check_labels(reward_fn, options.task.reward_function, [(f"{options.data}:{r.line}", r.label) for r in rows])
+    grader = Grader(reward_fn, options.task.reward_function, options.task.reward_timeout)
     target = Path(options.out or f"evals/ouro-eval-{time.strftime('%Y%m%d-%H%M%S')}")
     with outputs.claimed_output(target, overwrite=options.overwrite, command="ouro eval",
                                 inputs=[options.data]) as output:
-        return _run_eval(options, rows, reward_fn, output, log)
+        return _run_eval(options, rows, grader, output, log)
 
 
-def _run_eval(options, rows: list[Row], reward_fn: Callable, output, log: Callable[[str], None]) -> dict[str, Any]:
+def _run_eval(options, rows: list[Row], grader: Callable, output, log: Callable[[str], None]) -> dict[str, Any]:
     """`run_eval` once OUT is claimed: load the checkpoint, evaluate, publish OUT."""
     import time
     from pathlib import Path
@@ -141,7 +147,7 @@ def _run_eval(options, rows: list[Row], reward_fn: Callable, output, log: Callab
 
     from .metrics import append_jsonl, write_jsonl
     from .prompts import stop_tokens_for, tokenize_prompts
-    from .schedule import validate_depths
+    from .schedule import validate_depths, validate_min_loops
     from .template import template_for_checkpoint
 
     target = output.path
@@ -153,6 +159,7 @@ def _run_eval(options, rows: list[Row], reward_fn: Callable, output, log: Callab
         if note:
             log(f"note: {note}")
         ks = validate_depths(options.depths, source.config.num_loops)
+        validate_min_loops(options.sampling.min_loops, source.config.num_loops)
         codec = TextCodec.from_dir(source.assets_dir)
         if codec is None:
             raise UserError(f"{options.model} has no tokenizer.json")
@@ -167,7 +174,7 @@ def _run_eval(options, rows: list[Row], reward_fn: Callable, output, log: Callab
     start = time.perf_counter()
     responses: list[dict[str, Any]] = []
     try:
-        results = evaluate(engine, rows, prompt_ids, sampling, ks=ks, reward_fn=reward_fn, samples=options.samples,
+        results = evaluate(engine, rows, prompt_ids, sampling, ks=ks, reward_fn=grader, samples=options.samples,
                            responses=responses)
     finally:
         engine.close()

@@ -62,10 +62,10 @@ from .phases import hand_back, phase
 from .plots import plot_run
 from .prompts import stop_tokens_for, tokenize_prompts
 from .publish import publish
-from .rewards import check_labels, load_reward, reward_problem
+from .rewards import Grader, check_labels, load_reward
 from .rollout import RolloutCheckFailed, RolloutSample, RolloutSampling, generate_groups
 from .run_dir import RunDir
-from .schedule import depth_for_update, validate_depths
+from .schedule import depth_for_update, validate_depths, validate_min_loops
 from .sizing import DeviceMemory, RunSizing, call_kv_bytes, check_fits, describe, size_run
 from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
@@ -83,7 +83,7 @@ class Session:
     prompt_ids: list[list[int]]
     eval_rows: list[Row]
     eval_prompt_ids: list[list[int]]
-    reward_fn: Callable
+    reward_fn: Grader
     sampling: RolloutSampling  # the rollouts'; evaluations use it with the run seed (`eval_sampling`)
     trainer: Any
     engine: Any
@@ -146,7 +146,7 @@ def _check_inputs(options: TrainOptions):
     if options.prompts_per_update > len(rows):
         raise UserError(f"--prompts-per-update {options.prompts_per_update} is more than the {len(rows)} rows of "
                         f"{options.data}: an update would repeat prompts; use at most {len(rows)}")
-    return rows, eval_rows, reward_fn, template
+    return rows, eval_rows, Grader(reward_fn, options.task.reward_function, options.task.reward_timeout), template
 
 
 def _trainer_config(options: TrainOptions, sizing: RunSizing):
@@ -292,7 +292,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     config = source.config
     num_loops = config.num_loops
     validate_depths(options.depths, num_loops)
-    validate_depths(options.eval_depths, num_loops)
+    validate_depths(options.eval_depths, num_loops, flag="--eval-depths")
+    validate_min_loops(options.sampling.min_loops, num_loops)
     if options.engine.speculative_tokens and options.depths != [num_loops]:
         raise UserError(f"--speculative-tokens needs --depths {num_loops} (the model's total_ut_steps T): drafts are "
                         f"verified at full depth, got --depths {' '.join(map(str, options.depths))}")
@@ -503,22 +504,18 @@ def _group_flags(samples: list[RolloutSample]) -> list[tuple[int, bool]]:
 
 
 def score_stage(s: Session, update: int, samples: list[RolloutSample]) -> None:
-    """Raw rewards. A reward that is not a finite real number, or a reward function that
-    raises, stops the run (exit 1) before anything trains on the update, naming the
-    function, the problem and the value; the ranks agree first, so none waits in a collective."""
+    """Raw rewards. A reward that is not a finite real number, raises or runs past
+    --reward-timeout stops the run (exit 1) before anything trains on the update, naming the
+    function, the problem and the value (rewards/grading.py); the ranks agree first, so none
+    waits in a collective."""
     problem = None
     for sample in samples:
         try:
-            value = s.reward_fn(sample.text, sample.row.label, sample.row.metadata)
-        except Exception as err:  # a plugin may raise anything
-            problem = f"raised {type(err).__name__}: {err}"
-        else:
-            problem = reward_problem(value)
-        if problem is not None:
-            problem = (f"update {update}: reward function {s.options.task.reward_function} {problem} for problem_id "
-                       f"{sample.row.problem_id!r}; a reward must be a finite real number (bool, int or float)")
+            sample.reward = s.reward_fn(sample.text, sample.row.label, sample.row.metadata,
+                                        problem_id=sample.row.problem_id, where=f"update {update}")
+        except CheckFailed as err:
+            problem = str(err)
             break
-        sample.reward = float(value)
     problems = [p for p in _all_gather(problem) if p is not None]
     if problems:
         raise CheckFailed(problems[0])
@@ -589,11 +586,12 @@ def save_stage(s: Session, next_update: int) -> float:
 def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     if not s.eval_rows:
         return []
+    faults.point("evaluation")
     n, samples = min(s.options.eval_prompts, len(s.eval_rows)), s.options.eval_samples
     with phase({}, "evaluation", s.trainer.device,
                f"{n} prompts{f' x {samples} samples' if samples > 1 else ''} at K = {s.options.eval_depths}",
                "--eval-prompts, --eval-samples or --max-num-seqs"):
-        results, responses = _evaluate(s, n)
+        results, responses = _evaluate(s, n, update)
     if s.is_main:  # the responses first: an evaluations line is never there without its responses
         for r in responses:
             append_jsonl(s.run.responses, {"update": update, "when": when, **r})
@@ -603,11 +601,12 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     return results
 
 
-def _evaluate(s: Session, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _evaluate(s: Session, n: int, update: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     room_for_call(s, max(s.options.eval_depths), n * s.options.eval_samples)
     responses: list[dict[str, Any]] = []
     results = evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
-                       reward_fn=s.reward_fn, samples=s.options.eval_samples, responses=responses)
+                       reward_fn=s.reward_fn, samples=s.options.eval_samples, responses=responses,
+                       where=f"evaluation at update {update}")
     return results, responses
 
 
@@ -772,7 +771,7 @@ def _stop_if_asked(s: Session, stop: StopSignals, done: int, hint: str) -> None:
             run_records.sync_update(s.run, done - 1)
         save_stage(s, done)
         state = f"checkpoint saved at update {done}"
-    elif last == done:
+    elif last == done and last:
         state = f"its checkpoint is at update {done}"
     elif last:
         state = f"not saved: the resume repeats updates {last}-{done - 1} from the checkpoint at update {last}"
@@ -788,11 +787,13 @@ def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_
     """The whole job (the caller holds the run lock). A resume first checks the records against
     the checkpoint (records.py); a resume of a run that never saved a checkpoint starts it again."""
     continuing = resume
-    if resume and run_records.resume_point(run, options.updates, log) is None:
+    start = run_records.resume_point(run, options.updates, log) if resume else None
+    if resume and start is None:
         log(f"{run.root} never saved a checkpoint: starting it again from update 0")
         resume = False
     hint = f"ouro resume {run.root} --updates {options.updates}"
-    with StopSignals(log, hint) as stop:
+    state = f"its checkpoint is at update {start}" if start else "no checkpoint yet: the resume starts it again"
+    with StopSignals(log, hint, at_once=f"before its first update ({state})") as stop:
         session = setup(options, run, resume=resume, override_scheduler=override_scheduler, log=log)
         return _train(session, stop, continuing=continuing, hint=hint, log=log, on_update=on_update,
                       command=command)
@@ -814,6 +815,7 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
                 plans.write_plan(run.plan, session.plan)  # the checkpoint's: a kill may have come before the copy
         evals_before = evaluate_stage(session, session.start_update, "start") if session.start_update == 0 else []
         session.trackers.evaluations(session.start_update, evals_before)
+        stop.begin_updates()
         records = []
         for update in range(session.start_update, options.updates):
             _stop_if_asked(session, stop, update, hint)

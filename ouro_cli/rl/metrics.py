@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from ouro_cli.errors import UserError
 
 
 def rollout_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -62,7 +64,21 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    """The lines of a JSONL log (none when the file does not exist). A last line cut short by a
+    killed writer is dropped (said in `log`); any other line that does not parse is a UserError
+    naming the file and the line."""
     if not Path(path).is_file():
         return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    lines = [x for x in Path(path).read_text().splitlines() if x.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if i == len(lines) - 1:
+                log(f"{path}: dropped a last line cut short by an interrupted write")
+                break
+            raise UserError(f"{path}:{i + 1} is not valid JSON ({err.msg}); the file is damaged: "
+                            "repair or remove that line") from None
+    return rows

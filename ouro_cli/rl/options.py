@@ -55,6 +55,12 @@ class TaskOptions:
         AUTO_REWARD, help="Dotted path of f(response, label[, metadata]) -> float; auto: the DeepScaleR math grader "
         "(rewards.math_answer), or rewards.boxed_answer for the bundled integer task.", panel=P_DATA,
         aliases=("--ouro-reward-function",))  # checked by template.py, rewards/
+    reward_timeout: float | None = option(None, help="Seconds one reward call may take; a slower call stops the "
+                                          "run, naming the function.", panel=P_DATA, shown="none")
+
+    def __post_init__(self) -> None:
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise UserError(f"--reward-timeout must be > 0 seconds, got {self.reward_timeout}")
 
     def resolve_reward(self, data: str) -> None:
         """`auto` becomes the grader it stands for (what the plan records), given the data: the

@@ -12,8 +12,8 @@ rebuilds the options from the plan and rejects any flag that would change the co
 naming the key; the cursor saved in the checkpoint must agree with the plan's.
 
 Options outside the contract may change on resume: the number of updates, evaluation
-and save cadence, export, keep-last, save-on-interrupt, where tensors live and how PD
-workers move them (and the LR schedule with `--override-scheduler`).
+and save cadence, export, keep-last, save-on-interrupt, the reward's time limit, where
+tensors live and how PD workers move them (and the LR schedule with `--override-scheduler`).
 
 Plans written before a key of the contract existed are read as having had its value of
 then: a run without `execution` ran with the default kernels, and a run without an option
@@ -44,7 +44,8 @@ FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_d
              "gpu_memory_utilization",  # the memory plan it yields is recorded (contract "sizing") and reused
              "async_save", "offload_optimizer", "loggers",  # where tensors live, what is logged
              "kv_transport", "pd_worker_threads",  # how PD workers move bytes; their host threads
-             "eval_prompt_key", "eval_label_key", "eval_id_key", "eval_label_parser"}  # like eval_data
+             "eval_prompt_key", "eval_label_key", "eval_id_key", "eval_label_parser",  # like eval_data
+             "reward_timeout"}  # changes no reward: a call past it stops the run
 EXECUTION_KEYS = set(leaves(ExecutionSettings))  # recorded as what they resolve to (contract "execution")
 # what a plan recorded before its `sizing` had these keys computed: plain positions, whole samples,
 # and (with heads) the samples left whole in their places among the bodies, the heads after them

@@ -21,6 +21,7 @@ Drawn at the end of a run and by `ouro plot RUN`, from the files alone.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,12 @@ def _running_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_run(metrics_path: Path, evaluations_path: Path, out: Path) -> Path | None:
-    """Draw `out` from a run's metrics.jsonl and evaluations.jsonl; None without records, or
-    without matplotlib (a bare GPU image may lack it: the run itself is not at fault)."""
-    records = read_jsonl(metrics_path)
+def plot_run(metrics_path: Path, evaluations_path: Path, out: Path,
+             log: Callable[[str], None] = lambda s: None) -> Path | None:
+    """Draw `out` from a run's metrics.jsonl and evaluations.jsonl (a last line cut short is
+    left out, said in `log`); None without records, or without matplotlib (a bare GPU image
+    may lack it: the run itself is not at fault)."""
+    records = read_jsonl(metrics_path, log)
     if not records:
         return None
     try:
@@ -60,7 +63,7 @@ def plot_run(metrics_path: Path, evaluations_path: Path, out: Path) -> Path | No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evaluations = read_jsonl(evaluations_path) if Path(evaluations_path).is_file() else []
+    evaluations = read_jsonl(evaluations_path, log)
     per_k = _by_k(records)
     colours = {k: plt.get_cmap("tab10")(i) for i, k in enumerate(sorted(set(per_k) | {int(e["k"]) for e in evaluations}))}
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))

@@ -1,6 +1,6 @@
-"""Prompts as the engine gets them, shared by `ouro train` (loop.py) and `ouro eval` (evaluate.py):
-rendered by the run's template, tokenised, checked against the sequence limit; and the
-token ids that end a response."""
+"""Prompts as the engine gets them, shared by `ouro train` (loop.py), `ouro eval` (evaluate.py)
+and `ouro data check --model`: rendered by the run's template, tokenised, checked against
+the sequence limit; and the token ids that end a response."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from .data import Row
 
 
 def tokenize_prompts(codec, template, rows: list[Row], limit: int, max_response_len: int, where: str) -> list[list[int]]:
-    """Each row's prompt as token ids; a prompt that renders to nothing, or leaves no room for
-    `max_response_len` tokens within `limit`, is a UserError naming `where`:line."""
+    """Each row's prompt as token ids; a prompt the template cannot render (template.py
+    `check`), one that renders to nothing, or one that leaves no room for `max_response_len`
+    tokens within `limit`, is a UserError naming `where`:line. `ouro data check --model`
+    validates with this too, so it refuses what a run refuses."""
+    template.check([(f"{where}:{row.line}", row.prompt) for row in rows])
     ids = []
     for row in rows:
         tokens = codec.encode(template.render(row.prompt))

@@ -27,7 +27,7 @@ from typing import Any
 from ouro_cli.artifacts import is_complete
 from ouro_cli.errors import UserError
 
-from .metrics import append_jsonl
+from .metrics import append_jsonl, read_jsonl
 from .run_dir import RunDir
 
 STATE_FILE = "trainer_state.json"  # written by trainer/checkpointing.py into every iteration
@@ -51,34 +51,22 @@ def sync_update(run: RunDir, update: int) -> None:
             os.fsync(f.fileno())
 
 
-def read_rows(path: Path, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
-    """The lines of a JSONL log; a last line cut short by a killed writer is dropped (said in `log`)."""
-    if not Path(path).is_file():
-        return []
-    lines = [x for x in Path(path).read_text().splitlines() if x.strip()]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if i == len(lines) - 1:
-                log(f"{path}: dropped a last line cut short by an interrupted write")
-                break
-            raise UserError(f"{path}:{i + 1} is not valid JSON ({err.msg}); the file is damaged: "
-                            "repair or remove that line") from None
-    return rows
-
-
 def checkpoint_next_update(run: RunDir) -> int | None:
     """`next_update` of the run's latest complete checkpoint; None when no save ever committed."""
     from ouro_cli.checkpoint import layout
 
     if not run.has_checkpoint():
         return None
-    state_file = layout.latest_iteration_dir(run.checkpoint) / STATE_FILE
+    return read_trainer_state(layout.latest_iteration_dir(run.checkpoint))["next_update"]
+
+
+def read_trainer_state(iteration_dir: Path) -> dict[str, Any]:
+    """The `extra` of an iteration's trainer_state.json (its `next_update` an int), or a
+    UserError naming the file and saying what to do."""
+    state_file = Path(iteration_dir) / STATE_FILE
     try:
-        state = json.loads(state_file.read_text())
-        return int(state["extra"]["next_update"])
+        extra = json.loads(state_file.read_text())["extra"]
+        return {**extra, "next_update": int(extra["next_update"])}
     except FileNotFoundError:
         raise UserError(f"{state_file} is missing: {state_file.parent.name} holds no training state; remove "
                         f"{state_file.parent} to resume from the iteration before it (from the start when there "
@@ -120,7 +108,7 @@ def repair_tracker(run: RunDir, log: Callable[[str], None] = lambda s: None) -> 
 
 def check_records(run: RunDir, start: int, log: Callable[[str], None] = lambda s: None) -> None:
     """Every update below the checkpoint must be logged exactly once, with its rollouts file."""
-    counts = Counter(r.get("update") for r in read_rows(run.metrics, log))
+    counts = Counter(r.get("update") for r in read_jsonl(run.metrics, log))
     missing = [u for u in range(start) if counts[u] == 0]
     repeated = [u for u in range(start) if counts[u] > 1]
     absent = [u for u in range(start) if counts[u] and not run.rollout_file(u).is_file()]
@@ -139,13 +127,13 @@ def drop_after(run: RunDir, start: int, *, finishing: bool, log: Callable[[str],
     evaluations (and their responses) and rollouts files of updates >= start. `finishing`
     (the run has all its updates and only its end stage is missing) also drops a partial end
     evaluation."""
-    rows = read_rows(run.metrics, log)
+    rows = read_jsonl(run.metrics, log)
     kept = [r for r in rows if r["update"] < start]
     _rewrite(run.metrics, kept)
     if len(rows) > len(kept):
         log(f"resume: {len(rows) - len(kept)} update(s) after the checkpoint at {start} will run again")
-    _rewrite(run.evaluations, [e for e in read_rows(run.evaluations, log) if _kept(e, start, finishing)])
-    _rewrite(run.responses, [e for e in read_rows(run.responses, log) if _kept(e, start, finishing)])
+    _rewrite(run.evaluations, [e for e in read_jsonl(run.evaluations, log) if _kept(e, start, finishing)])
+    _rewrite(run.responses, [e for e in read_jsonl(run.responses, log) if _kept(e, start, finishing)])
     for path in run.rollouts.glob("update_*.jsonl"):
         if int(path.stem[len("update_"):]) >= start:
             path.unlink()

@@ -40,19 +40,27 @@ EXECUTION_KEYS = (
 )
 
 
-def validate_depths(depths: Sequence[int], total_loops: int) -> list[int]:
-    """The schedule `depths` checked against the model's T: non-empty, each K in 1..T."""
+def validate_depths(depths: Sequence[int], total_loops: int, flag: str = "--depths") -> list[int]:
+    """The schedule `depths` (given by `flag`) checked against the model's T: non-empty, each K in 1..T."""
     if not depths:
-        raise UserError("--depths needs at least one decode depth K, e.g. --depths 2 3 4")
+        raise UserError(f"{flag} needs at least one decode depth K, e.g. {flag} 2 3 4")
     checked = []
     for k in depths:
         if isinstance(k, bool) or not isinstance(k, int):
-            raise UserError(f"--depths: {k!r} is not an integer loop count")
+            raise UserError(f"{flag}: {k!r} is not an integer loop count")
         if not 1 <= k <= total_loops:
-            raise UserError(f"--depths: K={k} is outside 1..{total_loops} (the model runs at most "
+            raise UserError(f"{flag}: K={k} is outside 1..{total_loops} (the model runs at most "
                             f"total_ut_steps={total_loops} loops)")
         checked.append(k)
     return checked
+
+
+def validate_min_loops(min_loops: int, total_loops: int) -> int:
+    """--min-loops checked against the model's T: a token cannot run more loops than the model has."""
+    if min_loops > total_loops:
+        raise UserError(f"--min-loops {min_loops} is more than the model's total_ut_steps={total_loops} loops; "
+                        f"use at most {total_loops}")
+    return min_loops
 
 
 def depth_for_update(depths: Sequence[int], update: int) -> int:
@@ -154,4 +162,4 @@ def validate_group(outputs: Sequence[Any]) -> None:
 
 
 __all__ = ["EXECUTION_KEYS", "GroupMismatch", "config_hash", "depth_for_update", "execution_settings",
-           "validate_depths", "validate_group"]
+           "validate_depths", "validate_group", "validate_min_loops"]

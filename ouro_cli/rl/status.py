@@ -3,12 +3,13 @@
 Updates done of the total (the metrics lines; the plan's `next_update` is what the latest
 checkpoint continues from), the last training reward per K, the latest held-out accuracy
 per K, the latest complete checkpoint, the plan's contract hash, whether a process holds
-the run's lock (it is still being written) and whether the run is complete.
+the run's lock (it is still being written) and whether the run is complete. A record
+cut short by a killed writer is left out, as `resume` leaves it (`notes` says so); a
+file that cannot be read otherwise is named in the error or in the checkpoint's `problem`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ouro_cli.errors import UserError
 
 from .lock import read_lock
 from .metrics import read_jsonl
+from .records import read_trainer_state
 from .run_dir import RunDir
 
 
@@ -27,8 +29,8 @@ def run_status(root: Path) -> dict[str, Any]:
     from . import plan as plans
 
     plan = plans.read_plan(run.plan)
-    rows = read_jsonl(run.metrics) if run.metrics.is_file() else []
-    evaluations = read_jsonl(run.evaluations) if run.evaluations.is_file() else []
+    notes: list[str] = []
+    rows, evaluations = read_jsonl(run.metrics, notes.append), read_jsonl(run.evaluations, notes.append)
     last_reward: dict[int, dict[str, Any]] = {}
     for r in rows:
         last_reward[int(r["k"])] = {"update": r["update"], "reward_mean": r["reward_mean"]}
@@ -48,6 +50,7 @@ def run_status(root: Path) -> dict[str, Any]:
         "running": holder is not None,
         "holder": holder.describe() if holder is not None else None,
         "complete": is_complete(run.root),
+        "notes": notes,
     }
 
 
@@ -59,8 +62,6 @@ def _latest_checkpoint(run: RunDir) -> dict[str, Any] | None:
         return None
     try:
         it = layout.latest_iteration_dir(run.checkpoint)
+        return {"path": str(it), "next_update": read_trainer_state(it)["next_update"]}
     except UserError as err:
         return {"problem": str(err)}
-    state = it / "trainer_state.json"
-    extra = json.loads(state.read_text()).get("extra", {}) if state.is_file() else {}
-    return {"path": str(it), "next_update": extra.get("next_update")}

@@ -1,6 +1,8 @@
 """Stopping a run on SIGTERM or SIGINT: at the next safe point, or at once on a second signal.
 
-The first signal is noted and the update in progress runs to its end (its records
+Before the run's first update (setup, the initial evaluation) there is nothing to finish:
+a signal stops it at once, saying where the run stands (`at_once`). From the first
+update on, the first signal is noted and the update in progress runs to its end (its records
 written, its scheduled save done); between updates the loop then stops, saving a
 checkpoint first when `--save-on-interrupt` says so, and ends with `Interrupted` (exit
 130 for SIGINT, 143 for SIGTERM) whose one line says how to continue. A second signal
@@ -43,14 +45,20 @@ def wants_save(mode: str, *, done: int, last_checkpoint: int, save_interval: int
 
 class StopSignals:
     """Within the block, SIGINT and SIGTERM set `signum` (the first) or raise `Interrupted`
-    (a second one); the previous handlers are restored on exit. Outside the main thread
-    it installs nothing (signals are delivered to the main thread only)."""
+    (a second one); while `at_once` is set (where the run stands, before its updates begin)
+    the first one raises it at once. The previous handlers are restored on exit. Outside
+    the main thread it installs nothing (signals are delivered to the main thread only)."""
 
-    def __init__(self, log: Callable[[str], None], hint: str) -> None:
+    def __init__(self, log: Callable[[str], None], hint: str, at_once: str | None = None) -> None:
         self.log = log
         self.hint = hint  # how to continue the run
+        self.at_once = at_once
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
+
+    def begin_updates(self) -> None:
+        """From here on a first signal lets the update in progress finish."""
+        self.at_once = None
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -64,6 +72,8 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
+        if self.at_once is not None:
+            raise Interrupted(f"stopped by {signal_name(signum)} {self.at_once}; continue with: {self.hint}", signum)
         if self.signum is None:
             self.signum = signum
             self.log(f"{signal.Signals(signum).name}: stopping after the current update "

@@ -13,6 +13,10 @@
   (`tokenizer.apply_chat_template(..., add_generation_prompt=True)`); its Jinja text is
   what the plan records.
 
+A chat message's role must be one the template knows (`roles`): ChatML's system, user and
+assistant, and for `tokenizer` also any role its Jinja text compares a message's role
+with (`tool`, say). Another role would render as text the model never saw in that place.
+
 Every template has a name and a full `text` that the run plan records (`plan_entry`),
 so `ouro resume` can tell that the prompts are rendered the same way. The `chatml` text
 is the Jinja chat template that renders identically to `render` (a test checks this
@@ -22,6 +26,7 @@ with jinja2), so the record is also a working template.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +44,8 @@ CHATML_JINJA = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 RAW_TEXT = "{{ prompt }}"
+CHATML_ROLES = ("system", "user", "assistant")
+_ROLE_TEST = re.compile(r"""role['"]?\]?\s*==\s*['"]([^'"]+)['"]""")  # message['role'] == 'user', message.role == "x"
 
 Prompt = str | Sequence[dict[str, str]]
 
@@ -69,14 +76,28 @@ class PromptTemplate:
             return self.tokenizer.apply_chat_template(as_messages(prompt), tokenize=False, add_generation_prompt=True)
         raise AssertionError(self.name)
 
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The chat roles this template renders (none for `raw`, which takes strings only)."""
+        if self.name == "raw":
+            return ()
+        if self.name == "tokenizer":
+            return tuple(dict.fromkeys([*CHATML_ROLES, *_ROLE_TEST.findall(self.text)]))
+        return CHATML_ROLES
+
     def check(self, prompts: Sequence[tuple[str, Prompt]]) -> None:
-        """Fail up front, naming the location, for a prompt this template cannot render."""
-        if self.name != "raw":
-            return
+        """Fail up front, naming the location, for a prompt this template cannot render: chat
+        messages under `raw`, or a role the template does not know."""
         for where, prompt in prompts:
-            if not isinstance(prompt, str):
+            if isinstance(prompt, str):
+                continue
+            if self.name == "raw":
                 raise UserError(f"{where}: the 'raw' prompt template takes string prompts only, this row has "
                                 "chat messages; use --prompt-template chatml")
+            for i, message in enumerate(prompt):
+                if message["role"] not in self.roles:
+                    raise UserError(f"{where}: message {i} has the role {message['role']!r}, which the "
+                                    f"{self.name} prompt template does not know; use one of {', '.join(self.roles)}")
 
     def plan_entry(self) -> dict[str, str]:
         return {"name": self.name, "text": self.text, "sha256": hashlib.sha256(self.text.encode()).hexdigest()}
@@ -116,5 +137,5 @@ def template_for_checkpoint(name: str, assets_dir: str | Path) -> PromptTemplate
 
 TEMPLATE_NAMES = ("chatml", "raw", "tokenizer")
 
-__all__ = ["CHATML_JINJA", "DEFAULT_TEMPLATE", "PromptTemplate", "TEMPLATE_NAMES", "as_messages", "get_template",
+__all__ = ["CHATML_JINJA", "CHATML_ROLES", "DEFAULT_TEMPLATE", "PromptTemplate", "TEMPLATE_NAMES", "as_messages", "get_template",
            "template_for_checkpoint"]

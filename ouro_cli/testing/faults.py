@@ -13,10 +13,12 @@ sends the signals, in order, to this process the N-th time (default 1) it reache
 SIGKILLs the first save between the rename of its iteration and the tracker write;
 `rollout@2=INT+INT` sends two SIGINTs at once (the second one stops at once).
 
-Points: `rollout` (the engine has sampled, nothing has trained), `save.staged` (a save has
-written every file of `iter_N.staging/`, nothing is committed), `save.renamed` (`iter_N/` is
-complete and in place, the tracker still names the previous iteration, or nothing for a
-first save), `save.tracker` (the tracker names `iter_N`; older iterations not yet pruned).
+Points: `command` (a command's body starts: nothing imported for it yet), `evaluation` (a
+run's held-out evaluation starts), `rollout` (the engine has sampled, nothing has trained),
+`save.staged` (a save has written every file of `iter_N.staging/`, nothing is committed),
+`save.renamed` (`iter_N/` is complete and in place, the tracker still names the previous
+iteration, or nothing for a first save), `save.tracker` (the tracker names `iter_N`; older
+iterations not yet pruned).
 
 A broken resume (`OURO_TEST_BREAK_RESUME=1`, `broken_resume`): a resumed run draws its
 samples with another seed, the kind of bug `ouro verify-resume` exists to catch
@@ -43,7 +45,7 @@ from typing import Any
 
 ENV = "OURO_TEST_FAULT"
 BREAK_RESUME_ENV = "OURO_TEST_BREAK_RESUME"
-POINTS = ("rollout", "save.staged", "save.renamed", "save.tracker")
+POINTS = ("command", "evaluation", "rollout", "save.staged", "save.renamed", "save.tracker")
 
 
 def _parse(spec: str | None) -> tuple[str, int, list[signal.Signals]] | None:

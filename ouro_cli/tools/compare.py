@@ -26,7 +26,8 @@ computed the same job within a stated tolerance, and shows where they part:
   runs that train with Adam, a weights_atol of the learning rate is the honest bound.
 - training update: ‖w_B − w_A‖ / ‖w_A − w_0‖ over the fp32 main weights (the model's
   own where the optimizer keeps none), w_0 the starting model: the share of what run A
-  learned that run B did not learn alike. It must not exceed --max-update-diff. In bf16
+  learned that run B did not learn alike. It must not exceed --max-update-diff. Runs
+  whose weights never moved agree when B equals A (0), and fail when it does not. In bf16
   at a small learning rate most weights never leave their bf16 value, so the elementwise
   check above cannot tell a run that trained alike from one that did not train; this
   one can (not training at all gives 1).
@@ -173,8 +174,18 @@ def update_agreement(a: Run, b: Run, model_a: dict[str, Any]) -> dict[str, Any]:
         w0 = w0.to(model_a[name].dtype).double()
         diff2 += float(((wb - wa) ** 2).sum())
         moved2 += float(((wa - w0) ** 2).sum())
-    return {"rel_diff": math.sqrt(diff2 / moved2) if moved2 > 0 else None, "start": start,
-            "fp32_main_tensors": main, "moved_norm": math.sqrt(moved2), "diff_norm": math.sqrt(diff2)}
+    return {**relative_update_diff(diff2, moved2), "start": start, "fp32_main_tensors": main,
+            "moved_norm": math.sqrt(moved2), "diff_norm": math.sqrt(diff2)}
+
+
+def relative_update_diff(diff2: float, moved2: float) -> dict[str, Any]:
+    """‖w_B − w_A‖ / ‖w_A − w_0‖ from the squared norms. When run A never moved from w_0 the
+    ratio has no denominator: B equal to A agrees exactly (0), B elsewhere cannot be judged (None)."""
+    if moved2 > 0:
+        return {"rel_diff": math.sqrt(diff2 / moved2)}
+    if diff2 == 0:
+        return {"rel_diff": 0.0, "note": "neither run moved its weights from w_0: they agree exactly"}
+    return {"rel_diff": None, "note": "run A's weights never moved from w_0 and run B's differ from them"}
 
 
 def compare_weights(a: Run, b: Run, atol: float, rtol: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:

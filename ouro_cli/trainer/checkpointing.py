@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ouro_cli.checkpoint import layout
-from ouro_cli.errors import ResourceError, UserError
+from ouro_cli.errors import Interrupted, ResourceError, UserError
 
 from . import rng
 from .optimizer import adam_steps, init_optimizer_state, set_adam_steps
@@ -227,7 +227,7 @@ def check_disk(root: Path, iteration: int, nbytes: int) -> tuple[Path, int]:
     if free < need_total:
         raise ResourceError(f"not enough disk space to save checkpoint {layout.iteration_dir_name(iteration)}: it "
                             f"needs about {_gib(need_total)}, {where} has {_gib(free)} free; free some space, lower "
-                            "--keep-last, or use a run directory on a larger disk (the last checkpoint is intact)")
+                            f"--keep-last, or use a run directory on a larger disk ({what_remains(root)})")
     return where, need_total
 
 
@@ -239,13 +239,18 @@ def failure_guard(root: Path, iteration: int, where: Path, need: int) -> Iterato
     try:
         yield
     except BaseException as err:  # torch DCP's CheckpointException is a BaseException
-        passthrough = isinstance(err, KeyboardInterrupt | SystemExit | UserError)
+        passthrough = isinstance(err, KeyboardInterrupt | SystemExit | UserError | Interrupted)
         cause = None if passthrough else _save_failure(err, where, need)  # before the staging space is freed
         if dist.get_rank() == 0:
             shutil.rmtree(Path(root) / (name + ".staging"), ignore_errors=True)
         if passthrough:
             raise
-        raise ResourceError(f"saving checkpoint {name} failed: {cause} (the last checkpoint is intact)") from err
+        raise ResourceError(f"saving checkpoint {name} failed: {cause} ({what_remains(root)})") from err
+
+
+def what_remains(root: Path) -> str:
+    """What a save that failed leaves under `root`, in the words of its error line."""
+    return "the last checkpoint is intact" if layout.is_megatron_checkpoint(root) else "no earlier checkpoint exists"
 
 
 def _existing_parent(path: Path) -> Path:

@@ -17,3 +17,26 @@ def none_reward(response: str, label):
 
 def raising_reward(response: str, label) -> float:
     raise ZeroDivisionError("no digits to count")
+
+
+def array_reward(response: str, label):
+    import numpy as np
+
+    return np.array([1.0, 2.0])
+
+
+def complex_reward(response: str, label):
+    return complex(1, 0)
+
+
+def numpy_bool_reward(response: str, label):
+    import numpy as np
+
+    return np.bool_(any(c.isdigit() for c in response))
+
+
+def slow_reward(response: str, label) -> float:
+    import time
+
+    time.sleep(60)
+    return 0.0

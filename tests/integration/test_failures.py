@@ -149,6 +149,61 @@ def test_a_reward_that_is_not_a_finite_number_stops_before_training(finished, tm
     assert not (run_dir / "COMPLETE").exists() and read_lock(run_dir) is None
 
 
+def test_rewards_numpy_scalars_pass_arrays_and_slow_calls_stop_the_run(finished, tmp_path):
+    """An array reward stops the run in its initial evaluation; NumPy's bool is a reward; a
+    reward that sleeps stops at --reward-timeout, naming the function."""
+    root = finished[0]
+    faulty = "tests.integration.faulty_rewards"
+    array, numpy_bool, slow = run_all(
+        ["train", *small(root), "--reward-function", f"{faulty}:array_reward", "--updates", "1",
+         "--run-dir", tmp_path / "array"],
+        ["train", *small(root), "--reward-function", f"{faulty}:numpy_bool_reward", "--eval-data", "", "--updates", "1",
+         "--run-dir", tmp_path / "bool", "--json"],
+        ["train", *small(root), "--reward-function", f"{faulty}:slow_reward", "--reward-timeout", "0.5",
+         "--eval-data", "", "--updates", "1", "--run-dir", tmp_path / "slow"],
+        cwd=root)
+    assert array.returncode == 1 and error_line(array) == (
+        f"error: evaluation at update 0, K=2: reward function {faulty}:array_reward returned array([1., 2.]) "
+        "(ndarray), not a number for problem_id 'p0'; a reward must be a finite real number (bool, int or float)")
+    assert numpy_bool.returncode == 0, numpy_bool.stderr
+    assert json.loads(numpy_bool.stdout)["ok"] and metrics_updates(tmp_path / "bool") == [0]
+    assert slow.returncode == 1 and error_line(slow).startswith(
+        f"error: update 0: reward function {faulty}:slow_reward took more than --reward-timeout 0.5 s for problem_id ")
+    assert error_line(slow).endswith("; make it faster, or raise --reward-timeout")
+    for name in ("array", "slow"):
+        assert metrics_updates(tmp_path / name) == [] and tracker(tmp_path / name) is None
+
+
+def test_a_signal_stops_a_command_at_once_before_a_run_has_work_to_finish(finished, tmp_path):
+    """SIGTERM as a command starts (nothing imported for it yet) and SIGINT at the start of a
+    run's initial evaluation: one line, exit 143/130, nothing claimed that is not there. A
+    run that never saved: export and eval of it say so."""
+    root, run_dir, _, _, _ = finished
+    run, unsaved = tmp_path / "run", tmp_path / "unsaved"
+    shutil.copytree(run_dir, unsaved, ignore=shutil.ignore_patterns("iter_*", "latest_*", "COMPLETE"))
+    procs = [start("train", *small(root), "--run-dir", tmp_path / "early", cwd=root, fault="command=TERM"),
+             start("eval", run_dir, "--data", root / "eval.jsonl", "--reward-function", REWARD, "--json", cwd=root,
+                   fault="command=TERM"),
+             start("train", *small(root), "--eval-prompts", "6", "--updates", "3", "--run-dir", run, cwd=root,
+                   fault="evaluation=INT"),
+             start("export", unsaved, tmp_path / "hf", cwd=root),
+             start("eval", unsaved, "--data", root / "eval.jsonl", "--reward-function", REWARD, cwd=root)]
+    early_train, early_eval, in_evaluation, exported, evaluated = map(finish, procs)
+    for proc in (early_train, early_eval):
+        assert proc.returncode == 143 and error_line(proc) == "error: stopped by SIGTERM", proc.stderr
+    assert json.loads(early_eval.stdout) == {"ok": False, "error": "stopped by SIGTERM", "exit_code": 143}
+    assert not (tmp_path / "early").exists()
+    assert in_evaluation.returncode == 130
+    assert error_line(in_evaluation) == (f"error: stopped by SIGINT before its first update (no checkpoint yet: the "
+                                         f"resume starts it again); continue with: ouro resume {run} --updates 3")
+    assert not (run / "evaluations.jsonl").exists() and not (run / "responses.jsonl").exists()
+    assert tracker(run) is None and read_lock(run) is None
+    for proc in (exported, evaluated):
+        assert proc.returncode == 2 and error_line(proc) == (
+            f"error: {unsaved} is a run that has not saved a checkpoint yet; read it after its first save "
+            "(--save-interval), or continue it with `ouro resume`")
+
+
 def test_a_runtime_failure_is_one_line_and_one_json_document(finished, tmp_path):
     root = finished[0]
     proc = run("train", *small(root), "--kv-blocks", "1", "--eval-data", "", "--run-dir", tmp_path / "run", "--json",
@@ -208,6 +263,40 @@ def test_bad_input_is_one_line_before_any_model_loads(tmp_path):
     assert "is not empty (mine.txt) and is not an ouro run" in lines[5]
     assert not any((tmp_path / d).exists() for d in ("big", "types", "g0", "g1"))
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["mine.txt"]
+
+
+def test_more_bad_input_is_one_line_exit_2(tmp_path):
+    """Depths and loops beyond the model, an option set twice in the TOML, a model path that
+    is a link loop, a chat role the template does not know; and `data check --model` refuses
+    the prompt `train` refuses, with the same line."""
+    make_checkpoint(tmp_path)
+    (tmp_path / "twice.toml").write_text("[trainer]\nlr = 1e-4\n[optimizer]\nlr = 2e-4\n")
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    rows = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    rows[2]["prompt"] = [{"role": "system", "content": "be brief"}, {"role": "wizard", "content": rows[2]["prompt"]}]
+    (tmp_path / "wizard.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows[2]["prompt"] = "1+2=?" * 100  # 500 tokens: no room for 6 response tokens within the model's 512
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    procs = run_all(
+        ["train", *small(tmp_path), "--eval-depths", "7", "--run-dir", tmp_path / "r1"],
+        ["train", *small(tmp_path), "--min-loops", "9", "--run-dir", tmp_path / "r2"],
+        ["train", *small(tmp_path), "--config", tmp_path / "twice.toml", "--run-dir", tmp_path / "r3"],
+        ["train", *small(tmp_path), "--model", tmp_path / "loop_a", "--run-dir", tmp_path / "r4"],
+        ["train", *small(tmp_path), "--data", tmp_path / "wizard.jsonl", "--run-dir", tmp_path / "r5"],
+        ["train", *small(tmp_path), "--data", tmp_path / "long.jsonl", "--run-dir", tmp_path / "r6"],
+        ["data", "check", tmp_path / "long.jsonl", "--model", tmp_path / "hf", "--max-response-len", "6"],
+        cwd=tmp_path)
+    assert all(p.returncode == 2 for p in procs), [p.stderr for p in procs]
+    lines = [error_line(p) for p in procs]
+    assert lines[0].startswith("error: --eval-depths: K=7 is outside 1..4")
+    assert lines[1] == "error: --min-loops 9 is more than the model's total_ut_steps=4 loops; use at most 4"
+    assert lines[2] == f"error: --config {tmp_path / 'twice.toml'}: lr is set twice, at [trainer] and at [optimizer]; keep one"
+    assert lines[3] == f"error: {tmp_path / 'loop_a'} is a symbolic link loop; point it at a real file or directory"
+    assert lines[4] == (f"error: {tmp_path / 'wizard.jsonl'}:3: message 1 has the role 'wizard', which the chatml "
+                        "prompt template does not know; use one of system, user, assistant")
+    assert lines[5].startswith(f"error: {tmp_path / 'long.jsonl'}:3: prompt of ") and lines[5] == lines[6]
+    assert not any((tmp_path / f"r{i}" / "checkpoint").exists() for i in range(1, 7))
 
 
 COMMANDS = [["train"], ["resume"], ["eval"], ["export"], ["verify-resume"], ["probe-ucx"], ["convert"],

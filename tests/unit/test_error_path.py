@@ -63,3 +63,77 @@ def test_hidden_aliases_read_as_the_shown_names():
     aliases = {"--ouro-depths": "--depths"}
     assert rewrite_aliases(["train", "--ouro-depths", "2", "--ouro-depths=3", "--", "--ouro-depths"], aliases) == \
         ["train", "--depths", "2", "--depths=3", "--", "--ouro-depths"]
+
+
+def test_the_error_path_imports_nothing_heavy():
+    """A signal may leave torch half-imported; the error path must not import it again (it
+    crashed the process). A fresh interpreter reports every kind of failure without torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from ouro_cli.cli.common import describe_failure\n"
+            "from ouro_cli.errors import Interrupted, UserError\n"
+            "for err in (Interrupted('stopped by SIGINT', 2), KeyboardInterrupt(), UserError('x'), ValueError('y'),\n"
+            "            OSError(28, 'No space left on device')):\n"
+            "    describe_failure(err)\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'ouro_cli.model') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_model_config_error_is_a_user_error_once_its_module_is_loaded():
+    from ouro_cli.model.config import ConfigError
+
+    assert describe_failure(ConfigError("hidden_size must be > 0")) == ("hidden_size must be > 0", 2)
+
+
+def test_no_except_exception_takes_an_interrupt():
+    with pytest.raises(Interrupted):
+        try:
+            raise Interrupted("stopped by SIGTERM", 15)
+        except Exception:  # what a library or a plugin may write
+            pass
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_before_any_command_is_one_line_and_its_exit_code(sig, code):
+    """From the first line of `ouro` (cli/signals.py), even where no command's error path is
+    there yet: the line, `--json`'s document, exit 128 + the signal."""
+    import subprocess
+    import sys
+
+    code_text = ("import os, signal\n"
+                 "from ouro_cli.cli import signals\n"
+                 "signals.install()\n"
+                 f"os.kill(os.getpid(), signal.{sig})\n"
+                 "import time; time.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-c", code_text, "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code
+    assert done.stderr == f"error: stopped by {sig}\n"
+    assert json.loads(done.stdout) == {"ok": False, "error": f"stopped by {sig}", "exit_code": code}
+
+
+def test_signals_raise_interrupted_within_a_command(capsys, monkeypatch):
+    import os
+    import signal
+    import sys
+
+    from ouro_cli.cli import signals
+
+    monkeypatch.delenv("OURO_DEBUG", raising=False)
+    previous = {sig: signal.getsignal(sig) for sig in signals.SIGNALS}
+    hook = sys.excepthook
+    try:
+        signals.install()
+        with pytest.raises(typer.Exit) as exit_:
+            run_command(lambda: os.kill(os.getpid(), signal.SIGTERM), json_output=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sys.excepthook = hook
+    out, err = capsys.readouterr()
+    assert exit_.value.exit_code == 143
+    assert json.loads(out) == {"ok": False, "error": "stopped by SIGTERM", "exit_code": 143}
+    assert err == "error: stopped by SIGTERM\n"

@@ -21,27 +21,26 @@ grade; `check_labels` runs it over a data set so that bad labels fail before any
 loads, naming file and line. Everything a bad path can do wrong is a `UserError` that
 names the path; sympy is imported only when the math grader first grades.
 
-What a reward returns must be a finite real number (`reward_problem`): a bool, an int or
-a float (numpy scalars included). None, a string (even "1.0"), NaN or inf would train
-on garbage or poison the weights, so the loop stops on them (rl/loop.py score_stage).
+What a reward returns must be a finite real number: a bool, an int or a float (NumPy's
+real scalars included). Training and evaluation call a reward through a `Grader`
+(grading.py), which stops on anything else, on a reward that raises, and on one that
+runs past `--reward-timeout`, naming the function, the problem and the value.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import math
-import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ...errors import UserError
 from ...plugins import resolve_callable
 from .boxed import boxed_answer
+from .grading import Grader, RewardFn, reward_problem
 from .math_grader import math_answer
 from .math_verify_grader import math_verify_answer
 
-RewardFn = Callable[[str, Any, Mapping[str, Any]], float]
 DEFAULT_REWARD = "ouro_cli.rl.rewards.math_answer"
 
 
@@ -86,14 +85,5 @@ def check_labels(fn: RewardFn, path: str, labels: Iterable[tuple[str, Any]]) -> 
             raise UserError(f"{where}: label {label!r} cannot be graded by {path}: {exc}") from exc
 
 
-def reward_problem(value: Any) -> str | None:
-    """Why `value` is not a usable reward (None when it is a finite real number)."""
-    if not isinstance(value, numbers.Real):
-        return f"returned {value!r} ({type(value).__name__}), not a number"
-    if not math.isfinite(float(value)):
-        return f"returned {float(value)}"
-    return None
-
-
-__all__ = ["DEFAULT_REWARD", "RewardFn", "boxed_answer", "check_labels", "load_reward", "math_answer",
+__all__ = ["DEFAULT_REWARD", "Grader", "RewardFn", "boxed_answer", "check_labels", "load_reward", "math_answer",
            "math_verify_answer", "reward_problem"]

@@ -206,6 +206,29 @@ def test_not_a_checkpoint(tmp_path):
         read_checkpoint(tmp_path / "nope")
 
 
+def test_a_run_without_a_checkpoint_and_a_link_loop_say_so(tmp_path):
+    """A run stopped before its first save is a run, not "not an Ouro checkpoint"; a symbolic
+    link loop is named as one, by every reader and by the output guard."""
+    from ouro_cli.artifacts import check_outside_inputs
+    from ouro_cli.errors import UserError
+    from ouro_cli.rl.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    (run.checkpoint / "hf_assets").mkdir(parents=True)
+    run.plan.write_text("{}")
+    with pytest.raises(UserError) as err:
+        read_checkpoint(run.root)
+    assert str(err.value) == (f"{run.root} is a run that has not saved a checkpoint yet; read it after its first "
+                              "save (--save-interval), or continue it with `ouro resume`")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = f"{tmp_path / 'a'} is a symbolic link loop; point it at a real file or directory"
+    for read in (lambda: read_checkpoint(tmp_path / "a"), lambda: check_outside_inputs(tmp_path / "out", [tmp_path / "a"])):
+        with pytest.raises(UserError) as err:
+            read()
+        assert str(err.value) == loop
+
+
 @pytest.mark.parametrize(
     "text, size",
     [("5GB", 5 * 10**9), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("1000", 1000), ("1.5kb", 1500), ("10 MiB", 10 * 2**20)],

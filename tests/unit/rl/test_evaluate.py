@@ -167,3 +167,21 @@ def test_eval_samples_may_change_on_resume_and_must_be_positive():
     plans.check_same_contract(saved, contract(TrainOptions(eval_samples=8)), allow_scheduler=False, device_type="cpu")
     with pytest.raises(UserError, match="^--eval-samples must be at least 1, got 0$"):
         TrainOptions(eval_samples=0).validate()
+
+
+def test_a_reward_that_is_not_a_number_is_one_line_naming_the_function_and_problem():
+    import numpy as np
+
+    from ouro_cli.errors import CheckFailed
+
+    def array_reward(text, label, metadata):
+        return np.array([1.0, 2.0])
+
+    with pytest.raises(CheckFailed) as err:
+        evaluate(SeedEngine(), ROWS, [[1, 2]] * len(ROWS), SAMPLING, ks=[2], reward_fn=array_reward,
+                 where="evaluation at update 0")
+    assert str(err.value) == (
+        "evaluation at update 0, K=2: reward function tests.unit.rl.test_evaluate."
+        "test_a_reward_that_is_not_a_number_is_one_line_naming_the_function_and_problem.<locals>.array_reward "
+        "returned array([1., 2.]) (ndarray), not a number for problem_id 'p0'; a reward must be a finite real "
+        "number (bool, int or float)")

@@ -68,3 +68,17 @@ def test_a_recorded_plan_reads_back_into_the_tree():
     options = resolve({"lr": 0.25, "depths": [3], "max_num_seqs": 5}, None)
     again = TrainOptions.from_dict({**options.to_dict(), "test_break_resume": False}).validate()
     assert again == options and again.trainer.lr == 0.25 and again.engine.max_num_seqs == 5
+
+
+@pytest.mark.parametrize("text, places", [
+    ("[trainer]\nlr = 1e-4\n[optimizer]\nlr = 2e-4\n", "at [trainer] and at [optimizer]"),
+    ("lr = 1e-4\n[trainer]\nlr = 2e-4\n", "at the top level and at [trainer]"),
+    ("[rollouts]\nmax_response_len = 8\nmax-response-len = 9\n", "at [rollouts] and at [rollouts]"),
+    ("trainer.lr = 1e-4\n[x.trainer]\nlr = 2e-4\n", "at [trainer] and at [x.trainer]"),
+])
+def test_an_option_set_twice_is_refused(tmp_path, text, places):
+    (tmp_path / "twice.toml").write_text(text)
+    name = "max_response_len" if "response" in text else "lr"
+    with pytest.raises(UserError) as err:
+        read_toml(tmp_path / "twice.toml")
+    assert str(err.value) == f"--config {tmp_path / 'twice.toml'}: {name} is set twice, {places}; keep one"

@@ -13,6 +13,7 @@ from ouro_cli.artifacts import mark_complete
 from ouro_cli.checkpoint import layout
 from ouro_cli.errors import UserError
 from ouro_cli.rl import records
+from ouro_cli.rl.metrics import read_jsonl
 from ouro_cli.rl.run_dir import RunDir
 
 
@@ -54,9 +55,9 @@ def test_rows_after_the_checkpoint_are_dropped_and_a_torn_last_line_is_tolerated
     notes = []
     assert records.resume_point(run, 6, notes.append) == 2
     records.drop_after(run, 2, finishing=False, log=notes.append)
-    assert [r["update"] for r in records.read_rows(run.metrics)] == [0, 1]
-    assert [e["update"] for e in records.read_rows(run.evaluations)] == [0, 2]
-    assert [e["update"] for e in records.read_rows(run.responses)] == [0, 0, 2, 2]  # their evaluations' fate
+    assert [r["update"] for r in read_jsonl(run.metrics)] == [0, 1]
+    assert [e["update"] for e in read_jsonl(run.evaluations)] == [0, 2]
+    assert [e["update"] for e in read_jsonl(run.responses)] == [0, 0, 2, 2]  # their evaluations' fate
     assert sorted(p.name for p in run.rollouts.iterdir()) == ["update_000000.jsonl", "update_000001.jsonl"]
     assert any("cut short" in n for n in notes) and any("2 update(s) after the checkpoint" in n for n in notes)
 

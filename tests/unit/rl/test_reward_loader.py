@@ -104,6 +104,7 @@ def test_check_labels():
     (float("nan"), "returned nan"),
     (float("-inf"), "returned -inf"),
     ([1.0], "returned [1.0] (list), not a number"),
+    (complex(1, 0), "returned (1+0j) (complex), not a number"),
 ])
 def test_a_reward_must_be_a_finite_real_number(value, problem):
     from ouro_cli.rl.rewards import reward_problem
@@ -119,3 +120,23 @@ def test_bools_ints_and_floats_are_rewards(value):
 
     assert reward_problem(value) is None
     assert reward_problem(np.float32(value)) is None
+
+
+def test_numpy_arrays_and_complex_scalars_are_not_rewards():
+    import numpy as np
+
+    from ouro_cli.rl.rewards import reward_problem
+
+    assert reward_problem(np.array([1.0, 2.0])) == "returned array([1., 2.]) (ndarray), not a number"
+    assert reward_problem(np.array(1.0)) == "returned array(1.) (ndarray), not a number"
+    assert reward_problem(np.complex64(1)) == f"returned {np.complex64(1)!r} (complex64), not a number"
+    assert reward_problem(np.float64("nan")) == "returned nan"
+
+
+@pytest.mark.parametrize("make", ["float32", "float64", "int64", "uint8", "bool_"])
+def test_numpy_real_scalars_are_rewards(make):
+    import numpy as np
+
+    from ouro_cli.rl.rewards import reward_problem
+
+    assert reward_problem(getattr(np, make)(1)) is None

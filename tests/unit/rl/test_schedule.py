@@ -17,6 +17,7 @@ from ouro_cli.rl.schedule import (
     execution_settings,
     validate_depths,
     validate_group,
+    validate_min_loops,
 )
 
 
@@ -36,6 +37,17 @@ def test_schedule_cycles():
 def test_bad_depths(depths, message):
     with pytest.raises(UserError, match=message):
         validate_depths(depths, total_loops=4)
+
+
+def test_a_depth_error_names_the_flag_it_came_from():
+    with pytest.raises(UserError, match=r"^--eval-depths: K=7 is outside 1\.\.4"):
+        validate_depths([2, 7], total_loops=4, flag="--eval-depths")
+
+
+def test_min_loops_cannot_exceed_the_models_loops():
+    assert validate_min_loops(4, total_loops=4) == 4
+    with pytest.raises(UserError, match=r"^--min-loops 9 is more than the model's total_ut_steps=4 loops"):
+        validate_min_loops(9, total_loops=4)
 
 
 def test_negative_update():

@@ -85,3 +85,18 @@ def test_real_transformers_tokenizer_if_installed():
 def test_unknown_template():
     with pytest.raises(UserError, match="unknown prompt template 'alpaca'"):
         get_template("alpaca")
+
+
+def test_a_role_the_template_does_not_know_is_refused_naming_the_row():
+    wizard = [{"role": "system", "content": "Be brief."}, {"role": "wizard", "content": "2+3?"}]
+    with pytest.raises(UserError) as err:
+        get_template("chatml").check([("data.jsonl:3", MESSAGES), ("data.jsonl:4", wizard)])
+    assert str(err.value) == ("data.jsonl:4: message 1 has the role 'wizard', which the chatml prompt template does "
+                              "not know; use one of system, user, assistant")
+
+
+def test_a_tokenizer_template_knows_chatmls_roles_and_those_it_names():
+    qwen_like = "{% for m in messages %}{% if m.role == \"tool\" %}<tool>{% endif %}{{ m['content'] }}{% endfor %}"
+    assert get_template("tokenizer", JinjaTokenizer(qwen_like)).roles == ("system", "user", "assistant", "tool")
+    assert get_template("tokenizer", JinjaTokenizer(CHATML_JINJA)).roles == ("system", "user", "assistant")
+    assert get_template("raw").roles == ()
