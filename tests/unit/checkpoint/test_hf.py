@@ -209,8 +209,8 @@ def test_not_a_checkpoint(tmp_path):
 def test_a_run_without_a_checkpoint_and_a_link_loop_say_so(tmp_path):
     """A run stopped before its first save is a run, not "not an Ouro checkpoint"; a symbolic
     link loop is named as one, by every reader and by the output guard."""
-    from ouro_cli.artifacts import check_outside_inputs
     from ouro_cli.errors import UserError
+    from ouro_cli.outputs import check_outside_inputs
     from ouro_cli.rl.run_dir import RunDir
 
     run = RunDir(tmp_path / "run")

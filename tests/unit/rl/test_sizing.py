@@ -213,7 +213,8 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
             self.on_host = True
 
     auto = plan(offload_optimizer="auto")
-    session = SimpleNamespace(trainer=SimpleNamespace(offload=Offload(), config=SimpleNamespace(torch_dtype=BF16)),
+    session = SimpleNamespace(trainer=SimpleNamespace(offload=Offload(), config=SimpleNamespace(torch_dtype=BF16),
+                                                     device=torch.device("cpu")),
                               sizing=auto, config=ouro_14b(), seq_tokens=640,
                               sampling=SimpleNamespace(speculative_tokens=0),
                               options=SimpleNamespace(engine=SimpleNamespace(block_size=16)))
