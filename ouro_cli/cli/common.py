@@ -24,7 +24,14 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from ouro_cli.errors import CheckFailed, Interrupted, ResourceError, UserError
+from ouro_cli.errors import (
+    CheckFailed,
+    Interrupted,
+    ResourceError,
+    UserError,
+    device_fault_line,
+    is_device_fault,
+)
 from ouro_cli.testing import faults
 
 console = Console(stderr=True, highlight=False)
@@ -58,10 +65,28 @@ def run_command(body: Callable[[], dict[str, Any] | None], *, json_output: bool 
         if debugging():
             traceback.print_exc(file=sys.stderr)
         message, code = describe_failure(err)
-        _fail(message, code, json_output, result=getattr(err, "result", None))
+        try:
+            _fail(message, code, json_output, result=getattr(err, "result", None))
+        finally:
+            if is_device_fault(err):
+                _exit_at_once(code)
     else:
         if json_output and result is not None and is_main_rank():
             emit_json({"ok": True, **result})
+
+
+def _exit_at_once(code: int) -> None:
+    """End the process now, without the interpreter's teardown: after a GPU error the CUDA
+    context is lost, and the destructors' CUDA calls would abort the process natively. The
+    helper processes it started (megatron-core's checkpoint writer, spawned, so they do not
+    die with it) are stopped first; they would hold its output open."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is not None:
+        for child in multiprocessing.active_children():
+            child.kill()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def debugging() -> bool:
@@ -77,6 +102,8 @@ def describe_failure(err: BaseException) -> tuple[str, int]:
         return str(err), err.exit_code
     if isinstance(err, _user_error_types()):
         return str(err), UserError.exit_code
+    if is_device_fault(err):
+        return device_fault_line("the command", err), 1
     if isinstance(err, KeyboardInterrupt):
         return "interrupted", 130
     if isinstance(err, MemoryError):

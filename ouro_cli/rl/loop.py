@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ouro_cli.artifacts import MANIFEST, is_complete, mark_complete, write_manifest
 from ouro_cli.engine.contract import LimitsMemory
-from ouro_cli.errors import CheckFailed, Interrupted, UserError
+from ouro_cli.errors import CheckFailed, Interrupted, UserError, is_device_fault
 from ouro_cli.outputs import check_output, clear_dir, is_empty_dir
 from ouro_cli.testing import faults
 
@@ -414,6 +414,7 @@ def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
     room_for_call(s, k, len(mine) * s.options.group_size)
 
     def call() -> list[RolloutSample]:
+        faults.point("generate", s.trainer.device)
         return generate_groups(s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], s.sampling,
                                group_size=s.options.group_size, k=k, update=update, positions=positions)
 
@@ -802,6 +803,7 @@ def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_
 def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, log: Callable[[str], None],
            on_update: Progress, command: str) -> dict[str, Any]:
     options, run = session.options, session.run
+    faulted = False
     try:
         if session.is_main:
             (run.root / "COMPLETE").unlink(missing_ok=True)
@@ -838,9 +840,13 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
                 "evaluations_before": evals_before, "evaluations_after": evals_after,
                 "reward_mean_per_update": [r["reward_mean"] for r in records],
                 "final_save_s": session.unlogged_save["save_s"]}
+    except BaseException as err:
+        faulted = is_device_fault(err)
+        raise
     finally:
         session.trackers.close()
-        session.engine.close()
-        session.trainer.close()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        if not faulted:  # a lost CUDA context fails every further call, and would hide the error
+            session.engine.close()
+            session.trainer.close()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()

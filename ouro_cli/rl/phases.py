@@ -18,7 +18,8 @@ the memory plan's budget must hold (rl/sizing.py; the cached blocks are given ba
 an allocation needs them). The retries count the allocations that found
 no cached block, so that the allocator freed its whole cache and asked the device again, a
 wait for the device each time. A phase that retries runs near its memory limit and slower
-than it would with a little more room. An OOM raises `ResourceError` (exit 1): nothing of the
+than it would with a little more room. A GPU error (an illegal address, a device-side assert) raises `DeviceFault` naming the
+phase, and the figures needing the device are left out. An OOM raises `ResourceError` (exit 1): nothing of the
 update has been saved, so the last checkpoint stays the run's latest.
 """
 
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ouro_cli.errors import ResourceError
+from ouro_cli.errors import DeviceFault, ResourceError, device_fault_line, is_device_fault
 
 GIB = 2**30
 
@@ -47,6 +48,7 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
         kv_memory.reset_peak(_index(device))
     retries = _alloc_retries(device) if cuda else None
     start, compiled = time.perf_counter(), compile_seconds()
+    faulted = False
     try:
         yield
     except torch.OutOfMemoryError as err:
@@ -54,9 +56,15 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
             torch.cuda.empty_cache()
         where = "GPU" if cuda else "host"
         raise ResourceError(f"out of {where} memory in the {name} phase ({size}); lower {lower}") from err
+    except Exception as err:
+        if not is_device_fault(err):
+            raise
+        faulted = True  # the context is lost: no more CUDA calls, the memory figures included
+        raise DeviceFault(device_fault_line(f"the {name} phase ({size})", err)) from err
     finally:
         metrics[f"{name}_s"] = time.perf_counter() - start
         metrics[f"{name}_compile_s"] = compile_seconds() - compiled
+        cuda = cuda and not faulted
         needed, held = _peak_bytes(device) if cuda else (None, None)
         metrics[f"peak_memory_{name}_gib"] = needed / GIB if cuda else None
         metrics[f"peak_held_{name}_gib"] = held / GIB if cuda else None

@@ -11,10 +11,14 @@ happens unless `OURO_TEST_FAULT` names it.
 sends the signals, in order, to this process the N-th time (default 1) it reaches POINT.
 `rollout@3=TERM` sends SIGTERM at the end of the third update's rollout; `save.renamed=KILL`
 SIGKILLs the first save between the rename of its iteration and the tracker write;
-`rollout@2=INT+INT` sends two SIGINTs at once (the second one stops at once).
+`rollout@2=INT+INT` sends two SIGINTs at once (the second one stops at once). The action
+`CUDA` raises a device error instead: on a CUDA device a real one (an out-of-bounds index,
+a device-side assert that leaves the CUDA context unusable), elsewhere a RuntimeError worded
+as CUDA words it; `generate@2=CUDA` fails the second rollout's generate call.
 
 Points: `command` (a command's body starts: nothing imported for it yet), `evaluation` (a
-run's held-out evaluation starts), `rollout` (the engine has sampled, nothing has trained),
+run's held-out evaluation starts), `generate` (a rollout's generate call starts, inside the
+rollout phase), `rollout` (the engine has sampled, nothing has trained),
 `save.staged` (a save has written every file of `iter_N.staging/`, nothing is committed),
 `save.renamed` (`iter_N/` is complete and in place, the tracker still names the previous
 iteration, or nothing for a first save), `save.tracker` (the tracker names `iter_N`; older
@@ -44,8 +48,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 ENV = "OURO_TEST_FAULT"
+DEVICE_ERROR = "CUDA"
 BREAK_RESUME_ENV = "OURO_TEST_BREAK_RESUME"
-POINTS = ("command", "evaluation", "rollout", "save.staged", "save.renamed", "save.tracker")
+POINTS = ("command", "evaluation", "generate", "rollout", "save.staged", "save.renamed", "save.tracker")
 
 
 def _parse(spec: str | None) -> tuple[str, int, list[signal.Signals]] | None:
@@ -55,21 +60,37 @@ def _parse(spec: str | None) -> tuple[str, int, list[signal.Signals]] | None:
     name, _, hit = where.partition("@")
     if name not in POINTS or not what:
         raise ValueError(f"{ENV}={spec!r}: expected POINT[@N]=SIGNAL[+SIGNAL], POINT one of {', '.join(POINTS)}")
-    return name, int(hit or 1), [signal.Signals[f"SIG{s.strip().upper()}"] for s in what.split("+")]
+    return name, int(hit or 1), [s.strip().upper() if s.strip().upper() == DEVICE_ERROR
+                                 else signal.Signals[f"SIG{s.strip().upper()}"] for s in what.split("+")]
 
 
 _FAULT = _parse(os.environ.get(ENV))
 _reached: Counter[str] = Counter()
 
 
-def point(name: str) -> None:
-    """A place where the harness may stop this process; a no-op in every real run."""
+def point(name: str, device: Any = None) -> None:
+    """A place where the harness may stop this process (or fail its `device`); a no-op in
+    every real run."""
     if _FAULT is None or _FAULT[0] != name:
         return
     _reached[name] += 1
     if _reached[name] == _FAULT[1]:
-        for sig in _FAULT[2]:
-            os.kill(os.getpid(), sig)
+        for action in _FAULT[2]:
+            if action == DEVICE_ERROR:
+                device_error(device)
+            else:
+                os.kill(os.getpid(), action)
+
+
+def device_error(device: Any) -> None:
+    """A device error as a bad kernel gives one: on CUDA an out-of-bounds index (a device-side
+    assert), read back so that it surfaces here; elsewhere its message, simulated."""
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        table = torch.zeros(4, device=device)
+        table[torch.tensor([1 << 40], device=device)].sum().item()
+    raise RuntimeError(f"CUDA error: an illegal memory access was encountered ({ENV} simulated it)")
 
 
 def broken_resume() -> bool:

@@ -137,3 +137,18 @@ def test_signals_raise_interrupted_within_a_command(capsys, monkeypatch):
     assert exit_.value.exit_code == 143
     assert json.loads(out) == {"ok": False, "error": "stopped by SIGTERM", "exit_code": 143}
     assert err == "error: stopped by SIGTERM\n"
+
+
+def test_a_gpu_error_anywhere_is_one_line_naming_how_to_see_more():
+    from ouro_cli.cli.common import describe_failure
+    from ouro_cli.errors import is_device_fault
+
+    class AcceleratorError(RuntimeError):  # torch's name for it, not imported here
+        pass
+
+    err = AcceleratorError("CUDA error: an illegal memory access was encountered\nSearch for `cudaErrorIllegalAddress'")
+    message, code = describe_failure(err)
+    assert code == 1 and "\n" not in message and message.startswith("CUDA error in the command: an illegal memory")
+    assert "CUDA_LAUNCH_BLOCKING=1" in message and "ouro --debug" in message
+    assert is_device_fault(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not is_device_fault(RuntimeError("shapes differ")) and not is_device_fault(ValueError("CUDA error"))
