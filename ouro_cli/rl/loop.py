@@ -635,6 +635,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     with phase(timing, "refill", device, f"update {update}, refill rounds of up to {s.options.prompts_per_update} "
                "prompts", lower):
         trained, selection = refill_stage(s, update, k, samples)
+    decided += record_decisions(s)  # the refill rounds' (rollout_stage decides in them too)
     advantage_stage(s, samples)
     hand_back(s.engine, device)  # the trainer may use the KV cache's memory until the next rollout
     with phase(timing, "train", device, f"update {update}, {len(samples)} samples in micro-batches of up to "
