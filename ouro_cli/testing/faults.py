@@ -6,15 +6,20 @@ Signals at named points (`OURO_TEST_FAULT`): the kill-test harness
 time that may fall anywhere. Code that has such a place calls `point(name)`; nothing
 happens unless `OURO_TEST_FAULT` names it.
 
-    OURO_TEST_FAULT="POINT[@N]=SIGNAL[+SIGNAL...]"
+    OURO_TEST_FAULT="POINT[@N]=ACTION[+ACTION...]"
 
-sends the signals, in order, to this process the N-th time (default 1) it reaches POINT.
+carries out the actions, in order, the N-th time (default 1) this process reaches POINT: a signal's
+name sends it to this process.
 `rollout@3=TERM` sends SIGTERM at the end of the third update's rollout; `save.renamed=KILL`
 SIGKILLs the first save between the rename of its iteration and the tracker write;
 `rollout@2=INT+INT` sends two SIGINTs at once (the second one stops at once). The action
 `CUDA` raises a device error instead: on a CUDA device a real one (an out-of-bounds index,
 a device-side assert that leaves the CUDA context unusable), elsewhere a RuntimeError worded
-as CUDA words it; `generate@2=CUDA` fails the second rollout's generate call.
+as CUDA words it; `generate@2=CUDA` fails the second rollout's generate call. The action
+`HOG<GiB>` takes that much device memory, as another process on the GPU would, and holds it
+until the rollout ends (`rollout`); `HOG-<GiB>` takes all the free memory but that much.
+`generate@2=HOG100` leaves the second rollout's KV cache short, so the run's out-of-memory
+recovery must act on a real allocation failure.
 
 Points: `command` (a command's body starts: nothing imported for it yet), `evaluation` (a
 run's held-out evaluation starts), `generate` (a rollout's generate call starts, inside the
@@ -49,28 +54,38 @@ from typing import Any
 
 ENV = "OURO_TEST_FAULT"
 DEVICE_ERROR = "CUDA"
+HOG = "HOG"
 BREAK_RESUME_ENV = "OURO_TEST_BREAK_RESUME"
 POINTS = ("command", "evaluation", "generate", "rollout", "save.staged", "save.renamed", "save.tracker")
 
 
-def _parse(spec: str | None) -> tuple[str, int, list[signal.Signals]] | None:
+def _action(word: str) -> signal.Signals | str:
+    word = word.strip().upper()
+    if word == DEVICE_ERROR or (word.startswith(HOG) and word[len(HOG):].lstrip("-").replace(".", "", 1).isdigit()):
+        return word
+    return signal.Signals[f"SIG{word}"]
+
+
+def _parse(spec: str | None) -> tuple[str, int, list[signal.Signals | str]] | None:
     if not spec:
         return None
     where, _, what = spec.partition("=")
     name, _, hit = where.partition("@")
     if name not in POINTS or not what:
-        raise ValueError(f"{ENV}={spec!r}: expected POINT[@N]=SIGNAL[+SIGNAL], POINT one of {', '.join(POINTS)}")
-    return name, int(hit or 1), [s.strip().upper() if s.strip().upper() == DEVICE_ERROR
-                                 else signal.Signals[f"SIG{s.strip().upper()}"] for s in what.split("+")]
+        raise ValueError(f"{ENV}={spec!r}: expected POINT[@N]=ACTION[+ACTION], POINT one of {', '.join(POINTS)}")
+    return name, int(hit or 1), [_action(word) for word in what.split("+")]
 
 
 _FAULT = _parse(os.environ.get(ENV))
 _reached: Counter[str] = Counter()
+_held: list[Any] = []  # the HOG action's device memory, until the rollout ends
 
 
 def point(name: str, device: Any = None) -> None:
     """A place where the harness may stop this process (or fail its `device`); a no-op in
     every real run."""
+    if name == "rollout":
+        _held.clear()
     if _FAULT is None or _FAULT[0] != name:
         return
     _reached[name] += 1
@@ -78,8 +93,21 @@ def point(name: str, device: Any = None) -> None:
         for action in _FAULT[2]:
             if action == DEVICE_ERROR:
                 device_error(device)
+            elif isinstance(action, str):
+                hog(device, float(action[len(HOG):]))
             else:
                 os.kill(os.getpid(), action)
+
+
+def hog(device: Any, gib: float) -> None:
+    """Take `gib` GiB of `device`'s memory (`gib` < 0: all that is free but -`gib` GiB) and
+    hold it until the rollout ends; on a device other than CUDA, nothing (the simulated
+    device of `OURO_TEST_KV_LIMIT` serves there)."""
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        size = int(gib * 2**30) if gib >= 0 else torch.cuda.mem_get_info(device)[0] + int(gib * 2**30)
+        _held.append(torch.empty(max(0, size), dtype=torch.uint8, device=device))
 
 
 def device_error(device: Any) -> None:
