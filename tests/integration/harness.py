@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def env_for(fault: str | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **extra}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **extra}
     env.pop("OURO_TEST_FAULT", None)
     env.pop("OURO_DEBUG", None)
     if fault:

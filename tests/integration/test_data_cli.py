@@ -25,7 +25,7 @@ EVAL_ROWS = 8
 
 
 def ouro(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env.pop("OURO_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)

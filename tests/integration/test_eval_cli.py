@@ -34,7 +34,7 @@ PROMPTS = 8
 
 
 def ouro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 

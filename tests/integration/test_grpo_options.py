@@ -97,7 +97,7 @@ def test_two_ranks_filter_refill_and_split_as_one_rank_does(tmp_path):
              "--epochs", "2", "--advantage", "rloo", "--overlong", "soft", "--is-correction", "tis", "--clip-ratio-c",
              "3", "--loop-weighting", "uniform", "--exit-threshold", "0.5", "--async-scheduling",
              "--offload-optimizer", "on"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "ouro_cli.cli.app", *flags, "--run-dir", str(tmp_path / "two")], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=600)

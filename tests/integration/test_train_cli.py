@@ -19,7 +19,7 @@ T = 4
 
 
 def ouro(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(env or {})}
     return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -41,7 +41,7 @@ def _compare(*args: str) -> subprocess.CompletedProcess:
 
 def test_two_ranks_match_one_rank_and_ouro_compare_judges_the_pair(tmp_path):
     make_checkpoint(tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "ouro_cli.cli.app", "train", *_flags(tmp_path), "--run-dir", str(tmp_path / "two"),
                           "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

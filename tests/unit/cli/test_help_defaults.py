@@ -26,7 +26,7 @@ DEFAULT = re.compile(r"\[default: (.*)\]\s*$")
 
 def shown_defaults(command: str) -> dict[str, str]:
     """Flag -> the default its help row states (rows joined over wrapped lines)."""
-    env = {**os.environ, "COLUMNS": "1000", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "COLUMNS": "1000", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", command, "--help"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
