@@ -150,10 +150,15 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=Non
     assert hq % hkv == 0 and k_plane.shape == v_plane.shape and k_plane.stride() == v_plane.stride()
     assert k_plane.stride(-1) == 1 and block >= 16
     q, ctx_slots = _unit_last_stride(q), _unit_last_stride(ctx_slots)
+    # the kernel reads its 1-D tables as dense arrays: a broadcast view (stride 0) would be
+    # read past its storage
+    lengths = lengths.contiguous()
+    blocks = None if blocks is None else tuple(t.contiguous() for t in blocks)
     if write is None:  # unused pointers: any tensor of the right dtype
         k_prev, v_prev, k_new, v_new, new_slots, active, has_prev = k_plane, v_plane, q, q, lengths, lengths, False
     else:
         k_prev, v_prev, new_slots, k_new, v_new, active = write
+        new_slots, active = new_slots.contiguous(), active.contiguous()
         has_prev = k_prev is not None
         if not has_prev:
             k_prev, v_prev = k_plane, v_plane

@@ -295,7 +295,7 @@ def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
     runs; `needed_by` names the path in the error for a mask of another shape."""
     idx = torch.arange(s, device=device)
     if mask is None:
-        return torch.zeros(b, s, dtype=torch.long, device=device), (idx + 1).expand(b, s)
+        return torch.zeros(b, s, dtype=torch.long, device=device), (idx + 1).repeat(b, 1)
     m = mask[:, 0]
     length = m.sum(-1)
     start = idx - length + 1

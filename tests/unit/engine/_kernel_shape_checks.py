@@ -19,7 +19,7 @@ import os
 import sys
 
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.engine._interpreted import run_checks
@@ -95,6 +95,7 @@ def check_decode_attention(lengths, hkv, g, d, dtype, seed) -> None:
 @SETTINGS
 @given(b=st.integers(1, 4), s=_length(), hkv=st.integers(1, 2), g=st.integers(1, 2),
        part=st.floats(0.05, 1.0), seed=st.integers(0, 2**16))
+@example(b=4, s=1, hkv=1, g=1, part=1.0, seed=0)  # one position per row: its lengths are a broadcast view
 def check_replay_attention(b, s, hkv, g, part, seed) -> None:
     """The replay's attention through the blocked decode kernel (replay_attention.paged_forward):
     causal over B x S equals SDPA; the queries of a drawn subset of positions (a gathered loop)
