@@ -534,10 +534,11 @@ def advantage_stage(s: Session, samples: list[RolloutSample]) -> None:
         sample.advantage = adv
 
 
-def train_stage(s: Session, samples: list[RolloutSample], trained: list[int]) -> dict[str, Any]:
+def train_stage(s: Session, update: int, samples: list[RolloutSample], trained: list[int]) -> dict[str, Any]:
     """The trained groups cut into --mini-batches runs of whole groups (rl/groups.py), each this
     rank's share of one optimizer step, --epochs times over. --overlong mask leaves truncated
-    responses out of the loss (their group's advantages were taken with them)."""
+    responses out of the loss (their group's advantages were taken with them). A step that runs
+    out of memory runs again with smaller micro-batches (rl/recovery.py, `retry_step`)."""
     from ouro_cli.trainer import Sample
 
     chosen = set(trained)
@@ -549,9 +550,25 @@ def train_stage(s: Session, samples: list[RolloutSample], trained: list[int]) ->
     batches = [[Sample(prompt_ids=x.prompt_ids, response_ids=x.response_ids, exit_depths=x.exit_depths,
                        rollout_logprobs=x.logprobs, advantage=x.advantage, temperature=s.sampling.temperature)
                 for x in samples if x.trained and x.group in run] for run in runs]
-    metrics = s.trainer.train_update(batches, epochs=s.options.epochs)
+    metrics = s.trainer.train_update(batches, epochs=s.options.epochs,
+                                     retry=lambda step, attempt: retry_step(s, update, step, attempt))
     metrics["overlong_masked"] = sum(_all_gather(masked))
     return metrics
+
+
+def retry_step(s: Session, update: int, step: int, attempt: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Train step `step` of `update` on this rank (its forward and backward passes, `attempt`),
+    its micro-batches cut at the lowest limit recorded at or before it (this update's own
+    decisions included), else the memory plan's; an out-of-memory halves the limit, down to
+    the longest sample the run can hold, and is recorded like the rollout's (rl/recovery.py)."""
+    known = {recovery.KEY: recovery.decisions(s.plan) + s.new_decisions}
+    s.trainer.limit_micro_batch_tokens(recovery.micro_batch_limit(known, update, step, s.rank)
+                                       or s.sizing.max_tokens_per_micro_batch)
+    return recovery.train_step_with_recovery(
+        attempt, s.trainer, floor=s.seq_tokens,
+        on_decision=lambda tokens: s.new_decisions.append(
+            {"update": update, "rank": s.rank, "phase": "train", "step": step, "what": "max_tokens_per_micro_batch",
+             "max_tokens_per_micro_batch": tokens}))
 
 
 def check_step(update: int, train: dict[str, Any], last_checkpoint: int) -> None:
@@ -641,7 +658,8 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     with phase(timing, "train", device, f"update {update}, {len(samples)} samples in micro-batches of up to "
                f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}",
                "--max-tokens-per-micro-batch or --gpu-memory-utilization, or pass --recompute on"):
-        train = train_stage(s, samples, trained)
+        train = train_stage(s, update, samples, trained)
+    decided += record_decisions(s)
     check_step(update, train, s.plan["next_update"])
     if sizing.gradients_released:
         s.trainer.release_gradients()  # dead until the next backward: the rollouts get their memory

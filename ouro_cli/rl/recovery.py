@@ -2,21 +2,34 @@
 
 The memory plan (rl/sizing.py) is an upper bound by construction, but the device is not the
 model: another process, allocator fragmentation or a driver's reserve can still leave a
-rollout's KV cache short. A rollout that runs out of device memory while taking its cache
-does not end the run. The engine gives back what it holds, the cache limit is halved (never
-below one sequence: `LimitsMemory.min_kv_blocks`), and the same generate call runs again
-from the start, with the same seeds; sequences that do not fit wait for a slot or are
-preempted and recomputed, as with any cache smaller than a call.
+rollout's KV cache or a train step's activations short. Neither ends the run:
 
-A smaller cache schedules the same requests differently, which may change the sampled bits
-in the default mode. So each decision is recorded: in the update's metrics line
-(`memory_decisions`) and in the run's plan (`memory_decisions`: update, rank, what was
-lowered, to what), written at once, not only with the next checkpoint. A resumed run reads
-the decisions of its run directory and applies each from its update on (`kv_limit`), so it
-repeats the recovered run bit for bit without running out of memory first.
+- A rollout that runs out of device memory while taking its cache: the engine gives back
+  what it holds, the cache limit is halved (never below one sequence:
+  `LimitsMemory.min_kv_blocks`), and the same generate call runs again from the start, with
+  the same seeds; sequences that do not fit wait for a slot or are preempted and
+  recomputed, as with any cache smaller than a call.
+- A train step that runs out of memory in the forward or backward pass of a micro-batch:
+  the failed attempt's activations are dropped and its partial gradients zeroed
+  (`Trainer.discard_step`), the token limit per micro-batch is halved (never below the
+  longest sample the run can hold, the floor its plan keeps too), and the same step's
+  samples, cut again, run from the step's start. The optimizer has not stepped (it steps
+  after the last backward), and the update's earlier steps stay. A first step that also
+  computes the first policy's logprobs (--is-correction) computes them again at the new
+  limit, as its own forward then does.
+
+A smaller cache schedules the same requests differently, and other micro-batches sum the same
+gradient in another order, either of which may change the bits. So each decision is recorded:
+in the update's metrics line (`memory_decisions`) and in the run's plan (`memory_decisions`:
+update, rank, phase, the train step's index in the update, what was lowered, to what), written
+at once, not only with the next checkpoint. A lowered limit holds for the rest of the run. A
+resumed run reads the decisions of its run directory and applies each from its point on
+(`kv_limit` from its update, `micro_batch_limit` from its update and step), so it repeats the
+recovered run bit for bit without running out of memory first.
 
 Only what cannot run at all ends the run: a cache that cannot hold one sequence is refused
-when the run is sized (rl/sizing.py), before the first update.
+when the run is sized (rl/sizing.py), before the first update; an out-of-memory at the floor
+is reported in one line by its phase (rl/phases.py).
 """
 
 from __future__ import annotations
@@ -64,17 +77,44 @@ def generate_with_recovery(call: Callable[[], Any], engine: Any, *, limit: int |
     """`call()` (one generate call of `engine`), run again with a halved KV limit after each
     out-of-memory, down to `floor` blocks; `on_decision(new_limit)` records each. The last
     failure propagates (the phase reports it in one line)."""
-    current = capacity if limit is None else limit
+    return _halving(call, capacity if limit is None else limit, floor, release=engine.release_memory,
+                    lower=engine.limit_kv_blocks, on_decision=on_decision)
+
+
+def micro_batch_limit(plan: dict[str, Any], update: int, step: int, rank: int) -> int | None:
+    """The tokens per micro-batch rank `rank`'s train step `step` of `update` may take: the
+    lowest limit decided at or before that step, or None (the memory plan's)."""
+    limits = [d["max_tokens_per_micro_batch"] for d in decisions(plan)
+              if d["what"] == "max_tokens_per_micro_batch" and (d["update"], d["step"]) <= (update, step)
+              and d.get("rank", 0) == rank]
+    return min(limits) if limits else None
+
+
+def train_step_with_recovery(attempt: Callable[[], Any], trainer: Any, *, floor: int,
+                             on_decision: Callable[[int], None]) -> Any:
+    """`attempt()` (a train step's forward and backward passes on this rank, its micro-batches
+    cut at `trainer.micro_batch_tokens`), run again from zeroed gradients with that limit halved
+    after each out-of-memory, down to `floor` tokens; `on_decision(new_limit)` records each. The
+    last failure propagates (the phase reports it in one line)."""
+    return _halving(attempt, trainer.micro_batch_tokens, floor, release=trainer.discard_step,
+                    lower=trainer.limit_micro_batch_tokens, on_decision=on_decision)
+
+
+def _halving(call: Callable[[], Any], limit: int | None, floor: int, *, release: Callable[[], None],
+             lower: Callable[[int], None], on_decision: Callable[[int], None]) -> Any:
+    """`call()`, run again after each out-of-memory once `release()` gave back what the failed
+    call held and `lower(n)` set the halved limit. The retry runs outside the `except` block:
+    the failed call's frames, and the tensors they hold, are gone by then."""
     while True:
         try:
             return call()
         except torch.OutOfMemoryError:
-            smaller = halved(current, floor)
-            if smaller is None or not hasattr(engine, "limit_kv_blocks"):
+            smaller = None if limit is None else halved(limit, floor)
+            if smaller is None:
                 raise
-        engine.release_memory()
+        release()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        engine.limit_kv_blocks(smaller)
+        lower(smaller)
         on_decision(smaller)
-        current = smaller
+        limit = smaller

@@ -37,7 +37,11 @@ A device too small (`OURO_TEST_KV_LIMIT=N`, `simulated_device_limit`): a generat
 KV cache would hold more than N blocks' worth of memory (blocks counted at T planes) raises
 an out-of-memory error, as a device with too little free memory would, in every process
 alike; the recovery tests (tests/integration/test_oom_recovery.py) drive the run's
-out-of-memory recovery with it.
+out-of-memory recovery with it. Its train-step twin (`OURO_TEST_TRAIN_LIMIT=N`,
+`simulated_train_limit`): a training micro-batch of more than N positions (padding included)
+raises an out-of-memory error after its forward pass, before its backward, so that the
+micro-batches before it in the step have accumulated their gradients, as a real failure
+midway through a step leaves them.
 
 PD worker faults (`pd_faults`): the PD engine's tests make a worker fail or stall
 (tests/unit/engine/test_pd.py); the coordinator hands what is set here to its workers.
@@ -160,3 +164,17 @@ def simulated_device_limit(blocks: int, planes: int, num_loops: int) -> None:
 
         raise torch.OutOfMemoryError(f"{KV_LIMIT_ENV}: {blocks} KV blocks at {planes} planes do not fit the simulated "
                                      f"device ({_KV_LIMIT} at {num_loops})")
+
+
+TRAIN_LIMIT_ENV = "OURO_TEST_TRAIN_LIMIT"
+_TRAIN_LIMIT = int(os.environ[TRAIN_LIMIT_ENV]) if os.environ.get(TRAIN_LIMIT_ENV) else None
+
+
+def simulated_train_limit(tokens: int) -> None:
+    """Raise torch.OutOfMemoryError where a training micro-batch of `tokens` positions would
+    exceed the simulated device (`OURO_TEST_TRAIN_LIMIT`); a no-op in every real run."""
+    if _TRAIN_LIMIT is not None and tokens > _TRAIN_LIMIT:
+        import torch
+
+        raise torch.OutOfMemoryError(f"{TRAIN_LIMIT_ENV}: a micro-batch of {tokens} tokens does not fit the simulated "
+                                     f"device ({_TRAIN_LIMIT})")

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from ouro_cli.model.ouro import LoopCounts
+from ouro_cli.testing import faults
 
 from .batching import MicroBatch, WorkCounter, tokens_past
 from .config import TrainerConfig
@@ -92,6 +93,7 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             terms = clipped_surrogate(score, correction.reference, mb.advantages, config.eps_low, config.eps_high,
                                       log_ratio_bound=config.log_ratio_bound, clip_ratio_c=config.clip_ratio_c)
             loss = (terms.loss * mb.weights * correction.weight).sum()
+            faults.simulated_train_limit(mb.padded_tokens)
             loss.backward()
         with torch.no_grad():
             mismatch = (new.detach() - mb.rollout_logprobs).abs()

@@ -18,6 +18,7 @@ trainer, nothing on CUDA); the model's forward and backward run outside it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -42,6 +43,10 @@ from .batching import (
 )
 from .config import TrainerConfig
 from .step import Stopwatch, combine_steps, forward_backward, optimizer_step, replay_logprobs
+
+# runs a step's forward/backward attempt, perhaps again (Trainer.forward_backward); with the step's index
+Retry = Callable[[Callable[[], dict[str, float]]], dict[str, float]]
+StepRetry = Callable[[int, Callable[[], dict[str, float]]], dict[str, float]]
 
 
 class Trainer:
@@ -92,44 +97,58 @@ class Trainer:
 
     # ---- one GRPO update ------------------------------------------------------------
 
-    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """Forward/backward over this rank's samples, sync, clip, Adam, LR schedule."""
-        metrics = self.forward_backward(samples)
+    def train_step(self, samples: Sequence[Sample], *, retry: Retry | None = None,
+                   prepare: Callable[[], None] | None = None) -> dict[str, float]:
+        """Forward/backward over this rank's samples, sync, clip, Adam, LR schedule (`retry`,
+        `prepare`: `forward_backward`'s)."""
+        metrics = self.forward_backward(samples, retry=retry, prepare=prepare)
         metrics.update(self.optimizer_step())
         return metrics
 
-    def train_update(self, mini_batches: Sequence[Sequence[Sample]], epochs: int = 1) -> dict[str, Any]:
+    def train_update(self, mini_batches: Sequence[Sequence[Sample]], epochs: int = 1, *,
+                     retry: StepRetry | None = None) -> dict[str, Any]:
         """Several optimizer steps on one rollout batch: one `train_step` per mini-batch (this
         rank's share of it; every rank passes the same number), in order, `epochs` times over.
 
         Every step's ratio is taken against the policy that sampled, so from the second step on
         the clip bounds how far the policy moves from it: against the rollout's logprobs, or
         under `--is-correction` against the trainer's own at the update's first weights, which
-        `with_first_logprobs` computes for every sample before the first step (is_correction.py;
+        `with_first_logprobs` computes for every sample as the first step starts (is_correction.py;
         an update of one step has them in that step's own forward). A mini-batch that
         holds no response token on any rank takes no step, but the LR schedule still advances
         by one: the schedule counts the planned steps (updates × mini-batches × epochs), so its
         position depends on the update alone. A step the optimizer refuses (a non-finite
         gradient) ends the update there; the caller stops the run (rl/loop.py check_step).
+
+        `retry(index, attempt)` runs each step's forward and backward passes (`forward_backward`),
+        `index` counting the update's mini-batches over its epochs, empty ones included; it may
+        run them again at a lower micro-batch limit (rl/recovery.py). The first policy's logprobs
+        are computed at the start of every attempt of the first step, before the policy moves,
+        so a retried first step computes them at its own micro-batches, as its forward does.
         Returns the steps' metrics combined (step.combine_steps)."""
         taken = [self._global_counts(batch, allow_empty=True)[0] > 0 for batch in mini_batches]
-        if self.config.is_correction != "none" and epochs * sum(taken) > 1:
-            mini_batches = [self.with_first_logprobs(batch) if any_tokens else batch
-                            for batch, any_tokens in zip(mini_batches, taken, strict=True)]
+        batches = [list(batch) for batch in mini_batches]  # the first policy's logprobs are filled in here
+        first_step = taken.index(True) if self.config.is_correction != "none" and epochs * sum(taken) > 1 else None
+
+        def fill_first_logprobs() -> None:
+            for batch, any_tokens in zip(batches, taken, strict=True):
+                if any_tokens:
+                    batch[:] = self.with_first_logprobs(batch)
+
         steps: list[dict[str, Any] | None] = []
-        for epoch in range(epochs):
-            for batch, any_tokens in zip(mini_batches, taken, strict=True):
-                if not any_tokens:
-                    with self._megatron():
-                        self.scheduler.step(increment=1)
-                    steps.append(None)
-                    continue
-                metrics = self.train_step(batch)
-                metrics["epoch"] = epoch
-                steps.append(metrics)
-                if not (metrics["step_applied"] and math.isfinite(metrics["loss"])
-                        and math.isfinite(metrics["grad_norm"])):
-                    return combine_steps(steps)
+        for index, (epoch, j) in enumerate(itertools.product(range(epochs), range(len(batches)))):
+            if not taken[j]:
+                with self._megatron():
+                    self.scheduler.step(increment=1)
+                steps.append(None)
+                continue
+            metrics = self.train_step(batches[j], retry=functools.partial(retry, index) if retry else None,
+                                      prepare=fill_first_logprobs if index == first_step else None)
+            metrics["epoch"] = epoch
+            steps.append(metrics)
+            if not (metrics["step_applied"] and math.isfinite(metrics["loss"])
+                    and math.isfinite(metrics["grad_norm"])):
+                return combine_steps(steps)
         return combine_steps(steps)
 
     def with_first_logprobs(self, samples: Sequence[Sample]) -> list[Sample]:
@@ -159,8 +178,16 @@ class Trainer:
         return [dataclasses.replace(s, first_logprobs=values[a:b])
                 for s, (a, b) in zip(samples, itertools.pairwise(offsets), strict=True)]
 
-    def forward_backward(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """Gradients of the global-batch GRPO loss, synced over ranks, in the grad buffers."""
+    def forward_backward(self, samples: Sequence[Sample], *, retry: Retry | None = None,
+                         prepare: Callable[[], None] | None = None) -> dict[str, float]:
+        """Gradients of the global-batch GRPO loss, synced over ranks, in the grad buffers.
+
+        The rank's own part of the step (the micro-batches cut at `micro_batch_tokens`, their
+        forward and backward passes; no collective until the statistics are reduced) is one
+        attempt, run by `retry(attempt)`, which may run it again after `discard_step` and a
+        lower `limit_micro_batch_tokens` (rl/recovery.py): the ranks' collectives still pair
+        up. `prepare()` runs at the start of every attempt, before the micro-batches are cut
+        (it may replace the items of the list `samples`)."""
         watch = Stopwatch()
         for s in samples:
             s.check(self.num_loops)
@@ -173,15 +200,20 @@ class Trainer:
         global_tokens, global_samples = self._global_counts(samples)
         weights = loss_weights(samples, self.config.resolved_aggregation, global_tokens, global_samples,
                                self.config.aggregation_length)
-        micro_batches = self._micro_batches(samples, weights)
         # what the depths require and the real tokens, of the samples as given (their parts
         # repeat the prompt of a split sample)
         whole = {"layer_tokens_required": self.num_layers * sum(s.depth_sum(self.num_loops) for s in samples),
                  "tokens": sum(s.length for s in samples)}
         self.ddp.train()
-        with pointwise.executing(self.execution):
-            metrics = forward_backward(self.ddp, micro_batches, self.config, self.device, self.num_layers,
-                                       self.num_loops, model=self.module.ouro, whole=whole)
+
+        def attempt() -> dict[str, float]:
+            if prepare is not None:
+                prepare()
+            with pointwise.executing(self.execution):
+                return forward_backward(self.ddp, self._micro_batches(samples, weights), self.config, self.device,
+                                        self.num_layers, self.num_loops, model=self.module.ouro, whole=whole)
+
+        metrics = retry(attempt) if retry is not None else attempt()
         metrics["forward_backward_s"] = watch.lap()
         with self._megatron():
             self.ddp.finish_grad_sync()
@@ -203,6 +235,25 @@ class Trainer:
                                   num_loops=self.num_loops,
                                   gathers=gathering_allowed(self.execution, self.device.type))
         return PlannedMicroBatches(samples, weights, self.num_loops, plan, pad_id=self.pad_id)
+
+    @property
+    def micro_batch_tokens(self) -> int | None:
+        """The token limit each micro-batch is cut at (None: no limit)."""
+        return self.config.max_tokens_per_micro_batch
+
+    def limit_micro_batch_tokens(self, tokens: int | None) -> None:
+        """Cut the micro-batches of every later step at `tokens` (batching.plan_micro_batches)."""
+        self.config = dataclasses.replace(self.config, max_tokens_per_micro_batch=tokens)
+
+    def discard_step(self) -> None:
+        """Drop what a failed attempt of a step accumulated before it runs again: the gradient
+        buffers are zeroed and no parameter keeps a `.grad` that its hook had not yet added, so
+        the next attempt sums its gradient from zero. The optimizer steps only after a whole
+        forward/backward, so the weights are untouched; the step draws no random numbers."""
+        with self._megatron():
+            self.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+        self.module.zero_grad(set_to_none=True)
 
     def optimizer_step(self) -> dict[str, float]:
         watch = Stopwatch()

@@ -89,9 +89,9 @@ def test_two_mini_batches_two_epochs_by_hand(base_model, samples, mode, bounds, 
     with Trainer(copy.deepcopy(base_model), config) as trainer:
         forward_backward = trainer.forward_backward
 
-        def recording(batch):  # the policy each step starts from, and what the step reported
+        def recording(batch, **attempts):  # the policy each step starts from, and what the step reported
             policy = copy.deepcopy(trainer.model)
-            metrics = forward_backward(batch)
+            metrics = forward_backward(batch, **attempts)
             steps.append((policy, metrics))
             return metrics
 
