@@ -20,8 +20,8 @@ bf16 as in fp32. Each op gets one summation order that no shape can change:
   an element's bits depend on its place in the tensor; here they are 1 / (1 + exp(-x)).)
 - **Row functions on CUDA** (RMSNorm and its fused variants, silu·up, log-softmax) run as one
   Triton kernel each (kernels/exact_rows.py), a row per program in an order fixed by the
-  row's length: the torch chains below cost a kernel per op, and an exact train step at 1.4B
-  spent more time launching them than the device spent computing.
+  row's length: the torch chains below cost a kernel per op (why:
+  docs/performance.md#exact-mode).
 - **Projections** (`linear`): on CPU the GEMM is always called on fixed tiles of
   ROW_TILE rows (the last one zero-padded), so every row is computed by a call of one
   shape, whether it is one of a decode step's 8 rows or of the trainer's thousands; on
@@ -90,9 +90,8 @@ def _keeping_inputs(fn):
     """`fn` (a chain of elementwise and row ops) that, where it is differentiated, keeps only its
     inputs for backward and re-runs itself there (torch.utils.checkpoint): the chains below
     spell every rounding out in fp32 intermediates, and autograd would otherwise keep four or
-    five of them per element (an exact-mode micro-batch took 2.6x the default's activation
-    memory). The re-run computes the same bits, so the gradients are those of the plain
-    function."""
+    five of them per element. The re-run computes the same bits, so the gradients are those of
+    the plain function."""
     @functools.wraps(fn)
     def run(*args):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
