@@ -243,11 +243,9 @@ class ModelRunner:
 
     def _graphs_for_layout(self) -> None:
         """Make `graphs` and `prefill_graphs` those captured on the cache's current layout
-        (kv_cache.PagedKVCache.layout: addresses, planes, blocks). A cache that keeps its
-        addresses across a release (kv_memory.ReservedBuffer) brings a rollout shape's layout
-        back every update, so its graphs replay with no new capture; the tables of the last
-        KEPT_LAYOUTS layouts are kept (a run cycling K = 2, 3, 4 uses three). Where the
-        address moves, no layout comes back: every earlier graph is dropped."""
+        (kv_cache.PagedKVCache.layout), keeping the last KEPT_LAYOUTS layouts' graphs for
+        when a layout comes back (kv_memory.ReservedBuffer). Where the address moves, no
+        layout comes back: every earlier graph is dropped."""
         layout = self.kv.layout
         if layout == self._layout:
             return
@@ -290,10 +288,9 @@ class ModelRunner:
         """One token per row at `positions` (= cached length) -> (logits [B, V], depths [B]).
 
         `tokens` are the input ids, or (ids on the device, row of each input in them): the
-        previous step's sampled tokens, read without a trip through the host. `reach` is the
-        longest context any of these rows may come to hold (0: unknown). With the Triton
-        attention the step's context width covers it from the first step: that kernel walks
-        each row's own length whatever the width (its bits do not depend on it), so one
+        previous step's sampled tokens, never read back to the host. `reach` is the longest
+        context any row may come to hold (0: unknown); with the Triton attention, whose bits
+        do not depend on the width, the step's width covers it from the first step, so one
         captured graph per batch bucket serves a whole rollout."""
         b = len(positions)
         pad = batch_bucket(b) - b  # padding rows: token 0 at position 0 in the scratch slot, one loop
@@ -464,13 +461,11 @@ class CapturedDecodeStep:
 
 class CapturedPrefill:
     """A group of fresh prompts' prefill at one bucket width, captured as a CUDA graph for
-    (width, rows, KV planes).
+    (width, rows, KV planes); valid across weight publication like CapturedDecodeStep.
 
-    Its inputs are the padded token ids and KV slots [2, rows, width] and each row's column of
-    its last token; warm-up and capture point every slot at the scratch slot. Like a decode
-    step it reads parameters and KV planes in place, so it stays valid across weight
-    publication. `run` returns a copy of the logits [rows, V]: a step prefills many groups
-    before it samples."""
+    Inputs: token ids and KV slots [2, rows, width] and each row's last column; warm-up and
+    capture point every slot at the scratch slot. `run` returns a copy of the logits
+    [rows, V]: a step prefills many groups before it samples."""
 
     def __init__(self, runner: ModelRunner, width: int, rows: int) -> None:
         kv = runner.kv
@@ -491,10 +486,8 @@ class CapturedPrefill:
 def capture(body, device: torch.device, pool):
     """Run `body` once to warm up, then capture it as a CUDA graph in `pool` -> (graph, its outputs).
 
-    Warm-up and capture run on a stream of the engine's own device: `torch.cuda.graph`'s
-    default capture stream is one per process, made on whichever device was current at its
-    first use, so an engine on cuda:1 beside one on cuda:0 (or in a process whose current
-    device is cuda:0) would have its kernels launched from the wrong device."""
+    Both run on a stream of the engine's own device: `torch.cuda.graph`'s default capture
+    stream is made on whichever device was current at its first use, which may not be ours."""
     with torch.cuda.device(device), attention.tables_kept() as tables:
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))

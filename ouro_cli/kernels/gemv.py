@@ -1,12 +1,10 @@
 """A small-M linear layer, y = x @ W.T, for the decode step's projections (opt-in; bitwise = cuBLAS at many rows).
 
 A decode step multiplies a padded batch of M = 8..64 activation rows by every weight of
-the model: qkv [6144, 2048], o_proj [2048, 2048], gate_up [11264, 2048], down [2048, 5632]
-and lm_head [49152, 2048] at Ouro-1.4B. At such M the work is reading W once. Here a
-program owns BLOCK_N output columns and all M rows: the grid is cdiv(N, BLOCK_N) (>= 2
-programs per SM where N allows), each program streams its BLOCK_N rows of W through a
-num_stages-deep pipeline of BLOCK_K tiles, and x (small, L2-resident) is re-read by every
-program.
+the model; at such M the work is reading W once. Here a program owns BLOCK_N output columns
+and all M rows: the grid is cdiv(N, BLOCK_N) (>= 2 programs per SM where N allows), each
+program streams its BLOCK_N rows of W through a num_stages-deep pipeline of BLOCK_K tiles,
+and x (small, L2-resident) is re-read by every program.
 
 Its value is numerical: no split-K at any M, where cuBLAS at a few rows may split K
 (down_proj); speed against cuBLAS: docs/performance.md#decode. The engine uses it where
