@@ -1,11 +1,9 @@
 """Host values to the device, and device values back, without waiting for the device's queued work.
 
 `torch.tensor(values, device="cuda")` copies synchronously: the host waits until every
-kernel queued before it has run. In a decode step that wait came right after the CUDA
-graph's launch, so the sampling kernels were launched only once the step had finished,
-and their host time (~1.4 ms per step at batch 64 on the H200) was added to every step;
-in a train step each micro-batch's tensors waited for the last backward. Shared by the
-engine and the trainer (trainer/batching.py `MicroBatch.to`).
+kernel queued before it has run, so a decode step's sampling could be launched only once
+the step had finished, and a train step's micro-batch only once the last backward had.
+Shared by the engine and the trainer (trainer/batching.py `MicroBatch.to`).
 Here the values are staged in pinned memory and copied asynchronously, in stream order;
 PyTorch's caching host allocator keeps the staging buffer until the copy has run.
 

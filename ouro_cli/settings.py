@@ -138,7 +138,7 @@ class ExecutionSettings:
 
     def decode_gemv_on(self, device_type: str) -> str:
         """The decode projections' path on `device_type`: "cublas" (F.linear), "auto" (the kernel
-        where it was measured faster) or "triton"."""
+        where it is faster, kernels/gemv.py) or "triton"."""
         from ouro_cli.kernels import triton_available
 
         if self.exact:

@@ -16,9 +16,8 @@ shard is `model.safetensors` without an index, as `save_pretrained` writes it; e
 `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json`.
 
 Why our own writer: `safetensors.torch.save_file` needs every tensor of a shard in
-memory at once (measured 1.23x the model's bytes for mcore-to-hf at 1.4B shapes; the
-planned writer peaks at 0.4x: docs/performance.md §10). The file format is small and public (8-byte header
-length, JSON header, raw little-endian bytes); reading always goes through the
+memory at once (why: docs/performance.md#memory). The file format is small and public
+(8-byte header length, JSON header, raw little-endian bytes); reading always goes through the
 safetensors library, and the tests read every written file back with it.
 """
 

@@ -10,7 +10,7 @@ nothing is cast, so a round trip is bit-exact.
 
 Directory layout and the validity rule (COMPLETE marker, tracker written last) are
 `layout.py`'s; the HF config, tokenizer and remote code for a later export go to
-`CKPT/hf_assets/`. megatron-core is imported only here and only when used (~4 s).
+`CKPT/hf_assets/`. megatron-core is imported only here and only when used (its import is slow).
 """
 
 from __future__ import annotations

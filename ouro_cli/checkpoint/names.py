@@ -67,7 +67,7 @@ def expected_shapes(config: OuroConfig) -> dict[str, tuple[int, ...]]:
 
 class _SkipInit(TorchFunctionMode):
     """Skip in-place random init while building on meta: there is nothing to fill, and
-    meta `normal_` would import torch._dynamo (~1.5 s) just to do nothing."""
+    meta `normal_` would import torch._dynamo (slow) just to do nothing."""
 
     _INIT = {torch.Tensor.normal_, torch.Tensor.uniform_}
 

@@ -1,12 +1,10 @@
 """Paged KV cache with one plane per loop: a block allocator and the K/V storage.
 
-Why our own: paged-attention libraries on PyPI (vLLM, FlashInfer, SGLang) page one
-K/V plane per layer. Ouro needs T planes per layer (one per loop) with the
-*last-exited* layout of docs/model.md §3: a token that ran e loops has real K/V in planes
-1..e and planes e+1..T hold a copy of plane e, so a later query at loop d reads
-version min(d, e) with a plain per-plane lookup. None of them pages per-loop planes
-with that rule, so the cache is written here, kept simple, and checked by the
-logprob-equals-replay tests.
+Why our own: paged-attention libraries (vLLM, FlashInfer, SGLang) page one K/V plane per
+layer. Ouro needs T planes per layer (one per loop) with the *last-exited* layout of
+docs/model.md §3: a token that ran e loops has real K/V in planes 1..e and planes e+1..T
+hold a copy of plane e, so a later query at loop d reads version min(d, e) with a plain
+per-plane lookup.
 
 Layout: `k`, `v` are [L, P, Hkv, (blocks + 1) * block_size, D] views of one flat buffer
 (head-major, so that a gather of slots gives [Hkv, B, n, D], which batched matmuls take
@@ -19,10 +17,9 @@ write to and padded context positions point at.
 
 Planes follow the budget: a `generate` whose requests decode at most K loops reads
 only planes 1..K (a query at loop d reads plane d), so the same bytes are re-viewed
-with P = K planes per token (`set_planes`, only while no block is in use): at K = 2
-twice the tokens of the T-plane view fit. Prefill still runs all T loops and writes
-the planes the view has. `num_blocks` is the block count of the current view;
-`blocks_at(P)` gives it for any P.
+with P = K planes per token (`set_planes`, only while no block is in use). Prefill still
+runs all T loops and writes the planes the view has. `num_blocks` is the block count of
+the current view; `blocks_at(P)` gives it for any P.
 
 Memory can be handed back while the engine is idle (`release`, e.g. while a colocated
 trainer steps) and taken again (`restore`), then only as large as asked (at most the

@@ -3,8 +3,8 @@
 A colocated run gives the cache's memory to the trainer for every train step and takes it
 back for the next rollout (kv_cache.PagedKVCache.release/restore). Every CUDA graph the
 engine captured (runner.py: decode steps, prefills) holds the cache's addresses, so a cache
-that comes back elsewhere makes all of them stale: captured again, 0.4-0.8 s of every update
-at 1.4B on the H200 (docs/performance.md §15-16).
+that comes back elsewhere makes all of them stale, to be captured again in every update
+(why: docs/performance.md#whole-update).
 
 `ReservedBuffer` keeps the addresses. It reserves the buffer's virtual address range once,
 at the cache's capacity, and backs a prefix of it with physical memory while the cache is

@@ -9,8 +9,7 @@ whole batch come from one vectorized hash: on CUDA one Triton kernel (kernels/un
 elsewhere a fixed number of torch kernels, with the same bits.
 
 Why not a `torch.Generator` per request: a generator fills one tensor per call, so a
-step drew its batch's sampling noise with one launch per row (at batch 64 on the H200,
-64 launches and ~1.2 ms of host time per decode step, ~10 % of the step).
+step would draw its batch's sampling noise with one launch per row.
 Integer arithmetic is exact on every device, so the keys and hashed bits are the same
 on CPU and CUDA; only the final fp32 `log` may round differently across devices.
 """

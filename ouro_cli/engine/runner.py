@@ -3,37 +3,23 @@
 Both run the shared model code (ouro_cli.model), so the engine and the trainer's
 replay compute the same function:
 
-- `prefill` calls the model's whole-sequence forward on one sequence with
-  per-position depths; its `kv_sink` hands over the K/V every position holds at each
-  (loop, layer) — already in the last-exited layout — and we scatter them into the
-  paged planes. A fresh prompt runs at depth T (on CUDA at a bucket width, replayed from a
-  captured graph: CapturedPrefill); a sequence recomputed after preemption is prefilled
-  as prompt + generated tokens with their recorded depths, which rebuilds exactly the KV
-  it had.
-- `decode` feeds each row's newest token through loops 1..K with `model.run_loop`,
-  attending over the row's cached tokens at the plane of the current loop. A row that
-  has exited keeps its hidden state, and writes into plane t a copy of its own
-  previous plane, so planes past its depth hold the plane-e copy. After the last loop
-  the remaining planes are filled the same way.
+- `prefill` runs the model's whole-sequence forward with per-position depths; its
+  `kv_sink` hands over the K/V in the last-exited layout, scattered into the paged planes.
+  A sequence recomputed after preemption is prefilled as prompt + generated tokens with
+  their recorded depths, which rebuilds exactly the KV it had.
+- `decode` feeds each row's newest token through loops 1..K with `model.run_loop`. A row
+  that has exited keeps its hidden state and writes into plane t a copy of its previous
+  plane, so planes past its depth hold the plane-e copy.
 
-Decode batches are padded to a bucket size and attention runs in fixed chunks, so a
-row's arithmetic does not depend on its batch-mates (determinism across max_num_seqs),
-and step shapes depend only on (bucket, context chunks, max loops); exits are decided
-on the device (exits.ExitState). On CUDA the step is captured once per shape and KV
-layout as a CUDA graph (CapturedDecodeStep; the graphs of a layout are kept while the
-cache is released, and replay when it comes back at the same addresses): decoding is
-otherwise bound by kernel launches (13
-per layer and loop profiled on the H200 at 1.4B, with the Triton kernels, fused weights
-and compiled elementwise math; 11 since the input norm and the KV write were fused into
-neighbouring kernels, by count; ~100 in plain torch). Eager mode additionally stops early
-when every row has exited, its only host sync inside the step. On CUDA the KV write and
-the attention of a layer-loop run as one Triton kernel (ouro_cli/kernels/), and small
-batches' projections through the Triton small-batch matmul, as the model's execution
-settings say (`model.execution`, ouro_cli/settings.py: `decode_attention`, `decode_gemv`;
-`attention=` overrides the first); the torch code (paged_attention.py) stays the reference
-and the CPU path. In exact mode (docs/exact.md) the CPU step attends in the replay's chunk
-order (model/exact.py), CUDA runs the Triton kernel the replay runs too, and every
-projection goes through the fixed-tile matmul.
+Decode batches are padded to a bucket size and attention runs in fixed chunks, so a row's
+arithmetic does not depend on its batch-mates, and step shapes depend only on (bucket,
+context chunks, max loops); exits are decided on the device (exits.ExitState). On CUDA the
+step is captured once per shape and KV layout as a CUDA graph (CapturedDecodeStep), since
+decoding is otherwise bound by kernel launches (why: docs/performance.md#decode). Eager mode
+also stops early when every row has exited, its only host sync inside the step. Which
+kernels run is the model's execution settings' choice (ouro_cli/settings.py:
+`decode_attention`, `decode_gemv`; `attention=` overrides the first); the torch code
+(paged_attention.py) stays the reference and the CPU path. Exact mode: docs/exact.md.
 """
 
 from __future__ import annotations
@@ -79,8 +65,7 @@ class WorkCounters:
     prefill_steps_graphed: int = 0  # fresh prompts prefilled by replaying a captured CUDA graph
     graph_captures: int = 0         # decode and prefill steps captured as CUDA graphs (again where the KV moved)
     graph_capture_ms: int = 0       # wall time of those captures
-    # the host's waits for sampled tokens (core.finish_step): a decode far longer than its
-    # waits kept the device waiting for the host instead (the host's per-step work is the bound)
+    # the host's waits for sampled tokens (core.finish_step)
     token_wait_us: int = 0
     # the device time of the decode steps' forwards and of their sampling (CUDA events,
     # step_timing.py): with the waits above, where a decode step's time goes
@@ -134,12 +119,9 @@ def prefill_group(width: int, dtype: torch.dtype) -> int:
     to width 64, then fewer, 2,048 positions at most, so a group of one prompt and padding
     stays cheap.
 
-    In fp32 one row: a prompt prefills alone. A group's products run at 32 × 64 rows where a
-    lone prompt's run at 64 (other cuBLAS kernels, other rounding); on the H200 at the 1.4B
-    shape the engine-trainer agreement in fp32 was a mean |Δ logprob| of 1.13e-5 grouped and
-    6.55e-6 alone (target 1e-5, docs/performance.md §21). fp32 runs are the ones that check that
-    agreement; the group's saving (a 32-prompt rollout's prefill from 0.5-0.6 s to 0.1 s) is
-    for bf16 runs."""
+    In fp32 one row: a prompt prefills alone, so its products run at the replay's shapes (a
+    group's run at other cuBLAS kernels, other rounding); fp32 runs are the ones that check
+    engine-trainer agreement. why: docs/performance.md#whole-update"""
     most = MAX_PREFILL_GROUP_FP32 if dtype == torch.float32 else MAX_PREFILL_GROUP
     return max(1, min(most, PREFILL_GROUP_TOKENS // width))
 
@@ -198,25 +180,17 @@ class ModelRunner:
         position, in order.
 
         No two sequences share a row: packing them would change the attention reduction
-        lengths, and so the rounding, of each (see paged_attention.py). A fresh prompt (every
-        position at depth T) runs without a depths tensor: the forward then plans its loops
-        without reading the device (with one, it counts each loop's running positions on the
-        host: a wait for the device per loop) and computes the same function. Only the last
-        positions' logits are computed. A sequence recomputed with its recorded depths, or a
-        prompt past PREFILL_GRAPH_MAX, runs alone at its own width.
+        lengths, and so the rounding, of each (see paged_attention.py). A fresh prompt (depth T
+        everywhere) runs without a depths tensor, so the forward plans its loops without
+        reading the device. Only the last positions' logits are computed. A sequence recomputed
+        with its recorded depths, or a prompt past PREFILL_GRAPH_MAX, runs alone at its own width.
 
         On CUDA fresh prompts of up to PREFILL_GRAPH_MAX tokens run at their bucket width
-        (`prefill_bucket`; the padding after a prompt writes the scratch slot, and causal
-        attention keeps it out of the prompt's positions), `prefill_group(width, dtype)` rows
-        at a time (one in fp32): a group holds prompts of one width, each in a row of its own,
-        and a group short of prompts is filled with rows of padding. With CUDA graphs on the
-        group is one captured graph (CapturedPrefill): an eager 1.4B prefill is bound by the
-        host's launches of its thousands of kernels; replayed one prompt at a time, 32 prompts
-        still took 0.5-0.6 s on the H200, about 17 ms each against ~3 ms of weight reads
-        (docs/performance.md §16), a cost per replay that a group shares. The rows of a group
-        do not mix (each a sequence of its own, every product at one shape whatever the rows
-        hold), so a prompt's bits are those of its width, whatever else is prefilled: eager or
-        replayed, in a full group or alone."""
+        (`prefill_bucket`; the padding after a prompt writes the scratch slot), grouped
+        `prefill_group(width, dtype)` rows at a time, short groups filled with padding rows;
+        with CUDA graphs on a group is one captured graph (CapturedPrefill). The rows of a group
+        do not mix, so a prompt's bits are those of its width, whatever else is prefilled:
+        eager or replayed, in a full group or alone."""
         device = self.kv.device
         out: list[torch.Tensor | None] = [None] * len(items)
         grouped: dict[int, list[int]] = {}
@@ -269,11 +243,9 @@ class ModelRunner:
 
     def _graphs_for_layout(self) -> None:
         """Make `graphs` and `prefill_graphs` those captured on the cache's current layout
-        (kv_cache.PagedKVCache.layout: addresses, planes, blocks). A cache that keeps its
-        addresses across a release (kv_memory.ReservedBuffer) brings a rollout shape's layout
-        back every update, so its graphs replay with no new capture; the tables of the last
-        KEPT_LAYOUTS layouts are kept (a run cycling K = 2, 3, 4 uses three). Where the
-        address moves, no layout comes back: every earlier graph is dropped."""
+        (kv_cache.PagedKVCache.layout), keeping the last KEPT_LAYOUTS layouts' graphs for
+        when a layout comes back (kv_memory.ReservedBuffer). Where the address moves, no
+        layout comes back: every earlier graph is dropped."""
         layout = self.kv.layout
         if layout == self._layout:
             return
@@ -316,13 +288,10 @@ class ModelRunner:
         """One token per row at `positions` (= cached length) -> (logits [B, V], depths [B]).
 
         `tokens` are the input ids, or (ids on the device, row of each input in them): the
-        previous step's sampled tokens, read without a trip through the host. `reach` is the
-        longest context any of these rows may come to hold (0: unknown). With the Triton
-        attention the step's context width covers it from the first step: that kernel walks
-        each row's own length whatever the width (its bits do not depend on it), so one
-        captured graph per batch bucket serves a whole rollout, where widths that followed
-        the growing context captured a graph at each power of two (4-5 captures, 0.7-1.3 s a
-        rollout at 1.4B on the H200, docs/performance.md §15)."""
+        previous step's sampled tokens, never read back to the host. `reach` is the longest
+        context any row may come to hold (0: unknown); with the Triton attention, whose bits
+        do not depend on the width, the step's width covers it from the first step, so one
+        captured graph per batch bucket serves a whole rollout."""
         b = len(positions)
         pad = batch_bucket(b) - b  # padding rows: token 0 at position 0 in the scratch slot, one loop
         policies = policies + [PADDING_POLICY] * pad
@@ -363,8 +332,7 @@ class ModelRunner:
             chunks = 1 << (chunks - 1).bit_length()
         width = chunks * self.attn_chunk
         nb = -(-width // self.kv.block_size)
-        # filled row by row in numpy: at 256 rows of 64 blocks a third of the time of one flat
-        # Python list turned into a tensor (0.23 against 0.80 ms a step on the CPU machine)
+        # filled row by row in numpy, cheaper on the host than one flat Python list
         ints = np.full((len(tokens), DecodeInputs.TABLE + nb), self.kv.num_blocks, dtype=np.int64)  # scratch block
         ints[:, :DecodeInputs.TABLE] = [(token, pos, stop, lo, delay) for token, pos, (stop, lo, _tau, delay)
                                         in zip(tokens, positions, policies, strict=True)]
@@ -459,13 +427,12 @@ class DecodeInputs:
 class CapturedDecodeStep:
     """One decode step captured as a CUDA graph for (bucket, context width, max loops, KV planes).
 
-    The step runs all `max_loops` loops (exited rows are masked, as in eager mode, so
-    results are identical; it only skips the early break). Warm-up and capture use
-    inputs that point every row at the scratch slot, so they never touch a live
-    sequence's KV. Parameters and KV planes are updated in place elsewhere, so the
-    graph stays valid across weight publication, and across a release of the cache that
-    brings back its layout (ModelRunner._graphs_for_layout). Outputs live in the graph's memory:
-    the caller consumes them before the next replay of any graph.
+    It runs all `max_loops` loops (exited rows are masked, as in eager mode, so results are
+    identical). Warm-up and capture point every row at the scratch slot, so they never touch
+    a live sequence's KV. Parameters and KV planes are updated in place, so the graph stays
+    valid across weight publication and across a release of the cache that brings back its
+    layout. Outputs live in the graph's memory: the caller consumes them before the next
+    replay of any graph.
     """
 
     def __init__(self, runner: ModelRunner, batch: int, width: int, max_loops: int) -> None:
@@ -494,13 +461,11 @@ class CapturedDecodeStep:
 
 class CapturedPrefill:
     """A group of fresh prompts' prefill at one bucket width, captured as a CUDA graph for
-    (width, rows, KV planes).
+    (width, rows, KV planes); valid across weight publication like CapturedDecodeStep.
 
-    Its inputs are the padded token ids and KV slots [2, rows, width] and each row's column of
-    its last token; warm-up and capture point every slot at the scratch slot. Like a decode
-    step it reads parameters and KV planes in place, so it stays valid across weight
-    publication. `run` returns a copy of the logits [rows, V]: a step prefills many groups
-    before it samples."""
+    Inputs: token ids and KV slots [2, rows, width] and each row's last column; warm-up and
+    capture point every slot at the scratch slot. `run` returns a copy of the logits
+    [rows, V]: a step prefills many groups before it samples."""
 
     def __init__(self, runner: ModelRunner, width: int, rows: int) -> None:
         kv = runner.kv
@@ -521,10 +486,8 @@ class CapturedPrefill:
 def capture(body, device: torch.device, pool):
     """Run `body` once to warm up, then capture it as a CUDA graph in `pool` -> (graph, its outputs).
 
-    Warm-up and capture run on a stream of the engine's own device: `torch.cuda.graph`'s
-    default capture stream is one per process, made on whichever device was current at its
-    first use, so an engine on cuda:1 beside one on cuda:0 (or in a process whose current
-    device is cuda:0) would have its kernels launched from the wrong device."""
+    Both run on a stream of the engine's own device: `torch.cuda.graph`'s default capture
+    stream is made on whichever device was current at its first use, which may not be ours."""
     with torch.cuda.device(device), attention.tables_kept() as tables:
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))

@@ -21,9 +21,7 @@ the attention: rows still active write their new K/V into plane t at their slot;
 have exited copy their plane t-1 entry instead, which builds the last-exited layout of
 docs/model.md §3 as the step runs. A block barrier (`tl.debug_barrier`, CUDA's __syncthreads: the
 block's global stores before it are visible to the block's loads after it) separates the
-store from the attention's reads. One kernel per layer and loop instead of two. (Taking the
-new slot's values from registers instead, a `tl.where` per tile, was measured slower on the
-H200: 85 against 50 µs a call at 128 rows × 192 positions.)
+store from the attention's reads. One kernel per layer and loop instead of two.
 
 `blocked_decode_attention` is the same kernel for the trainer's replay and the prefill
 (replay_attention.py): a program holds up to 16 / G queries of one run (one document, one
@@ -49,9 +47,8 @@ from .gemv import dot_as_sum
 
 # Positions per tile and warps per program; both set the kernel's summation order, so the
 # trainer's paged replay (replay_attention.py) uses the same defaults, and one choice serves
-# every batch (a row's bits must not depend on its batch-mates). bench/decode_attention.py on
-# the H200 (1.4B heads, 192 positions): 64 x 4 is the best at 64 rows (32.4 µs); at 8 rows
-# 128 x 4 takes 7.0 µs against 8.3, at 16 rows 64 x 8 9.1 against 10.6.
+# every batch (a row's bits must not depend on its batch-mates). bench/decode_attention.py
+# sweeps them (why: docs/performance.md#decode).
 BLOCK = 64
 NUM_WARPS = 4
 

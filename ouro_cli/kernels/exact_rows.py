@@ -3,11 +3,9 @@ residual add, and followed by the next norm), SwiGLU's silu(gate)·up, log-softm
 
 Exact mode (model/exact.py, docs/exact.md) needs every value a token gets to be a function of
 that token's own inputs. Its torch code spells each function out as a chain of elementwise
-ops and pairwise-tree sums, one kernel per op: ~30 per norm, and the H200 profile of an exact
-train step at 1.4B (16 × 530 tokens) counted over 150,000 operator calls, 7.9 s of host time
-for 2.9 s of device work (docs/performance.md §16). Here each function is
-one launch. A row is one program (silu·up, elementwise, any split), and a program's
-summation order is fixed by the row's length alone: the block is the next power of two of the
+ops and pairwise-tree sums, one kernel per op (why: docs/performance.md#exact-mode). Here
+each function is one launch. A row is one program (silu·up, elementwise, any split), and a
+program's summation order is fixed by the row's length alone: the block is the next power of two of the
 hidden size (log-softmax walks the vocabulary in fixed chunks of VOCAB_CHUNK, accumulating per
 lane and summing the lanes once), and the warps by the block. So a row's bits are the same
 whether it is one of the decode step's 8 rows or of the trainer's thousands, as the torch
@@ -196,10 +194,9 @@ class _RowFunction(torch.autograd.Function):
 def _pullback(reference, compiled: bool):
     """(inputs, extra, cotangents) -> the gradients of `reference(*inputs, *extra)` for every
     input: torch.func.vjp of the plain formula, compiled shape-generic where the forward's
-    settings compile (CUDA by default). Eager, autograd re-ran the formula op by op: ~30 kernels
-    per norm, and an exact train step at 1.4B spent 2.8 s of device time and most of its host
-    time in these backward passes (docs/performance.md §18). Gradients need no fixed order
-    (docs/exact.md §2): they are the same function's, as fused as the default mode's."""
+    settings compile (CUDA by default), not op by op (why: docs/performance.md#exact-mode).
+    Gradients need no fixed order (docs/exact.md §2): they are the same function's, as fused as
+    the default mode's."""
     def pullback(inputs, extra, cotangents):
         outs, pull = torch.func.vjp(lambda *t: reference(*t, *extra), *inputs)
         return pull(cotangents if isinstance(outs, tuple) else cotangents[0])

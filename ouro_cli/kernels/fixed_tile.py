@@ -8,19 +8,18 @@ load zeros. So a row's bits are a function of that row and W alone: the decode s
 rows, a prefill's hundreds and the trainer's thousands go through the same compiled kernel
 and the same instruction sequence per element (model/exact.py, docs/exact.md). cuBLAS
 promises nothing of the kind: its heuristics pick another kernel, or a split-K one, as M
-changes (docs/performance.md: down_proj at 8 rows vs 8,192).
+changes.
 
 What fixes an element's bits is the walk over K: BLOCK_K (64 for 16-bit, 32 with IEEE fp32
 dots), ascending, one fp32 accumulator, the same dot instruction family. The M x N tile only
 says which program computes the element. So the tile shape may follow the row count and
-the weight's width (`CONFIGS`, from the H200 sweeps of docs/performance.md §18-19: small tiles
-keep enough programs reading W for a decode step's few hundred rows, more so for the narrow
-o and down projections; 256 x 128 with 8 warps feeds the tensor cores at a prefill's or the
-trainer's thousands, 538 TFLOP/s at 16,384 rows where 64 x 64 gave 337), but only among
-configs whose outputs are equal bit for bit: a GPU test (tests/gpu/test_exact_gpu.py) runs
+the weight's width (`CONFIGS`: small tiles keep enough programs reading W at a decode
+step's few hundred rows, large ones feed the tensor cores at a prefill's or the trainer's
+thousands; why: docs/performance.md#exact-mode), but only among configs whose outputs
+are equal bit for bit: a GPU test (tests/gpu/test_exact_gpu.py) runs
 each shape's rows alone, few and many, across the thresholds, and `python bench/fixed_tile.py
 --sweep` checks every candidate's bits against the base config before it may join `CONFIGS`.
-fp32 keeps the base config at every M (only the 16-bit configs were checked on the H200).
+fp32 keeps the base config at every M (only the 16-bit configs are checked on a GPU).
 Programs walk the tiles in groups of GROUP_M row blocks, so a group reuses the same W columns
 from L2 (the order of programs changes no bits).
 
@@ -41,9 +40,7 @@ from .gemv import _accumulate
 # only one for fp32 and off CUDA
 BASE = (64, 64, 4, 3)
 # (up to this many rows, up to this many output columns, config): the first entry that holds
-# a call's M and N. The H200's best at each row count (graph-timed, docs/performance.md §19):
-# at 256 rows o/down (N 2,048) keep the base tile, qkv (6,144) and lm_head (49,152) run
-# 128 x 128 with 8 warps, gate_up (11,264) 64 x 128: 13 % less time for a layer's projections.
+# a call's M and N, chosen by `bench/fixed_tile.py --sweep` (why: docs/performance.md#exact-mode).
 CONFIGS = (
     (64, None, (64, 64, 4, 4)),
     (128, 16384, (64, 64, 4, 4)),

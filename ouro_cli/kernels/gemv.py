@@ -1,19 +1,14 @@
 """A small-M linear layer, y = x @ W.T, for the decode step's projections (opt-in; bitwise = cuBLAS at many rows).
 
 A decode step multiplies a padded batch of M = 8..64 activation rows by every weight of
-the model: qkv [6144, 2048], o_proj [2048, 2048], gate_up [11264, 2048], down [2048, 5632]
-and lm_head [49152, 2048] at Ouro-1.4B. At such M the work is reading W once. Here a
-program owns BLOCK_N output columns and all M rows: the grid is cdiv(N, BLOCK_N) (>= 2
-programs per SM where N allows), each program streams its BLOCK_N rows of W through a
-num_stages-deep pipeline of BLOCK_K tiles, and x (small, L2-resident) is re-read by every
-program.
+the model; at such M the work is reading W once. Here a program owns BLOCK_N output columns
+and all M rows: the grid is cdiv(N, BLOCK_N) (>= 2 programs per SM where N allows), each
+program streams its BLOCK_N rows of W through a num_stages-deep pipeline of BLOCK_K tiles,
+and x (small, L2-resident) is re-read by every program.
 
-Measured on the H200 (bench/gemv.py, HBM-cold weights, in CUDA graphs): cuBLAS reads
-these weights at 1.4-4.1 TB/s and this kernel at the same speed within ±10 % for M <= 16
-(best tiles per shape), slower at M = 64 (x0.42-0.81: every program re-reads x). Its
-value is numerical: its bits equal cuBLAS's at M = 96 (the replay's shape) on all five
-shapes, where cuBLAS at M = 8 differs on down_proj (a split-K kernel). The engine uses
-it only when asked (`--decode-gemv triton`, ouro_cli/settings.py).
+Its value is numerical: no split-K at any M, where cuBLAS at a few rows may split K
+(down_proj); speed against cuBLAS: docs/performance.md#decode. The engine uses it where
+`--decode-gemv` says (ouro_cli/settings.py).
 
 Determinism and batch invariance (the engine needs graph replay == eager bit for bit, and
 a row's bits independent of its batch-mates, docs/model.md §4): there is no split-K and no atomic;
@@ -104,11 +99,9 @@ def _small_m_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
 
 def default_config(n: int, k: int, dtype: torch.dtype) -> dict[str, int]:
     """Tiles for W [n, k], never a function of M (the same tiles, so the same bits, at every
-    batch size). The two sweeps of bench/gemv.py on the H200 (bf16, M = 8 and 16, 36 tiles)
-    chose, per weight:
-    - n <= 4096 (o_proj, down at 1.4B): BLOCK_N 16, BLOCK_K of 1 KB of a row (512 bf16):
-      o_proj 5.6 µs against cuBLAS's 5.8-6.1, down 9.8-10.1 against 10.3-10.5;
-    - 4096 < n <= 8192 (qkv): BLOCK_N 64, BLOCK_K 512 bytes: 8.6 µs against 9.2-9.3.
+    batch size), as bench/gemv.py's sweeps chose them per weight:
+    - n <= 4096 (o_proj, down at 1.4B): BLOCK_N 16, BLOCK_K of 1 KB of a row (512 bf16);
+    - 4096 < n <= 8192 (qkv): BLOCK_N 64, BLOCK_K 512 bytes.
     Wider weights (gate_up, lm_head: not swept) keep the first rule's BLOCK_N: the widest of
     64, 32, 16 that gives >= 2 programs per SM, with BLOCK_K of 512 bytes. 4 warps; 4 stages,
     fewer where x's and W's buffered tiles would not fit in shared memory (`stages_that_fit`;
@@ -123,7 +116,7 @@ def default_config(n: int, k: int, dtype: torch.dtype) -> dict[str, int]:
     return {"block_n": block_n, "block_k": block_k, "num_warps": 4, "num_stages": 4}
 
 
-SHARED_MEMORY = 200 * 1024  # of the 227 KB a CTA may have on an H200, with room for the compiler's own
+SHARED_MEMORY = 200 * 1024  # of the 227 KB a CTA may have on sm_90, with room for the compiler's own
 
 
 def stages_that_fit(rows: int, row_tiles: int, block_n: int, block_k: int, itemsize: int, stages: int) -> int:
@@ -181,10 +174,9 @@ AUTO_MAX_N = 8192
 
 
 def small_m_linear_where_faster(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`--decode-gemv auto`: this kernel where bench/gemv.py measured it faster than cuBLAS
-    on the H200 (M <= 16 rows, W up to 8192 outputs: qkv, o_proj, down at 1.4B), F.linear
-    elsewhere (gate_up and lm_head, where cuBLAS reads at ~80 % of bandwidth, and M > 16,
-    where this kernel loses). Which one runs depends on the shapes only."""
+    """`--decode-gemv auto`: this kernel where bench/gemv.py finds it faster than cuBLAS
+    (M <= 16 rows, W up to 8192 outputs: qkv, o_proj, down at 1.4B), F.linear elsewhere.
+    Which one runs depends on the shapes only (why: docs/performance.md#decode)."""
     if x.shape[0] <= AUTO_MAX_ROWS and w.shape[0] <= AUTO_MAX_N:
         return small_m_linear(x, w)
     return torch.nn.functional.linear(x, w)

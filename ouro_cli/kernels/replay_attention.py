@@ -3,8 +3,8 @@
 
 Why: on a GPU the engine's decode attention (decode_attention.py) and the trainer's SDPA
 reduce the same softmax in different tile orders, so their bf16 logprobs part from the
-first layer on (bench/agree_trace.py on the H200), even where the projections match bit
-for bit (kernels/gemv.py). Here every query of the replay runs the decode kernel itself
+first layer on, even where the projections match bit for bit (kernels/gemv.py). Here
+every query of the replay runs the decode kernel itself
 over its own visible keys: tiles of BLOCK positions at the same offsets from its
 document's start, the same fp32 online softmax, P rounded the same way. The kernel's
 batch invariance (a row's bits do not depend on its batch-mates or the table's width)
@@ -13,10 +13,8 @@ makes a query's output the bits a decode step computes for that token over the s
 The backward is SDPA's gradient of the same attention, recomputed: this mode changes how
 the forward rounds, not the function that is differentiated.
 
-Measured on the H200 (1.4B shape, bf16, with `--decode-gemv triton`, bench/agree_trace.py):
-it did not narrow the agreement there (mean |Δ logprob| over 32 tokens 0.0656, against
-0.0659 with SDPA; still 3e-3 relative after loop 1, layer 0), so the divergence starts in
-another operation. On CPU under the Triton interpreter it makes them bitwise equal.
+On CPU under the Triton interpreter it makes them bitwise equal; on a GPU alone it does
+not (other operations differ too; docs/exact.md §1).
 
 Programs: the decode step's program holds one query's G = Hq/Hkv heads in a 16-row MMA tile
 (15 rows padding at G = 1). Here a program holds up to 16 / G consecutive queries of one

@@ -3,10 +3,9 @@
 A decode step draws, for each of its B rows, V uniforms (one per vocabulary entry) from the
 row's 64-bit key: element j is splitmix64's output for key + (j + 1)·γ, its top 23 bits
 turned into (k + 0.5)·2^-23 (engine/request_rng.py). In torch that is about 20 int64 kernels
-over [B, V], each reading and writing the whole array: at 256 × 49,152 some 5 GB of memory
-traffic a step, about a tenth of a K = 2 decode step's time at 256 rows on the H200
-(docs/performance.md §13). Here one program computes a BLOCK of one row's elements in
-registers and writes the fp32 uniforms once.
+over [B, V], each reading and writing the whole array (why: docs/performance.md#decode).
+Here one program computes a BLOCK of one row's elements in registers and writes the fp32
+uniforms once.
 
 The bits are those of the torch code, which stays the reference and the CPU path: the
 arithmetic is the same integer arithmetic, done in uint64, where multiplication wraps mod

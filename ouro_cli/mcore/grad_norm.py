@@ -2,9 +2,8 @@
 
 Without apex or Transformer Engine, megatron-core's `clip_grads` takes the global L2 norm
 through `local_multi_tensor_l2_norm`, which builds a host tensor out of one device scalar
-per parameter: a `.item()` each, 534 host waits per optimizer step at Ouro-1.4B, 0.6 s of a
-K = 2 train step on the H200 spent in a ping-pong of one small kernel and one copy
-(docs/performance.md §18). `use_sync_free_grad_norm()` puts torch's own
+per parameter: a `.item()` each, one host wait per parameter tensor in every optimizer
+step (why: docs/performance.md#train). `use_sync_free_grad_norm()` puts torch's own
 `torch.nn.utils.get_total_norm` in its place (the per-tensor norms in a few fused launches,
 their norm on the device): the same function of the gradients, one host read left, the
 optimizer step's own. Where apex or Transformer Engine provide the norm, nothing changes.

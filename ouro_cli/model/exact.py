@@ -2,44 +2,30 @@
 
 In exact mode every value a forward pass computes for a token is a function of that
 token's own inputs alone: not of the batch size, the number of rows in a product, the
-sequence length or whether the engine is prefilling, decoding or the trainer replaying.
-The engine then samples from, and reports, the very logprobs the trainer recomputes, in
-bf16 as in fp32. Each op gets one summation order that no shape can change:
+sequence length or the phase (prefill, decode, replay). The engine then samples from, and
+reports, the very logprobs the trainer recomputes, in bf16 as in fp32. Each op gets one
+summation order that no shape can change (the table of docs/exact.md §2):
 
-- **Sums** (`row_sum`) are a pairwise tree of elementwise adds over the last axis whose
-  shape depends only on that axis's length. An elementwise add is one IEEE operation per
-  element on every device and in every code path (vectorised body or scalar tail, any
-  thread split), so the tree's bits cannot depend on anything else. Torch's reduction
-  kernels do not promise that: on CPU a single long row is split over threads, a
-  non-contiguous one is summed in another order; on CUDA the block layout follows the
-  number of rows.
+- **Sums** (`row_sum`): a pairwise tree of elementwise adds whose shape depends only on the
+  summed length; an elementwise add is one IEEE operation per element in every code path,
+  which torch's reduction kernels do not promise.
 - **Maxima** (`amax`) are exact in any order.
-- **Elementwise functions** use only ops that are correctly rounded or that take one code
-  path for every element: `exp`, `log`, `rsqrt`, + - * /. (On CPU torch's `sigmoid` and
-  `silu` compute a tensor's scalar tail with another formula than its vectorised body, so
-  an element's bits depend on its place in the tensor; here they are 1 / (1 + exp(-x)).)
-- **Row functions on CUDA** (RMSNorm and its fused variants, silu·up, log-softmax) run as one
-  Triton kernel each (kernels/exact_rows.py), a row per program in an order fixed by the
-  row's length: the torch chains below cost a kernel per op, and an exact train step at 1.4B
-  spent more time launching them than the device spent computing.
-- **Projections** (`linear`): on CPU the GEMM is always called on fixed tiles of
-  ROW_TILE rows (the last one zero-padded), so every row is computed by a call of one
-  shape, whether it is one of a decode step's 8 rows or of the trainer's thousands; on
-  CUDA a Triton kernel with fixed tiles and no split-K (kernels/fixed_tile.py; the Triton
-  path also runs under the Triton interpreter, where the CPU tests check it).
-- **Attention** (`dense_attention`, `paged_attention`, CPU): keys are visited in chunks of
-  KEY_CHUNK positions at absolute offsets 0, KEY_CHUNK, ... from the sequence's (the
-  document's) start and folded into an fp32 online softmax (`_fold`), the same function
-  on the same chunk shapes for a decode query over the paged KV cache and for that query
-  inside the replayed sequence. Keys past the query are exact zeros (a chunk beyond it is
-  an exact no-op: scale 1, contribution 0). On CUDA exact mode runs the decode kernel for
-  both (kernels/decode_attention.py, kernels/replay_attention.py), which has the same
-  property by construction.
+- **Elementwise functions** use only ops with one code path per element (`exp`, `log`,
+  `rsqrt`, + - * /); sigmoid and silu are 1 / (1 + exp(-x)), as torch's CPU kernels compute
+  a tensor's tail with another formula than its body.
+- **Row functions on CUDA** (the norms, silu·up, log-softmax): one Triton kernel each
+  (kernels/exact_rows.py), an order fixed by the row's length (why:
+  docs/performance.md#exact-mode).
+- **Projections** (`linear`): on CPU F.linear on fixed tiles of ROW_TILE rows, the last
+  zero-padded; on CUDA a fixed-tile Triton kernel with no split-K (kernels/fixed_tile.py).
+- **Attention** (`dense_attention`, `paged_attention`, CPU): keys in chunks of KEY_CHUNK at
+  absolute offsets from the document's start, folded into one fp32 online softmax (`_fold`)
+  for a decode query and for the same query in the replay; keys past the query are exact
+  zeros. On CUDA the decode kernel serves both (kernels/replay_attention.py).
 
-Backward passes may use ordinary kernels: `linear` and the attention differentiate
-through F.linear's and SDPA's gradients of the same function; the elementwise and row
-functions differentiate through autograd, keeping only their inputs and re-running in
-backward (`_keeping_inputs`: their fp32 intermediates would otherwise fill the memory).
+Backward passes may use ordinary kernels (the gradients of the same function): `linear` and
+the attention through F.linear's and SDPA's, the elementwise and row functions through
+autograd, keeping only their inputs and re-running in backward (`_keeping_inputs`).
 """
 
 from __future__ import annotations
@@ -90,9 +76,8 @@ def _keeping_inputs(fn):
     """`fn` (a chain of elementwise and row ops) that, where it is differentiated, keeps only its
     inputs for backward and re-runs itself there (torch.utils.checkpoint): the chains below
     spell every rounding out in fp32 intermediates, and autograd would otherwise keep four or
-    five of them per element (an exact-mode micro-batch took 2.6x the default's activation
-    memory). The re-run computes the same bits, so the gradients are those of the plain
-    function."""
+    five of them per element. The re-run computes the same bits, so the gradients are those of
+    the plain function."""
     @functools.wraps(fn)
     def run(*args):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):

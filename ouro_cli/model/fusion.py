@@ -1,10 +1,9 @@
 """Fused projection weights for inference: q/k/v as one matrix, gate/up as another.
 
-Decoding multiplies a handful of rows by each weight matrix. A [2048 × 2048] projection
-then splits into a few dozen output tiles, too few to keep an H200's 132 SMs reading
-memory, and q, k, v, gate and up are five such launches per layer and loop. One
-[q;k;v] and one [gate;up] matrix give each GEMM 3x and 5.5x more tiles and two launches
-instead of five (docs/performance.md §4).
+Decoding multiplies a handful of rows by each weight matrix, so one projection splits
+into too few output tiles to keep the GPU reading memory. One [q;k;v] and one [gate;up]
+matrix give each GEMM more tiles and two launches per layer and loop instead of five
+(why: docs/performance.md#decode).
 
 The HF parameters stay what they were to everything else: `q_proj.weight` etc. become
 views into the fused matrix (same names, shapes, values), so weight publication, which

@@ -26,15 +26,12 @@ def project(x: torch.Tensor, fused: torch.Tensor | None, weights: tuple[torch.Te
             ) -> tuple[torch.Tensor, ...]:
     """x times each of `weights` (projections of one input: q, k, v or gate, up).
 
-    As one product of their stacked matrix where that is one matrix already (`fused`: the
-    engine's, model/fusion.py), and in exact mode on CUDA, stacked per call (exact.linear keeps
-    the separate weights for backward, not the stack). Exact mode's fixed-tile kernel gives every
-    column the same bits either way (docs/exact.md §2); an exact train step at 1.4B is host-bound,
-    and one launch in place of three (two) took it from 8.0 to 6.5 s on the H200
-    (docs/performance.md §20). Elsewhere one product per weight: in the default mode on the
-    H200 the stack trained no faster (436 against 437 model TFLOP/s) and the compiled layer
-    regions kept the stacked matrices for backward (11 GiB more at the peak); on CPU the
-    engine fuses nothing, and the CPU tests compare the two sides bit for bit in exact mode."""
+    One product of their stacked matrix where it exists already (`fused`: the engine's,
+    model/fusion.py) and in exact mode on CUDA, stacked per call (exact.linear keeps the
+    separate weights for backward, not the stack); one product per weight elsewhere, so the
+    compiled layer regions do not keep the stack for backward. Exact mode's fixed-tile kernel
+    gives every column the same bits either way (docs/exact.md §2).
+    why: docs/performance.md#exact-mode"""
     sizes = [w.shape[0] for w in weights]
     if fused is not None:
         return linear(x, fused).split(sizes, -1)
@@ -136,8 +133,7 @@ class DecoderLayer(nn.Module):
         kernel as the closing add. Without `next_norm_weight` the second value is None.
 
         h + norm_2(attn(norm(h))), then h + norm_2(mlp(norm(h))); each closing add runs fused
-        with the norm that follows it, so a layer is four elementwise kernels on CUDA (two
-        add-and-norms, RoPE, SwiGLU), where a separate input norm made five.
+        with the norm that follows it.
         """
         a = self.self_attn(x, cos, sin, attend)
         h, x = pointwise.add_rms_norm_then_norm(h, a, self.input_layernorm_2.weight,

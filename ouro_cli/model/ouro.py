@@ -145,8 +145,7 @@ class OuroForCausalLM(nn.Module):
         The loop plan needs the depths' counts on the host (`LoopCounts`): the forward reads them
         from the device, once, unless the caller hands them in as `depth_counts`, computed with
         `LoopCounts.of` from host copies of the same `depths` and `attention_mask` (the trainer
-        does: the read would wait for the previous micro-batch's backward to finish, and the
-        device would idle while the host launched the next forward).
+        does, so that the read does not wait for the previous micro-batch's backward).
         """
         with pointwise.executing(self.execution), attention.one_forward():
             return self._forward(input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
@@ -239,9 +238,8 @@ class OuroForCausalLM(nn.Module):
         """The K and V a gathered loop keeps for positions that have run no loop (padding only):
         two zero tensors of their own. They require grad as every later loop's K/V does (their
         gradient is dropped), and they are not one tensor twice: a compiled region guards on
-        `requires_grad` and on its arguments' aliasing, and a micro-batch whose padding made
-        its first loop gather compiled a variant of its own, in a steady update, for each
-        (docs/performance.md §14, §15)."""
+        `requires_grad` and on its arguments' aliasing, and would otherwise compile a variant
+        for each micro-batch whose padding made its first loop gather."""
         c = self.config
         grad = torch.is_grad_enabled() and h.requires_grad
         return tuple(h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head).requires_grad_(grad)
@@ -251,9 +249,8 @@ class OuroForCausalLM(nn.Module):
 # A loop that fewer than this share of the positions run gathers them (`_layer_step_at_rows`);
 # at or above it, it runs every position and keeps only the running ones' results
 # (`_layer_step`): gathering costs index copies of every activation and, in the attention, a
-# mask in place of plain causality, which a few idle positions do not repay. On CPU a gathered
-# loop cost 0.94-0.98 of a dense one at a share of 0.9 running and 1.04-1.07 at 0.95
-# (`bench/train_loop_work.py --sweep`, docs/performance.md §8); not yet measured on a GPU.
+# mask in place of plain causality, which a few idle positions do not repay
+# (why: docs/performance.md#train, measured by `bench/train_loop_work.py --sweep`).
 GATHER_BELOW = 0.9
 
 
@@ -332,8 +329,8 @@ def gathering_allowed(settings: ExecutionSettings, device_type: str) -> bool:
 # Where the layer regions compile, a masked forward runs on a width that is a multiple of this
 # (padded columns, masked out): inductor's SDPA lowering wants the attention bias it makes from
 # the mask in rows of 8 elements and guards on whether they are, so a micro-batch of an
-# unaligned width after an aligned one compiled both layer regions again (13 s on the H200,
-# docs/performance.md §14). Every padded width passes that guard.
+# unaligned width after an aligned one would compile both layer regions again. Every padded
+# width passes that guard.
 WIDTH_ALIGN = 8
 
 

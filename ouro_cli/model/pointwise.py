@@ -1,12 +1,10 @@
 """The elementwise math of a layer (norms, RoPE, SwiGLU, residual adds), compiled on CUDA.
 
-In eager PyTorch each of these is a chain of small kernels with fp32 intermediates:
-an RMSNorm alone is six launches and three round trips through memory. Decoding one
-token per row through 24 layers × 4 loops is then bound by kernel launches, and the
-trainer spends a large share of each step re-reading activations. On CUDA the same
-functions run through `torch.compile`, which fuses each into one kernel (a residual
-add and the norm that follows it into one); weights are arguments, never captured, so
-one compiled kernel serves every layer.
+In eager PyTorch each of these is a chain of small kernels with fp32 intermediates, which
+makes decoding launch-bound and training re-read activations. On CUDA the same functions
+run through `torch.compile`, which fuses each into one kernel (a residual add and the norm
+that follows it into one); weights are arguments, never captured, so one compiled kernel
+serves every layer.
 
 CPU (the tests' exact path, fp32/fp64 against independent references) runs the plain
 eager functions. Where they compile is an execution setting (ouro_cli/settings.py) of the
@@ -14,8 +12,7 @@ model that runs them: `compile="off"` turns compilation off on CUDA too, "always
 on for CPU as well. Where they compile, each whole layer call of the full-sequence forward
 (the trainer's replay) compiles as one region (`region`), these functions traced inside it
 (`compile_layers`, default "auto"; "off": one compiled call per function): every compiled
-call costs host time in guards and wrappers, and a training step that paid it once per
-function was host-bound (docs/performance.md §8).
+call costs host time in guards and wrappers (why: docs/performance.md#train).
 
 The model's entry points (OuroForCausalLM.forward, run_loop) and the engine's decode step
 run these functions under their model's settings (`executing`); outside such a block they
@@ -123,11 +120,10 @@ def region(fn: Callable, x: torch.Tensor) -> Callable:
 
     The region is compiled shape-generic from its first call (`dynamic=True`): the trainer's
     micro-batches change their rows and row width every update, and a specialised first
-    compile would be followed by a second, generic one at the next new shape (a 2,048-token
-    update once took 30 s to train, 7 s warm). Parameter shapes stay static (dynamo's
-    default), so only the token dimensions are symbolic, and duck sizing is off: a token
-    dimension that happens to equal a head count or head size at the first call would
-    otherwise be fused with it and specialised."""
+    compile would be followed by a second, generic one at the next new shape. Parameter
+    shapes stay static (dynamo's default), so only the token dimensions are symbolic, and duck
+    sizing is off: a token dimension that happens to equal a head count or head size at the
+    first call would otherwise be fused with it and specialised."""
     return _dispatch(fn, x, dynamic=True) if active().layer_regions else fn
 
 
@@ -196,7 +192,8 @@ def eager() -> contextlib.AbstractContextManager[None]:
 
     A compiled call costs more host time (guards, wrappers) than a few eager kernel
     launches. That pays off where the GPU work is large (training) or the host cost is paid
-    once (CUDA-graph capture), not in the engine's host-bound prefill (docs/performance.md §6)."""
+    once (CUDA-graph capture), not in the engine's host-bound prefill
+    (why: docs/performance.md#whole-update)."""
     return _in_this_thread("eager", True)
 
 
@@ -246,10 +243,9 @@ def _compiled(fn: Callable, dynamic: bool | None = None) -> Callable:
 
     options = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
     # Mix-order reduction (an RMSNorm backward's row and column sums in one kernel) is chosen,
-    # in its strict mode, by size thresholds that become guards of a shape-generic region: a
-    # micro-batch on the other side of a threshold (2,560 gathered positions, 4,096 rows)
-    # compiled the region again, and the trainer met a new one in every update
-    # (docs/performance.md §13). Non-strict mode fuses wherever the kernel applies, with no guard.
+    # in its strict mode, by size thresholds that become guards of a shape-generic region, so
+    # a micro-batch on the other side of a threshold would compile the region again.
+    # Non-strict mode fuses wherever the kernel applies, with no guard.
     if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):
         options["triton.mix_order_reduction_non_strict_mode"] = True
     return torch.compile(fn, fullgraph=True, dynamic=dynamic, options=options)

@@ -7,9 +7,8 @@ the queries into a padded [B·W, ·] block and takes the outputs out again
 are scatters in one direction or the other: `index_copy` forward, `index_add` in
 `index_select`'s backward. Under the trainer's deterministic algorithms
 (trainer/determinism.py) CUDA runs every such scatter as a sort of the indices followed by
-the copy, and inductor leaves them to that eager kernel inside the compiled layer regions.
-A K = 2 train step on the H200 at 256 × 512 tokens made 1,486 of them, 0.6 s of the
-profiled step's host time (docs/performance.md §19).
+the copy, and inductor leaves them to that eager kernel inside the compiled layer regions
+(why: docs/performance.md#train).
 
 Every index here names each row at most once, so each scatter is also a gather through the
 inverse map (`inverse[i]` = the j with `index[j] = i`, or -1 where no j does): `take` and

@@ -202,9 +202,8 @@ def check_rank_params(update: int, digests: list[str]) -> bool:
 
 def _agreed(memory: DeviceMemory) -> DeviceMemory:
     """The least total and free memory over the ranks: every rank sizes the run from the same
-    figures, so the memory plans in the execution plans they compare are the same. (Each rank
-    measured its own at its own moment: on CPU the free host memory moved between two ranks'
-    reads, and their plans disagreed.)"""
+    figures, so the memory plans in the execution plans they compare are the same (free host
+    memory moves between two ranks' reads)."""
     every = _all_gather(memory)
     return DeviceMemory(memory.kind, min(m.total for m in every), min(m.free for m in every))
 
@@ -666,7 +665,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.empty_cache()  # activations freed: the KV cache is allocated whole again
     t_train = time.perf_counter()
-    # hashing copies every parameter to the host (~2 s at 1.4B): only worth it with replicas to compare
+    # hashing copies every parameter to the host: only worth it with replicas to compare
     ranks = _all_gather({"param_sha256": params_sha256(s.trainer) if s.world > 1 else None, "samples": len(samples),
                          "response_tokens": sum(len(x.response_ids) for x in samples),
                          "rollout_s": timing["rollout_s"], "train_s": timing["train_s"],

@@ -12,15 +12,12 @@ allocated bytes plus the KV cache's memory outside its allocator), `peak_held_tr
 most it held from the device at once: PyTorch's reserved segments, its cached blocks and
 CUDA-graph pools included, plus the KV cache; engine/kv_memory.py `peak_bytes`),
 `memory_outside_gib` (what the device has in use beyond that at the phase's end: the CUDA
-context, and any other process) and `train_alloc_retries` in `metrics`. The memory figures
-are CUDA's (None on CPU, where PyTorch keeps none): the peak plus the memory outside is what
-the memory plan's budget must hold (rl/sizing.py; the cached blocks are given back when
-an allocation needs them). The retries count the allocations that found
-no cached block, so that the allocator freed its whole cache and asked the device again, a
-wait for the device each time. A phase that retries runs near its memory limit and slower
-than it would with a little more room. A GPU error (an illegal address, a device-side assert) raises `DeviceFault` naming the
-phase, and the figures needing the device are left out. An OOM raises `ResourceError` (exit 1): nothing of the
-update has been saved, so the last checkpoint stays the run's latest.
+context, and any other process) and `train_alloc_retries` (allocations that made the
+allocator free its cache and ask the device again: a phase near its memory limit) in
+`metrics`. The memory figures are CUDA's (None on CPU): the peak plus the memory outside is
+what the memory plan's budget must hold (rl/sizing.py). A GPU error (an illegal address, a
+device-side assert) raises `DeviceFault` naming the phase. An OOM raises `ResourceError`
+(exit 1): nothing of the update has been saved, so the last checkpoint stays the latest.
 """
 
 from __future__ import annotations

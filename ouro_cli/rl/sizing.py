@@ -15,11 +15,10 @@ and the gradients stay resident.
 `--offload-optimizer auto` moves the optimizer state to the host when, on a GPU, the cache
 could not otherwise hold every sequence of a rollout at the deepest K (sequences that do
 not fit wait for a free slot, are preempted and recomputed, and decode in a second, thin
-wave; docs/memory.md §1 has the H200 figures). Beside an engine that hands its cache
-back, the state then leaves the device only for the generate calls that need its room
-(`RunSizing.state_fits`; a released cache comes back only as large as the call needs, so
-at 1.4B the K = 2 and 3 rollouts fit beside it), and the micro-batches are sized with the
-state on the device. `on` keeps it on the host between every two steps.
+wave; docs/memory.md §1). Beside an engine that hands its cache back, the state then
+leaves the device only for the generate calls that need its room (`RunSizing.state_fits`;
+a released cache comes back only as large as the call needs), and the micro-batches are
+sized with the state on the device. `on` keeps it on the host between every two steps.
 
 Every figure here is computed from the model's shape, the dtypes and the device's total
 memory, never from the momentary free memory: a run and its resumption in a fresh
@@ -34,8 +33,8 @@ The activation model counts what the replay keeps for backward per token and lay
 at full depth T (the prompt runs T loops, so every micro-batch runs T loops): the saved
 inputs of the projections, q/k/v and the attention output, and the MLP's gate, up and
 product. Recompute keeps only each layer call's inputs and re-runs one call at a time.
-The coefficients are upper bounds checked against peak memory on the H200
-(`bench/e2e.py` prints the measured peaks beside them).
+The coefficients are upper bounds of the measured peaks (`bench/e2e.py` prints them
+side by side; docs/memory.md §3).
 """
 
 from __future__ import annotations
@@ -53,17 +52,14 @@ GIB = 2**30
 
 # Per layer call and token, in activation-dtype elements: saved for backward without
 # recompute (hidden-size vectors, plus gate, up and their product), and with it (the
-# call's inputs). Measured on the H200 at 1.4B, bf16, 4 x 1,024 tokens (bench/train_memory.py):
-# 6.92 MiB per token without recompute, 1.74 with; these coefficients give 7.6 and 2.3.
+# call's inputs). Upper bounds of bench/train_memory.py's peaks (docs/memory.md §3).
 SAVED_HIDDEN_VECTORS = 9
 SAVED_INTERMEDIATE_VECTORS = 3
 # Exact mode (`--exact`) runs eager: its norms and SwiGLU keep only their inputs and re-run in
 # backward (model/exact.py), the rest keeps what eager autograd keeps. Counted with saved-tensor
 # hooks on CPU (the exact path is the same code on CPU and CUDA but for the projections' and the
-# attention's kernels, whose saved inputs match): 9.2-10.3 hidden and 3.1-3.3 intermediate
-# vectors per layer call; these give a margin above that, as the default's give above its peak.
-# Measured on the H200 at 1.4B, 4 x 1,024 tokens (bench/train_memory.py --exact): 7.76 MiB per
-# token without recompute, 2.23 with; these give 9.38 and 2.34.
+# attention's kernels, whose saved inputs match), with a margin above the count, as the
+# default's have above its peak (bench/train_memory.py --exact; docs/memory.md §3).
 EXACT_SAVED_HIDDEN_VECTORS = 11
 EXACT_SAVED_INTERMEDIATE_VECTORS = 4
 RECOMPUTE_HIDDEN_VECTORS = 3

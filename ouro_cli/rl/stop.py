@@ -12,10 +12,10 @@ visible by a rename and a tracker write (checkpoint/layout.py), and an update's 
 are on disk before the save that includes it starts (records.py).
 
 `--save-on-interrupt on` saves unsaved updates, `off` never does; `auto` (the default)
-saves when the next scheduled checkpoint is at most `AUTO_SAVE_WITHIN` updates away — the run was about to pay for that save anyway, and stopping there loses
-nothing. Further from a save it stops without one: whoever chose rare checkpoints
-(large models save slowly, and a scheduler's SIGTERM leaves a short grace period) gets
-out fast, and the resume repeats the updates since the last checkpoint, bit for bit.
+saves when the next scheduled checkpoint is at most `AUTO_SAVE_WITHIN` updates away (the
+run was about to pay for that save anyway). Further from a save it stops without one, so a
+scheduler's short SIGTERM grace period is kept, and the resume repeats the updates since
+the last checkpoint, bit for bit.
 
 Under torchrun the ranks agree on stopping (`any` over ranks, once per update), so they
 stop after the same update.

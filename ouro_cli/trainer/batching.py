@@ -126,10 +126,10 @@ def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]],
     Order (`deep_first`): the whole samples, then the heads, then the bodies, each in the
     samples' order. The parts that run the prompts' deep loops start the first micro-batch, so
     those loops run in as few micro-batches as they fill, instead of in every micro-batch that
-    holds a whole sample (docs/performance.md §12, §20: on the H200 such a loop, gathered over a
-    few dozen positions, cost its 24 layer calls' host time for almost no device work). Without
-    `deep_first`, as plans from before it recorded: the bodies and the whole samples in the
-    samples' order, then the heads. With nothing split, the samples stay as they were.
+    holds a whole sample (a loop over a few positions costs its layer calls' host time for
+    almost no device work; why: docs/performance.md#train). Without `deep_first`: the bodies
+    and the whole samples in the samples' order, then the heads. With nothing split, the
+    samples stay as they were.
     -> (parts, their weights)."""
     parts, part_weights, whole, whole_weights, heads, head_weights = [], [], [], [], [], []
     for s, w in zip(samples, weights, strict=True):
@@ -341,7 +341,7 @@ class PlannedMicroBatches(Sequence[MicroBatch]):
     """The micro-batches of a plan (`plan_micro_batches`), each built on the host when it is
     asked for and not kept: the train step asks for micro-batch i + 1 after launching
     micro-batch i's backward, so building it overlaps the device's work instead of holding
-    the device idle before the first forward (0.18 s for 256 x 530 tokens on a 2-core CPU)."""
+    the device idle before the first forward."""
 
     def __init__(self, samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int,
                  plan: list[list[list[int]]], pad_id: int = 0) -> None:

@@ -171,16 +171,16 @@ def _write(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda:
 def _async_strategy(save: Callable[..., Any]) -> dict[str, str]:
     """megatron-core's own background writer (`async_strategy="mcore"`) where `save` takes the
     choice: from 0.17 it defaults to NVIDIA Resiliency Extension's writer, which needs the
-    `nvidia-resiliency-ext` package (measured on the H200 with 0.19.2: every --async-save
-    failed with ModuleNotFoundError); earlier versions have only megatron-core's."""
+    `nvidia-resiliency-ext` package (without it every --async-save fails with
+    ModuleNotFoundError); earlier versions have only megatron-core's."""
     import inspect
 
     return {"async_strategy": "mcore"} if "async_strategy" in inspect.signature(save).parameters else {}
 
 
 def _save_strategy():
-    """megatron's torch_dist writer with one thread per core up to 8 (its default is 2): a 1.4B
-    checkpoint with Adam is 19 GB, and the writer threads serialise and write in parallel."""
+    """megatron's torch_dist writer with one thread per core up to 8 (its default is 2): the
+    writer threads serialise and write a checkpoint's shards in parallel."""
     import os
 
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy

@@ -1,15 +1,11 @@
 """Bit-reproducible gradients on CUDA: the trainer's forward and backward run with
 PyTorch's deterministic algorithms.
 
-Without them a CUDA step is not a function of its inputs. Two runs of the bundled tiny
-model on one H200, same weights and the same rollouts bit for bit, reported grad norms
-0.8587996 and 0.8588036 at the first update; two trainers on the same 48 packed samples
-got other bits in 24 of 25 gradient tensors, and 0 of 25 with this switch
-(tests/unit/trainer/test_gpu_step.py). Some CUDA backward kernels accumulate with atomics
-in an order that changes from run to run; SDPA's memory-efficient backward, which the
-masked packed replay uses, is the likely one (not isolated further). A fresh-process
+Without them a CUDA step is not a function of its inputs: some CUDA backward kernels
+(SDPA's memory-efficient backward, which the masked packed replay uses, among them)
+accumulate with atomics in an order that changes from run to run, and a fresh-process
 resume, or a prefill/decode run compared with a local one (`ouro verify-resume
---compare`), then cannot match bit for bit.
+--compare`), could not match bit for bit (tests/unit/trainer/test_gpu_step.py checks it).
 
 The switch is scoped to the trainer's step, not set for the process: the engine shares
 the process and its CUDA-graph capture must not meet the deterministic variants of
@@ -31,13 +27,10 @@ import torch
 
 # cuBLAS is reproducible only with a fixed workspace per stream. PyTorch gives every
 # (handle, stream) its own workspace, sized from CUBLAS_WORKSPACE_CONFIG, or by default 32 MiB
-# on compute capability 9, 10 and 12 (H100/H200 and later), which is what ":4096:8" asks for.
+# on compute capability 9, 10 and 12 (Hopper and later), which is what ":4096:8" asks for.
 # There the variable is left unset: PyTorch re-reads it with a regular expression at every
-# matmul, and on the H200 (torch 2.11, scratch benchmark) a small mm cost 73 µs of host time
-# with it set against 19.5 µs without, deterministic mode on both ways, and no warning
-# without it. The trainer's step runs ~4,000 matmuls (1.4B, 8 × 1024): ~0.2 s of host time
-# a step, in a step whose GPU is busy about half the time. Older GPUs, whose default is
-# smaller, still get the variable.
+# matmul, which costs host time in every step (why: docs/performance.md#train). Older GPUs,
+# whose default is smaller, still get the variable.
 CUBLAS_WORKSPACE = ":4096:8"
 DEFAULT_32MIB_MAJORS = (9, 10, 12)
 

@@ -2,8 +2,8 @@
 
 GRPO results on math are compared against DeepScaleR's reward
 (`agentica-project/deepscaler:deepscaler/rewards/math_reward.py` over
-`agentica-project/deepscaler:deepscaler/rewards/math_utils/utils.py`; their `rllm` repository,
-where the code lives now, keeps the same grader). A reward that is merely "DeepScaleR-style" shifts every
+`agentica-project/deepscaler:deepscaler/rewards/math_utils/utils.py`; their `rllm`
+repository keeps the same grader). A reward that is merely "DeepScaleR-style" shifts every
 accuracy it touches, so this module reimplements that grader's rules exactly,
 including the ones that look like mistakes; `tests/unit/rl/deepscaler_cases.jsonl`
 holds the cases (each tagged with its rule) on which the two are checked to agree.
@@ -11,10 +11,7 @@ Score 1.0 when DeepScaleR would call the response correct, else 0.0.
 
 **Which text is the answer.**
 - The response must contain `</think>`; the solution is the text between the first
-  `</think>` and the next one (or the end). No `</think>`: 0. `rllm` asks exactly
-  this; the older DeepScaleR code also asked for `<think>` in the string it grades,
-  which is the prompt plus the response there, and its prompts end with `<think>`:
-  the same rule, since our reward sees the response alone.
+  `</think>` and the next one (or the end). No `</think>`: 0.
 - The answer is the last `\\boxed` of the solution: from that `\\boxed`, braces are
   counted (an escaped `\\{` counts like any other brace) up to the `}` that brings the
   count back to zero, and the text must begin `\\boxed{`. So `\\boxed {5}`, `\\boxed 5`
