@@ -4,7 +4,7 @@
     python bench/decode.py --device cuda        # CUDA: Ouro-1.4B shape, random bf16 weights
 
 Decode at a fixed budget K reads, every step, the layer weights K times and, for every
-cached token of every sequence, its K/V in the K planes it attends to (docs/performance.md §2):
+cached token of every sequence, its K/V in the K planes it attends to (docs/performance.md#how-to-read-it):
 
     bytes/step = K × layer_weight_bytes + B × context × K × L × 2 × Hkv × D × elem
     roofline tok/s = B / (bytes/step / bandwidth)

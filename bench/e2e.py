@@ -123,8 +123,7 @@ def run_in_own_group(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tu
     """Run `cmd` in a process group of its own -> (exit status, everything it printed). Past
     `timeout` seconds, and if this script is stopped itself (SIGTERM from an outer `timeout`,
     Ctrl-C), the whole group is killed: a run left behind holds its GPU memory, and the next
-    case then finds too little free (a device call lost a case that way, docs/performance.md
-    §19). The updates a stopped run finished still count."""
+    case then finds too little free (a device call lost a case that way, docs/log/performance.md). The updates a stopped run finished still count."""
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:

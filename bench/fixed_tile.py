@@ -16,7 +16,7 @@ shape: exact mode may pick its config by the row count only among configs whose 
 the same, since a row's bits must not depend on how many rows share its call
 (docs/exact.md). Medians of --repeats CUDA-event timings after a warm-up, each call replayed
 in a CUDA graph as the engine's decode step replays it (`--eager`: launched from Python, host
-launch cost included; the first sweep, docs/performance.md §18, ran that way).
+launch cost included; the first sweep, docs/log/performance.md 2026-12-02, ran that way).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ import train_step as train_bench  # noqa: E402
 from ouro_cli.engine import LLM  # noqa: E402
 from ouro_cli.model import OuroConfig, from_state_dict, tiny_config  # noqa: E402
 
-# Public reference and our targets (docs/performance.md §2). Anchor: HF remote code on the
+# Public reference and our targets (docs/performance.md#how-to-read-it). Anchor: HF remote code on the
 # H200, Ouro-1.4B, K = 4, bf16, SDPA, 128-token prompts and 128 new tokens.
 HF_DECODE_K4 = {1: 7.6, 16: 123.0, 64: 397.0}
 TARGET_DECODE_K4 = {1: 170.0, 16: 2500.0, 64: 7000.0}

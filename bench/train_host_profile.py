@@ -7,7 +7,7 @@ Runs the command line exactly as `python -m ouro_cli.cli.app` does, with the eng
 rollout of update UPDATE) and the statistics written to OUT.pstats (`pstats.Stats` reads
 them). bench/e2e.py `--host-profile UPDATE` runs it and prints the top functions beside the
 decode steps they covered, to compare with `bench/decode_profile.py --host-profile`, which
-profiles the same engine decoding alone (docs/performance.md §14-15: the job's K = 2 rollout
+profiles the same engine decoding alone (docs/log/performance.md, 2026-12-02: the job's K = 2 rollout
 phase took 18 ms per decode step where the benchmark's loop takes about 7; this profile put
 the difference in the prefill). Only the profiled call slows down.
 """

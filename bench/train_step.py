@@ -18,7 +18,7 @@ FLOP accounting (per step, summed over ranks):
   per layer-token evaluation 2 × (matmul parameters of a layer) plus causal attention
   4 × visible keys × q width, plus the LM head 2 × hidden × vocab at every position.
   Padding, skipped-but-computed loops and recompute are not counted: this is the
-  number to compare with the reference (≈221 model TFLOP/s at 7,041 tok/s, docs/performance.md §2);
+  number to compare with the reference (≈221 model TFLOP/s at 7,041 tok/s, docs/performance.md#how-to-read-it);
 - executed TFLOP/s (matmuls only) counts what the replay really ran (`layer_tokens_executed`: each
   loop on the positions it ran, padding and exited positions included where it runs them all,
   and the recompute forward).

@@ -11,8 +11,8 @@ step bound by the host's launch work loses its time), the host's waits for the d
 ouro_cli line that caused them, and the top operators by own CPU time. bench/e2e.py
 `--train-profile UPDATE` runs it and prints the file.
 
-What it is for: bench/e2e.py's K = 2 train phase at 256 × 512 runs at 370-390 model TFLOP/s
-where K = 4's runs at 466-481 (docs/performance.md §15-16), and bench/train_step.py cannot
+What it is for: bench/e2e.py's train phase at 256 × 512 runs slower than its device time
+allows (docs/performance.md#train), and bench/train_step.py cannot
 replay that phase: its trainer lacks the run's memory plan (gradients freed between steps,
 the cache's memory handed back) and runs out of memory at the run's micro-batch budget. Only
 the profiled step slows down.

@@ -48,10 +48,10 @@ def test_later_micro_batches_compile_nothing_on_cuda():
     """After a first micro-batch, micro-batches of other sizes compile nothing, on both sides of
     the size thresholds (4,096 rows, 5 Mi elements) by which inductor's mix-order reduction
     (an RMSNorm backward's two sums in one kernel) chooses in its strict mode: there they were
-    guards, and a steady update of the 1.4B e2e shape compiled again (docs/performance.md §13).
+    guards, and a steady update of the 1.4B e2e shape compiled again (docs/performance.md#train).
     Its widths also cross between multiples of 8 and others (512, then 700), where SDPA's
     attention-bias alignment is still a guard: on the H200 this test failed there (13 s of
-    compiling, docs/performance.md §14), and it will until that variant is gone.
+    compiling, docs/performance.md#train), and it will until that variant is gone.
     Every micro-batch is padded and has mixed depths, so each meets the same argument kinds:
     a dense first loop, then loops that gather their running positions."""
     from ouro_cli.model import pointwise

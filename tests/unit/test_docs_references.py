@@ -7,8 +7,9 @@ the prose only (Python docstrings and comments, shell comments, the Markdown pag
 string literals, which tests use for deliberately wrong paths.
 
 - `<page>.md`, `docs/<page>.md`: the page exists (beside the citing page, at the top or
-  in docs/); a `§N` or `§N–M` after it names headings `## N.` of that page. Links of the
-  Markdown pages resolve too.
+  in docs/); a `§N` or `§N–M` after it names headings `## N.` of that page, and a
+  `#anchor` after it (`docs/performance.md#decode`, in prose or in a link) names one of its
+  headings as GitHub spells the anchor. Links of the Markdown pages resolve too.
 - `ouro_cli.<package>.<module>[:<name>]`: modules and packages of the repository, then a
   name defined at the top level of the module reached (a def, a class, an assignment or
   an import).
@@ -40,6 +41,8 @@ MD = re.compile(r"(?<![\w/.-])((?:docs/)?[\w-]+\.md)\b(?:\s*§\s*(\d+)(?:\s*[–
 MODULE = re.compile(r"\bouro_cli(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)?")
 FILE = re.compile(r"(?<![\w/.*:-])((?:[\w-]+/)*[\w-]+\.(?:py|sh))\b")
 MARKDOWN_LINK_TARGET = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+MD_ANCHOR = re.compile(r"(?<![\w.-])((?:\.\./|[\w.-]+/)*[\w-]+\.md)#([\w-]+)")
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 
 
 def _files() -> list[Path]:
@@ -89,6 +92,16 @@ def _sections(page: Path) -> set[int]:
     return {int(m.group(1)) for m in re.finditer(r"^##\s+(\d+)\.", page.read_text(), re.MULTILINE)}
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*$", text, re.MULTILINE)}
+
+
 @cache
 def _top_level_names(module: Path) -> frozenset[str]:
     names = set()
@@ -132,6 +145,13 @@ def _citation_problems(path: Path, prose: str) -> list[str]:
             missing = set(range(int(first), int(last) + 1)) - _sections(target)
             if missing:
                 problems.append(f"{where}: cites {m.group(0)}, but {name} has no section {sorted(missing)}")
+    for m in MD_ANCHOR.finditer(prose):
+        name, anchor = m.group(1), m.group(2)
+        target = next((c for c in (path.parent / name, REPO / name, REPO / "docs" / name) if c.is_file()), None)
+        if target is None:
+            problems.append(f"{where}: cites {name}, which is not in the repository")
+        elif anchor not in _anchors(target):
+            problems.append(f"{where}: cites {m.group(0)}, but {name} has no heading #{anchor}")
     for m in MODULE.finditer(prose):
         problem = _module_problem(m.group(0))
         if problem:
@@ -162,6 +182,8 @@ def test_the_spec_pages_exist_and_the_readme_links_them():
 @pytest.mark.parametrize("prose, problem", [
     ("see OURO.md §3", "OURO.md, which is not in the repository"),
     ("see docs/model.md §5–6", "has no section [6]"),
+    ("why: docs/performance.md#no-such-area", "has no heading #no-such-area"),
+    ("see [the spec](../../docs/model.md#9-nowhere)", "has no heading #9-nowhere"),
     ("the replay (`ouro_cli.model.replay`)", "no module or name 'replay'"),
     ("`ouro_cli.engine.factory:no_such_factory`", "no module or name 'no_such_factory'"),
     ("written by kernels/nowhere.py", "kernels/nowhere.py, which no file"),
@@ -173,7 +195,8 @@ def test_a_dangling_citation_is_reported(prose, problem):
 
 
 @pytest.mark.parametrize("prose", [
-    "docs/model.md §3", "(model.md §2–3)", "`ouro_cli.rl.publish`", "ouro_cli.engine.factory:default_factory",
+    "docs/model.md §3", "(model.md §2–3)", "why: docs/performance.md#decode",
+    "[the spec](../../docs/model.md#3-execution-with-a-depth-budget)", "`ouro_cli.rl.publish`", "ouro_cli.engine.factory:default_factory",
     "ouro_cli.rl.rewards.boxed_answer", "kernels/gemv.py", "kv_cache.py", "modeling_ouro.py", "*.py",
 ])
 def test_a_good_citation_passes(prose):

@@ -98,8 +98,7 @@ def test_masked_forward_runs_on_an_aligned_width_where_the_regions_compile(monke
     """Where the layer regions compile, a padded or packed forward runs on a width that is a
     multiple of 8 (padding columns, masked out), and its logits are the eager ones at every
     real position: on CUDA a region guards on the attention bias's row alignment, and an
-    unaligned micro-batch after an aligned one compiled both regions again (docs/performance.md
-    §14). Eager, nothing is padded."""
+    unaligned micro-batch after an aligned one compiled both regions again (docs/performance.md#train). Eager, nothing is padded."""
     from ouro_cli.model import ouro
 
     widths = []

@@ -186,8 +186,8 @@ def test_a_gathered_first_loop_keeps_padding_kv_that_requires_grad(gather_below,
     """Where padding makes loop 1 gather, the padding keeps zeros as its K/V, and in a backward
     pass they require grad as the K/V of every later loop do: a compiled region guards on
     `requires_grad`, and a padded micro-batch compiled a variant of its own in a steady update
-    (docs/performance.md §14). Without grad, nothing requires it. K and V are two tensors, as
-    a later loop's are: the region also guards on its arguments' aliasing (§15)."""
+    (docs/performance.md#train). Without grad, nothing requires it. K and V are two tensors, as
+    a later loop's are: the region also guards on its arguments' aliasing."""
     gather_below(ALWAYS)
     seen = []
     step = ouro._layer_step_at_rows

@@ -1,5 +1,5 @@
 """The clipping norm (mcore/grad_norm.py): megatron-core's function of the gradients, taken
-without a host read per parameter (docs/performance.md §18)."""
+without a host read per parameter (docs/performance.md#train)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A train step brings values back from the device once for its statistics (and, with loop
 weighting, once more for the per-loop sums), never per micro-batch: on CUDA each such read (`.item()`,
 `int(t)`, `.tolist()`, `nonzero`, ...) waits for the device to drain its queue and leaves it
-idle while the host catches up (docs/performance.md §17-18). Counted on CPU with a TorchFunctionMode, by the ouro_cli function
+idle while the host catches up (docs/performance.md#train). Counted on CPU with a TorchFunctionMode, by the ouro_cli function
 that asked; reads of the micro-batches' host copies (building and counting them,
 trainer/batching.py; counting their depths for the forward's loop plan, LoopCounts.of) do not
 wait for a device and are left out. The forward's own read of its depths is counted: a step
