@@ -8,7 +8,7 @@
 Exit 0 when everything is bit-identical, 1 when something differs, 2 when a run failed
 or the input was bad. `report.json` (in W, or beside RUN_A) holds the details. This
 module parses and prints; the job (the work directory's rules, the disk check, the two
-runs, the comparison) is `ouro_cli.tools.verify_resume`.
+runs, the comparison) is `ouro_cli.checks.verify_resume`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def verify_resume(
 
     def body() -> dict[str, Any]:
         from ouro_cli.errors import CheckFailed, UserError
-        from ouro_cli.tools import verify_resume as vr
+        from ouro_cli.checks import verify_resume as vr
 
         if compare:
             report = vr.compare_held(*(Path(p) for p in compare))
