@@ -40,8 +40,10 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -198,6 +200,38 @@ def chosen_settings(current: ExecutionSettings, execution: ExecutionSettings | N
     in place of `current` where given, then `exact` on or off in them where given."""
     settings = current if execution is None else execution
     return settings if exact is None else replace(settings, exact=exact)
+
+
+DEFAULTS = ExecutionSettings()
+_local = threading.local()  # .settings: the ExecutionSettings this thread computes under
+
+
+@contextlib.contextmanager
+def executing(settings: ExecutionSettings) -> Iterator[None]:
+    """Compute under `settings` inside the block (per thread): the model's elementwise math
+    (model/pointwise.py), its products and attention read them through `active_settings`."""
+    before = getattr(_local, "settings", None)
+    _local.settings = settings
+    try:
+        yield
+    finally:
+        _local.settings = before
+
+
+def active_settings() -> ExecutionSettings:
+    """The settings of the block this thread runs in (`executing`), else the defaults; never
+    the environment."""
+    return getattr(_local, "settings", None) or DEFAULTS
+
+
+def under(fn: Callable, settings: ExecutionSettings) -> Callable:
+    """`fn` that runs under `settings` whenever it is called: for a function called again
+    outside the block that made it (activation recompute re-runs a layer call in backward)."""
+    def run(*args):
+        with executing(settings):
+            return fn(*args)
+
+    return run
 
 
 def exact_kernels(device_type: str) -> bool:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -33,7 +33,7 @@ def single_process_group(backend: str | None = None) -> Iterator[None]:
         return
     dist.init_process_group(
         backend=backend or "gloo",
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
         rank=0,
         world_size=1,
     )

@@ -51,6 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import formulas
+
 ROW_TILE = 16   # rows per GEMM call on CPU
 KEY_CHUNK = 64  # keys per attention chunk (CPU), at absolute positions
 
@@ -170,14 +172,12 @@ log_softmax = _twin("log_softmax", _log_softmax, 0)
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE on q and k: kernels/exact_rows.py's kernel where exact mode runs its kernels (two
-    launches where the eager formula makes ten), else model/pointwise.py's formula, which is
-    elementwise and so batch-invariant as it is."""
+    launches where the eager formula makes ten), else the plain formula (model/formulas.py),
+    which is elementwise and so batch-invariant as it is."""
     kernels = _row_kernels(q, k, cos, sin)
     if kernels is not None and kernels.rotary_supported(q):
         return kernels.rotary(q, k, cos, sin)
-    from .pointwise import _rotary  # pointwise imports this module
-
-    return _rotary(q, k, cos, sin)
+    return formulas.rotary(q, k, cos, sin)
 
 
 def exit_lambda(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

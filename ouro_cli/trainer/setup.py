@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ouro_cli.mcore.cpu_compat import megatron_on_cpu
-from ouro_cli.mcore.process import _free_port, launched_by_torchrun
+from ouro_cli.mcore.process import free_port, launched_by_torchrun
 
 from .config import TrainerConfig
 
@@ -85,7 +85,7 @@ def initialize(config: TrainerConfig) -> DistributedContext:
         if launched_by_torchrun():
             dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
         else:
-            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                     rank=0, world_size=1)
         owns = True
 
