@@ -29,24 +29,21 @@ they change what a run computes, they are typed settings, not switches read wher
   refuses a change of what a run computes, naming the setting, and accepts one that
   changes nothing there (`--decode-gemv cublas` on a CPU run).
 
-This module is the one reader of the `OURO_*` variables of options. Other variables are
-not settings and are read where they act: the test-only switches of
-ouro_cli/testing/faults.py (`OURO_TEST_FAULT`: a process signals itself at a named point;
-`OURO_TEST_BREAK_RESUME`: a resume that reseeds its sampler), `OURO_DEBUG` (the CLI's
-error path adds the traceback, cli/common.py), the test suite's `OURO_ENGINE_FACTORIES`
-(tests/unit/engine/conftest.py), and Triton's own `TRITON_INTERPRET` (kernels/__init__.py).
+Every variable, these included, is declared and read in ouro_cli/env.py; the ones that are
+not options (`OURO_DEBUG`, the test-only `OURO_TEST_*`, Triton's `TRITON_INTERPRET`, ...)
+are not settings and are asked for where they act.
 Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from ouro_cli import env
 from ouro_cli.config import P_EXEC, leaves, option
 from ouro_cli.errors import SettingError
 
@@ -242,16 +239,15 @@ def exact_kernels(device_type: str) -> bool:
     return device_type == "cuda" or interpreted()
 
 
-def from_environment(root: type, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def from_environment(root: type) -> dict[str, Any]:
     """The values the environment gives the options of the tree `root` that declare a variable,
     by flat name; a value that is not one of the option's is a SettingError naming the variable."""
-    environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for name, leaf in leaves(root).items():
         variable = leaf.info.env
-        if variable is None or environ.get(variable, "") == "":
+        text = env.get(variable) if variable else None
+        if text is None:
             continue
-        text = environ[variable]
         value: Any = ENV_SPELLINGS.get(name, {}).get(text, text)
         allowed = getattr(leaf.type, "__args__", None)
         if leaf.type is int:

@@ -24,6 +24,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from ouro_cli import env
 from ouro_cli.errors import (
     CheckFailed,
     Interrupted,
@@ -90,7 +91,7 @@ def _exit_at_once(code: int) -> None:
 
 
 def debugging() -> bool:
-    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    return env.debug()
 
 
 _DEBUG_HINT = f"{DEBUG_ENV}=1 shows the traceback"
@@ -122,7 +123,7 @@ def describe_failure(err: BaseException) -> tuple[str, int]:
 
 def is_main_rank() -> bool:
     """Under torchrun only rank 0 prints the result document."""
-    return int(os.environ.get("RANK", "0")) == 0
+    return env.rank() == 0
 
 
 def _fail(message: str, code: int, json_output: bool, result: dict[str, Any] | None = None) -> None:

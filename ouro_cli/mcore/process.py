@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+
+from ouro_cli import env
 
 
 def free_port() -> int:
@@ -44,9 +45,9 @@ def single_process_group(backend: str | None = None) -> Iterator[None]:
 
 
 def launched_by_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return env.launched_by_torchrun()
 
 
 def launched_ranks() -> int:
     """The ranks torchrun started (1 without torchrun), known before the process group exists."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return env.world_size()

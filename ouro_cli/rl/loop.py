@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ouro_cli import env
 from ouro_cli.artifacts import MANIFEST, is_complete, mark_complete, write_manifest
 from ouro_cli.engine.contract import LimitsMemory
 from ouro_cli.errors import CheckFailed, Interrupted, UserError, is_device_fault
@@ -212,13 +213,12 @@ def _agreed(memory: DeviceMemory) -> DeviceMemory:
 def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved: dict[str, Any] | None) -> RunSizing:
     """The run's memory plan (rl/sizing.py), from memory figures every rank agrees on; a resumed
     run keeps the one its plan recorded."""
-    import os
 
     from ouro_cli.mcore.process import launched_ranks
     from ouro_cli.trainer.setup import join_world
 
     t, e = options.trainer, options.engine
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if t.resolved_device == "cuda" \
+    device = torch.device("cuda", env.local_rank()) if t.resolved_device == "cuda" \
         else torch.device("cpu")
     world = launched_ranks()
     local_samples = -(-options.prompts_per_update // world) * options.group_size

@@ -265,6 +265,11 @@ def test_the_modules_import_each_other_without_a_cycle():
     assert cycles(graph) == []
 
 
+def test_only_env_py_touches_the_environment():
+    problems = environment_access(PACKAGE, "ouro_cli", "ouro_cli.env")
+    assert problems == [], "\n".join(problems)
+
+
 def test_the_plain_formulas_import_nothing_of_the_package():
     graph = import_graph(PACKAGE, "ouro_cli")
     assert graph["ouro_cli.model.formulas"] == set()
