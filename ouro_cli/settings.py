@@ -16,8 +16,7 @@ they change what a run computes, they are typed settings, not switches read wher
 - **The environment as a fallback.** An option that declares a variable (`OURO_COMPILE`,
   ...; also the engine's `OURO_PD_TRANSPORT` and `OURO_PD_THREADS`, rl/options.py
   `EngineOptions`) takes its value from it when neither a flag nor the TOML file gives
-  one (`from_environment`), so scripts written when these were environment switches keep
-  working. A resumed run's plan takes the TOML file's place: a variable that is set is
+  one (`from_environment`). A resumed run's plan takes the TOML file's place: a variable that is set is
   checked against it, like a flag.
 - **Passed explicitly.** The model carries its settings (`OuroForCausalLM.execution`,
   read by model/pointwise.py and model/attention.py); the trainer and the engine are
@@ -47,8 +46,6 @@ from ouro_cli import env
 from ouro_cli.config import P_EXEC, leaves, option
 from ouro_cli.errors import SettingError
 
-# Spellings the environment switches had, for each value they mean now.
-ENV_SPELLINGS = {"compile": {"1": "auto", "0": "off"}, "compile_layers": {"1": "on", "0": "off"}}
 NEEDS_KERNEL_DEVICE = "needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)"
 
 
@@ -248,17 +245,15 @@ def from_environment(root: type) -> dict[str, Any]:
         text = env.get(variable) if variable else None
         if text is None:
             continue
-        value: Any = ENV_SPELLINGS.get(name, {}).get(text, text)
+        value: Any = text
         allowed = getattr(leaf.type, "__args__", None)
         if leaf.type is int:
             try:
                 value = int(text)
             except ValueError:
                 raise SettingError(f"{variable}={text!r}: {leaf.flag} must be an integer") from None
-        elif allowed is not None and value not in allowed:
-            spelled = [*ENV_SPELLINGS.get(name, {}), *allowed]
-            raise SettingError(f"{variable}={text!r}: must be one of {', '.join(dict.fromkeys(spelled))} "
-                               f"(the option {leaf.flag})")
+        elif allowed is not None and text not in allowed:
+            raise SettingError(f"{variable}={text!r}: must be one of {', '.join(allowed)} (the option {leaf.flag})")
         values[name] = value
     return values
 

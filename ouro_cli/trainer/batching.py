@@ -128,7 +128,7 @@ def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]],
     those loops run in as few micro-batches as they fill, instead of in every micro-batch that
     holds a whole sample (docs/performance.md §12, §20: on the H200 such a loop, gathered over a
     few dozen positions, cost its 24 layer calls' host time for almost no device work). Without
-    `deep_first`, as plans from before it recorded: the bodies and the whole samples in the
+    `deep_first`: the bodies and the whole samples in the
     samples' order, then the heads. With nothing split, the samples stay as they were.
     -> (parts, their weights)."""
     parts, part_weights, whole, whole_weights, heads, head_weights = [], [], [], [], [], []

@@ -44,3 +44,17 @@ def test_an_undeclared_variable_is_an_error():
     for call in (env.get, env.is_set, lambda n: env.put(n, "1"), lambda n: env.set_default(n, "1")):
         with pytest.raises(KeyError, match="not declared in ouro_cli/env.py"):
             call("OURO_NOT_A_VARIABLE")
+
+
+def test_an_option_reads_its_variable_in_the_options_own_values(monkeypatch):
+    """OURO_COMPILE takes --compile's values; the switch's 1 and 0 are not among them."""
+    from ouro_cli.errors import SettingError
+    from ouro_cli.settings import ExecutionSettings, from_environment
+
+    monkeypatch.setenv("OURO_COMPILE", "off")
+    monkeypatch.setenv("OURO_COMPILE_LAYERS", "")
+    assert from_environment(ExecutionSettings) == {"compile": "off"}
+    for old in ("1", "0"):
+        monkeypatch.setenv("OURO_COMPILE", old)
+        with pytest.raises(SettingError, match=f"^OURO_COMPILE='{old}': must be one of auto, off, always"):
+            from_environment(ExecutionSettings)
