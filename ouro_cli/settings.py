@@ -45,6 +45,7 @@ from typing import Any, Literal
 from ouro_cli import env
 from ouro_cli.config import P_EXEC, leaves, option
 from ouro_cli.errors import SettingError
+from ouro_cli.kernels import interpreted, triton_available
 
 NEEDS_KERNEL_DEVICE = "needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)"
 
@@ -118,8 +119,6 @@ class ExecutionSettings:
     def decode_attention_on(self, device_type: str) -> str:
         """The decode attention path on `device_type`: "torch", "triton", or with `exact` on CPU
         "exact" (model/exact.py; on CUDA exact mode runs the Triton kernel)."""
-        from ouro_cli.kernels import triton_available
-
         if self.exact:
             if not exact_kernels(device_type):
                 return "exact"
@@ -135,8 +134,6 @@ class ExecutionSettings:
     def decode_gemv_on(self, device_type: str) -> str:
         """The decode projections' path on `device_type`: "cublas" (F.linear), "auto" (the kernel
         where it was measured faster) or "triton"."""
-        from ouro_cli.kernels import triton_available
-
         if self.exact:
             return "exact"
         if self.decode_gemv == "auto" and (device_type != "cuda" or not triton_available()):
@@ -175,8 +172,6 @@ class ExecutionSettings:
 
     def check(self, device_type: str) -> None:
         """Everything that cannot run on `device_type`, as one SettingError before any model loads."""
-        from ouro_cli.kernels import interpreted
-
         if self.exact:  # torch on CPU; on CUDA its Triton kernels, which need triton
             self.decode_attention_on(device_type)
             return
@@ -231,8 +226,6 @@ def under(fn: Callable, settings: ExecutionSettings) -> Callable:
 def exact_kernels(device_type: str) -> bool:
     """Whether exact mode on `device_type` runs its Triton kernels (CUDA, or anywhere under the
     Triton interpreter, as the CPU tests of that path do) or its torch code (model/exact.py)."""
-    from ouro_cli.kernels import interpreted
-
     return device_type == "cuda" or interpreted()
 
 

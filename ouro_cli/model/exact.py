@@ -51,6 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ouro_cli.settings import exact_kernels
+
 from . import formulas
 
 ROW_TILE = 16   # rows per GEMM call on CPU
@@ -139,8 +141,6 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
 def _row_kernels(*tensors: torch.Tensor):
     """kernels/exact_rows.py where exact mode runs its Triton kernels on these tensors' device
     (CUDA; the Triton interpreter) and they take their dtypes, else None (this module's torch)."""
-    from ouro_cli.settings import exact_kernels
-
     if not exact_kernels(tensors[0].device.type):
         return None
     from ouro_cli.kernels import exact_rows
@@ -212,8 +212,6 @@ def stacked(w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def _forward(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    from ouro_cli.settings import exact_kernels
-
     if exact_kernels(rows.device.type):
         from ouro_cli.kernels.fixed_tile import fixed_tile_linear
 
