@@ -168,14 +168,16 @@ HIDDEN_ALIASES: dict[str, str] = {}  # alias -> option name: accepted, not shown
 
 
 def hidden_alias(alias: str, name: str) -> None:
-    """Accept `alias` for the option `name` without listing it in the help: the longer
-    spellings (`--ouro-depths`) stay valid, and the help's option column fits 80 columns."""
+    """Accept `alias` for the option `name` without listing it in the help: other tools'
+    spellings (`--use-distributed-optimizer`) stay valid, and the help's option column fits 80
+    columns."""
     if HIDDEN_ALIASES.setdefault(alias, name) != name:
         raise ValueError(f"{alias} already stands for {HIDDEN_ALIASES[alias]}")
 
 
 def rewrite_aliases(argv: list[str], aliases: dict[str, str] = HIDDEN_ALIASES) -> list[str]:
-    """`--ouro-depths 2` and `--ouro-depths=2` read as `--depths 2` (nothing after `--`)."""
+    """`--rollout-max-response-len 8` and `--rollout-max-response-len=8` read as
+    `--max-response-len 8` (nothing after `--`)."""
     out: list[str] = []
     for i, arg in enumerate(argv):
         if arg == "--":
