@@ -16,8 +16,7 @@ they change what a run computes, they are typed settings, not switches read wher
 - **The environment as a fallback.** An option that declares a variable (`OURO_COMPILE`,
   ...; also the engine's `OURO_PD_TRANSPORT` and `OURO_PD_THREADS`, rl/options.py
   `EngineOptions`) takes its value from it when neither a flag nor the TOML file gives
-  one (`from_environment`), so scripts written when these were environment switches keep
-  working. A resumed run's plan takes the TOML file's place: a variable that is set is
+  one (`from_environment`). A resumed run's plan takes the TOML file's place: a variable that is set is
   checked against it, like a flag.
 - **Passed explicitly.** The model carries its settings (`OuroForCausalLM.execution`,
   read by model/pointwise.py and model/attention.py); the trainer and the engine are
@@ -29,27 +28,25 @@ they change what a run computes, they are typed settings, not switches read wher
   refuses a change of what a run computes, naming the setting, and accepts one that
   changes nothing there (`--decode-gemv cublas` on a CPU run).
 
-This module is the one reader of the `OURO_*` variables of options. Other variables are
-not settings and are read where they act: the test-only switches of
-ouro_cli/testing/faults.py (`OURO_TEST_FAULT`: a process signals itself at a named point;
-`OURO_TEST_BREAK_RESUME`: a resume that reseeds its sampler), `OURO_DEBUG` (the CLI's
-error path adds the traceback, cli/common.py), the test suite's `OURO_ENGINE_FACTORIES`
-(tests/unit/engine/conftest.py), and Triton's own `TRITON_INTERPRET` (kernels/__init__.py).
+Every variable, these included, is declared and read in ouro_cli/env.py; the ones that are
+not options (`OURO_DEBUG`, the test-only `OURO_TEST_*`, Triton's `TRITON_INTERPRET`, ...)
+are not settings and are asked for where they act.
 Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from ouro_cli import env
 from ouro_cli.config import P_EXEC, leaves, option
 from ouro_cli.errors import SettingError
+from ouro_cli.kernels import interpreted, triton_available
 
-# Spellings the environment switches had, for each value they mean now.
-ENV_SPELLINGS = {"compile": {"1": "auto", "0": "off"}, "compile_layers": {"1": "on", "0": "off"}}
 NEEDS_KERNEL_DEVICE = "needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)"
 
 
@@ -122,8 +119,6 @@ class ExecutionSettings:
     def decode_attention_on(self, device_type: str) -> str:
         """The decode attention path on `device_type`: "torch", "triton", or with `exact` on CPU
         "exact" (model/exact.py; on CUDA exact mode runs the Triton kernel)."""
-        from ouro_cli.kernels import triton_available
-
         if self.exact:
             if not exact_kernels(device_type):
                 return "exact"
@@ -139,8 +134,6 @@ class ExecutionSettings:
     def decode_gemv_on(self, device_type: str) -> str:
         """The decode projections' path on `device_type`: "cublas" (F.linear), "auto" (the kernel
         where it is faster, kernels/gemv.py) or "triton"."""
-        from ouro_cli.kernels import triton_available
-
         if self.exact:
             return "exact"
         if self.decode_gemv == "auto" and (device_type != "cuda" or not triton_available()):
@@ -179,8 +172,6 @@ class ExecutionSettings:
 
     def check(self, device_type: str) -> None:
         """Everything that cannot run on `device_type`, as one SettingError before any model loads."""
-        from ouro_cli.kernels import interpreted
-
         if self.exact:  # torch on CPU; on CUDA its Triton kernels, which need triton
             self.decode_attention_on(device_type)
             return
@@ -200,35 +191,62 @@ def chosen_settings(current: ExecutionSettings, execution: ExecutionSettings | N
     return settings if exact is None else replace(settings, exact=exact)
 
 
+DEFAULTS = ExecutionSettings()
+_local = threading.local()  # .settings: the ExecutionSettings this thread computes under
+
+
+@contextlib.contextmanager
+def executing(settings: ExecutionSettings) -> Iterator[None]:
+    """Compute under `settings` inside the block (per thread): the model's elementwise math
+    (model/pointwise.py), its products and attention read them through `active_settings`."""
+    before = getattr(_local, "settings", None)
+    _local.settings = settings
+    try:
+        yield
+    finally:
+        _local.settings = before
+
+
+def active_settings() -> ExecutionSettings:
+    """The settings of the block this thread runs in (`executing`), else the defaults; never
+    the environment."""
+    return getattr(_local, "settings", None) or DEFAULTS
+
+
+def under(fn: Callable, settings: ExecutionSettings) -> Callable:
+    """`fn` that runs under `settings` whenever it is called: for a function called again
+    outside the block that made it (activation recompute re-runs a layer call in backward)."""
+    def run(*args):
+        with executing(settings):
+            return fn(*args)
+
+    return run
+
+
 def exact_kernels(device_type: str) -> bool:
     """Whether exact mode on `device_type` runs its Triton kernels (CUDA, or anywhere under the
     Triton interpreter, as the CPU tests of that path do) or its torch code (model/exact.py)."""
-    from ouro_cli.kernels import interpreted
-
     return device_type == "cuda" or interpreted()
 
 
-def from_environment(root: type, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def from_environment(root: type) -> dict[str, Any]:
     """The values the environment gives the options of the tree `root` that declare a variable,
     by flat name; a value that is not one of the option's is a SettingError naming the variable."""
-    environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for name, leaf in leaves(root).items():
         variable = leaf.info.env
-        if variable is None or environ.get(variable, "") == "":
+        text = env.get(variable) if variable else None
+        if text is None:
             continue
-        text = environ[variable]
-        value: Any = ENV_SPELLINGS.get(name, {}).get(text, text)
+        value: Any = text
         allowed = getattr(leaf.type, "__args__", None)
         if leaf.type is int:
             try:
                 value = int(text)
             except ValueError:
                 raise SettingError(f"{variable}={text!r}: {leaf.flag} must be an integer") from None
-        elif allowed is not None and value not in allowed:
-            spelled = [*ENV_SPELLINGS.get(name, {}), *allowed]
-            raise SettingError(f"{variable}={text!r}: must be one of {', '.join(dict.fromkeys(spelled))} "
-                               f"(the option {leaf.flag})")
+        elif allowed is not None and text not in allowed:
+            raise SettingError(f"{variable}={text!r}: must be one of {', '.join(allowed)} (the option {leaf.flag})")
         values[name] = value
     return values
 

@@ -21,11 +21,12 @@ cache directory; code deeper down names the file once it knows it with `attach_a
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
+
+from ouro_cli import env
 
 
 class _Records(logging.Handler):
@@ -129,9 +130,9 @@ def quiet(body: Callable[[], Any], say: Callable[[str], None]) -> Callable[[], A
     closing line) and compiled kernels cached in the user's cache directory
     ($XDG_CACHE_HOME/ouro, else ~/.cache/ouro)."""
     def run() -> Any:
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ouro"
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+        cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ouro"
+        env.set_default("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        env.set_default("TRITON_CACHE_DIR", str(cache / "triton"))
         with WarningsLog() as log:
             _ACTIVE.append(log)
             try:

@@ -33,7 +33,7 @@
 # move a weight ~3e-4), hence --max-update-diff 0.1 on ‖w_B − w_A‖ / ‖w_A − w_0‖ over the
 # fp32 main weights (1 = B learned nothing of what A learned). Logprob, loss and mismatch
 # tolerances calibrate themselves to each run's own engine-vs-trainer mismatch
-# (ouro_cli/tools/compare.py). --min-identical 0.9: a one-ulp weight difference flips a token
+# (ouro_cli/checks/compare.py). --min-identical 0.9: a one-ulp weight difference flips a token
 # now and then and the sample parts from there. A CPU bf16 dry run measured 381/384
 # identical samples, weights max |Δ| 4.9e-4 (one ulp), update difference 0.028, max
 # |Δlogp| 0.07 against a tolerance of 0.16.
@@ -151,7 +151,7 @@ import json, sys
 from pathlib import Path
 
 work, reports, env_log, steps, ucx, tol = Path(sys.argv[1]), Path(sys.argv[1]) / "reports", Path(sys.argv[3]), Path(sys.argv[4]), sys.argv[5], sys.argv[6]
-from ouro_cli.tools.compare import Run, throughput  # noqa: E402
+from ouro_cli.checks.compare import Run, throughput  # noqa: E402
 
 
 def load(path):

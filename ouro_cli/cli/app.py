@@ -9,9 +9,9 @@ from ouro_cli.cli import signals
 if __name__ == "__main__":
     signals.install()
 
-import os  # noqa: E402
-
 import typer  # noqa: E402
+
+from ouro_cli import env  # noqa: E402
 
 from . import compare, convert, data, eval, export, probe_ucx, status, train, verify_resume  # noqa: E402
 from .common import DEBUG_ENV  # noqa: E402
@@ -54,7 +54,7 @@ def _global_options(
                                "accepted anywhere on the line. \\[default: off]"),
 ) -> None:
     if debug:
-        os.environ[DEBUG_ENV] = "1"  # also seen by the processes a command starts (verify-resume)
+        env.put(DEBUG_ENV, "1")  # also seen by the processes a command starts (verify-resume)
 
 
 app.add_typer(convert.app, name="convert")

@@ -24,6 +24,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from ouro_cli import env
 from ouro_cli.errors import (
     CheckFailed,
     Interrupted,
@@ -90,7 +91,7 @@ def _exit_at_once(code: int) -> None:
 
 
 def debugging() -> bool:
-    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    return env.debug()
 
 
 _DEBUG_HINT = f"{DEBUG_ENV}=1 shows the traceback"
@@ -122,7 +123,7 @@ def describe_failure(err: BaseException) -> tuple[str, int]:
 
 def is_main_rank() -> bool:
     """Under torchrun only rank 0 prints the result document."""
-    return int(os.environ.get("RANK", "0")) == 0
+    return env.rank() == 0
 
 
 def _fail(message: str, code: int, json_output: bool, result: dict[str, Any] | None = None) -> None:
@@ -167,14 +168,16 @@ HIDDEN_ALIASES: dict[str, str] = {}  # alias -> option name: accepted, not shown
 
 
 def hidden_alias(alias: str, name: str) -> None:
-    """Accept `alias` for the option `name` without listing it in the help: the longer
-    spellings (`--ouro-depths`) stay valid, and the help's option column fits 80 columns."""
+    """Accept `alias` for the option `name` without listing it in the help: other tools'
+    spellings (`--use-distributed-optimizer`) stay valid, and the help's option column fits 80
+    columns."""
     if HIDDEN_ALIASES.setdefault(alias, name) != name:
         raise ValueError(f"{alias} already stands for {HIDDEN_ALIASES[alias]}")
 
 
 def rewrite_aliases(argv: list[str], aliases: dict[str, str] = HIDDEN_ALIASES) -> list[str]:
-    """`--ouro-depths 2` and `--ouro-depths=2` read as `--depths 2` (nothing after `--`)."""
+    """`--rollout-max-response-len 8` and `--rollout-max-response-len=8` read as
+    `--max-response-len 8` (nothing after `--`)."""
     out: list[str] = []
     for i, arg in enumerate(argv):
         if arg == "--":

@@ -1,5 +1,5 @@
 """`ouro compare RUN_A RUN_B`: two placements of one job (1 vs N ranks, local vs PD, CPU vs
-GPU) judged within stated tolerances (`ouro_cli.tools.compare`); `ouro verify-resume
+GPU) judged within stated tolerances (`ouro_cli.checks.compare`); `ouro verify-resume
 --compare` is the bit-for-bit check. Prints the per-update and per-tensor tables; exit 0
 within tolerance, 1 beyond it, 2 on bad input."""
 
@@ -21,8 +21,8 @@ EPILOG = """Examples:
 
 
 def _preset_default(name: str) -> str:
-    """How the help states a tolerance's default: each preset's value (tools/compare.py PRESETS)."""
-    from ouro_cli.tools.compare import PRESETS
+    """How the help states a tolerance's default: each preset's value (checks/compare.py PRESETS)."""
+    from ouro_cli.checks.compare import PRESETS
 
     return "the preset's: " + ", ".join(f"{preset} {getattr(t, name):g}" for preset, t in PRESETS.items())
 
@@ -52,8 +52,8 @@ def compare(
     """Compare two runs of one job within stated tolerances (placement, not bit identity)."""
 
     def body() -> dict[str, Any]:
+        from ouro_cli.checks.compare import PRESETS, format_report, report
         from ouro_cli.errors import CheckFailed, UserError
-        from ouro_cli.tools.compare import PRESETS, format_report, report
 
         if tolerance not in PRESETS:
             raise UserError(f"--tolerance must be {' or '.join(PRESETS)}, got {tolerance!r}")

@@ -61,7 +61,7 @@ def probe_ucx(
             raise UserError(f"NIXL is not installed, so UCX cannot be probed; install it with: {NIXL_INSTALL_HINT}")
         if size_mb < 1 or repeats < 1 or timeout <= 0:
             raise UserError("--size-mb and --repeats must be >= 1 and --timeout > 0")
-        from ouro_cli.tools.probe_ucx import DEFAULT_SETTINGS, run_probe
+        from ouro_cli.checks.probe_ucx import DEFAULT_SETTINGS, run_probe
 
         settings: list[str | None] = list(DEFAULT_SETTINGS)
         for setting in [*(tls or []), *extra]:

@@ -10,7 +10,6 @@ commands hold the run directory's lock (ouro_cli.rl.lock) for as long as they wo
 from __future__ import annotations
 
 import inspect
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -167,7 +166,7 @@ def _note(message: str) -> None:
 def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: bool, command: str) -> dict[str, Any]:
     from ouro_cli.warnings_log import attach_active
 
-    main_rank = int(os.environ.get("RANK", "0")) == 0
+    main_rank = is_main_rank()
     started = time.time()
 
     def working() -> bool:  # this command wrote the run's manifest: its checks passed, it is working in RUN

@@ -8,7 +8,7 @@
 Exit 0 when everything is bit-identical, 1 when something differs, 2 when a run failed
 or the input was bad. `report.json` (in W, or beside RUN_A) holds the details. This
 module parses and prints; the job (the work directory's rules, the disk check, the two
-runs, the comparison) is `ouro_cli.tools.verify_resume`.
+runs, the comparison) is `ouro_cli.checks.verify_resume`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from ouro_cli.errors import CheckFailed, UserError
+
 from .common import JSON_OPTION, console, run_command
+from .options import fold_negations
+from .train import resolve_params
 
 EPILOG = """Examples:
 
@@ -41,8 +45,7 @@ def verify_resume(
     train_args = list(ctx.args)
 
     def body() -> dict[str, Any]:
-        from ouro_cli.errors import CheckFailed, UserError
-        from ouro_cli.tools import verify_resume as vr
+        from ouro_cli.checks import verify_resume as vr
 
         if compare:
             report = vr.compare_held(*(Path(p) for p in compare))
@@ -54,7 +57,7 @@ def verify_resume(
             forbidden = {"--run-dir", "--updates", "--overwrite"} & set(train_args)
             if forbidden:
                 raise UserError(f"{sorted(forbidden)[0]} is set by verify-resume itself")
-            options = _train_options(train_args)
+            options = _train_options(ctx, train_args)
             inputs = [Path(options.model), Path(options.data), *([Path(options.eval_data)] if options.eval_data else [])]
             report = vr.verify(train_args, model=options.model, inputs=inputs, updates=updates, resume_at=resume_at,
                                work=Path(work_dir), log=lambda m: console.print(f"[dim]{escape(m)}[/]"))
@@ -72,18 +75,12 @@ def verify_resume(
     run_command(quiet(body, lambda line: console.print(f"[dim]{line}[/]")), json_output=json_output)
 
 
-def _train_options(train_args: list[str]):
+def _train_options(ctx: typer.Context, train_args: list[str]):
     """The forwarded `ouro train` arguments as TrainOptions, parsed as train parses them (so that
-    bad arguments fail here, before any run starts)."""
-    import typer.main
-
-    from ouro_cli.errors import UserError
-
-    from .app import app
-    from .options import fold_negations
-    from .train import resolve_params
-
-    command = typer.main.get_command(app).commands["train"]
+    bad arguments fail here, before any run starts): by the `train` command of the application
+    this command runs in."""
+    root = ctx.find_root()
+    command = root.command.get_command(root, "train")
     try:
         params = command.make_context("train", list(train_args)).params
     except Exception as err:  # click's usage errors (typer vendors click under its own name)

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from ouro_cli.host_to_device import HostCopy, to_device
-from ouro_cli.model import fuse_projections, pointwise
+from ouro_cli.model import fuse_projections
+from ouro_cli.settings import executing
 
 from .contract import EngineError, WeightChunk
 from .kv_cache import PagedKVCache
@@ -227,7 +228,7 @@ class EngineCore:
         ps = [s.params for s in seqs]
         batch = SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
                               [s.rng for s in seqs], self.device)
-        with pointwise.executing(self.model.execution):  # the logprobs in the trainer's order (exact mode)
+        with executing(self.model.execution):  # the logprobs in the trainer's order (exact mode)
             processed = processed_logprobs(logits, batch)
             raw = raw_logprobs(logits) if any(p.logprobs_mode == "raw" for p in ps) else None
         tokens = sample(processed, batch)

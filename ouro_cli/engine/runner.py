@@ -37,6 +37,7 @@ import torch
 from ouro_cli.host_to_device import to_device
 from ouro_cli.model import OuroForCausalLM, attention, exact, matmul, pointwise
 from ouro_cli.model.ouro import positions_per_loop
+from ouro_cli.settings import executing
 
 from .async_exits import LaggedExitProbe
 from .exits import ExitPolicy, ExitState
@@ -349,7 +350,7 @@ class ModelRunner:
         """The decode step on padded device inputs -> (logits [B, V], depths [B], loops run).
 
         Without `allow_sync` it never reads the device from the host (CUDA-graph capture)."""
-        with matmul.use_small_batch(self.gemv, MAX_GEMV_ROWS), pointwise.executing(self.model.execution):
+        with matmul.use_small_batch(self.gemv, MAX_GEMV_ROWS), executing(self.model.execution):
             return self._step_body(inputs, exits, allow_sync)
 
     def _step_body(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:

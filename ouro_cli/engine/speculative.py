@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from ouro_cli.model import pointwise
+from ouro_cli.settings import executing
 
 from .exits import ExitPolicy
 from .request_rng import RequestRng, exponential, uniform
@@ -87,7 +87,7 @@ class Speculator:
         """One speculative step (draft, verify, accept, roll back) of each of `seqs`, which own
         KV slots for their lookahead (the scheduler reserved them). Its logprobs are computed
         under the model's execution settings, as the decode step's are."""
-        with pointwise.executing(self.runner.model.execution):
+        with executing(self.runner.model.execution):
             self._step(seqs, sched)
 
     def _step(self, seqs: list[Sequence], sched: Scheduler) -> None:

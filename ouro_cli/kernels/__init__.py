@@ -25,7 +25,7 @@ Triton interpreter (TRITON_INTERPRET=1, which the CPU tests use).
 
 from __future__ import annotations
 
-import os
+from ouro_cli import env
 
 
 def triton_available() -> bool:
@@ -39,9 +39,9 @@ def triton_available() -> bool:
 def checks_enabled() -> bool:
     """Whether the kernels check the indices they dereference before each launch
     (`OURO_CHECK_KERNELS=1`, kernels/bounds.py): a debugging aid that reads the device."""
-    return os.environ.get("OURO_CHECK_KERNELS") == "1"
+    return env.get("OURO_CHECK_KERNELS")
 
 
 def interpreted() -> bool:
     """Whether Triton kernels run under its CPU interpreter (Triton's own TRITON_INTERPRET)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return env.get("TRITON_INTERPRET")

@@ -18,7 +18,7 @@ before the weight multiplies it; silu in fp32, rounded, then times `up`; a resid
 one rounding; RoPE rounds each product and their sum, as torch's eager ops do (the checks
 compare it with the eager formula bit for bit; in bf16 under the interpreter, whose casts
 truncate, with that formula written out with truncating casts). Backward passes are the
-pullbacks (torch.func.vjp) of the plain formulas (model/pointwise.py's) at the saved inputs,
+pullbacks (torch.func.vjp) of the plain formulas (model/formulas.py) at the saved inputs,
 compiled where the forward's settings compile: the gradients of the same functions, which
 exact mode allows (docs/exact.md §2). Off CUDA the kernels run under the Triton interpreter
 (the CPU tests).
@@ -31,6 +31,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from ouro_cli.model import compiling, formulas
+from ouro_cli.settings import active_settings
 
 VOCAB_CHUNK = 4096  # log-softmax's lanes: the vocabulary is walked in chunks of this many entries
 ELEMENTWISE_BLOCK = 1024
@@ -158,14 +161,6 @@ def _rms_forward(x, weight, eps, h=None, next_weight=None):
     return out, out2
 
 
-def _plain():
-    """model/pointwise.py, whose plain formulas the backward passes differentiate (imported here:
-    pointwise imports model/exact.py, which imports this module)."""
-    from ouro_cli.model import pointwise
-
-    return pointwise
-
-
 class _RowFunction(torch.autograd.Function):
     """forward: a kernel of this module (its bits); backward: the pullback of `reference`, the
     plain formula, at the saved inputs (`_pullback`). `inputs` are the tensor arguments, `extra`
@@ -174,7 +169,7 @@ class _RowFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel, reference, extra, *inputs):
         ctx.reference, ctx.extra = reference, extra
-        ctx.compiled = _plain().active().compiles_gradients(inputs[0].device.type)  # the forward's settings
+        ctx.compiled = active_settings().compiles_gradients(inputs[0].device.type)  # the forward's settings
         ctx.save_for_backward(*inputs)
         out = kernel(*inputs, *extra)
         ctx.outputs = [(o.shape, o.dtype) for o in (out if isinstance(out, tuple) else (out,))]
@@ -201,7 +196,7 @@ def _pullback(reference, compiled: bool):
         outs, pull = torch.func.vjp(lambda *t: reference(*t, *extra), *inputs)
         return pull(cotangents if isinstance(outs, tuple) else cotangents[0])
 
-    return _plain()._compiled(pullback, True) if compiled else pullback
+    return compiling.compiled(pullback, True) if compiled else pullback
 
 
 def _run(kernel, reference, extra, *inputs):
@@ -216,12 +211,12 @@ def _log_softmax_reference(x: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`weight * rms_norm(x)` over the last axis, in x's dtype (model/exact.py's `rms_norm`)."""
-    return _run(lambda x, w, eps: _rms_forward(x, w, eps)[0], _plain()._rms_norm, (eps,), x, weight)
+    return _run(lambda x, w, eps: _rms_forward(x, w, eps)[0], formulas.rms_norm, (eps,), x, weight)
 
 
 def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`h + rms_norm(x, weight)`."""
-    return _run(lambda h, x, w, eps: _rms_forward(x, w, eps, h=h)[0], _plain()._add_rms_norm,
+    return _run(lambda h, x, w, eps: _rms_forward(x, w, eps, h=h)[0], formulas.add_rms_norm,
                 (eps,), h, x, weight)
 
 
@@ -229,7 +224,7 @@ def add_rms_norm_then_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(`h' = h + rms_norm(x, weight)`, `rms_norm(h', next_weight)`) in one pass."""
     return _run(lambda h, x, w, w2, eps: _rms_forward(x, w, eps, h=h, next_weight=w2),
-                _plain()._add_rms_norm_then_norm, (eps,), h, x, weight, next_weight)
+                formulas.add_rms_norm_then_norm, (eps,), h, x, weight, next_weight)
 
 
 def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -243,7 +238,7 @@ def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) in fp32, rounded to gate's dtype, times `up`."""
-    return _run(_silu_mul_forward, _plain()._silu_mul, (), gate, up)
+    return _run(_silu_mul_forward, formulas.silu_mul, (), gate, up)
 
 
 def _log_softmax_forward(x: torch.Tensor) -> torch.Tensor:
@@ -284,7 +279,7 @@ def _rotary_forward(q, k, cos, sin):
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE (rotate-half) on q [B,S,Hq,D] and k [B,S,Hkv,D] with cos / sin [B,S,D]: one launch
     each, where the eager formula makes five kernels per tensor (`rotary_supported` first)."""
-    return _run(_rotary_forward, _plain()._rotary, (), q, k, cos, sin)
+    return _run(_rotary_forward, formulas.rotary, (), q, k, cos, sin)
 
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ Programs walk the tiles in groups of GROUP_M row blocks, so a group reuses the s
 from L2 (the order of programs changes no bits).
 
 Off CUDA it runs under the Triton interpreter only (the CPU tests), with the dot as an
-fp32 product summed by tl.sum (gemv.py's `_accumulate`, DOT_AS_SUM: the interpreter's
+fp32 product summed by tl.sum (gemv.py's `accumulate`, DOT_AS_SUM: the interpreter's
 tl.dot is numpy's matmul, whose BLAS may sum a row by its place in the tile).
 """
 
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv import _accumulate
+from .gemv import accumulate
 
 # (BLOCK_M, BLOCK_N, warps, stages): the config every other one must equal bit for bit, the
 # only one for fp32 and off CUDA
@@ -87,7 +87,7 @@ def _fixed_tile_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
             x_ok, w_ok = x_ok & k_ok, w_ok & k_ok
         x = tl.load(x_rows + k[None, :], mask=x_ok, other=0.0)
         wt = tl.trans(tl.load(w_rows + k[None, :], mask=w_ok, other=0.0))
-        acc = _accumulate(acc, x, wt, IEEE, DOT_AS_SUM)
+        acc = accumulate(acc, x, wt, IEEE, DOT_AS_SUM)
     y = Y + rm[:, None] * stride_ym + rn[None, :]
     tl.store(y, acc.to(Y.dtype.element_ty), mask=m_ok & (rn < N)[None, :])
 

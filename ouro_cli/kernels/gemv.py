@@ -52,7 +52,7 @@ def dot_as_sum(x, w):
 
 
 @triton.jit
-def _accumulate(acc, x, w, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
+def accumulate(acc, x, w, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
     """acc + x @ w for x [ROWS, BLOCK_K], w [BLOCK_K, BLOCK_N], in fp32: the tensor-core dot
     accumulating into acc, or (DOT_AS_SUM, the interpreter) `dot_as_sum` added to it."""
     if DOT_AS_SUM:
@@ -88,9 +88,9 @@ def _small_m_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
             k_ok = (k < K)[None, :]
             w_ok, x0_ok, x1_ok = w_ok & k_ok, x0_ok & k_ok, x1_ok & k_ok
         wt = tl.trans(tl.load(w_rows + k[None, :], mask=w_ok, other=0.0))
-        acc0 = _accumulate(acc0, tl.load(x0 + k[None, :], mask=x0_ok, other=0.0), wt, IEEE, DOT_AS_SUM)
+        acc0 = accumulate(acc0, tl.load(x0 + k[None, :], mask=x0_ok, other=0.0), wt, IEEE, DOT_AS_SUM)
         if ROW_TILES == 2:
-            acc1 = _accumulate(acc1, tl.load(x1 + k[None, :], mask=x1_ok, other=0.0), wt, IEEE, DOT_AS_SUM)
+            acc1 = accumulate(acc1, tl.load(x1 + k[None, :], mask=x1_ok, other=0.0), wt, IEEE, DOT_AS_SUM)
     y = Y + rm[:, None] * stride_ym + rn[None, :]
     tl.store(y, acc0.to(Y.dtype.element_ty), mask=m0_ok[:, None] & n_ok[None, :])
     if ROW_TILES == 2:

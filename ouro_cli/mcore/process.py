@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 
+from ouro_cli import env
 
-def _free_port() -> int:
+
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -33,7 +34,7 @@ def single_process_group(backend: str | None = None) -> Iterator[None]:
         return
     dist.init_process_group(
         backend=backend or "gloo",
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
         rank=0,
         world_size=1,
     )
@@ -44,9 +45,9 @@ def single_process_group(backend: str | None = None) -> Iterator[None]:
 
 
 def launched_by_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return env.launched_by_torchrun()
 
 
 def launched_ranks() -> int:
     """The ranks torchrun started (1 without torchrun), known before the process group exists."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return env.world_size()

@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from ouro_cli.errors import SettingError
+from ouro_cli.settings import active_settings
 
-from . import exact, pointwise, unique_rows
+from . import exact, unique_rows
 
 
 @dataclass
@@ -171,7 +172,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     that mode never runs inside a compiled region (`compile_layers` leaves them out for it).
     In exact mode (docs/exact.md) the decode kernel's order on CUDA, exact.dense_attention's
     (the CPU decode step's) elsewhere."""
-    if pointwise.active().replay_attention_on(q.device.type) == "exact":
+    if active_settings().replay_attention_on(q.device.type) == "exact":
         return exact.dense_attention(q, k, v, mask, sdpa_attention)
     if _paged(q):
         from ouro_cli.kernels.replay_attention import paged_replay_attention
@@ -199,7 +200,7 @@ def attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: t
 def _paged(q: torch.Tensor) -> bool:
     """Whether the active settings put the replay's attention in the decode kernel (never
     inside a compiled region); a SettingError where it cannot run."""
-    if torch.compiler.is_compiling() or pointwise.active().replay_attention_on(q.device.type) != "paged":
+    if torch.compiler.is_compiling() or active_settings().replay_attention_on(q.device.type) != "paged":
         return False
     from ouro_cli.kernels import interpreted
 

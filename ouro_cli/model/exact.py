@@ -37,6 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ouro_cli.settings import exact_kernels
+
+from . import formulas
+
 ROW_TILE = 16   # rows per GEMM call on CPU
 KEY_CHUNK = 64  # keys per attention chunk (CPU), at absolute positions
 
@@ -122,8 +126,6 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
 def _row_kernels(*tensors: torch.Tensor):
     """kernels/exact_rows.py where exact mode runs its Triton kernels on these tensors' device
     (CUDA; the Triton interpreter) and they take their dtypes, else None (this module's torch)."""
-    from ouro_cli.settings import exact_kernels
-
     if not exact_kernels(tensors[0].device.type):
         return None
     from ouro_cli.kernels import exact_rows
@@ -155,14 +157,12 @@ log_softmax = _twin("log_softmax", _log_softmax, 0)
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE on q and k: kernels/exact_rows.py's kernel where exact mode runs its kernels (two
-    launches where the eager formula makes ten), else model/pointwise.py's formula, which is
-    elementwise and so batch-invariant as it is."""
+    launches where the eager formula makes ten), else the plain formula (model/formulas.py),
+    which is elementwise and so batch-invariant as it is."""
     kernels = _row_kernels(q, k, cos, sin)
     if kernels is not None and kernels.rotary_supported(q):
         return kernels.rotary(q, k, cos, sin)
-    from .pointwise import _rotary  # pointwise imports this module
-
-    return _rotary(q, k, cos, sin)
+    return formulas.rotary(q, k, cos, sin)
 
 
 def exit_lambda(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -197,8 +197,6 @@ def stacked(w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def _forward(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    from ouro_cli.settings import exact_kernels
-
     if exact_kernels(rows.device.type):
         from ouro_cli.kernels.fixed_tile import fixed_tile_linear
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ouro_cli.settings import active_settings
+
 from . import pointwise
 from .config import OuroConfig
 from .matmul import linear
@@ -35,7 +37,7 @@ def project(x: torch.Tensor, fused: torch.Tensor | None, weights: tuple[torch.Te
     sizes = [w.shape[0] for w in weights]
     if fused is not None:
         return linear(x, fused).split(sizes, -1)
-    if x.is_cuda and pointwise.active().exact:
+    if x.is_cuda and active_settings().exact:
         return linear(x, weights).split(sizes, -1)
     return tuple(linear(x, w) for w in weights)
 

@@ -12,7 +12,7 @@ replay's many rows, which cuBLAS at a few rows does not always).
 Everything else (the trainer, the engine's prefill, CPU) keeps F.linear. The model package does not import the kernel; the caller
 hands it in.
 
-In exact mode (the active execution settings' `exact`, pointwise.active()) every product,
+In exact mode (the active execution settings' `exact`, settings.py `active_settings`) every product,
 of any number of rows, goes through exact.linear instead: one summation order per row
 whatever the batch (docs/exact.md); the small-batch hook is not consulted.
 """
@@ -26,7 +26,9 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from . import exact, pointwise
+from ouro_cli.settings import active_settings
+
+from . import exact
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [M, K], w [N, K]) -> [M, N]
 
@@ -36,7 +38,7 @@ _local = threading.local()  # .small: (kernel, max_rows) installed in this threa
 def linear(x: torch.Tensor, w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     """x [..., K] @ w[N, K].T -> [..., N]; for a sequence of weights, x @ [w_0; w_1; ...].T ->
     [..., N_0 + N_1 + ...], one product (their gradients flow to each)."""
-    if pointwise.active().exact:
+    if active_settings().exact:
         return exact.linear(x, w)
     w = exact.stacked(w)
     small = getattr(_local, "small", None)

@@ -37,6 +37,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ouro_cli.settings import DEFAULTS, active_settings, executing, under
+
 from . import attention, exact, pointwise, unique_rows
 from .attention import QueryRows, SequenceLayout, attention_at_rows, dense_attention
 from .config import OuroConfig
@@ -63,7 +65,7 @@ class OuroForCausalLM(nn.Module):
         self.config = config
         self.model = OuroModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.execution = execution or pointwise.DEFAULTS
+        self.execution = execution or DEFAULTS
 
     @property
     def num_loops(self) -> int:
@@ -85,7 +87,7 @@ class OuroForCausalLM(nn.Module):
         attend_for_layer: Callable[[int], Attend],
     ) -> torch.Tensor:
         """One pass through the layer stack, closed by `model.norm` (the loop's exit state)."""
-        with pointwise.executing(self.execution):
+        with executing(self.execution):
             x = self.model.layers[0].input_layernorm(h)
             for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
                 h, x = layer(h, x, cos, sin, attend_for_layer(i), closing)
@@ -147,7 +149,7 @@ class OuroForCausalLM(nn.Module):
         `LoopCounts.of` from host copies of the same `depths` and `attention_mask` (the trainer
         does, so that the read does not wait for the previous micro-batch's backward).
         """
-        with pointwise.executing(self.execution), attention.one_forward():
+        with executing(self.execution), attention.one_forward():
             return self._forward(input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
                                  kv_sink, state_sink, depth_counts)
 
@@ -175,8 +177,8 @@ class OuroForCausalLM(nn.Module):
         num_loops = self.num_loops if loops is None else plan.deepest
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
         # one compiled region per layer call of each kind (compile_layers); bound to the settings, for recompute's re-run
-        dense = pointwise.under(pointwise.region(_layer_step, h), self.execution)
-        at_rows = pointwise.under(pointwise.region(_layer_step_at_rows, h), self.execution)
+        dense = under(pointwise.region(_layer_step, h), self.execution)
+        at_rows = under(pointwise.region(_layer_step_at_rows, h), self.execution)
         for t in range(1, num_loops + 1):
             running, gathered = _loop_plan(loops, t, plan)
             if gathered:
@@ -222,7 +224,7 @@ class OuroForCausalLM(nn.Module):
         # part of it). Where it is not on, the step gets None for padded and unpadded layouts
         # alike: a compiled region guards on an argument's being None, and every micro-batch
         # without padding would otherwise compile a variant of its own.
-        paged = pointwise.active().replay_attention_on(h.device.type) == "paged"
+        paged = active_settings().replay_attention_on(h.device.type) == "paged"
         layout_mask = queries.layout_mask if paged else None
         for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
             prev_k, prev_v = prev_kv[i] or self._no_kv(h)  # only padding has run no loop before
@@ -374,7 +376,7 @@ def _loop_plan(loops: torch.Tensor | None, t: int, counts: LoopCounts, device_ty
     running = loops >= t
     n, total = counts.running[t - 1], running.numel()
     device_type = device_type or loops.device.type
-    if loop_gathers(n, total, may_gather=gathering_allowed(pointwise.active(), device_type)):
+    if loop_gathers(n, total, may_gather=gathering_allowed(active_settings(), device_type)):
         return running, True
     if n == total or t == 1:
         return None, False

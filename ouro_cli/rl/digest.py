@@ -53,7 +53,7 @@ def params_sha256(trainer) -> str:
 def state_digest(trainer) -> str:
     h = hashlib.sha256()
     _feed_params(h, trainer)
-    with trainer._megatron():
+    with trainer.megatron_context():
         optimizer_state = trainer.optimizer.state_dict()
     _feed(h, optimizer_state)
     local = h.hexdigest()

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ouro_cli import env
 from ouro_cli.errors import UserError
 
 LOCK_FILE = "ouro.lock"
@@ -178,7 +179,7 @@ class RunLock:
         os.close(fd)
 
     def __enter__(self) -> RunLock:
-        if int(os.environ.get("RANK", "0")) == 0:
+        if env.rank() == 0:
             self.acquire()
         return self
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ouro_cli import env
 from ouro_cli.artifacts import MANIFEST, is_complete, mark_complete, write_manifest
 from ouro_cli.engine.contract import LimitsMemory
 from ouro_cli.errors import CheckFailed, Interrupted, UserError, is_device_fault
@@ -155,7 +156,7 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
     recompute and optimizer offload (rl/sizing.py), the aggregation "auto" stands for
     (constant_length under --advantage dr-grpo, over --max-response-len), and the LR schedule in optimizer steps: the
     warmup (--warmup-steps counts updates) and a cosine schedule's length (--lr-decay-updates,
-    resolved when the run started; a plan from before it: the run's --updates), each
+    resolved when the run started), each
     times the steps of an update (--mini-batches × --epochs; Trainer.train_update)."""
     t, steps = options.trainer, options.optimizer_steps_per_update
     aggregation = t.aggregation
@@ -211,13 +212,12 @@ def _agreed(memory: DeviceMemory) -> DeviceMemory:
 def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved: dict[str, Any] | None) -> RunSizing:
     """The run's memory plan (rl/sizing.py), from memory figures every rank agrees on; a resumed
     run keeps the one its plan recorded."""
-    import os
 
     from ouro_cli.mcore.process import launched_ranks
     from ouro_cli.trainer.setup import join_world
 
     t, e = options.trainer, options.engine
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if t.resolved_device == "cuda" \
+    device = torch.device("cuda", env.local_rank()) if t.resolved_device == "cuda" \
         else torch.device("cpu")
     world = launched_ranks()
     local_samples = -(-options.prompts_per_update // world) * options.group_size
@@ -241,8 +241,8 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
         max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", t.max_tokens_per_micro_batch),
         recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute),
         exact=options.execution.exact,
-        # a resumed run cuts its micro-batches as it did (a plan from before these: as they were then)
-        **({k: recorded.get(k, before) for k, before in plans.SIZING_BEFORE.items()} if recorded else {}))
+        # a resumed run cuts its micro-batches as it did (a plan lacking one is refused by its contract)
+        **{k: recorded[k] for k in ("token_cost", "prompt_heads", "deep_parts_first") if k in recorded})
 
 
 def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch.device, log: Callable[[str], None]):
@@ -325,10 +325,8 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         contract["sizing"] = plans.sizing_entry(sizing)
         cursor = DataCursor(len(rows), options.seed)
         if resume:
-            device_type = options.trainer.resolved_device
-            plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler,
-                                      device_type=device_type)
-            plan = {**saved, "contract": plans.upgrade(saved["contract"], device_type)}  # an older plan gains what it lacked
+            plans.check_same_contract(saved["contract"], contract, allow_scheduler=override_scheduler)
+            plan = dict(saved)
             # out-of-memory decisions recorded after the checkpoint replay too (rl/recovery.py)
             root = plans.read_plan(run.plan) if run.plan.is_file() else None
             if recovery.decisions(saved) or (root and recovery.decisions(root)):

@@ -41,9 +41,6 @@ AUTO_REWARD, BOXED_REWARD, MATH_REWARD = "auto", "ouro_cli.rl.rewards.boxed_answ
 # The options of `ouro train` that name files or directories: recorded absolute (`TrainOptions.absolute`).
 PATH_OPTIONS = ("model", "data", "eval_data", "export_hf")
 
-# Option names of runs written by earlier versions that no longer exist: dropped when a plan is read.
-RETIRED = {"test_break_resume"}  # now ouro_cli/testing/faults.py (OURO_TEST_BREAK_RESUME)
-
 
 @dataclass
 class TaskOptions:
@@ -53,8 +50,8 @@ class TaskOptions:
                                   panel=P_DATA)
     reward_function: str = option(
         AUTO_REWARD, help="Dotted path of f(response, label[, metadata]) -> float; auto: the DeepScaleR math grader "
-        "(rewards.math_answer), or rewards.boxed_answer for the bundled integer task.", panel=P_DATA,
-        aliases=("--ouro-reward-function",))  # checked by template.py, rewards/
+        "(rewards.math_answer), or rewards.boxed_answer for the bundled integer task.",
+        panel=P_DATA)  # checked by template.py, rewards/
     reward_timeout: float | None = option(None, help="Seconds one reward call may take; a slower call stops the "
                                           "run, naming the function.", panel=P_DATA, shown="none")
 
@@ -79,7 +76,7 @@ class SamplingOptions:
     max_response_len: int = option(48, help="Tokens per response.", panel=P_GRPO,
                                    aliases=("--rollout-max-response-len",))
     exit_threshold: float = option(1.0, help="Native early exit at CDF >= threshold (1 = exactly K loops).",
-                                   panel=P_GRPO, aliases=("--ouro-exit-threshold",))
+                                   panel=P_GRPO)
     min_loops: int = option(1, help="Fewest loops a decoded token runs.", panel=P_GRPO)
 
     def __post_init__(self) -> None:
@@ -131,21 +128,21 @@ class EngineOptions:
     factory: str = option(DEFAULT_ENGINE, name="engine", help="Dotted path of an engine factory.", panel=P_ENGINE,
                           shown="the built-in engine")  # its dotted path does not fit an 80-column help
     max_num_seqs: int | None = option(
-        None, help="Cap on sequences decoded together.", panel=P_ENGINE, aliases=("--ouro-max-num-seqs",),
+        None, help="Cap on sequences decoded together.", panel=P_ENGINE,
         shown="as many as a rollout submits, up to 512; the KV cache limits what runs at once")
     kv_blocks: int | None = option(None, help="Paged KV blocks of T planes per layer.", panel=P_ENGINE,
-                                   aliases=("--ouro-kv-blocks",), shown="sized from --gpu-memory-utilization")
+                                   shown="sized from --gpu-memory-utilization")
     block_size: int = option(16, help="Tokens per KV block.", panel=P_ENGINE)
     cuda_graphs: bool = option(False, help="Require CUDA-graph decode steps (on by default on CUDA; an error without "
-                               "a GPU).", panel=P_ENGINE, aliases=("--ouro-cuda-graphs",))
+                               "a GPU).", panel=P_ENGINE)
     async_scheduling: bool = option(False, help="Queue each decode loop before reading the last exit signal (forces "
-                                    "delayed exits).", panel=P_ENGINE, aliases=("--ouro-async-scheduling",))
+                                    "delayed exits).", panel=P_ENGINE)
     speculative_tokens: int = option(0, help="Self-speculation: draft N tokens at 2 loops, verify at T (needs "
-                                     "--depths T alone).", panel=P_ENGINE, aliases=("--ouro-speculative-tokens",))
+                                     "--depths T alone).", panel=P_ENGINE)
     prefill_devices: list[int] = option(factory=list, help="Prefill worker devices (PD disaggregation; CPU: worker "
-                                        "processes).", panel=P_ENGINE, aliases=("--ouro-prefill-devices",))
+                                        "processes).", panel=P_ENGINE)
     decode_devices: list[int] = option(factory=list, help="Decode worker devices (PD disaggregation).",
-                                       panel=P_ENGINE, aliases=("--ouro-decode-devices",))
+                                       panel=P_ENGINE)
     kv_transport: Literal["auto", "nixl", "shm"] = option(
         "auto", help="How PD workers move KV: auto (NIXL when installed, else shared memory), nixl or shm.",
         panel=P_ENGINE, env="OURO_PD_TRANSPORT")
@@ -197,7 +194,7 @@ class TrainOptions:
 
     # ---- the GRPO update ---------------------------------------------------------
     depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="Decode budget K per update, cycled: "
-                               "--depths 2 3 4.", panel=P_GRPO, aliases=("--ouro-depths",))
+                               "--depths 2 3 4.", panel=P_GRPO)
     updates: int = option(80, help="Number of GRPO updates.", panel=P_GRPO)
     # resolved to --updates when a run starts, and recorded: a resume to more updates (or a run
     # stopped early and resumed, as verify-resume does) keeps the schedule it started with
@@ -238,16 +235,13 @@ class TrainOptions:
     save_interval: int = option(20, help="Checkpoint every N updates (0: only at the end), and always at the end.",
                                 panel=P_RUN)
     eval_data: str | None = option(str(BUNDLED / "eval.jsonl"), help="Held-out JSONL.", panel=P_RUN,
-                                   aliases=("--ouro-eval-data",), shown="bundled")
+                                   shown="bundled")
     eval_columns: EvalColumnOptions = section(EvalColumnOptions)
-    eval_prompts: int = option(200, help="Held-out prompts per evaluation.", panel=P_RUN,
-                               aliases=("--ouro-eval-prompts",))
-    eval_interval: int = option(0, help="Evaluate every N updates (always at start and end).", panel=P_RUN,
-                                aliases=("--ouro-eval-interval",))
+    eval_prompts: int = option(200, help="Held-out prompts per evaluation.", panel=P_RUN)
+    eval_interval: int = option(0, help="Evaluate every N updates (always at start and end).", panel=P_RUN)
     eval_depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="K values evaluated.", panel=P_RUN)
     eval_samples: int = option(1, help="Samples per held-out prompt and K (avg@N and pass@k).", panel=P_RUN)
-    export_hf: str | None = option(None, help="Export the final model as an HF directory here.", panel=P_RUN,
-                                   aliases=("--ouro-export-hf",))
+    export_hf: str | None = option(None, help="Export the final model as an HF directory here.", panel=P_RUN)
     overwrite: bool = option(False, help="Start over in a non-empty run directory.", panel=P_RUN)
     loggers: list[str] = option(factory=list, name="loggers", flag="--logger", help="Also log to tensorboard "
                                 "(RUN/logs/tensorboard) or wandb (the wandb extra; WANDB_MODE=offline works); "
@@ -376,9 +370,8 @@ class TrainOptions:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainOptions:
-        """Options recorded by `to_dict` (by this version or an earlier one), not yet validated."""
-        return tree.build(cls, {k: v for k, v in values.items() if k not in RETIRED}, where="ouro-plan.json",
-                          check=False)
+        """Options recorded by `to_dict`, not yet validated."""
+        return tree.build(cls, values, where="ouro-plan.json", check=False)
 
 
 @dataclass

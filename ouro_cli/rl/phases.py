@@ -36,7 +36,7 @@ GIB = 2**30
 
 @contextlib.contextmanager
 def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, lower: str) -> Iterator[None]:
-    from ouro_cli.model.pointwise import compile_seconds
+    from ouro_cli.model.compiling import compile_seconds
 
     cuda = device.type == "cuda"
     if cuda:

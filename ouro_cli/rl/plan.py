@@ -14,11 +14,6 @@ naming the key; the cursor saved in the checkpoint must agree with the plan's.
 Options outside the contract may change on resume: the number of updates, evaluation
 and save cadence, export, keep-last, save-on-interrupt, the reward's time limit, where
 tensors live and how PD workers move them (and the LR schedule with `--override-scheduler`).
-
-Plans written before a key of the contract existed are read as having had its value of
-then: a run without `execution` ran with the default kernels, and a run without an option
-added since (the column mapping of `--data`) ran with that option's default (`upgrade`), so
-it resumes under the defaults and refuses any other setting, naming it.
 """
 
 from __future__ import annotations
@@ -47,9 +42,6 @@ FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_d
              "eval_prompt_key", "eval_label_key", "eval_id_key", "eval_label_parser",  # like eval_data
              "reward_timeout"}  # changes no reward: a call past it stops the run
 EXECUTION_KEYS = set(leaves(ExecutionSettings))  # recorded as what they resolve to (contract "execution")
-# what a plan recorded before its `sizing` had these keys computed: plain positions, whole samples,
-# and (with heads) the samples left whole in their places among the bodies, the heads after them
-SIZING_BEFORE = {"token_cost": None, "prompt_heads": False, "deep_parts_first": False}
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr", "lr_decay_updates"}
 
 
@@ -116,7 +108,7 @@ def resume_options(plan: dict[str, Any], given: dict[str, Any], *, updates: int,
     """The options of a resumed run: the plan's, then the flags given (None: not given). Flags
     that would change the contract are refused later, by `check_same_contract`, once the
     contract of this invocation is known. Paths given now are relative to the working
-    directory; the plan's are absolute (those of a plan from before: made so here), and their
+    directory; the plan's are absolute, and their
     originals, as the run was started with them, are kept for messages (`given_paths`)."""
     values = dict(plan["options"])
     values.update(from_environment(TrainOptions))  # a variable that is set stands in for a flag given
@@ -127,22 +119,9 @@ def resume_options(plan: dict[str, Any], given: dict[str, Any], *, updates: int,
     return dataclasses.replace(options, given_paths=recorded).absolute()
 
 
-def upgrade(contract: dict[str, Any], device_type: str) -> dict[str, Any]:
-    """A contract of an earlier version with the keys it lacks, as they were then (module docstring)."""
-    # execution settings added since (exact) were at their defaults then
-    contract = {**contract, "execution": {**ExecutionSettings().effective(device_type), **contract.get("execution", {})}}
-    added = {k: v for k, v in TrainOptions().to_dict().items()
-             if k not in contract and k not in FREE_KEYS | EXECUTION_KEYS}
-    if isinstance(contract.get("sizing"), dict):  # how micro-batches were cut before these were recorded
-        added["sizing"] = {**SIZING_BEFORE, **contract["sizing"]}
-    return {**contract, **added}
-
-
-def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool,
-                        device_type: str) -> None:
+def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool) -> None:
     """Reject a resume whose contract differs from the run's, naming the first differing key (a
     setting of `execution` or `sizing` by its own name)."""
-    saved = upgrade(saved, device_type)
     for key in sorted(set(saved) | set(new)):
         if allow_scheduler and key in SCHEDULER_KEYS:
             continue

@@ -189,13 +189,13 @@ class RunSizing:
     state_per_call: bool = False
     kv_room_beside_state: int = 0  # the cache a call may allocate with the state on the device
     # the micro-batch budget in full-depth positions (`token_cost_shares`); None: every position counts
-    # as one (a budget given by the user, or a plan from before)
+    # as one (a budget given by the user)
     token_cost: dict[str, float] | None = None
     # fixed-budget samples train as a body and a prompt head (trainer.batching.split_prompts):
-    # how the update is cut into micro-batches, so recorded with them (a plan from before: no)
+    # how the update is cut into micro-batches, so recorded with them
     prompt_heads: bool = False
     # ... and the samples left whole and the heads come before the bodies (split_prompts
-    # `deep_first`): the same loss, cut into other micro-batches (a plan from before: no)
+    # `deep_first`): the same loss, cut into other micro-batches
     deep_parts_first: bool = False
 
     def state_fits(self, call_kv_bytes: int) -> bool:

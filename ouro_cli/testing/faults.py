@@ -1,5 +1,5 @@
 """Test-only fault injection, kept out of the options a user sees: nothing here changes a
-run unless a test asks for it through the variables below, which this module alone reads.
+run unless a test asks for it through the test-only variables below (declared in ouro_cli/env.py).
 
 Signals at named points (`OURO_TEST_FAULT`): the kill-test harness
 (tests/integration/test_kill_resume.py) must interrupt a run at exact places, not at a
@@ -56,6 +56,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ouro_cli import env
+
 ENV = "OURO_TEST_FAULT"
 DEVICE_ERROR = "CUDA"
 HOG = "HOG"
@@ -80,7 +82,7 @@ def _parse(spec: str | None) -> tuple[str, int, list[signal.Signals | str]] | No
     return name, int(hit or 1), [_action(word) for word in what.split("+")]
 
 
-_FAULT = _parse(os.environ.get(ENV))
+_FAULT = _parse(env.get(ENV))
 _reached: Counter[str] = Counter()
 _held: list[Any] = []  # the HOG action's device memory, until the rollout ends
 
@@ -127,7 +129,7 @@ def device_error(device: Any) -> None:
 
 def broken_resume() -> bool:
     """Whether a resumed run should reseed its sampler (a deliberately broken resume)."""
-    return os.environ.get(BREAK_RESUME_ENV, "") not in ("", "0")
+    return env.get(BREAK_RESUME_ENV)
 
 
 _pd_faults: dict[str, dict[str, Any]] = {}
@@ -153,7 +155,7 @@ def pd_fault(worker: str) -> dict[str, Any]:
 
 
 KV_LIMIT_ENV = "OURO_TEST_KV_LIMIT"
-_KV_LIMIT = int(os.environ[KV_LIMIT_ENV]) if os.environ.get(KV_LIMIT_ENV) else None
+_KV_LIMIT = env.get(KV_LIMIT_ENV)
 
 
 def simulated_device_limit(blocks: int, planes: int, num_loops: int) -> None:
@@ -167,7 +169,7 @@ def simulated_device_limit(blocks: int, planes: int, num_loops: int) -> None:
 
 
 TRAIN_LIMIT_ENV = "OURO_TEST_TRAIN_LIMIT"
-_TRAIN_LIMIT = int(os.environ[TRAIN_LIMIT_ENV]) if os.environ.get(TRAIN_LIMIT_ENV) else None
+_TRAIN_LIMIT = env.get(TRAIN_LIMIT_ENV)
 
 
 def simulated_train_limit(tokens: int) -> None:

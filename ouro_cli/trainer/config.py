@@ -106,8 +106,7 @@ class TrainerConfig:
     # loop) and a prompt head scoring token 0 (batching.split_prompts); the same loss
     prompt_heads: bool = False
     prompt_head_overhead: float = 0.05  # split only where the repeated prompt loops cost at most this share
-    # ... and the samples left whole and the heads before the bodies (split_prompts `deep_first`);
-    # a resumed plan from before: the whole samples in their places, the heads last
+    # ... and the samples left whole and the heads before the bodies (split_prompts `deep_first`)
     deep_parts_first: bool = True
     pack: bool = True  # several samples per row (document masking) instead of one padded row each
     pack_length: int | None = None  # max tokens per packed row; None: the longest local sample
@@ -142,10 +141,10 @@ class TrainerConfig:
             import torch
 
             need(torch.cuda.is_available(), "device=cuda but no CUDA device is visible")
-        if isinstance(self.recompute, bool):  # plans written before "auto" existed, and the Python API
+        if isinstance(self.recompute, bool):  # the Python API
             self.recompute = "on" if self.recompute else "off"
         need(self.recompute in ("auto", "on", "off"), f"--recompute must be auto, on or off, got {self.recompute!r}")
-        if isinstance(self.offload_optimizer, bool):  # plans written before "auto" existed, and the Python API
+        if isinstance(self.offload_optimizer, bool):  # the Python API
             self.offload_optimizer = "on" if self.offload_optimizer else "off"
         need(self.offload_optimizer in ("auto", "on", "off"),
              f"--offload-optimizer must be auto, on or off, got {self.offload_optimizer!r}")

@@ -20,10 +20,11 @@ capture could meet it); give such a trainer `TrainerConfig(deterministic=False)`
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import torch
+
+from ouro_cli import env
 
 # cuBLAS is reproducible only with a fixed workspace per stream. PyTorch gives every
 # (handle, stream) its own workspace, sized from CUBLAS_WORKSPACE_CONFIG, or by default 32 MiB
@@ -37,7 +38,7 @@ DEFAULT_32MIB_MAJORS = (9, 10, 12)
 
 def _set_cublas_workspace(device: torch.device) -> None:
     if torch.cuda.get_device_capability(device)[0] not in DEFAULT_32MIB_MAJORS:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        env.set_default("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
 
 
 @contextlib.contextmanager

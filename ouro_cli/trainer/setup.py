@@ -10,7 +10,6 @@ configured sizes so that tensor parallelism can be switched on here later.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
@@ -18,8 +17,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ouro_cli import env
 from ouro_cli.mcore.cpu_compat import megatron_on_cpu
-from ouro_cli.mcore.process import _free_port, launched_by_torchrun
+from ouro_cli.mcore.process import free_port, launched_by_torchrun
 
 from .config import TrainerConfig
 
@@ -43,8 +43,7 @@ _joined_early = [False]
 
 
 def _local_device(device_type: str) -> torch.device:
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+    device = torch.device("cuda", env.local_rank()) if device_type == "cuda" else torch.device("cpu")
     if device_type == "cuda":
         torch.cuda.set_device(device)
     return device
@@ -76,7 +75,7 @@ def initialize(config: TrainerConfig) -> DistributedContext:
     from megatron.core import parallel_state
 
     device_type = config.resolved_device
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = env.local_rank()
     device = _local_device(device_type)
 
     owns, _joined_early[0] = _joined_early[0] and dist.is_initialized(), False
@@ -85,7 +84,7 @@ def initialize(config: TrainerConfig) -> DistributedContext:
         if launched_by_torchrun():
             dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
         else:
-            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                     rank=0, world_size=1)
         owns = True
 

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ouro_cli.model import OuroForCausalLM, pointwise
+from ouro_cli.model import OuroForCausalLM
 from ouro_cli.model.ouro import gathering_allowed
-from ouro_cli.settings import ExecutionSettings, chosen_settings
+from ouro_cli.settings import ExecutionSettings, chosen_settings, executing
 
 from . import checkpointing, setup
 from .batching import (
@@ -77,7 +77,7 @@ class Trainer:
         from .megatron_model import OuroMegatronModule, transformer_config, wrap_ddp
         from .optimizer import OptimizerOffload, build_optimizer, build_scheduler
 
-        with self._megatron():
+        with self.megatron_context():
             self.module = OuroMegatronModule(hf, transformer_config(hf.config, dtype))
             self.ddp = wrap_ddp(self.module, use_distributed_optimizer=self.config.use_distributed_optimizer,
                                 overlap_grad_reduce=self.config.overlap_grad_reduce)
@@ -138,7 +138,7 @@ class Trainer:
         steps: list[dict[str, Any] | None] = []
         for index, (epoch, j) in enumerate(itertools.product(range(epochs), range(len(batches)))):
             if not taken[j]:
-                with self._megatron():
+                with self.megatron_context():
                     self.scheduler.step(increment=1)
                 steps.append(None)
                 continue
@@ -168,7 +168,7 @@ class Trainer:
             raise ValueError(f"{offsets[-1]} response tokens in one mini-batch of one rank; at most 2**24 - 1")
         positions = [[float(i) for i in range(a, b)] for a, b in itertools.pairwise(offsets)]
         self.ddp.train()
-        with pointwise.executing(self.execution):
+        with executing(self.execution):
             parts = replay_logprobs(self.ddp, self._micro_batches(samples, positions), self.config, self.device,
                                     self.num_loops)
         flat = torch.empty(offsets[-1], dtype=torch.float32, device=self.device)
@@ -191,7 +191,7 @@ class Trainer:
         watch = Stopwatch()
         for s in samples:
             s.check(self.num_loops)
-        with self._megatron():
+        with self.megatron_context():
             if self.gradients_released:
                 self.ddp.restore_grad_buffers(synchronize=False)  # allocated again, zeroed
                 self.gradients_released = False
@@ -209,13 +209,13 @@ class Trainer:
         def attempt() -> dict[str, float]:
             if prepare is not None:
                 prepare()
-            with pointwise.executing(self.execution):
+            with executing(self.execution):
                 return forward_backward(self.ddp, self._micro_batches(samples, weights), self.config, self.device,
                                         self.num_layers, self.num_loops, model=self.module.ouro, whole=whole)
 
         metrics = retry(attempt) if retry is not None else attempt()
         metrics["forward_backward_s"] = watch.lap()
-        with self._megatron():
+        with self.megatron_context():
             self.ddp.finish_grad_sync()
         metrics["grad_sync_s"] = watch.lap()
         return metrics
@@ -250,7 +250,7 @@ class Trainer:
         buffers are zeroed and no parameter keeps a `.grad` that its hook had not yet added, so
         the next attempt sums its gradient from zero. The optimizer steps only after a whole
         forward/backward, so the weights are untouched; the step draws no random numbers."""
-        with self._megatron():
+        with self.megatron_context():
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
         self.module.zero_grad(set_to_none=True)
@@ -260,7 +260,7 @@ class Trainer:
         if self.offload is not None:
             self.offload.to_device()
         try:
-            with self._megatron():
+            with self.megatron_context():
                 metrics = optimizer_step(self.optimizer, self.scheduler)
         finally:
             if self.offload is not None and not self.offload.keep_after_step:
@@ -277,7 +277,7 @@ class Trainer:
         if self.gradients_released:
             return
         cuda = self.device.type == "cuda"
-        with self._megatron():
+        with self.megatron_context():
             self.optimizer.zero_grad()  # no main-weight .grad keeps a view of the freed storage in use
             self.ddp.offload_grad_buffers(synchronize=cuda, empty_cache=cuda)
         self.gradients_released = True
@@ -333,7 +333,7 @@ class Trainer:
         `config.async_save` the write goes on in the background and this returns None: the
         next save, `load`, `wait_for_save` and `close` commit it first (then `after_commit`)."""
         self.wait_for_save()
-        with self._megatron():
+        with self.megatron_context():
             done = checkpointing.save(Path(root), iteration, module=self.module, optimizer=self.optimizer,
                                       scheduler=self.scheduler, on_cuda=self._on_cuda, extra=extra,
                                       keep_last=self.config.keep_last, before_commit=before_commit,
@@ -352,7 +352,7 @@ class Trainer:
             return None
         pending, after_commit = self._pending_save
         self._pending_save = None
-        with self._megatron():
+        with self.megatron_context():
             done = checkpointing.finish(pending)
         if after_commit is not None:
             after_commit(done)
@@ -361,7 +361,7 @@ class Trainer:
     def load(self, root: str | Path) -> dict:
         """Restore model, optimizer, scheduler and RNG from the latest iteration; returns `extra`."""
         self.wait_for_save()
-        with self._megatron():
+        with self.megatron_context():
             iteration, extra = checkpointing.load(Path(root), module=self.module, optimizer=self.optimizer,
                                                   scheduler=self.scheduler, on_cuda=self._on_cuda)
         if self.offload is not None:
@@ -383,11 +383,12 @@ class Trainer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def megatron_context(self):
+        """The context in which megatron-core's calls on this trainer run (setup.megatron_context)."""
+        return setup.megatron_context(self.config)
+
     # ---- internals ------------------------------------------------------------------
 
     @property
     def _on_cuda(self) -> bool:
         return self.device.type == "cuda"
-
-    def _megatron(self):
-        return setup.megatron_context(self.config)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from ouro_cli.model import exact, pointwise
-from ouro_cli.settings import ExecutionSettings
+from ouro_cli.settings import ExecutionSettings, executing
 from tests.unit.engine._fixed_tile_checks import (
     check_bad_input,
     check_batch_invariance,
@@ -129,7 +129,7 @@ def test_engine_logprobs_are_the_replay_to_the_bit_on_cuda(dtype):
         m, r = len(out.prompt_token_ids), out.output_token_ids
         ids = torch.tensor([out.prompt_token_ids + r], device="cuda")
         depths = torch.tensor([[4] * m + out.exit_depths[1:] + [4]], device="cuda")
-        with torch.no_grad(), pointwise.executing(EXACT):
+        with torch.no_grad(), executing(EXACT):
             logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
         ref = logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r, device="cuda")[:, None]).squeeze(1).cpu()
         assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double())
@@ -158,7 +158,7 @@ def test_prefill_graphs_of_several_widths_stay_valid_across_forwards():
         llm = LLM(model, max_num_seqs=8, kv_blocks=256, block_size=16, execution=EXACT, cuda_graphs=graphs)
         try:
             first = llm.generate(batch, params)
-            with torch.no_grad(), pointwise.executing(EXACT):  # a replay between rollouts, as the trainer's
+            with torch.no_grad(), executing(EXACT):  # a replay between rollouts, as the trainer's
                 model(torch.randint(1, 96, (4, 300), device="cuda"))
             junk = torch.full((2**26,), 2**40, dtype=torch.long, device="cuda")  # reuses what was freed
             del junk

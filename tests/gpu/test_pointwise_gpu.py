@@ -54,10 +54,10 @@ def test_later_micro_batches_compile_nothing_on_cuda():
     compiling, docs/performance.md#train), and it will until that variant is gone.
     Every micro-batch is padded and has mixed depths, so each meets the same argument kinds:
     a dense first loop, then loops that gather their running positions."""
-    from ouro_cli.model import pointwise
+    from ouro_cli.model import compiling
 
     torch._dynamo.reset()
-    pointwise._compiled.cache_clear()
+    compiling.compiled.cache_clear()
     model = build(tiny_config(), seed=0, device="cuda", dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     spent = []
@@ -67,8 +67,8 @@ def test_later_micro_batches_compile_nothing_on_cuda():
         depths[:, :3] = 4
         valid = torch.ones(rows, length, dtype=torch.long)
         valid[0, -(length // 8):] = 0
-        before = pointwise.compile_seconds()
+        before = compiling.compile_seconds()
         model(ids.cuda(), depths.cuda(), attention_mask=valid.cuda()).float().square().mean().backward()
         torch.cuda.synchronize()
-        spent.append(pointwise.compile_seconds() - before)
+        spent.append(compiling.compile_seconds() - before)
     assert spent[0] > 0 and spent[1:] == [0.0] * 3, spent

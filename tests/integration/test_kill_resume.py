@@ -136,7 +136,7 @@ def deterministic(row: dict) -> dict:
 
 
 def test_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path):
-    from ouro_cli.tools.verify_resume import compare_runs
+    from ouro_cli.checks.verify_resume import compare_runs
 
     roots = {name: tmp_path / name for name in ("reference", "sigkill", "signals")}
     for root in roots.values():

@@ -149,8 +149,8 @@ def test_unknown_plugin_path_is_named_before_any_model_loads(tmp_path, flag, val
     ({"OURO_DECODE_GEMV": "magic"}, "OURO_DECODE_GEMV='magic': must be one of auto, cublas, triton"),
     (["--decode-gemv", "magic"], "--decode-gemv must be auto, cublas or triton, got 'magic'"),
     (["--decode-attention", "triton"], "--decode-attention triton needs CUDA"),
-    ({"OURO_COMPILE_LAYERS": "yes"}, "OURO_COMPILE_LAYERS='yes': must be one of 1, 0, auto, on, off"),
-    ({"OURO_COMPILE": "2"}, "OURO_COMPILE='2': must be one of 1, 0, auto, off, always"),
+    ({"OURO_COMPILE_LAYERS": "yes"}, "OURO_COMPILE_LAYERS='yes': must be one of auto, on, off"),
+    ({"OURO_COMPILE": "1"}, "OURO_COMPILE='1': must be one of auto, off, always"),
 ], ids=["replay-value", "replay-on-cpu", "replay-flag-on-cpu", "gemv-value", "gemv-flag-value",
         "attention-flag-on-cpu", "compile-layers-value", "compile-value"])
 def test_bad_execution_setting_fails_before_anything_runs(tmp_path, given, named):
@@ -181,8 +181,8 @@ def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
     """The run's contract holds what its kernel settings select on its device: a resume that
     would select other ones (a flag, or the variable standing in for it) is refused naming the
     setting, and writes nothing; one that selects the same (cuBLAS projections asked for on a
-    CPU run, where no Triton kernel runs) is not refused for it. A plan written before
-    settings were recorded resumes under the defaults and refuses others the same way."""
+    CPU run, where no Triton kernel runs) is not refused for it. A plan that does not record
+    them is refused, naming `execution`: it is not read as having run under the defaults."""
     root, run, _ = trained
     before = (run / "ouro-plan.json").read_text()
     contract = json.loads(before)["contract"]
@@ -197,7 +197,7 @@ def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
 
     import shutil
 
-    old = tmp_path / "old"  # as an earlier version wrote it: no execution settings in the plan
+    old = tmp_path / "old"  # no execution settings in the plan
     shutil.copytree(run, old)
     for plan_file in [old / "ouro-plan.json", *old.glob("checkpoint/iter_*/ouro-plan.json")]:
         plan = json.loads(plan_file.read_text())
@@ -205,17 +205,13 @@ def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
         for key in ("compile", "compile_layers", "decode_attention", "decode_gemv", "replay_attention"):
             del plan["options"][key]
         plan_file.write_text(json.dumps(plan))
-    proc = ouro("resume", str(old), "--updates", "9", cwd=root, env={"OURO_DECODE_GEMV": "triton",
-                                                                     "TRITON_INTERPRET": "1"})
+    proc = ouro("resume", str(old), "--updates", "9", cwd=root)
     assert proc.returncode == 2, proc.stderr
-    assert "resume would change execution.decode_gemv: the run has 'cublas', this invocation 'triton'" in proc.stderr
+    assert "error: resume would change execution: the run has None, this invocation {" in proc.stderr
 
     done = json.loads(before)["next_update"]
     proc = ouro("resume", str(run), "--updates", str(done + 1), "--decode-gemv", "cublas", cwd=root)
     assert proc.returncode == 0, proc.stderr  # what runs on CPU anyway
-    proc = ouro("resume", str(old), "--updates", str(done + 1), cwd=root)
-    assert proc.returncode == 0, proc.stderr
-    assert _metrics(old)[-1]["rewards"] == _metrics(run)[-1]["rewards"]
 
 
 def test_cuda_graphs_without_a_gpu_fail_clearly(tmp_path):

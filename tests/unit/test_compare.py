@@ -1,9 +1,9 @@
-"""`ouro compare`'s training-update check (ouro_cli.tools.compare): ‖w_B − w_A‖ / ‖w_A − w_0‖
+"""`ouro compare`'s training-update check (ouro_cli.checks.compare): ‖w_B − w_A‖ / ‖w_A − w_0‖
 from squared norms, including runs whose weights never moved (no 0/0)."""
 
 from __future__ import annotations
 
-from ouro_cli.tools.compare import relative_update_diff
+from ouro_cli.checks.compare import relative_update_diff
 
 
 def test_the_ratio_of_the_norms():

@@ -60,9 +60,24 @@ def test_ouro_debug_shows_the_traceback_and_keeps_the_exit_code(capsys, monkeypa
 
 
 def test_hidden_aliases_read_as_the_shown_names():
-    aliases = {"--ouro-depths": "--depths"}
-    assert rewrite_aliases(["train", "--ouro-depths", "2", "--ouro-depths=3", "--", "--ouro-depths"], aliases) == \
-        ["train", "--depths", "2", "--depths=3", "--", "--ouro-depths"]
+    aliases = {"--rollout-max-response-len": "--max-response-len"}
+    assert rewrite_aliases(["train", "--rollout-max-response-len", "2", "--rollout-max-response-len=3", "--",
+                            "--rollout-max-response-len"], aliases) == \
+        ["train", "--max-response-len", "2", "--max-response-len=3", "--", "--rollout-max-response-len"]
+
+
+def test_the_ouro_prefixed_spellings_are_unknown():
+    import typer.main
+
+    from ouro_cli.cli.app import app
+    from ouro_cli.cli.common import HIDDEN_ALIASES
+
+    assert "--rollout-max-response-len" in HIDDEN_ALIASES  # the registry is filled
+    assert [a for a in HIDDEN_ALIASES if a.startswith("--ouro-")] == []
+    train = typer.main.get_command(app).commands["train"]
+    with pytest.raises(Exception, match="No such option: --ouro-depths") as caught:
+        train.make_context("train", ["--ouro-depths", "2"])
+    assert hasattr(caught.value, "format_message")  # click's usage error: exit 2, one line
 
 
 def test_the_error_path_imports_nothing_heavy():

@@ -96,23 +96,23 @@ def check_batch_invariance(device="cpu", dtype=torch.float32, width=256, vocab=5
 
 
 def check_gradients(device="cpu", dtype=torch.float32, width=48) -> None:
-    """Backward gives autograd's gradients of the plain formulas (model/pointwise.py's) at the same
+    """Backward gives autograd's gradients of the plain formulas (model/formulas.py) at the same
     inputs, for every argument and output; forwards without grad need no graph. Off CUDA the
     pullback runs eager, the same ops as autograd's, so the bits must match; on CUDA it is
     compiled (fused, another rounding order): within fp32's rounding, or bf16's, of the
     largest gradient."""
     from ouro_cli.kernels import exact_rows
-    from ouro_cli.model import pointwise
+    from ouro_cli.model import formulas
 
     x, h = _data(6, width, dtype, device, 7), _data(6, width, dtype, device, 8, scale=4.0)
     w, w2 = _data(1, width, dtype, device, 9)[0], _data(1, width, dtype, device, 10)[0]
     gate = _data(6, width, dtype, device, 11, scale=3.0)
     logits = _data(6, 100, torch.float32, device, 12, scale=5.0)
     cases = {
-        "rms_norm": (exact_rows.rms_norm, pointwise._rms_norm, (x, w), (EPS,)),
-        "add_rms_norm": (exact_rows.add_rms_norm, pointwise._add_rms_norm, (h, x, w), (EPS,)),
-        "then_norm": (exact_rows.add_rms_norm_then_norm, pointwise._add_rms_norm_then_norm, (h, x, w, w2), (EPS,)),
-        "silu_mul": (exact_rows.silu_mul, pointwise._silu_mul, (gate, x), ()),
+        "rms_norm": (exact_rows.rms_norm, formulas.rms_norm, (x, w), (EPS,)),
+        "add_rms_norm": (exact_rows.add_rms_norm, formulas.add_rms_norm, (h, x, w), (EPS,)),
+        "then_norm": (exact_rows.add_rms_norm_then_norm, formulas.add_rms_norm_then_norm, (h, x, w, w2), (EPS,)),
+        "silu_mul": (exact_rows.silu_mul, formulas.silu_mul, (gate, x), ()),
         "log_softmax": (exact_rows.log_softmax, lambda t: torch.log_softmax(t, -1), (logits,), ()),
     }
     for name, (kernel, plain, tensors, extra) in cases.items():
@@ -150,14 +150,14 @@ def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cast=lambda 
 
 
 def check_rotary(device="cpu", dtype=torch.float32, heads=(4, 2), head_dim=16, positions=(2, 5)) -> None:
-    """RoPE's kernel equals the eager formula (model/pointwise.py `_rotary`, which equals it
+    """RoPE's kernel equals the eager formula (model/formulas.py `rotary`, which equals it
     written out with each rounding) bit for bit: on contiguous q and k, on q and k that are
     views of one fused [q;k;v] output, and (its bits a function of the position alone) a
     position alone as among all. In bf16 under the interpreter, whose casts truncate, it equals
     the written-out formula with truncating casts. Its gradients are autograd's of the formula
     (bitwise off CUDA, as check_gradients says)."""
     from ouro_cli.kernels import exact_rows
-    from ouro_cli.model import pointwise
+    from ouro_cli.model import formulas
 
     b, s = positions
     hq, hkv = heads
@@ -172,14 +172,14 @@ def check_rotary(device="cpu", dtype=torch.float32, heads=(4, 2), head_dim=16, p
         if device == "cpu" and dtype != torch.float32:  # the interpreter truncates to 16 bits
             want = tuple(_rotated(x, cos, sin, _truncated) for x in (q, k))
         else:
-            want = pointwise._rotary(q, k, cos, sin)
+            want = formulas.rotary(q, k, cos, sin)
             assert all(torch.equal(a, b_) for a, b_ in zip(want, (_rotated(x, cos, sin) for x in (q, k)), strict=True))
         for name, a, b_ in zip("qk", got, want, strict=True):
             assert torch.equal(a, b_), f"rotary {name}: differs from the eager formula"
     alone = exact_rows.rotary(q_view[1:, 3:4], k_view[1:, 3:4], cos[1:, 3:4], sin[1:, 3:4])
     assert all(torch.equal(a[0, 0], full[1, 3]) for a, full in zip(alone, got, strict=True))
     grads = []
-    for fn in (exact_rows.rotary, pointwise._rotary):
+    for fn in (exact_rows.rotary, formulas.rotary):
         leaves = [t.clone().requires_grad_(True) for t in (q_view, k_view)]
         outs = fn(*leaves, cos, sin)
         seeds = [_data(o.numel(), 1, o.dtype, device, 40 + i).view_as(o) for i, o in enumerate(outs)]

@@ -115,7 +115,7 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
 
     from ouro_cli.engine import LLM, SamplingParams
     from ouro_cli.model import fuse_projections, ouro, pointwise
-    from ouro_cli.settings import ExecutionSettings
+    from ouro_cli.settings import ExecutionSettings, executing
     from tests.unit.engine.conftest import prompts, tiny_model
 
     exact = ExecutionSettings(exact=True)
@@ -140,7 +140,7 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
         for share in (0.0, 1.0):  # every loop on every position; every loop that not all run gathered
             before, ouro.GATHER_BELOW = ouro.GATHER_BELOW, share
             try:
-                with torch.no_grad(), pointwise.executing(exact):
+                with torch.no_grad(), executing(exact):
                     ran = ouro.positions_per_loop(depths)
                     logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
             finally:

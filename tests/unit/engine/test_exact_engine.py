@@ -13,7 +13,7 @@ import torch
 from ouro_cli.engine import LLM, SamplingParams
 from ouro_cli.errors import SettingError
 from ouro_cli.model import pointwise
-from ouro_cli.settings import ExecutionSettings
+from ouro_cli.settings import ExecutionSettings, executing
 
 from .conftest import prompts, tiny_model
 
@@ -35,7 +35,7 @@ def _replay(model, out) -> torch.Tensor:
     m, r = len(out.prompt_token_ids), out.output_token_ids
     ids = torch.tensor([out.prompt_token_ids + r])
     depths = torch.tensor([[T] * m + out.exit_depths[1:] + [T]])
-    with torch.no_grad(), pointwise.executing(model.execution):
+    with torch.no_grad(), executing(model.execution):
         logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
     return logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r)[:, None]).squeeze(1)
 

@@ -9,8 +9,8 @@ import math
 import torch
 
 from ouro_cli.engine.exits import ExitState
-from ouro_cli.model import pointwise
 from ouro_cli.model.exit_gate import exit_cdf
+from ouro_cli.settings import executing
 from tests.unit.model.compiling import ALWAYS, record_compiles
 
 T = 4
@@ -58,7 +58,7 @@ def test_compiled_update_makes_the_eager_decisions(monkeypatch):
     lams = torch.rand(24, T, generator=torch.Generator().manual_seed(1))
     eager = run(lams)
     compiled_fns = record_compiles(monkeypatch)
-    with pointwise.executing(ALWAYS):
+    with executing(ALWAYS):
         compiled = run(lams)
     assert compiled_fns == ["_advance"] * T  # the update really ran compiled, once per loop
     for name in ("depth", "active", "stop_after"):

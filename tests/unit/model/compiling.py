@@ -3,24 +3,24 @@ execution settings that compile them on CPU too."""
 
 from __future__ import annotations
 
-from ouro_cli.model import pointwise
+from ouro_cli.model import compiling
 from ouro_cli.settings import ExecutionSettings
 
 ALWAYS = ExecutionSettings(compile="always")
 
 
 def record_compiles(monkeypatch) -> list[str]:
-    """Route `pointwise._compiled` through a recorder (uncached, so every compilation is seen)
+    """Route `compiling.compiled` through a recorder (uncached, so every compilation is seen)
     -> the names of the functions compiled, in order. On CPU only code running under settings
     that compile there (`ALWAYS`) compiles."""
     names: list[str] = []
-    original = pointwise._compiled.__wrapped__
+    original = compiling.compiled.__wrapped__
 
     def record(fn, dynamic=None):
         names.append(fn.__name__)
         return original(fn, dynamic)
 
-    monkeypatch.setattr(pointwise, "_compiled", record)
+    monkeypatch.setattr(compiling, "compiled", record)
     return names
 
 
@@ -29,4 +29,4 @@ def forbid_compiles(monkeypatch) -> None:
     def refuse(fn, dynamic=None):
         raise AssertionError(f"{fn.__name__} was compiled")
 
-    monkeypatch.setattr(pointwise, "_compiled", refuse)
+    monkeypatch.setattr(compiling, "compiled", refuse)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ouro_cli.errors import SettingError
-from ouro_cli.model import build, pointwise, tiny_config
+from ouro_cli.model import build, compiling, pointwise, tiny_config
 from ouro_cli.model.ouro import positions_per_loop
 from ouro_cli.settings import ExecutionSettings
 
@@ -42,7 +42,7 @@ def test_compiled_layers_match_eager(monkeypatch, recompute):
     assert "_layer_step" in compiled and "_layer_step_at_rows" in compiled  # loops of all and of some positions
     # inside the region the layer's own functions are traced inline; only the norm that opens
     # each loop (outside the layers) is still a compiled call of its own
-    assert not {"_rotary", "_silu_mul", "_add_rms_norm", "_add_rms_norm_then_norm"} & set(compiled)
+    assert not {"rotary", "silu_mul", "add_rms_norm", "add_rms_norm_then_norm"} & set(compiled)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-5)
     assert grads.keys() == eager_grads.keys()
     for name, grad in grads.items():
@@ -55,7 +55,7 @@ def test_new_token_shapes_do_not_recompile(monkeypatch):
     have fused and specialised), other row counts and lengths compile nothing, nor do the
     other counts of running positions that the loops gathering them meet."""
     torch._dynamo.reset()  # nothing compiled by earlier tests
-    pointwise._compiled.cache_clear()
+    compiling.compiled.cache_clear()
     model = build(tiny_config(), dtype=torch.float32, device="cpu", seed=0)
     model.execution = ALWAYS
     g = torch.Generator().manual_seed(0)
@@ -65,9 +65,9 @@ def test_new_token_shapes_do_not_recompile(monkeypatch):
         depths = torch.randint(1, model.config.num_loops + 1, (rows, length), generator=g)
         depths[:, :3] = model.config.num_loops  # mixed: every loop has active and exited positions
         gathered += [n for n in positions_per_loop(depths) if n < depths.numel()]
-        before = pointwise.compile_seconds()
+        before = compiling.compile_seconds()
         model(ids, depths).float().square().mean().backward()
-        spent.append(pointwise.compile_seconds() - before)
+        spent.append(compiling.compile_seconds() - before)
     assert spent[0] > 0 and spent[1:] == [0.0, 0.0], spent
     assert len(set(gathered)) >= 6, gathered
 

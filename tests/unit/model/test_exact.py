@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ouro_cli.model import build, exact, pointwise, tiny_config
 from ouro_cli.model.attention import SequenceLayout, sdpa_attention
-from ouro_cli.settings import ExecutionSettings
+from ouro_cli.settings import ExecutionSettings, active_settings, executing
 
 EXACT = ExecutionSettings(exact=True)
 DTYPES = [torch.float32, torch.bfloat16]
@@ -229,7 +229,7 @@ def check_gradients_near_the_default(device: str) -> None:
         model = _model(torch.float32, exact_mode=mode).to(device)
         if not mode:
             model.execution = ExecutionSettings(compile="off")
-        with pointwise.executing(model.execution):
+        with executing(model.execution):
             logp = pointwise.log_softmax(model(ids[None], depths=dep[None], recompute=mode)[0].float())
             logp[:, 3].sum().backward()
         grads[mode] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
@@ -253,7 +253,7 @@ def test_default_mode_is_unchanged_by_the_exact_ops():
     ids, dep = _seq(12, 2)
     with torch.no_grad():
         before = model(ids[None], depths=dep[None])
-    assert not pointwise.active().exact
+    assert not active_settings().exact
     x = torch.randn(5, 64)
     assert torch.equal(pointwise.log_softmax(x), torch.log_softmax(x, -1))
     with torch.no_grad():

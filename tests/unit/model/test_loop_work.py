@@ -142,8 +142,7 @@ def test_exact_mode_gathers_only_where_its_attention_is_the_decode_kernel(gather
     every position, even below the share; on CUDA, or under the Triton interpreter, where its
     attention is the decode kernel, it gathers as the default mode does (the interpreter check
     of the engine against both replays: tests/unit/engine/_fixed_tile_checks.py)."""
-    from ouro_cli.model import pointwise
-    from ouro_cli.settings import ExecutionSettings
+    from ouro_cli.settings import ExecutionSettings, executing
 
     gather_below(0.5)
     exact, default = ExecutionSettings(exact=True), ExecutionSettings()
@@ -151,11 +150,11 @@ def test_exact_mode_gathers_only_where_its_attention_is_the_decode_kernel(gather
     assert ouro.gathering_allowed(default, "cpu") and ouro.gathering_allowed(default, "cuda")
     assert not ouro.gathering_allowed(exact, "cpu") and ouro.gathering_allowed(exact, "cuda")
     depths = torch.tensor([[4] * 6 + [3] * 2 + [2] * 2 + [1] * 10])
-    with pointwise.executing(exact):
+    with executing(exact):
         assert ouro.positions_per_loop(depths) == [20] * 4
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert ouro.gathering_allowed(exact, "cpu")
-    with pointwise.executing(exact):
+    with executing(exact):
         assert ouro.positions_per_loop(depths) == [20, 20, 8, 6]
 
 

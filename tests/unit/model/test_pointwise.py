@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ouro_cli.model import pointwise
+from ouro_cli.model import compiling, formulas, pointwise
+from ouro_cli.settings import executing
 
 from .compiling import ALWAYS, forbid_compiles, record_compiles
 
@@ -20,21 +21,21 @@ def test_compiled_functions_match_eager_forward_and_backward():
     q, k = torch.randn(2, 3, 4, 16, generator=g), torch.randn(2, 3, 2, 16, generator=g)
     cos, sin = torch.randn(2, 3, 16, generator=g), torch.randn(2, 3, 16, generator=g)
     cases = [
-        (pointwise._add_rms_norm_then_norm, (h, x, w1, w2, 1e-6)),
-        (pointwise._rotary, (q, k, cos, sin)),
-        (pointwise._silu_mul, (h, x)),
+        (formulas.add_rms_norm_then_norm, (h, x, w1, w2, 1e-6)),
+        (formulas.rotary, (q, k, cos, sin)),
+        (formulas.silu_mul, (h, x)),
     ]
     for fn, args in cases:
         eager = fn(*args)
-        compiled = pointwise._compiled(fn)(*args)
+        compiled = compiling.compiled(fn)(*args)
         eager, compiled = (e if isinstance(e, tuple) else (e,) for e in (eager, compiled))
         for a, b in zip(eager, compiled, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     x.grad = None
-    pointwise._compiled(pointwise._add_rms_norm_then_norm)(h, x, w1, w2, 1e-6)[1].sum().backward()
+    compiling.compiled(formulas.add_rms_norm_then_norm)(h, x, w1, w2, 1e-6)[1].sum().backward()
     got = x.grad.clone()
     x.grad = None
-    pointwise._add_rms_norm_then_norm(h, x, w1, w2, 1e-6)[1].sum().backward()
+    formulas.add_rms_norm_then_norm(h, x, w1, w2, 1e-6)[1].sum().backward()
     torch.testing.assert_close(got, x.grad, rtol=1e-5, atol=1e-5)
 
 
@@ -48,7 +49,7 @@ def test_cpu_tensors_run_eager(monkeypatch):
 def test_eager_block_never_compiles(monkeypatch):
     forbid_compiles(monkeypatch)
     x, w = torch.randn(3, 8), torch.ones(8)
-    with pointwise.executing(ALWAYS):
+    with executing(ALWAYS):
         with pointwise.eager():
             pointwise.rms_norm(x, w, 1e-6)
         try:
@@ -65,9 +66,9 @@ def test_settings_come_from_the_block_never_the_environment(monkeypatch):
     x, w = torch.randn(3, 8), torch.ones(8)
     pointwise.rms_norm(x, w, 1e-6)  # defaults: eager on CPU
     assert compiled == []
-    with pointwise.executing(ALWAYS):
+    with executing(ALWAYS):
         pointwise.rms_norm(x, w, 1e-6)
-    assert compiled == ["_rms_norm"]
+    assert compiled == ["rms_norm"]
 
 
 def test_compiled_bf16_keeps_eager_roundings():
@@ -78,9 +79,9 @@ def test_compiled_bf16_keeps_eager_roundings():
     w1, w2 = ((torch.rand(256, generator=g) + 0.5).bfloat16() for _ in range(2))
     q, k = (torch.randn(2, 5, 4, 32, generator=g).bfloat16() for _ in range(2))
     cos, sin = (torch.randn(2, 5, 32, generator=g).bfloat16() for _ in range(2))
-    for fn, args in [(pointwise._add_rms_norm_then_norm, (h, x, w1, w2, 1e-6)), (pointwise._rotary, (q, k, cos, sin)),
-                     (pointwise._silu_mul, (h, x))]:
-        eager, compiled = fn(*args), pointwise._compiled(fn)(*args)
+    for fn, args in [(formulas.add_rms_norm_then_norm, (h, x, w1, w2, 1e-6)), (formulas.rotary, (q, k, cos, sin)),
+                     (formulas.silu_mul, (h, x))]:
+        eager, compiled = fn(*args), compiling.compiled(fn)(*args)
         eager, compiled = (e if isinstance(e, tuple) else (e,) for e in (eager, compiled))
         for a, b in zip(eager, compiled, strict=True):
             assert torch.equal(a, b), fn.__name__

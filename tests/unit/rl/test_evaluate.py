@@ -164,7 +164,7 @@ def test_eval_samples_may_change_on_resume_and_must_be_positive():
 
     saved = contract(TrainOptions())
     assert "eval_samples" not in saved
-    plans.check_same_contract(saved, contract(TrainOptions(eval_samples=8)), allow_scheduler=False, device_type="cpu")
+    plans.check_same_contract(saved, contract(TrainOptions(eval_samples=8)), allow_scheduler=False)
     with pytest.raises(UserError, match="^--eval-samples must be at least 1, got 0$"):
         TrainOptions(eval_samples=0).validate()
 

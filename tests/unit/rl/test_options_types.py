@@ -63,11 +63,13 @@ def test_toml_takes_flat_keys_and_the_trees_sections(tmp_path):
 
 
 def test_a_recorded_plan_reads_back_into_the_tree():
-    """The flat options a plan records (to_dict) build the same tree; a retired option of an
-    earlier version (test_break_resume) is dropped."""
+    """The flat options a plan records (to_dict) build the same tree; an option that does not
+    exist (test_break_resume is a test-only variable, OURO_TEST_BREAK_RESUME) is refused."""
     options = resolve({"lr": 0.25, "depths": [3], "max_num_seqs": 5}, None)
-    again = TrainOptions.from_dict({**options.to_dict(), "test_break_resume": False}).validate()
+    again = TrainOptions.from_dict(options.to_dict()).validate()
     assert again == options and again.trainer.lr == 0.25 and again.engine.max_num_seqs == 5
+    with pytest.raises(UserError, match="^ouro-plan.json: unknown option 'test_break_resume'"):
+        TrainOptions.from_dict({**options.to_dict(), "test_break_resume": False})
 
 
 @pytest.mark.parametrize("text, places", [

@@ -1,6 +1,5 @@
 """`--exact` is part of a run's contract (what the kernels resolve to, `execution`): a resume
-that would turn it on or off is refused naming it, and a plan written before the option
-existed reads as having run without it."""
+that would turn it on or off is refused naming it, and so is a plan that does not record it."""
 
 from __future__ import annotations
 
@@ -22,15 +21,14 @@ def test_exact_is_recorded_and_a_change_is_refused_naming_it():
     plain, exact = contract(), contract(exact=True)
     assert plain["execution"]["exact"] == "off" and exact["execution"]["exact"] == "on"
     assert exact["execution"]["replay_attention"] == "exact"
-    plans.check_same_contract(exact, contract(exact=True), allow_scheduler=False, device_type="cpu")
+    plans.check_same_contract(exact, contract(exact=True), allow_scheduler=False)
     with pytest.raises(UserError, match=r"^resume would change execution.exact: the run has 'off', this invocation "
                                         r"'on' \(set by --exact; resume with the run's\)"):
-        plans.check_same_contract(plain, exact, allow_scheduler=False, device_type="cpu")
+        plans.check_same_contract(plain, exact, allow_scheduler=False)
 
 
-def test_a_plan_from_before_exact_resumes_without_it():
+def test_a_plan_without_exact_is_refused_naming_it():
     old = contract()
     old["execution"] = {k: v for k, v in old["execution"].items() if k != "exact"}
-    plans.check_same_contract(old, contract(), allow_scheduler=False, device_type="cpu")
-    with pytest.raises(UserError, match="^resume would change execution.exact"):
-        plans.check_same_contract(old, contract(exact=True), allow_scheduler=False, device_type="cpu")
+    with pytest.raises(UserError, match="^resume would change execution.exact: the run has None"):
+        plans.check_same_contract(old, contract(), allow_scheduler=False)

@@ -252,27 +252,23 @@ def test_call_kv_bytes_is_what_a_released_engine_allocates_at_most(draft):
         llm.close()
 
 
-def test_a_plan_from_before_token_costs_and_prompt_heads_resumes_as_it_ran():
+def test_a_plan_without_how_it_cut_its_micro_batches_is_refused_naming_it():
+    """A fresh run records how it cuts micro-batches (token costs, prompt heads, their order); a
+    plan that lacks them is not read as some earlier way of cutting them."""
+    from ouro_cli.config import build
     from ouro_cli.rl import plan as plans
+    from ouro_cli.rl.options import TrainOptions
 
     s = plan()
-    # a fresh run splits, puts the samples left whole and the heads before the bodies, and counts at full depth
     assert s.prompt_heads and s.deep_parts_first and s.token_cost is not None
     entry = plans.sizing_entry(s)
     old = {k: v for k, v in entry.items() if k not in ("token_cost", "prompt_heads", "deep_parts_first")}
-    # resumed from the old plan: its recorded budget, whole samples and plain positions
-    resumed = plan(max_tokens_per_micro_batch=old["max_tokens_per_micro_batch"], token_cost=None, prompt_heads=False,
-                   deep_parts_first=False)
-    from ouro_cli.config import build
-    from ouro_cli.rl.options import TrainOptions
-
     base = plans.build_contract(build(TrainOptions, {"device": "cpu"}), data_sha256="d" * 64, model_config={"x": 1},
                                 tokenizer_sha256=None, template={"name": "chatml"}, num_loops=4)
-    plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": plans.sizing_entry(resumed)},
-                              allow_scheduler=False, device_type="cpu")
-    with pytest.raises(UserError, match="^resume would change sizing.prompt_heads"):
-        plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": {**entry, "deep_parts_first": False}},
-                                  allow_scheduler=False, device_type="cpu")
+    plans.check_same_contract({**base, "sizing": entry}, {**base, "sizing": plans.sizing_entry(plan())},
+                              allow_scheduler=False)
+    with pytest.raises(UserError, match="^resume would change sizing.deep_parts_first: the run has None"):
+        plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": entry}, allow_scheduler=False)
 
 
 def test_exact_mode_counts_its_own_activations():
@@ -288,24 +284,3 @@ def test_exact_mode_counts_its_own_activations():
     per = sizing.activation_bytes_per_token(c, BF16, exact_plan.recompute, 640, exact=True)
     assert exact_plan.max_tokens_per_micro_batch == room // per // 128 * 128 < plan().max_tokens_per_micro_batch
     assert exact_plan.token_cost == sizing.token_cost_shares(c, exact_plan.recompute, exact=True)
-
-
-def test_a_plan_with_heads_from_before_keeps_its_whole_samples_in_place():
-    """A plan that split prompts before `deep_parts_first` existed resumes cutting its
-    micro-batches as it did (the whole samples among the bodies, the heads last); changing that is
-    refused."""
-    from ouro_cli.config import build
-    from ouro_cli.rl import plan as plans
-    from ouro_cli.rl.options import TrainOptions
-
-    entry = plans.sizing_entry(plan())
-    old = {k: v for k, v in entry.items() if k != "deep_parts_first"}
-    base = plans.build_contract(build(TrainOptions, {"device": "cpu"}), data_sha256="d" * 64, model_config={"x": 1},
-                                tokenizer_sha256=None, template={"name": "chatml"}, num_loops=4)
-    resumed = plan(max_tokens_per_micro_batch=old["max_tokens_per_micro_batch"], token_cost=old["token_cost"],
-                   prompt_heads=True, deep_parts_first=False)
-    plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": plans.sizing_entry(resumed)},
-                              allow_scheduler=False, device_type="cpu")
-    with pytest.raises(UserError, match="^resume would change sizing.deep_parts_first"):
-        plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": entry}, allow_scheduler=False,
-                                  device_type="cpu")

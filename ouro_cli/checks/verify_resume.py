@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -299,8 +298,7 @@ def check_work_dir(work: Path, inputs: list[Path]) -> None:
 
 def _ouro(args: list[str], what: str, log: Callable[[str], None]) -> None:
     log(f"$ ouro {' '.join(args)}")
-    proc = subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], env=os.environ.copy(),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise UserError(f"the {what} failed (exit {proc.returncode}): {tail[0]}")

@@ -28,6 +28,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ouro_cli import env
+
 DEFAULT_SETTINGS: tuple[str | None, ...] = (None, "tcp,cuda_copy")  # None: UCX_TLS unset (UCX's own choice)
 
 
@@ -68,10 +70,7 @@ def _buffer(n: int, device: str, fill: int | None, salt: int):
 
 def _agent(name: str, tls: str | None):
     os.dup2(2, 1)  # NIXL and UCX log to stdout; `--json` promises stdout holds one JSON document
-    if tls is None:
-        os.environ.pop("UCX_TLS", None)
-    else:
-        os.environ["UCX_TLS"] = tls
+    env.put("UCX_TLS", tls)
     from nixl._api import nixl_agent, nixl_agent_config
 
     return nixl_agent(name, nixl_agent_config(backends=["UCX"]))

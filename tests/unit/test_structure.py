@@ -1,11 +1,16 @@
-"""The engine's structure, read from its source: public faces, no import cycles, a typed PD protocol.
+"""The package's structure, read from its source: public faces, no import cycles, one reader of
+the environment, a typed PD protocol.
 
 - An underscore name is private to the module that defines it: no module of ouro_cli
-  reads or calls a `_name` (attribute or import) that only another engine module
+  reads or calls a `_name` (attribute or import) that only another module of ouro_cli
   defines, whatever the object (`self._x` inherited from another module's class counts
   too). When a second module needs a private method, the class is missing a public one.
-- The engine's modules import each other without a cycle, counting every import
-  (module level, inside functions, under TYPE_CHECKING).
+- The modules of ouro_cli import each other without a cycle, counting every import
+  (module level, inside functions, under TYPE_CHECKING): an import inside a function
+  may keep a heavy library off `ouro --help`'s path, never hide a cycle.
+- Only ouro_cli/env.py touches the process environment (`os.environ`, `os.getenv`,
+  `os.putenv`, `os.unsetenv`); every other module asks it.
+- The engine's core is what its facade, the speculator and the decode worker drive.
 - Every PD message is a frozen dataclass of pd/protocol.py, named in its documentation,
   and nothing is sent over a pipe as a bare tuple.
 
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "ouro_cli"
 
 
@@ -67,15 +72,14 @@ def _defined(tree: ast.Module) -> set[str]:
     return names
 
 
-def private_access_violations(root: Path, package: str, engine_prefix: str) -> list[str]:
-    """`file:line: _name` for each private name a module uses that only other engine modules define."""
+def private_access_violations(root: Path, package: str) -> list[str]:
+    """`file:line: _name` for each private name a module uses that only other modules define."""
     trees = {name: ast.parse(path.read_text()) for name, path in _modules(root, package).items()}
     defined = {name: _defined(tree) for name, tree in trees.items()}
-    engine_private: dict[str, set[str]] = {}
+    private: dict[str, set[str]] = {}
     for name, names in defined.items():
-        if name == engine_prefix or name.startswith(engine_prefix + "."):
-            for n in filter(_is_private, names):
-                engine_private.setdefault(n, set()).add(name)
+        for n in filter(_is_private, names):
+            private.setdefault(n, set()).add(name)
     problems = []
     for name, tree in trees.items():
         for node in ast.walk(tree):
@@ -85,10 +89,29 @@ def private_access_violations(root: Path, package: str, engine_prefix: str) -> l
             elif isinstance(node, ast.ImportFrom):
                 used = [a.name for a in node.names]
             for n in used:
-                owners = engine_private.get(n, set()) if _is_private(n) else set()
+                owners = private.get(n, set()) if _is_private(n) else set()
                 if owners and n not in defined[name]:
                     problems.append((name, node.lineno, n, sorted(owners)))
     return [f"{name}:{line}: {n} (defined in {', '.join(owners)})" for name, line, n, owners in sorted(problems)]
+
+
+ENVIRONMENT = {"environ", "getenv", "putenv", "unsetenv", "getenvb", "environb"}
+
+
+def environment_access(root: Path, package: str, reader: str) -> list[str]:
+    """`module:line: os.name` for each touch of the process environment outside `reader`
+    (`os.environ`, `os.getenv`, ..., and those names imported from os)."""
+    problems = []
+    for name, path in _modules(root, package).items():
+        if name == reader:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT and isinstance(node.value, ast.Name)
+                    and node.value.id == "os"):
+                problems.append(f"{name}:{node.lineno}: os.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "os":
+                problems += [f"{name}:{node.lineno}: os.{a.name}" for a in node.names if a.name in ENVIRONMENT]
+    return problems
 
 
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
@@ -197,35 +220,63 @@ def test_the_checkers_find_what_they_look_for(tmp_path):
                     self._mine = 0
             """,
         "rl/loop.py": """
+            import os
             import torch
             from pkg.engine.engine import _helper
             def f(engine):
                 torch._foreach_copy_([], [])
-                return engine._state
+                return engine._state, os.environ.get("RANK"), os.path.join("a", "b")
+            """,
+        "cli/app.py": """
+            from os import getenv
+            from . import verify
+            """,
+        "cli/verify.py": """
+            def train_options():
+                from .app import app
+            """,
+        "env.py": """
+            import os
+            def rank():
+                return int(os.environ.get("RANK", "0"))
             """,
     })
-    problems = private_access_violations(pkg, "pkg", "pkg.engine")
+    problems = private_access_violations(pkg, "pkg")
     assert [p.split(" (")[0] for p in problems] == [
-        "pkg.engine.speculative:5: _emit", "pkg.engine.sub:5: _hook", "pkg.rl.loop:3: _helper",
-        "pkg.rl.loop:6: _state"], problems
-    engine_graph = import_graph(pkg / "engine", "pkg.engine")
-    assert cycles(engine_graph) == [["pkg.engine.engine", "pkg.engine.speculative"]]
-    assert engine_graph["pkg.engine.sub"] == {"pkg.engine.frontend"}
+        "pkg.engine.speculative:5: _emit", "pkg.engine.sub:5: _hook", "pkg.rl.loop:4: _helper",
+        "pkg.rl.loop:7: _state"], problems
+    graph = import_graph(pkg, "pkg")
+    assert cycles(graph) == [["pkg.cli.app", "pkg.cli.verify"], ["pkg.engine.engine", "pkg.engine.speculative"]]
+    assert graph["pkg.engine.sub"] == {"pkg.engine.frontend"}
+    assert environment_access(pkg, "pkg", "pkg.env") == ["pkg.cli.app:2: os.getenv", "pkg.rl.loop:7: os.environ"]
 
 
-# ---- the engine ---------------------------------------------------------------------------
+# ---- the package --------------------------------------------------------------------------
 
-def test_no_module_uses_another_engine_modules_private_names():
-    problems = private_access_violations(PACKAGE, "ouro_cli", "ouro_cli.engine")
+def test_no_module_uses_another_modules_private_names():
+    problems = private_access_violations(PACKAGE, "ouro_cli")
     assert problems == [], "\n".join(problems)
 
 
-def test_engine_modules_import_each_other_without_a_cycle():
-    graph = import_graph(PACKAGE / "engine", "ouro_cli.engine")
-    assert len(graph) > 20 and graph["ouro_cli.engine.core"] >= {"ouro_cli.engine.runner",
-                                                                  "ouro_cli.engine.speculative"}
+def test_the_modules_import_each_other_without_a_cycle():
+    graph = import_graph(PACKAGE, "ouro_cli")
+    assert len(graph) > 120 and graph["ouro_cli.engine.core"] >= {"ouro_cli.engine.runner",
+                                                                   "ouro_cli.engine.speculative"}
     assert cycles(graph) == []
 
+
+def test_only_env_py_touches_the_environment():
+    problems = environment_access(PACKAGE, "ouro_cli", "ouro_cli.env")
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_plain_formulas_import_nothing_of_the_package():
+    graph = import_graph(PACKAGE, "ouro_cli")
+    assert graph["ouro_cli.model.formulas"] == set()
+    assert "ouro_cli.model.formulas" in graph["ouro_cli.kernels.exact_rows"] & graph["ouro_cli.model.pointwise"]
+
+
+# ---- the engine ---------------------------------------------------------------------------
 
 def test_the_core_is_what_the_facade_the_speculator_and_the_decode_worker_drive():
     graph = import_graph(PACKAGE / "engine", "ouro_cli.engine")
