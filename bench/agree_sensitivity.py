@@ -52,17 +52,20 @@ def rollouts(model, config, args) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return ids, depths, logprobs
 
 
-def replay(model, ids: torch.Tensor, depths: torch.Tensor, prompt: int, nudge: torch.Tensor | None = None
-           ) -> torch.Tensor:
+def replay(
+    model, ids: torch.Tensor, depths: torch.Tensor, prompt: int, nudge: torch.Tensor | None = None
+) -> torch.Tensor:
     """The response tokens' log-probabilities [n, N] from the full-sequence forward; with
     `nudge` (0/1 per embedding value) those values move one ulp up (their bits + 1)."""
     device = next(model.parameters()).device
     embed = model.embed
     if nudge is not None:
+
         def nudged(x):
             h = embed(x)
             bits = h.view(BITS[h.dtype])
             return (bits + nudge.to(device, bits.dtype)).view(h.dtype)
+
         model.embed = nudged
     try:
         with torch.no_grad():
@@ -70,7 +73,7 @@ def replay(model, ids: torch.Tensor, depths: torch.Tensor, prompt: int, nudge: t
     finally:
         model.embed = embed
     logprobs = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None].to(device))[..., 0]
-    return logprobs[:, prompt - 1:].cpu()
+    return logprobs[:, prompt - 1 :].cpu()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,8 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rollouts", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=24)
-    ap.add_argument("--fractions", type=float, nargs="+", default=[1e-2, 1e-4],
-                    help="shares of the embedding output's values nudged one ulp up, one row each")
+    ap.add_argument(
+        "--fractions",
+        type=float,
+        nargs="+",
+        default=[1e-2, 1e-4],
+        help="shares of the embedding output's values nudged one ulp up, one row each",
+    )
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda needs a CUDA GPU")
@@ -93,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     ids, depths, engine = rollouts(model, config, args)
     base = replay(model, ids, depths, args.prompt)
     target = TARGET[args.dtype]
-    print(f"{args.shape} {args.dtype} on {args.device}: {len(ids)} rollouts of {args.prompt}+{args.new_tokens}, "
-          f"mean decode depth {depths[:, args.prompt:-1].float().mean():.2f}")
+    print(
+        f"{args.shape} {args.dtype} on {args.device}: {len(ids)} rollouts of {args.prompt}+{args.new_tokens}, "
+        f"mean decode depth {depths[:, args.prompt : -1].float().mean():.2f}"
+    )
     print(f"{'what':<60} {'mean |Δ|':>10} {'max |Δ|':>10} {'x target':>9}")
 
     def row(what: str, other: torch.Tensor) -> None:
@@ -109,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     values = (ids.shape[0], ids.shape[1] - 1, config.hidden_size)
     for fraction in args.fractions:
         nudge = (torch.rand(values, generator=g) < fraction).to(torch.int32)
-        row(f"replay vs replay, {int(nudge.sum())} of {nudge.numel():,} embedding values 1 ulp up",
-            replay(model, ids, depths, args.prompt, nudge))
+        row(
+            f"replay vs replay, {int(nudge.sum())} of {nudge.numel():,} embedding values 1 ulp up",
+            replay(model, ids, depths, args.prompt, nudge),
+        )
     print(f"x target: the target ({target:g}) over the mean; {time.perf_counter() - start:.0f} s")
     return 0
 

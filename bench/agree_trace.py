@@ -45,8 +45,10 @@ from ouro_cli.settings import ExecutionSettings  # noqa: E402
 def record_layers(model, rows: list[torch.Tensor], pick) -> list:
     """Forward hooks appending `pick(h')` of every decoder layer call to `rows` (a layer returns
     (h', the next norm of h'))."""
-    return [layer.register_forward_hook(lambda _m, _a, out: rows.append(pick(out[0]).float().cpu()))
-            for layer in model.model.layers]
+    return [
+        layer.register_forward_hook(lambda _m, _a, out: rows.append(pick(out[0]).float().cpu()))
+        for layer in model.model.layers
+    ]
 
 
 TAPS = ("attention in", "q rotated", "k rotated", "attention out", "MLP in", "MLP out")
@@ -68,10 +70,12 @@ def record_sublayers(model, taps: dict[str, list], pick) -> list:
 
     hooks = []
     for layer in model.model.layers:
-        hooks += [layer.self_attn.register_forward_pre_hook(keep("attention in", "in")),
-                  layer.self_attn.register_forward_hook(keep("attention out", "out")),
-                  layer.mlp.register_forward_pre_hook(keep("MLP in", "in")),
-                  layer.mlp.register_forward_hook(keep("MLP out", "out"))]
+        hooks += [
+            layer.self_attn.register_forward_pre_hook(keep("attention in", "in")),
+            layer.self_attn.register_forward_hook(keep("attention out", "out")),
+            layer.mlp.register_forward_pre_hook(keep("MLP in", "in")),
+            layer.mlp.register_forward_hook(keep("MLP out", "out")),
+        ]
     rotary = pointwise.rotary
 
     def recording_rotary(q, k, cos, sin):
@@ -84,6 +88,7 @@ def record_sublayers(model, taps: dict[str, list], pick) -> list:
 
     def undo() -> None:
         pointwise.rotary = rotary
+
     return hooks + [_Removable(undo)]
 
 
@@ -98,50 +103,82 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--sdpa", choices=["default", "math", "flash", "efficient", "cudnn"], default="default",
-                    help="SDPA backend of the replay's attention")
-    ap.add_argument("--attention", choices=["auto", "torch", "triton"], default="auto",
-                    help="the engine's decode attention (execution setting decode_attention)")
-    ap.add_argument("--replay-attention", choices=["sdpa", "paged"], default="sdpa",
-                    help="the replay's attention (execution setting replay_attention)")
-    ap.add_argument("--decode-gemv", choices=["auto", "cublas", "triton"], default="auto",
-                    help="the engine's projections (execution setting decode_gemv)")
+    ap.add_argument(
+        "--sdpa",
+        choices=["default", "math", "flash", "efficient", "cudnn"],
+        default="default",
+        help="SDPA backend of the replay's attention",
+    )
+    ap.add_argument(
+        "--attention",
+        choices=["auto", "torch", "triton"],
+        default="auto",
+        help="the engine's decode attention (execution setting decode_attention)",
+    )
+    ap.add_argument(
+        "--replay-attention",
+        choices=["sdpa", "paged"],
+        default="sdpa",
+        help="the replay's attention (execution setting replay_attention)",
+    )
+    ap.add_argument(
+        "--decode-gemv",
+        choices=["auto", "cublas", "triton"],
+        default="auto",
+        help="the engine's projections (execution setting decode_gemv)",
+    )
     args = ap.parse_args()
-    execution = ExecutionSettings(decode_attention=args.attention, replay_attention=args.replay_attention,
-                                  decode_gemv=args.decode_gemv)
+    execution = ExecutionSettings(
+        decode_attention=args.attention, replay_attention=args.replay_attention, decode_gemv=args.decode_gemv
+    )
     cuda = args.device.startswith("cuda")
     shape = args.shape or ("1.4b" if cuda else "tiny")
     config = OuroConfig() if shape == "1.4b" else tiny_config()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)
     model = decode_bench.random_model(config, dtype, args.device)
-    replay_model = from_state_dict(config, {n: p.detach().clone() for n, p in model.named_parameters()},
-                                   device=args.device, dtype=dtype)
+    replay_model = from_state_dict(
+        config, {n: p.detach().clone() for n, p in model.named_parameters()}, device=args.device, dtype=dtype
+    )
     replay_model.execution = execution
     num_layers, loops = config.num_hidden_layers, config.total_ut_steps
 
-    llm = LLM(model, max_num_seqs=1, kv_blocks=-(-(args.prompt + args.new_tokens + 1) // 16), block_size=16,
-              cuda_graphs=False, execution=execution)
+    llm = LLM(
+        model,
+        max_num_seqs=1,
+        kv_blocks=-(-(args.prompt + args.new_tokens + 1) // 16),
+        block_size=16,
+        cuda_graphs=False,
+        execution=execution,
+    )
     prompt = decode_bench.make_prompts(1, args.prompt, config.vocab_size)[0]
     engine_rows: list[torch.Tensor] = []
     engine_taps: dict[str, list] = {name: [] for name in TAPS}
     hooks = record_layers(model, engine_rows, lambda out: out[0, -1])
     hooks += record_sublayers(model, engine_taps, lambda out: out[0, -1])
-    out = llm.generate([prompt], SamplingParams(max_tokens=args.new_tokens, max_loops=loops, temperature=1.0, seed=0,
-                                                ignore_eos=True, logprobs=0))[0]
+    out = llm.generate(
+        [prompt],
+        SamplingParams(
+            max_tokens=args.new_tokens, max_loops=loops, temperature=1.0, seed=0, ignore_eos=True, logprobs=0
+        ),
+    )[0]
     for h in hooks:
         h.remove()
     llm.close()
-    engine_rows = engine_rows[-num_layers * loops:]  # the last decode step's layer calls, loop-major
-    engine_taps = {name: rows[-num_layers * loops:] for name, rows in engine_taps.items()}
+    engine_rows = engine_rows[-num_layers * loops :]  # the last decode step's layer calls, loop-major
+    engine_taps = {name: rows[-num_layers * loops :] for name, rows in engine_taps.items()}
 
     ids = torch.tensor([prompt + out.output_token_ids[:-1]], device=args.device)
     replay_rows: list[torch.Tensor] = []
     replay_taps: dict[str, list] = {name: [] for name in TAPS}
     hooks = record_layers(replay_model, replay_rows, lambda out: out[0, -1])
     hooks += record_sublayers(replay_model, replay_taps, lambda out: out[0, -1])
-    backends = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
-                "cudnn": "CUDNN_ATTENTION"}
+    backends = {
+        "math": "MATH",
+        "flash": "FLASH_ATTENTION",
+        "efficient": "EFFICIENT_ATTENTION",
+        "cudnn": "CUDNN_ATTENTION",
+    }
     if args.sdpa == "default":
         ctx = nullcontext()
     else:
@@ -154,9 +191,11 @@ def main() -> None:
         h.remove()
     replay_lp = float(torch.log_softmax(logits[0, -1].float(), -1)[out.output_token_ids[-1]])
 
-    print(f"{shape} {args.dtype} on {args.device}; prompt {args.prompt}, {args.new_tokens} new tokens, K = {loops}; "
-          f"engine attention {args.attention}, replay attention {args.replay_attention} "
-          f"(SDPA backend {args.sdpa}), projections {args.decode_gemv}")
+    print(
+        f"{shape} {args.dtype} on {args.device}; prompt {args.prompt}, {args.new_tokens} new tokens, K = {loops}; "
+        f"engine attention {args.attention}, replay attention {args.replay_attention} "
+        f"(SDPA backend {args.sdpa}), projections {args.decode_gemv}"
+    )
     picks = sorted({0, 1, num_layers // 2, num_layers - 1})
     print("loop  " + "  ".join(f"layer {i:>2}" for i in picks) + "   max over layers   (relative max |Δ|)")
     for t in range(loops):
@@ -168,18 +207,26 @@ def main() -> None:
     if first is None:
         print("every layer call's output is bitwise the same")
     else:
-        steps = [(name, relative(engine_taps[name][first], replay_taps[name][first])) for name in TAPS
-                 if len(engine_taps[name]) == len(replay_taps[name]) == num_layers * loops]
+        steps = [
+            (name, relative(engine_taps[name][first], replay_taps[name][first]))
+            for name in TAPS
+            if len(engine_taps[name]) == len(replay_taps[name]) == num_layers * loops
+        ]
         steps.append(("layer out", calls[first][1]))
-        print(f"first differing layer call: loop {first // num_layers + 1}, layer {first % num_layers}; "
-              + ", ".join(f"{name} {r:.2e}" for name, r in steps))
+        print(
+            f"first differing layer call: loop {first // num_layers + 1}, layer {first % num_layers}; "
+            + ", ".join(f"{name} {r:.2e}" for name, r in steps)
+        )
     engine_lp = out.log_probs[-1]
     print(f"last token logprob: engine {engine_lp:.5f}, replay {replay_lp:.5f}, |Δ| {abs(engine_lp - replay_lp):.3g}")
     response = torch.tensor(out.output_token_ids, device=args.device)
     replay_all = token_logprobs(logits[0], response, args.prompt)
     engine_all = torch.tensor(out.log_probs, device=args.device)
-    print(f"all {len(response)} response tokens, engine vs replay: mean |Δ| {(engine_all - replay_all).abs().mean():.4g}, "
-          f"max {(engine_all - replay_all).abs().max():.4g}")
+    print(
+        f"all {len(response)} response tokens, engine vs replay: mean |Δ| "
+        f"{(engine_all - replay_all).abs().mean():.4g}, "
+        f"max {(engine_all - replay_all).abs().max():.4g}"
+    )
     # The replay against itself with a shorter input: same function, other matmul shapes (M). The
     # difference is bf16 rounding noise alone, a floor for any two kernels that are not batch-invariant.
     cut = max(1, len(response) // 2)
@@ -187,13 +234,15 @@ def main() -> None:
         short = replay_model(ids[:, :-cut], depths=torch.full_like(ids[:, :-cut], loops))
     n = len(response) - cut
     floor = (token_logprobs(short[0], response[:n], args.prompt) - replay_all[:n]).abs()
-    print(f"replay vs replay of the input {cut} tokens shorter ({n} common tokens): mean |Δ| {floor.mean():.4g}, "
-          f"max {floor.max():.4g}")
+    print(
+        f"replay vs replay of the input {cut} tokens shorter ({n} common tokens): mean |Δ| {floor.mean():.4g}, "
+        f"max {floor.max():.4g}"
+    )
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, prompt: int) -> torch.Tensor:
     """Log-probabilities of `tokens` (the response) from replay logits [L, V] of prompt + response[:-1]."""
-    scoring = logits[prompt - 1:prompt - 1 + len(tokens)].float()
+    scoring = logits[prompt - 1 : prompt - 1 + len(tokens)].float()
     return torch.log_softmax(scoring, -1).gather(1, tokens[:, None]).squeeze(1)
 
 

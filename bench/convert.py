@@ -135,17 +135,28 @@ def _proc_fields(pid: int, name: str) -> dict[str, int]:
 def run_measured(args: list[str]) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "ouro_cli.cli.app", *args, "--json"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ouro_cli.cli.app", *args, "--json"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     sampler = MemorySampler(proc.pid)
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - start
     sampler.stop()
     if proc.returncode != 0:
         raise SystemExit(f"ouro {' '.join(args)} failed ({proc.returncode}):\n{stderr}")
-    return {"wall_s": wall, "peak_rss": sampler.peak_hwm, "peak_tree_pss": sampler.peak_tree_pss,
-            "peak_tree_pss_anon": sampler.peak_tree_pss_anon, "samples": sampler.samples,
-            "result": json.loads(stdout)}
+    return {
+        "wall_s": wall,
+        "peak_rss": sampler.peak_hwm,
+        "peak_tree_pss": sampler.peak_tree_pss,
+        "peak_tree_pss_anon": sampler.peak_tree_pss_anon,
+        "samples": sampler.samples,
+        "result": json.loads(stdout),
+    }
 
 
 def same_tensors(a: Path, b: Path) -> bool:
@@ -172,8 +183,10 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         model_bytes = write_random_hf(work / "hf")
-        print(f"random Ouro-1.4B checkpoint: {model_bytes / 1e9:.2f} GB bf16 in {time.perf_counter() - t0:.1f} s",
-              file=sys.stderr)
+        print(
+            f"random Ouro-1.4B checkpoint: {model_bytes / 1e9:.2f} GB bf16 in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+        )
         runs = {
             "hf-to-mcore": run_measured(["convert", "hf-to-mcore", str(work / "hf"), str(work / "mcore")]),
             "mcore-to-hf": run_measured(["convert", "mcore-to-hf", str(work / "mcore"), str(work / "hf_back")]),
@@ -181,12 +194,18 @@ def main() -> None:
         same = same_tensors(work / "hf" / "model.safetensors", work / "hf_back" / "model.safetensors")
         print(f"model: {model_bytes / 1e9:.3f} GB; HF -> Megatron -> HF bit-exact: {same}")
         columns = [("peak RSS", "peak_rss"), ("tree PSS", "peak_tree_pss"), ("tree PSS anon", "peak_tree_pss_anon")]
-        print(f"{'command':<13}{'wall s':>8}{'cmd s':>7}" + "".join(f"{c + ' GB':>17}{'x model':>9}" for c, _ in columns))
+        print(
+            f"{'command':<13}{'wall s':>8}{'cmd s':>7}" + "".join(f"{c + ' GB':>17}{'x model':>9}" for c, _ in columns)
+        )
         for name, run in runs.items():
-            print(f"{name:<13}{run['wall_s']:>8.1f}{run['result']['seconds']:>7.1f}"
-                  + "".join(f"{run[k] / 1e9:>17.2f}{run[k] / model_bytes:>9.2f}" for _, k in columns))
-        print("(cmd s: the command's own timing, after imports and validation; it includes hashing the inputs "
-              "for manifest.json. PSS anon excludes memory-mapped checkpoint files, which are page cache.)")
+            print(
+                f"{name:<13}{run['wall_s']:>8.1f}{run['result']['seconds']:>7.1f}"
+                + "".join(f"{run[k] / 1e9:>17.2f}{run[k] / model_bytes:>9.2f}" for _, k in columns)
+            )
+        print(
+            "(cmd s: the command's own timing, after imports and validation; it includes hashing the inputs "
+            "for manifest.json. PSS anon excludes memory-mapped checkpoint files, which are page cache.)"
+        )
     finally:
         if options.keep:
             print(f"kept {work}", file=sys.stderr)

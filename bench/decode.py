@@ -80,20 +80,28 @@ def agree_policies(loops: int) -> list[tuple[int, float]]:
 def rollout_engine(model: OuroForCausalLM, rows: int, prompt_len: int, new_tokens: int) -> LLM:
     """An engine whose KV cache holds `rows` sequences of prompt + new tokens at once."""
     per_seq = -(-(prompt_len + new_tokens + 1) // 16)
-    return LLM(model, max_num_seqs=rows, kv_blocks=rows * per_seq, block_size=16,
-               max_prefill_tokens=rows * prompt_len)
+    return LLM(model, max_num_seqs=rows, kv_blocks=rows * per_seq, block_size=16, max_prefill_tokens=rows * prompt_len)
 
 
 def rollout_params(rows: list[tuple[int, float]], new_tokens: int) -> list[SamplingParams]:
     """Seeded temperature-1 sampling per (max_loops, exit threshold) row, reporting the
     processed logprob of every sampled token."""
-    return [SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=100 + i, logprobs=0,
-                           logprobs_mode="processed", ignore_eos=True, max_loops=k, exit_threshold=tau)
-            for i, (k, tau) in enumerate(rows)]
+    return [
+        SamplingParams(
+            max_tokens=new_tokens,
+            temperature=1.0,
+            seed=100 + i,
+            logprobs=0,
+            logprobs_mode="processed",
+            ignore_eos=True,
+            max_loops=k,
+            exit_threshold=tau,
+        )
+        for i, (k, tau) in enumerate(rows)
+    ]
 
 
-def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: str, **params_kw
-                   ) -> tuple[float, float]:
+def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: str, **params_kw) -> tuple[float, float]:
     """(seconds of one `generate` of `n` tokens per prompt at K = `k`, device synchronised;
     seconds of it spent in prefill). Prefill ends with a sampled token read on the host,
     so its wall time is device-complete without an extra sync."""
@@ -123,8 +131,9 @@ def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: s
     return time.perf_counter() - start, prefill_s
 
 
-def measure(llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str,
-            **params_kw) -> float:
+def measure(
+    llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str, **params_kw
+) -> float:
     """Seconds of `new_tokens` decode steps (sampling and scheduling included): a run of
     new_tokens + 1 tokens minus the time it spent in prefill (which samples the first token).
 
@@ -163,23 +172,32 @@ def main() -> None:
     torch.manual_seed(0)
     model = random_model(config, dtype, args.device)
     elem = torch.finfo(dtype).bits // 8
-    print(f"model {shape} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, {dtype}) on {args.device}; "
-          f"K={args.loops}, prompt {args.prompt}, {args.new_tokens} new tokens, bandwidth {args.bandwidth:.3g} B/s")
+    print(
+        f"model {shape} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, {dtype}) on {args.device}; "
+        f"K={args.loops}, prompt {args.prompt}, {args.new_tokens} new tokens, bandwidth {args.bandwidth:.3g} B/s"
+    )
     if args.compare != "none":
         compare(args, model, config)
         return
     for batch in args.batch:
         tokens_per_seq = args.prompt + args.new_tokens
         blocks = batch * -(-tokens_per_seq // args.block_size)
-        llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=args.block_size,
-                  max_prefill_tokens=batch * args.prompt)
+        llm = LLM(
+            model,
+            max_num_seqs=batch,
+            kv_blocks=blocks,
+            block_size=args.block_size,
+            max_prefill_tokens=batch * args.prompt,
+        )
         seconds = measure(llm, batch, args.prompt, args.new_tokens, args.loops, config.vocab_size, args.device)
         llm.close()
         context = args.prompt + args.new_tokens / 2  # mean cached tokens over the decode steps
         tok_s = batch * args.new_tokens / seconds
         roof = roofline_tokens_per_s(config, args.loops, batch, context, elem, args.bandwidth)
-        print(f"batch {batch:4d}  context {context:6.0f}  K {args.loops}  decode {tok_s:10.1f} tok/s  "
-              f"roofline {roof:10.1f} tok/s  ratio {tok_s / roof:.4f}")
+        print(
+            f"batch {batch:4d}  context {context:6.0f}  K {args.loops}  decode {tok_s:10.1f} tok/s  "
+            f"roofline {roof:10.1f} tok/s  ratio {tok_s / roof:.4f}"
+        )
 
 
 def compare(args, model: OuroForCausalLM, config: OuroConfig) -> None:
@@ -188,24 +206,39 @@ def compare(args, model: OuroForCausalLM, config: OuroConfig) -> None:
     if args.compare == "async":
         tau = dict(exit_threshold=args.exit_threshold)
         eager = {"cuda_graphs": False}  # a captured step runs every loop: the host reads no exit signal there
-        modes = [("sync, immediate exits", eager, dict(tau, exit_mode="immediate")),
-                 ("sync, delayed exits", eager, dict(tau, exit_mode="delayed")),
-                 ("async (delayed exits)", {**eager, "async_scheduling": True}, dict(tau, exit_mode="immediate"))]
+        modes = [
+            ("sync, immediate exits", eager, dict(tau, exit_mode="immediate")),
+            ("sync, delayed exits", eager, dict(tau, exit_mode="delayed")),
+            ("async (delayed exits)", {**eager, "async_scheduling": True}, dict(tau, exit_mode="immediate")),
+        ]
         k = args.loops
     else:
-        modes = [(f"plain K={t}", {}, {}),
-                 (f"speculative N={args.speculative_tokens} D={args.draft_loops}", {},
-                  dict(speculative_tokens=args.speculative_tokens, draft_loops=args.draft_loops))]
+        modes = [
+            (f"plain K={t}", {}, {}),
+            (
+                f"speculative N={args.speculative_tokens} D={args.draft_loops}",
+                {},
+                dict(speculative_tokens=args.speculative_tokens, draft_loops=args.draft_loops),
+            ),
+        ]
         k = t
     print(f"compare {args.compare}: K={k}" + (f", τ={args.exit_threshold}" if args.compare == "async" else ""))
     for batch in args.batch:
         blocks = batch * -(-(args.prompt + args.new_tokens + args.speculative_tokens) // args.block_size)
         base = None
         for name, engine_kw, params_kw in modes:
-            llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=args.block_size,
-                      max_prefill_tokens=batch * args.prompt, **engine_kw)
-            seconds = min(measure(llm, batch, args.prompt, args.new_tokens, k, config.vocab_size, args.device,
-                                  **params_kw) for _ in range(args.repeats))
+            llm = LLM(
+                model,
+                max_num_seqs=batch,
+                kv_blocks=blocks,
+                block_size=args.block_size,
+                max_prefill_tokens=batch * args.prompt,
+                **engine_kw,
+            )
+            seconds = min(
+                measure(llm, batch, args.prompt, args.new_tokens, k, config.vocab_size, args.device, **params_kw)
+                for _ in range(args.repeats)
+            )
             c = llm.work_counters()
             llm.close()
             tok_s = batch * args.new_tokens / seconds
@@ -214,8 +247,10 @@ def compare(args, model: OuroForCausalLM, config: OuroConfig) -> None:
             if c["spec_draft_tokens"]:
                 extra = f"  acceptance {c['spec_accepted_tokens'] / c['spec_draft_tokens']:.3f}"
             mean_depth = c["decode_layer_tokens"] / max(1, c["decode_tokens"]) / config.num_hidden_layers
-            print(f"batch {batch:4d}  {name:32s} decode {tok_s:10.1f} tok/s  x{tok_s / base:.3f}  "
-                  f"mean loops/row {mean_depth:.2f}{extra}")
+            print(
+                f"batch {batch:4d}  {name:32s} decode {tok_s:10.1f} tok/s  x{tok_s / base:.3f}  "
+                f"mean loops/row {mean_depth:.2f}{extra}"
+            )
 
 
 if __name__ == "__main__":

@@ -53,11 +53,22 @@ def bench_rows(rows: int, args) -> None:
     slots = rows * args.positions * 2  # half the plane unused: slots are scattered as in a real cache
     k_planes = torch.randn(2, hkv, slots + 1, d, device=dev, dtype=dt, generator=g)
     v_planes = torch.randn(2, hkv, slots + 1, d, device=dev, dtype=dt, generator=g)
-    ctx = torch.randperm(slots, device=dev, generator=g)[:rows * args.positions].view(rows, args.positions)
+    ctx = torch.randperm(slots, device=dev, generator=g)[: rows * args.positions].view(rows, args.positions)
     lengths = torch.full((rows,), args.positions, device=dev)
     new = [torch.randn(rows, n, d, device=dev, dtype=dt, generator=g) for n in (args.heads, hkv, hkv)]
-    inputs = (new[0], k_planes[1], v_planes[1], k_planes[0], v_planes[0], ctx[:, -1].contiguous(), new[1], new[2],
-              torch.ones(rows, dtype=torch.bool, device=dev), ctx, lengths)
+    inputs = (
+        new[0],
+        k_planes[1],
+        v_planes[1],
+        k_planes[0],
+        v_planes[0],
+        ctx[:, -1].contiguous(),
+        new[1],
+        new[2],
+        torch.ones(rows, dtype=torch.bool, device=dev),
+        ctx,
+        lengths,
+    )
     kv_bytes = 2 * rows * hkv * args.positions * d * dt.itemsize
     base = None
     print(f"rows {rows}, {args.positions} positions, {hkv} kv heads x {d}: {kv_bytes / 1e6:.1f} MB of K/V per call")

@@ -82,13 +82,14 @@ def eager_profile(model, batch: int, prompt: int, k: int, vocab: int, top: int) 
     prof = calls[-1]
     kernels = cuda_kernels(prof)
     busy_us = sum(e.device_time for e in kernels)
-    print(f"  eager step: {len(kernels)} kernels ({len(kernels) / (k * len(model.model.layers)):.1f} per layer-loop), "
-          f"GPU busy {busy_us / 1e3:.2f} ms")
+    print(
+        f"  eager step: {len(kernels)} kernels ({len(kernels) / (k * len(model.model.layers)):.1f} per layer-loop), "
+        f"GPU busy {busy_us / 1e3:.2f} ms"
+    )
     print_kernel_table(kernels, top, indent="    ")
 
 
-def _decode_steps(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, begin, end
-                  ) -> tuple[float, int]:
+def _decode_steps(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, begin, end) -> tuple[float, int]:
     """Run a warm-up generate, then one more in which `begin()` is called at its first decode
     call after every prompt is prefilled (prefill runs in chunks between decode steps, which
     the profile leaves out) and `end()` once it returns. Returns (seconds in between, decode
@@ -135,8 +136,10 @@ def host_profile(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: i
     captured step adds to every step. Printed by own time and by cumulative time."""
     prof = cProfile.Profile()
     wall, steps = _decode_steps(llm, batch, prompt, k, steps, vocab, prof.enable, prof.disable)
-    print(f"  host profile (graph mode, {steps} decode steps, {wall * 1e3 / steps:.2f} ms per step "
-          f"under cProfile; times in s):")
+    print(
+        f"  host profile (graph mode, {steps} decode steps, {wall * 1e3 / steps:.2f} ms per step "
+        f"under cProfile; times in s):"
+    )
     print_top(prof, top, indent="    ")
 
 
@@ -148,8 +151,10 @@ def timeline(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int, 
     wall, steps = _decode_steps(llm, batch, prompt, k, steps, vocab, prof.start, prof.stop)
     kernels = cuda_kernels(prof)
     busy_us = sum(e.device_time for e in kernels)
-    print(f"  timeline ({steps} decode steps): {wall * 1e3 / steps:.2f} ms per step under the profiler, "
-          f"GPU busy {busy_us / 1e3 / steps:.2f} ms per step ({busy_us / 1e6 / wall:.0%})")
+    print(
+        f"  timeline ({steps} decode steps): {wall * 1e3 / steps:.2f} ms per step under the profiler, "
+        f"GPU busy {busy_us / 1e3 / steps:.2f} ms per step ({busy_us / 1e6 / wall:.0%})"
+    )
     print_kernel_table(kernels, top, indent="    ")
 
 
@@ -162,8 +167,11 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--bandwidth", type=float, default=4.26e12)
     ap.add_argument("--host-profile", action="store_true", help="also cProfile a graph-mode generate")
-    ap.add_argument("--timeline", action="store_true",
-                    help="also torch.profiler a graph-mode generate: GPU busy against wall, kernels by time")
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also torch.profiler a graph-mode generate: GPU busy against wall, kernels by time",
+    )
     ap.add_argument("--no-eager", action="store_true", help="skip the eager kernel profile")
     ap.add_argument("--no-overlap", action="store_true", help="decode one step at a time (LLM(overlap=False))")
     args = ap.parse_args()
@@ -171,8 +179,9 @@ def main() -> None:
     torch.manual_seed(0)
     model = decode_bench.random_model(config, torch.bfloat16, "cuda")
     weights_ms = args.loops * decode_bench.layer_weight_bytes(config, 2) / args.bandwidth * 1e3
-    print(f"1.4B bf16 K={args.loops}: layer weights alone take {weights_ms:.2f} ms per step at "
-          f"{args.bandwidth:.3g} B/s")
+    print(
+        f"1.4B bf16 K={args.loops}: layer weights alone take {weights_ms:.2f} ms per step at {args.bandwidth:.3g} B/s"
+    )
     for batch in args.batch:
         start = time.perf_counter()
         blocks = batch * -(-(args.prompt + args.steps + 2) // 16)
@@ -184,12 +193,18 @@ def main() -> None:
         if args.timeline:
             timeline(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size, args.top)
         llm.close()
-        roof = 1e3 / decode_bench.roofline_tokens_per_s(config, args.loops, batch, args.prompt, 2, args.bandwidth) * batch
-        print(f"batch {batch}: graph step {seconds * 1e3:.2f} ms ({batch / seconds:.0f} tok/s); roofline step "
-              f"{roof:.2f} ms")
+        roof = (
+            1e3 / decode_bench.roofline_tokens_per_s(config, args.loops, batch, args.prompt, 2, args.bandwidth) * batch
+        )
+        print(
+            f"batch {batch}: graph step {seconds * 1e3:.2f} ms ({batch / seconds:.0f} tok/s); roofline step "
+            f"{roof:.2f} ms"
+        )
         if replay is not None:
-            print(f"  graph {replay[1]} replayed alone: {replay[0] * 1e3:.2f} ms; the host adds "
-                  f"{(seconds - replay[0]) * 1e3:.2f} ms per step (overlap {'on' if llm.overlap else 'off'})")
+            print(
+                f"  graph {replay[1]} replayed alone: {replay[0] * 1e3:.2f} ms; the host adds "
+                f"{(seconds - replay[0]) * 1e3:.2f} ms per step (overlap {'on' if llm.overlap else 'off'})"
+            )
         if not args.no_eager:
             eager_profile(model, batch, args.prompt, args.loops, config.vocab_size, args.top)
         print(f"  ({time.perf_counter() - start:.0f} s)")

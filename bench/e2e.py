@@ -24,7 +24,8 @@ per-step work, not the GPU), the device time of the decode steps' forwards and o
 sampling (CUDA events, so the graph's share of a step shows beside the sampling's),
 optimizer-step seconds (with the host copies of `--offload-optimizer`), the train phase's
 allocator retries (a cache flush and a device sync each: a phase at the edge of its memory),
-response tokens per second, sequences in flight (decoded tokens per decode step), micro-batches, and the peak device memory of each phase,
+response tokens per second, sequences in flight (decoded tokens per decode step), micro-batches, and the peak device
+memory of each phase,
 beside the memory plan the run logged. A second table puts each phase beside its limit
 (bench/e2e_limits.py: the rollout's bytes roofline, the trainer's model FLOPs at 780
 TFLOP/s, the publication's copy) and sums them into the update's, then gives the steady
@@ -86,9 +87,19 @@ def full_size_tokenizer(directory: Path, vocab_size: int = VOCAB) -> None:
     tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
     tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-         "unk_token": "<unk>", "model_max_length": 65536}, indent=2) + "\n")
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "unk_token": "<unk>",
+                "model_max_length": 65536,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def build_model(directory: Path, shape: str) -> None:
@@ -123,9 +134,11 @@ def run_in_own_group(cmd: list[str], env: dict, cwd: Path, timeout: float) -> tu
     """Run `cmd` in a process group of its own -> (exit status, everything it printed). Past
     `timeout` seconds, and if this script is stopped itself (SIGTERM from an outer `timeout`,
     Ctrl-C), the whole group is killed: a run left behind holds its GPU memory, and the next
-    case then finds too little free (a device call lost a case that way, docs/log/performance.md). The updates a stopped run finished still count."""
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    case then finds too little free (a device call lost a case that way, docs/log/performance.md). The updates a
+    stopped run finished still count."""
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         stdout, _ = proc.communicate(timeout=timeout)
         return proc.returncode, stdout
@@ -144,15 +157,29 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates: int, timeout: float,
-             nproc: int = 1, extra: tuple[str, ...] = (), depths: tuple[int, ...] = (2, 3, 4),
-             host_profile: int | None = None, train_profile: int | None = None) -> dict:
+def run_case(
+    name: str,
+    shape: str,
+    work: Path,
+    model: Path,
+    data: Path,
+    updates: int,
+    timeout: float,
+    nproc: int = 1,
+    extra: tuple[str, ...] = (),
+    depths: tuple[int, ...] = (2, 3, 4),
+    host_profile: int | None = None,
+    train_profile: int | None = None,
+) -> dict:
     prompts, group, response = (CASES if shape == "1.4b" else TINY_CASES)[name]
     label = f"{name}-{nproc}gpu" + ("-" + "-".join(a.lstrip("-") for a in extra) if extra else "")
     run = work / f"run-{label}"
     shutil.rmtree(run, ignore_errors=True)
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
-        if nproc > 1 else [sys.executable]
+    launch = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+        if nproc > 1
+        else [sys.executable]
+    )
     stats = work / f"host-profile-{label}.pstats"
     train_table = work / f"train-profile-{label}.txt"
     entry = ["-m", "ouro_cli.cli.app"]
@@ -162,14 +189,40 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
         entry = [str(REPO / "bench" / "train_step_profile.py"), str(train_profile), str(train_table)]
     stats.unlink(missing_ok=True)
     train_table.unlink(missing_ok=True)
-    cmd = [*launch, *entry, "train", "--model", str(model), "--data", str(data),
-           "--eval-data", "", "--run-dir", str(run), "--depths", *map(str, depths), "--updates", str(updates),
-           "--prompts-per-update", str(prompts), "--group-size", str(group), "--max-response-len", str(response),
-           "--save-interval", "0", "--reward-function", "ouro_cli.rl.rewards.boxed_answer", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYTHONUNBUFFERED="1")
-    print(f"== case {label}: {prompts} prompts x {group} samples x {response} tokens, {updates} updates"
-          + (f" on {nproc} ranks" if nproc > 1 else ""), flush=True)
+    cmd = [
+        *launch,
+        *entry,
+        "train",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--eval-data",
+        "",
+        "--run-dir",
+        str(run),
+        "--depths",
+        *map(str, depths),
+        "--updates",
+        str(updates),
+        "--prompts-per-update",
+        str(prompts),
+        "--group-size",
+        str(group),
+        "--max-response-len",
+        str(response),
+        "--save-interval",
+        "0",
+        "--reward-function",
+        "ouro_cli.rl.rewards.boxed_answer",
+        *extra,
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
+    print(
+        f"== case {label}: {prompts} prompts x {group} samples x {response} tokens, {updates} updates"
+        + (f" on {nproc} ranks" if nproc > 1 else ""),
+        flush=True,
+    )
     start = time.perf_counter()
     returncode, stdout = run_in_own_group(cmd, env, work, timeout)
     wall = time.perf_counter() - start
@@ -178,7 +231,11 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
     for line in lines:
         if line.startswith(("memory:", "error:", "update ", "engine:")) or "warning" in line:
             print("   ", line, flush=True)
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").exists() else []
+    records = (
+        [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        if (run / "metrics.jsonl").exists()
+        else []
+    )
     if returncode != 0:
         print("\n".join(lines[-30:]))
     shutil.rmtree(run / "checkpoint", ignore_errors=True)  # 19 GB at 1.4B: the next case needs the disk
@@ -186,11 +243,19 @@ def run_case(name: str, shape: str, work: Path, model: Path, data: Path, updates
         print_host_profile(stats, records[host_profile] if host_profile < len(records) else {})
     if train_table.exists():
         record = records[train_profile] if train_profile < len(records) else {}
-        print(f"    profile of update {train_profile}'s train step (K = {record.get('k', '?')}, "
-              f"{record.get('train_micro_batches', '?')} micro-batches):")
+        print(
+            f"    profile of update {train_profile}'s train step (K = {record.get('k', '?')}, "
+            f"{record.get('train_micro_batches', '?')} micro-batches):"
+        )
         print("\n".join("      " + line for line in train_table.read_text().splitlines()))
-    return {"case": label, "shape": [prompts, group, response], "nproc": nproc, "returncode": returncode,
-            "wall_s": wall, "updates": records}
+    return {
+        "case": label,
+        "shape": [prompts, group, response],
+        "nproc": nproc,
+        "returncode": returncode,
+        "wall_s": wall,
+        "updates": records,
+    }
 
 
 def print_host_profile(stats: Path, record: dict, top: int = 14) -> None:
@@ -204,12 +269,17 @@ def print_host_profile(stats: Path, record: dict, top: int = 14) -> None:
     profile = pstats.Stats(str(stats))
     total = profile.total_tt
     rollout = record.get("rollout_s")
-    print(f"    host profile of update {record.get('update', '?')}'s rollout: {total:.2f} s under cProfile"
-          + (f" of its {rollout:.2f} s rollout phase (the rest: building and checking the samples)"
-             if rollout else "")
-          + (f", {total / steps * 1e3:.2f} ms of it per decode step ({steps} steps; waits for tokens "
-             f"{record.get('engine_token_wait_us', 0) / steps / 1e3:.2f} ms per step)" if steps else "")
-          + f"; {stats}")
+    print(
+        f"    host profile of update {record.get('update', '?')}'s rollout: {total:.2f} s under cProfile"
+        + (f" of its {rollout:.2f} s rollout phase (the rest: building and checking the samples)" if rollout else "")
+        + (
+            f", {total / steps * 1e3:.2f} ms of it per decode step ({steps} steps; waits for tokens "
+            f"{record.get('engine_token_wait_us', 0) / steps / 1e3:.2f} ms per step)"
+            if steps
+            else ""
+        )
+        + f"; {stats}"
+    )
     print_top(str(stats), top, indent="      ")
 
 
@@ -217,6 +287,7 @@ def scaling(one: dict, many: dict) -> str:
     """Strong scaling of the same global batch over N ranks: update time (steady state: the
     updates after the first), rollout and train tokens/s per GPU, efficiency = N-rank
     throughput / (N x one-rank throughput), and whether the replicas stayed identical."""
+
     def steady(result: dict) -> list[dict]:
         return result["updates"][1:] or result["updates"]
 
@@ -228,21 +299,26 @@ def scaling(one: dict, many: dict) -> str:
     roll = mean([sum(r["rank_response_tokens"]) / max(r["rank_rollout_s"]) / n for r in steady(many)])
     train = mean([r["train_tokens"] / max(r["rank_train_s"]) / n for r in steady(many)])
     identical = all(r.get("params_identical_across_ranks") for r in many["updates"])
-    return (f"{many['case']}: update {tn:.1f} s on {n} ranks against {t1:.1f} s on one; per GPU rollout "
-            f"{roll:.0f} tok/s, train {train:.0f} tok/s; scaling efficiency {t1 / (n * tn):.2f} (goal 0.9); "
-            f"replicas identical after every update: {identical}")
+    return (
+        f"{many['case']}: update {tn:.1f} s on {n} ranks against {t1:.1f} s on one; per GPU rollout "
+        f"{roll:.0f} tok/s, train {train:.0f} tok/s; scaling efficiency {t1 / (n * tn):.2f} (goal 0.9); "
+        f"replicas identical after every update: {identical}"
+    )
 
 
 def disaggregation(local: dict, pd: dict) -> str:
     """The prefill/decode engine's rollout against the local engine's at the same batch, and the
     KV bytes the prefill worker moved to the decode worker per update."""
+
     def rate(result: dict) -> float:
         rows = result["updates"][1:] or result["updates"]
         return sum(sum(r["rank_response_tokens"]) / r["rollout_s"] for r in rows) / len(rows)
 
     moved = [r.get("engine_kv_transfer_bytes", 0) / 2**30 for r in pd["updates"]]
-    return (f"{pd['case']}: rollout {rate(pd):.0f} tok/s against {rate(local):.0f} local "
-            f"(x{rate(pd) / rate(local):.2f}); KV moved per update: {', '.join(f'{g:.2f}' for g in moved)} GiB")
+    return (
+        f"{pd['case']}: rollout {rate(pd):.0f} tok/s against {rate(local):.0f} local "
+        f"(x{rate(pd) / rate(local):.2f}); KV moved per update: {', '.join(f'{g:.2f}' for g in moved)} GiB"
+    )
 
 
 def gib(x) -> str:
@@ -250,9 +326,12 @@ def gib(x) -> str:
 
 
 def table(result: dict) -> str:
-    head = ("upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x tokens passes  rc retry"
-            " | publish s  save s"
-            " | peak GiB roll/train/pub/save")
+    head = (
+        "upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x "
+        "tokens passes  rc retry"
+        " | publish s  save s"
+        " | peak GiB roll/train/pub/save"
+    )
     out = [head, "-" * len(head)]
     for r in result["updates"]:
         tokens = sum(r["rank_response_tokens"])
@@ -262,14 +341,16 @@ def table(result: dict) -> str:
             f"{r['update']:>3} {r['k']} | {r['rollout_s']:>9.1f} {r.get('engine_prefill_us', 0) / 1e6:>7.1f} "
             f"{r.get('engine_graph_capture_ms', 0) / 1e3:>7.1f} "
             f"{r.get('engine_token_wait_us', 0) / 1e6:>7.1f} {r.get('engine_decode_forward_gpu_us', 0) / 1e6:>7.1f} "
-            f"{r.get('engine_decode_sample_gpu_us', 0) / 1e6:>7.1f} {tokens / r['rollout_s']:>7.0f} {in_flight:>10.1f} | "
+            f"{r.get('engine_decode_sample_gpu_us', 0) / 1e6:>7.1f} {tokens / r['rollout_s']:>7.0f} "
+            f"{in_flight:>10.1f} | "
             f"{r['train_s']:>7.1f} {r['compile_s']:>7.1f} {r.get('train_optimizer_s', 0.0):>6.2f} "
             f"{r['train_micro_batches']:>2} x {r['train_micro_batch_tokens_max']:>6}"
             f" {r.get('train_loop_passes', 0):>3}/{r.get('train_gathered_loop_passes', 0):<2}"
             f" {'on' if r.get('train_layer_tokens_recomputed') else 'off':>4} {r.get('train_alloc_retries') or 0:>5}"
             f" | {r['publish_s']:>9.2f} {r['save_s']:>7.1f} | "
             f"{gib(r.get('peak_memory_rollout_gib'))}/{gib(r.get('peak_memory_train_gib'))}/"
-            f"{gib(r.get('peak_memory_publish_gib'))}/{gib(r.get('peak_memory_save_gib'))}")
+            f"{gib(r.get('peak_memory_publish_gib'))}/{gib(r.get('peak_memory_save_gib'))}"
+        )
     return "\n".join(out)
 
 
@@ -283,28 +364,49 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/ouro-e2e", help="scratch folder (model, data, runs)")
     parser.add_argument("--timeout", type=float, default=560, help="seconds per case")
     parser.add_argument("--out", help="write every figure here as JSON")
-    parser.add_argument("--nproc", type=int, default=1,
-                        help="also run each case on N data-parallel ranks (torchrun) and print the scaling")
-    parser.add_argument("--dist-optimizer", action="store_true",
-                        help="with --nproc: a further N-rank run with the distributed optimizer")
-    parser.add_argument("--host-profile", type=int, metavar="UPDATE",
-                        help="cProfile the rollout of update UPDATE (0-based) in the one-rank run and print its "
-                             "top functions (bench/train_host_profile.py)")
-    parser.add_argument("--train-profile", type=int, metavar="UPDATE",
-                        help="torch.profiler over the train step of update UPDATE (0-based) in the one-rank run: "
-                             "GPU busy against wall, kernel families, top kernels and operators "
-                             "(bench/train_step_profile.py; not with --host-profile)")
-    parser.add_argument("--pd", action="store_true",
-                        help="also run each case with prefill on GPU 0 and decode on GPU 1 (--prefill-devices 0 "
-                             "--decode-devices 1) and compare its rollout with the local engine's")
-    parser.add_argument("--train-args", default="",
-                        help="further ouro train flags for every run, e.g. '--async-save --offload-optimizer on'")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="also run each case on N data-parallel ranks (torchrun) and print the scaling",
+    )
+    parser.add_argument(
+        "--dist-optimizer",
+        action="store_true",
+        help="with --nproc: a further N-rank run with the distributed optimizer",
+    )
+    parser.add_argument(
+        "--host-profile",
+        type=int,
+        metavar="UPDATE",
+        help="cProfile the rollout of update UPDATE (0-based) in the one-rank run and print its "
+        "top functions (bench/train_host_profile.py)",
+    )
+    parser.add_argument(
+        "--train-profile",
+        type=int,
+        metavar="UPDATE",
+        help="torch.profiler over the train step of update UPDATE (0-based) in the one-rank run: "
+        "GPU busy against wall, kernel families, top kernels and operators "
+        "(bench/train_step_profile.py; not with --host-profile)",
+    )
+    parser.add_argument(
+        "--pd",
+        action="store_true",
+        help="also run each case with prefill on GPU 0 and decode on GPU 1 (--prefill-devices 0 "
+        "--decode-devices 1) and compare its rollout with the local engine's",
+    )
+    parser.add_argument(
+        "--train-args",
+        default="",
+        help="further ouro train flags for every run, e.g. '--async-save --offload-optimizer on'",
+    )
     argv = sys.argv[1:]
     # `--train-args --exact`: argparse reads a lone value that starts with "--" as an option
     # (one with a space in it, "--a --b", it takes as a value), so the value is joined to its flag
     for i, arg in enumerate(argv[:-1]):
         if arg == "--train-args":
-            argv[i:i + 2] = [f"--train-args={argv[i + 1]}"]
+            argv[i : i + 2] = [f"--train-args={argv[i + 1]}"]
             break
     args = parser.parse_args(argv)
     if args.host_profile is not None and args.train_profile is not None:
@@ -322,24 +424,49 @@ def main() -> None:
     config = OuroConfig.from_file(model / "config.json")
     results, pairs = [], []
     for c in args.cases:
-        one = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1, base, depths,
-                       args.host_profile, args.train_profile)
+        one = run_case(
+            c,
+            args.shape,
+            work,
+            model,
+            data,
+            args.updates,
+            args.timeout,
+            1,
+            base,
+            depths,
+            args.host_profile,
+            args.train_profile,
+        )
         results.append(one)
         if args.nproc > 1:
             for extra in [()] + ([("--dist-optimizer",)] if args.dist_optimizer else []):
-                many = run_case(c, args.shape, work, model, data, args.updates, args.timeout, args.nproc,
-                                base + extra, depths)
+                many = run_case(
+                    c, args.shape, work, model, data, args.updates, args.timeout, args.nproc, base + extra, depths
+                )
                 results.append(many)
                 pairs.append((one, many))
         if args.pd:
-            pd = run_case(c, args.shape, work, model, data, args.updates, args.timeout, 1,
-                          base + ("--prefill-devices", "0", "--decode-devices", "1"), depths)
+            pd = run_case(
+                c,
+                args.shape,
+                work,
+                model,
+                data,
+                args.updates,
+                args.timeout,
+                1,
+                base + ("--prefill-devices", "0", "--decode-devices", "1"),
+                depths,
+            )
             results.append(pd)
             if one["updates"] and pd["updates"]:
                 print(disaggregation(one, pd))
     for r in results:
-        print(f"\n== case {r['case']} ({' x '.join(map(str, r['shape']))}): exit {r['returncode']}, "
-              f"{r['wall_s']:.0f} s in all")
+        print(
+            f"\n== case {r['case']} ({' x '.join(map(str, r['shape']))}): exit {r['returncode']}, "
+            f"{r['wall_s']:.0f} s in all"
+        )
         if r["updates"]:
             print(table(r))
             print(e2e_limits.table(r, config))

@@ -30,8 +30,11 @@ TRAIN_FLOPS = 780e12  # FLOP/s, H200 bf16 dense matmul
 def layer_stack_params(c) -> int:
     """Parameters of one pass over the shared layers (projections, MLP, norms)."""
     d = c.dim_per_head
-    per_layer = c.hidden_size * d * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) \
-        + 3 * c.hidden_size * c.intermediate_size + 4 * c.hidden_size
+    per_layer = (
+        c.hidden_size * d * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+        + 3 * c.hidden_size * c.intermediate_size
+        + 4 * c.hidden_size
+    )
     return per_layer * c.num_hidden_layers
 
 
@@ -57,9 +60,11 @@ def train_model_flops(r: dict[str, Any], c) -> float:
     positions = sum((p + n) * (p + n + 1) / 2 for n in r["response_lengths"])  # sum of (position + 1)
     q_width = c.num_attention_heads * c.dim_per_head
     per_layer_token = 2 * layer_stack_params(c) / c.num_hidden_layers
-    forward = required * per_layer_token \
-        + 4 * q_width * positions * loops_per_token * c.num_hidden_layers \
+    forward = (
+        required * per_layer_token
+        + 4 * q_width * positions * loops_per_token * c.num_hidden_layers
         + 2 * c.hidden_size * c.vocab_size * tokens
+    )
     return 3 * forward
 
 
@@ -71,8 +76,11 @@ def publish_limit_s(c, elem: int = 2, bandwidth: float = COPY_BANDWIDTH) -> floa
 
 def limits(r: dict[str, Any], c) -> dict[str, float]:
     """The three phase limits of one update and their sum, in seconds."""
-    out = {"rollout": rollout_limit_s(r, c), "train": train_model_flops(r, c) / TRAIN_FLOPS,
-           "publish": publish_limit_s(c)}
+    out = {
+        "rollout": rollout_limit_s(r, c),
+        "train": train_model_flops(r, c) / TRAIN_FLOPS,
+        "publish": publish_limit_s(c),
+    }
     out["update"] = sum(out.values())
     return out
 
@@ -81,8 +89,7 @@ def table(result: dict[str, Any], c) -> str:
     """Per update: each phase's time, its limit and limit / time (1.00 = at the limit), and the
     trainer's model TFLOP/s; then the steady state per K (the updates after each K's first,
     which compiles and captures CUDA graphs)."""
-    head = ("upd K | rollout s limit ratio | train s limit ratio TFLOP/s | publish ms limit ratio | "
-            "update s limit ratio")
+    head = "upd K | rollout s limit ratio | train s limit ratio TFLOP/s | publish ms limit ratio | update s limit ratio"
     out = [head, "-" * len(head)]
     seen: dict[int, list[dict[str, Any]]] = {}
     for r in result["updates"]:
@@ -90,10 +97,13 @@ def table(result: dict[str, Any], c) -> str:
         update = r["rollout_s"] + r["train_s"] + r["publish_s"]
         tflops = lim["train"] * TRAIN_FLOPS / r["train_s"] / 1e12
         out.append(
-            f"{r['update']:>3} {r['k']} | {r['rollout_s']:>9.1f} {lim['rollout']:>5.1f} {lim['rollout'] / r['rollout_s']:>5.2f} | "
+            f"{r['update']:>3} {r['k']} | {r['rollout_s']:>9.1f} {lim['rollout']:>5.1f} "
+            f"{lim['rollout'] / r['rollout_s']:>5.2f} | "
             f"{r['train_s']:>7.1f} {lim['train']:>5.1f} {lim['train'] / r['train_s']:>5.2f} {tflops:>7.0f} | "
-            f"{r['publish_s'] * 1e3:>10.1f} {lim['publish'] * 1e3:>5.1f} {lim['publish'] / max(r['publish_s'], 1e-9):>5.2f} | "
-            f"{update:>8.1f} {lim['update']:>5.1f} {lim['update'] / update:>5.2f}")
+            f"{r['publish_s'] * 1e3:>10.1f} {lim['publish'] * 1e3:>5.1f} "
+            f"{lim['publish'] / max(r['publish_s'], 1e-9):>5.2f} | "
+            f"{update:>8.1f} {lim['update']:>5.1f} {lim['update'] / update:>5.2f}"
+        )
         seen.setdefault(r["k"], []).append(r)
     for k, rows in sorted(seen.items()):
         steady = rows[1:]
@@ -106,11 +116,15 @@ def table(result: dict[str, Any], c) -> str:
         each = [limits(r, c) for r in steady]
         lim = {key: mean([x[key] for x in each]) for key in ("rollout", "train", "update")}
         tflops = mean([x["train"] * TRAIN_FLOPS / r["train_s"] / 1e12 for x, r in zip(each, steady, strict=True)])
-        out.append(f"K={k} steady ({len(steady)} updates): update {roll + train + pub:.1f} s against a limit of "
-                   f"{lim['update']:.1f} s (ratio {lim['update'] / (roll + train + pub):.2f}); rollout {roll:.1f} s "
-                   f"({lim['rollout'] / roll:.2f} of the bytes roofline), train {train:.1f} s ({tflops:.0f} model "
-                   f"TFLOP/s, {lim['train'] / train:.2f} of {TRAIN_FLOPS / 1e12:.0f})")
+        out.append(
+            f"K={k} steady ({len(steady)} updates): update {roll + train + pub:.1f} s against a limit of "
+            f"{lim['update']:.1f} s (ratio {lim['update'] / (roll + train + pub):.2f}); rollout {roll:.1f} s "
+            f"({lim['rollout'] / roll:.2f} of the bytes roofline), train {train:.1f} s ({tflops:.0f} model "
+            f"TFLOP/s, {lim['train'] / train:.2f} of {TRAIN_FLOPS / 1e12:.0f})"
+        )
         compiling = mean([r.get("compile_s", 0.0) for r in steady])
         if compiling >= 0.5:  # a steady update should compile nothing: say so where one did
-            out.append(f"  K={k}: the steady updates still compiled {compiling:.1f} s on average (in the figures above)")
+            out.append(
+                f"  K={k}: the steady updates still compiled {compiling:.1f} s on average (in the figures above)"
+            )
     return "\n".join(out)

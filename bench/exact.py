@@ -4,7 +4,8 @@ engine-trainer agreement, default against `--exact` (docs/exact.md).
     python bench/exact.py                                  # CPU, a small shape: the three sections
     python bench/exact.py --device cuda --shape 1.4b       # the H200: random Ouro-1.4B weights, bf16
     python bench/exact.py --sections agree --batches 1 8 32 128
-    python bench/exact.py --device cuda --shape 1.4b --sections train --train-samples 32 --prompt 18 --new-tokens 512 --profile 25
+    python bench/exact.py --device cuda --shape 1.4b --sections train --train-samples 32 --prompt 18 --new-tokens 512
+    --profile 25
 
 The last profiles the train step at bench/e2e.py's row shape (32 rows of 18 + 512 tokens) and
 prints each mode's costliest operators: where exact mode's train phase loses its time.
@@ -52,8 +53,15 @@ def config(shape: str) -> OuroConfig:
     if shape == "1.4b":
         return OuroConfig()  # hidden 2048, 24 layers, 16 heads, vocab 49152
     if shape == "small":
-        return tiny_config(vocab_size=1024, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+        return tiny_config(
+            vocab_size=1024,
+            hidden_size=256,
+            intermediate_size=704,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+        )
     return tiny_config()
 
 
@@ -92,8 +100,14 @@ def engine(model: OuroForCausalLM, rows: int, length: int, execution: ExecutionS
     from ouro_cli.engine import LLM
 
     per_seq = -(-(length + 1) // 16)
-    return LLM(model, max_num_seqs=rows, kv_blocks=rows * per_seq + 8, block_size=16,
-               max_prefill_tokens=max(8192, rows * length), execution=execution)
+    return LLM(
+        model,
+        max_num_seqs=rows,
+        kv_blocks=rows * per_seq + 8,
+        block_size=16,
+        max_prefill_tokens=max(8192, rows * length),
+        execution=execution,
+    )
 
 
 def section_decode(a, cfg, dtype) -> dict:
@@ -127,19 +141,23 @@ def trainer_for(model: OuroForCausalLM, device: str, dtype_name: str, execution:
     from ouro_cli.trainer import Trainer, TrainerConfig
 
     sized = dict(max_tokens_per_micro_batch=4096, recompute="on") if device == "cuda" else {}
-    return Trainer(model, TrainerConfig(device=device, params_dtype=dtype_name, lr=1e-6, **sized),
-                   execution=execution)
+    return Trainer(model, TrainerConfig(device=device, params_dtype=dtype_name, lr=1e-6, **sized), execution=execution)
 
 
 def random_samples(cfg, n: int, prompt_len: int, response_len: int, rng: random.Random):
     from ouro_cli.trainer import Sample
 
     t = cfg.num_loops
-    return [Sample([rng.randrange(3, cfg.vocab_size) for _ in range(prompt_len)],
-                   [rng.randrange(3, cfg.vocab_size) for _ in range(response_len)],
-                   [t] + [rng.randint(1, t) for _ in range(response_len - 1)],
-                   [-rng.uniform(0.5, 4.0) for _ in range(response_len)], rng.uniform(-1, 1))
-            for _ in range(n)]
+    return [
+        Sample(
+            [rng.randrange(3, cfg.vocab_size) for _ in range(prompt_len)],
+            [rng.randrange(3, cfg.vocab_size) for _ in range(response_len)],
+            [t] + [rng.randint(1, t) for _ in range(response_len - 1)],
+            [-rng.uniform(0.5, 4.0) for _ in range(response_len)],
+            rng.uniform(-1, 1),
+        )
+        for _ in range(n)
+    ]
 
 
 def section_train(a, cfg, dtype) -> dict:
@@ -158,15 +176,18 @@ def section_train(a, cfg, dtype) -> dict:
                 if step:  # the first step compiles and allocates
                     times.append(clock(a.device)() - start)
             if a.profile:
-                profiles[mode] = profile_step(trainer, random_samples(cfg, a.train_samples, a.prompt, a.new_tokens,
-                                                                      rng), a.device, a.profile)
+                profiles[mode] = profile_step(
+                    trainer, random_samples(cfg, a.train_samples, a.prompt, a.new_tokens, rng), a.device, a.profile
+                )
         finally:
             trainer.close()
         out[mode] = statistics.median(times)
         progress(f"train {mode}: {out[mode]:.3f} s per step")
         if a.profile:
-            progress(f"train {mode}: top {a.profile} ops of one step by own {profiles[mode]['by']} time\n"
-                     + profiles[mode]["table"])
+            progress(
+                f"train {mode}: top {a.profile} ops of one step by own {profiles[mode]['by']} time\n"
+                + profiles[mode]["table"]
+            )
     return {"train_step_s": out, "ratio": _ratio(out), **({"profiles": profiles} if a.profile else {})}
 
 
@@ -213,23 +234,39 @@ def section_agree(a, cfg, dtype) -> dict:
                 try:
                     publish(llm, trainer.named_weights_for_publication(), version=1)  # the loop's path
                     rows = [policies[i % len(policies)] for i in range(batch)]
-                    params = [SamplingParams(max_tokens=a.agree_new_tokens, temperature=1.0, seed=100 + i, logprobs=0,
-                                             ignore_eos=True, max_loops=k, exit_threshold=tau)
-                              for i, (k, tau) in enumerate(rows)]
+                    params = [
+                        SamplingParams(
+                            max_tokens=a.agree_new_tokens,
+                            temperature=1.0,
+                            seed=100 + i,
+                            logprobs=0,
+                            ignore_eos=True,
+                            max_loops=k,
+                            exit_threshold=tau,
+                        )
+                        for i, (k, tau) in enumerate(rows)
+                    ]
                     batch_prompts = prompts(batch, a.prompt, cfg.vocab_size, seed=batch)
                     outs = llm.generate(batch_prompts, params)
                 finally:
                     llm.close()
-                samples = [Sample(p, list(o.output_token_ids), list(o.exit_depths), [float(x) for x in o.log_probs],
-                                  0.0) for p, o in zip(batch_prompts, outs, strict=True)]
+                samples = [
+                    Sample(p, list(o.output_token_ids), list(o.exit_depths), [float(x) for x in o.log_probs], 0.0)
+                    for p, o in zip(batch_prompts, outs, strict=True)
+                ]
                 metrics = trainer.forward_backward(samples)
                 depths = [d for o in outs for d in o.exit_depths[1:]]
                 results.setdefault(mode, {})[batch] = {
-                    "max": metrics["logprob_mismatch_max"], "mean": metrics["logprob_mismatch_mean"],
-                    "mean_exit_depth": sum(depths) / max(1, len(depths)), "tokens": metrics["response_tokens"],
-                    "by_depth": metrics.get("logprob_mismatch_max_by_depth")}
-                progress(f"agree {mode} batch {batch}: max |d| {metrics['logprob_mismatch_max']:.3g}, "
-                         f"mean {metrics['logprob_mismatch_mean']:.3g}")
+                    "max": metrics["logprob_mismatch_max"],
+                    "mean": metrics["logprob_mismatch_mean"],
+                    "mean_exit_depth": sum(depths) / max(1, len(depths)),
+                    "tokens": metrics["response_tokens"],
+                    "by_depth": metrics.get("logprob_mismatch_max_by_depth"),
+                }
+                progress(
+                    f"agree {mode} batch {batch}: max |d| {metrics['logprob_mismatch_max']:.3g}, "
+                    f"mean {metrics['logprob_mismatch_mean']:.3g}"
+                )
             del engine_model
         finally:
             trainer.close()
@@ -247,12 +284,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, help="decoded / response tokens (default 128 on CUDA, 32 on CPU)")
     ap.add_argument("--train-samples", type=int, help="samples per train step (default 8 on CUDA, 4 on CPU)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats per figure (median)")
-    ap.add_argument("--batches", type=int, nargs="+", help="agree: rollouts per run (default 1 8 32 128 on CUDA, "
-                                                            "1 4 16 on CPU)")
+    ap.add_argument(
+        "--batches", type=int, nargs="+", help="agree: rollouts per run (default 1 8 32 128 on CUDA, 1 4 16 on CPU)"
+    )
     ap.add_argument("--agree-new-tokens", type=int, help="agree: tokens per rollout (default 64 on CUDA, 16 on CPU)")
     ap.add_argument("--modes", default="default,exact", help="comma-separated subset of default,exact")
-    ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="train: after the timed steps, profile one more and print its N costliest operators")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="train: after the timed steps, profile one more and print its N costliest operators",
+    )
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args(argv)
     cuda = a.device == "cuda"
@@ -276,33 +319,49 @@ def main(argv=None) -> int:
     sections = a.sections.split(",")
     MODES.clear()
     MODES.update({m: ALL_MODES[m] for m in a.modes.split(",")})
-    report: dict = {"device": a.device, "shape": a.shape, "dtype": a.dtype, "torch": torch.__version__,
-                    "threads": torch.get_num_threads()}
+    report: dict = {
+        "device": a.device,
+        "shape": a.shape,
+        "dtype": a.dtype,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
     if "decode" in sections:
         report["decode"] = section_decode(a, cfg, dtype)
         d = report["decode"]
         figures = ", ".join(f"{m} {v:.1f} tok/s" for m, v in d["decode_tok_s"].items())
         ratio = f", exact/default x{d['ratio']:.3f}" if d["ratio"] else ""
-        print(f"decode  {a.shape} {a.dtype} batch {a.batch}, {a.prompt}+{a.new_tokens} tokens, K={cfg.num_loops}: "
-              f"{figures}{ratio}", flush=True)
+        print(
+            f"decode  {a.shape} {a.dtype} batch {a.batch}, {a.prompt}+{a.new_tokens} tokens, K={cfg.num_loops}: "
+            f"{figures}{ratio}",
+            flush=True,
+        )
     if "train" in sections:
         report["train"] = section_train(a, cfg, dtype)
         t = report["train"]
         figures = ", ".join(f"{m} {v:.3f} s/step" for m, v in t["train_step_s"].items())
         ratio = f", exact/default x{t['ratio']:.2f} time" if t["ratio"] else ""
-        print(f"train   {a.shape} {a.dtype} {a.train_samples} x ({a.prompt}+{a.new_tokens}) tokens: {figures}{ratio}",
-              flush=True)
+        print(
+            f"train   {a.shape} {a.dtype} {a.train_samples} x ({a.prompt}+{a.new_tokens}) tokens: {figures}{ratio}",
+            flush=True,
+        )
     if "agree" in sections:
         report["agree"] = section_agree(a, cfg, dtype)
         for mode, by_batch in report["agree"].items():
             for batch, r in by_batch.items():
-                print(f"agree   {mode:7s} {a.shape} {a.dtype} batch {batch:4d} (K 2/3/4 + τ 0.7, mean depth "
-                      f"{r['mean_exit_depth']:.2f}, {r['tokens']} tokens): max |Δ logprob| {r['max']:.3g}, "
-                      f"mean {r['mean']:.3g}", flush=True)
+                print(
+                    f"agree   {mode:7s} {a.shape} {a.dtype} batch {batch:4d} (K 2/3/4 + τ 0.7, mean depth "
+                    f"{r['mean_exit_depth']:.2f}, {r['tokens']} tokens): max |Δ logprob| {r['max']:.3g}, "
+                    f"mean {r['mean']:.3g}",
+                    flush=True,
+                )
         if "exact" in report["agree"]:
             worst = max(r["max"] for r in report["agree"]["exact"].values())
-            print(f"agree   exact mode: max |Δ logprob| over every batch = {worst!r} "
-                  f"({'exact' if worst == 0.0 else 'NOT exact'})", flush=True)
+            print(
+                f"agree   exact mode: max |Δ logprob| over every batch = {worst!r} "
+                f"({'exact' if worst == 0.0 else 'NOT exact'})",
+                flush=True,
+            )
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
     return 0

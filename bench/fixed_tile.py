@@ -34,14 +34,33 @@ sys.path.insert(0, str(REPO))
 from ouro_cli.kernels import fixed_tile  # noqa: E402
 
 PEAK = 780e12
-PROJECTIONS = {"qkv": (6144, 2048), "o": (2048, 2048), "gate_up": (11264, 2048), "down": (2048, 5632),
-               "lm_head": (49152, 2048)}
+PROJECTIONS = {
+    "qkv": (6144, 2048),
+    "o": (2048, 2048),
+    "gate_up": (11264, 2048),
+    "down": (2048, 5632),
+    "lm_head": (49152, 2048),
+}
 ROWS = (8, 64, 256, 4096, 16384)
 # (BLOCK_M, BLOCK_N, warps, stages): BLOCK_K stays the dtype's (fixed_tile.block_k)
-CANDIDATES = ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3),
-              (128, 256, 8, 3), (128, 256, 8, 4), (256, 128, 8, 3), (64, 256, 4, 3),
-              # smaller tiles and deeper pipelines for a decode step's 64-512 rows
-              (32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 8, 3), (64, 64, 2, 4))
+CANDIDATES = (
+    (64, 64, 4, 3),
+    (64, 128, 4, 3),
+    (128, 64, 4, 3),
+    (128, 128, 4, 3),
+    (128, 128, 8, 3),
+    (128, 256, 8, 3),
+    (128, 256, 8, 4),
+    (256, 128, 8, 3),
+    (64, 256, 4, 3),
+    # smaller tiles and deeper pipelines for a decode step's 64-512 rows
+    (32, 64, 4, 3),
+    (32, 128, 4, 3),
+    (64, 64, 4, 4),
+    (64, 128, 4, 4),
+    (128, 64, 8, 3),
+    (64, 64, 2, 4),
+)
 
 
 GRAPH_CALLS = 10  # calls of `fn` per captured graph
@@ -78,7 +97,7 @@ def timed(fn, repeats: int, graph: bool = True) -> float:
 def operands(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).bfloat16()
     return x, w
 
 
@@ -87,16 +106,19 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time each candidate tile config and check its bits")
     ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--eager", action="store_true",
-                    help="time each call as launched from Python, not replayed in a CUDA graph")
+    ap.add_argument(
+        "--eager", action="store_true", help="time each call as launched from Python, not replayed in a CUDA graph"
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("error: bench/fixed_tile.py needs a CUDA device")
     configs = CANDIDATES if args.sweep else ()
     total: dict[tuple[str, int], float] = {}
     flops_at: dict[int, float] = {}
-    print(f"{'proj':8} {'rows':>6} | {'exact TF/s':>10} {'cuBLAS TF/s':>11} {'ratio':>6} {'of peak':>7}"
-          + "".join(f" | {'x'.join(map(str, c)):>12}" for c in configs))
+    print(
+        f"{'proj':8} {'rows':>6} | {'exact TF/s':>10} {'cuBLAS TF/s':>11} {'ratio':>6} {'of peak':>7}"
+        + "".join(f" | {'x'.join(map(str, c)):>12}" for c in configs)
+    )
     for name, (n, k) in PROJECTIONS.items():
         for m in args.rows:
             x, w = operands(m, n, k)
@@ -106,8 +128,10 @@ def main() -> None:
             cublas = timed(lambda x=x, w=w: torch.nn.functional.linear(x, w), args.repeats, not args.eager)
             total["exact", m] = total.get(("exact", m), 0) + ours
             total["cublas", m] = total.get(("cublas", m), 0) + cublas
-            line = (f"{name:8} {m:6d} | {flops / ours / 1e12:10.1f} {flops / cublas / 1e12:11.1f} "
-                    f"{cublas / ours:6.2f} {flops / ours / PEAK:7.2f}")
+            line = (
+                f"{name:8} {m:6d} | {flops / ours / 1e12:10.1f} {flops / cublas / 1e12:11.1f} "
+                f"{cublas / ours:6.2f} {flops / ours / PEAK:7.2f}"
+            )
             base = fixed_tile.launch(x, w, fixed_tile.BASE) if configs else None
             for config in configs:
                 try:
@@ -120,9 +144,11 @@ def main() -> None:
             print(line, flush=True)
     print("\nall five projections, one layer:")
     for m in args.rows:
-        line = (f"  rows {m:6d}: exact {flops_at[m] / total['exact', m] / 1e12:6.1f} TF/s, cuBLAS "
-                f"{flops_at[m] / total['cublas', m] / 1e12:6.1f} TF/s, exact / cuBLAS time "
-                f"{total['exact', m] / total['cublas', m]:.2f}")
+        line = (
+            f"  rows {m:6d}: exact {flops_at[m] / total['exact', m] / 1e12:6.1f} TF/s, cuBLAS "
+            f"{flops_at[m] / total['cublas', m] / 1e12:6.1f} TF/s, exact / cuBLAS time "
+            f"{total['exact', m] / total['cublas', m]:.2f}"
+        )
         for config in configs:
             if (config, m) in total:
                 line += f"; {'x'.join(map(str, config))} {flops_at[m] / total[config, m] / 1e12:.0f}"

@@ -35,10 +35,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-SHAPES = {"qkv": (6144, 2048), "o_proj": (2048, 2048), "gate_up": (11264, 2048), "down": (2048, 5632),
-          "lm_head": (49152, 2048)}
-SWEEP = [{"block_n": n, "block_k": k, "num_warps": w, "num_stages": s}
-         for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))]
+SHAPES = {
+    "qkv": (6144, 2048),
+    "o_proj": (2048, 2048),
+    "gate_up": (11264, 2048),
+    "down": (2048, 5632),
+    "lm_head": (49152, 2048),
+}
+SWEEP = [
+    {"block_n": n, "block_k": k, "num_warps": w, "num_stages": s}
+    for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))
+]
 CALLS = 20  # calls per CUDA graph
 
 
@@ -80,8 +87,11 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, reps: i
     ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g) / k**0.5 for _ in range(copies)]
     x96 = torch.randn(96, k, device="cuda", dtype=dtype, generator=g)
     config = default_config(n, k, dtype)
-    print(f"{name} [{n}, {k}]: {weight_bytes / 1e6:.1f} MB, {copies} copies; default {short(config)} "
-          f"({-(-n // config['block_n'])} programs)", flush=True)
+    print(
+        f"{name} [{n}, {k}]: {weight_bytes / 1e6:.1f} MB, {copies} copies; default {short(config)} "
+        f"({-(-n // config['block_n'])} programs)",
+        flush=True,
+    )
     results = []
 
     def per_second(seconds: float) -> float:
@@ -91,12 +101,24 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, reps: i
         x = x96[:m]
         t_cublas = graph_time(lambda i, x=x: F.linear(x, ws[i % copies]), reps)
         t_triton = graph_time(lambda i, x=x: small_m_linear(x, ws[i % copies]), reps)
-        row = {"shape": name, "n": n, "k": k, "m": m, "weight_bytes": weight_bytes,
-               "cublas_us": t_cublas * 1e6, "cublas_gbs": per_second(t_cublas),
-               "triton_us": t_triton * 1e6, "triton_gbs": per_second(t_triton), "triton_speedup": t_cublas / t_triton,
-               "default_config": config}
-        print(f"  M={m:<3d} cuBLAS {t_cublas * 1e6:7.1f} µs {per_second(t_cublas):5.0f} GB/s | triton "
-              f"{t_triton * 1e6:7.1f} µs {per_second(t_triton):5.0f} GB/s  x{t_cublas / t_triton:.2f}", flush=True)
+        row = {
+            "shape": name,
+            "n": n,
+            "k": k,
+            "m": m,
+            "weight_bytes": weight_bytes,
+            "cublas_us": t_cublas * 1e6,
+            "cublas_gbs": per_second(t_cublas),
+            "triton_us": t_triton * 1e6,
+            "triton_gbs": per_second(t_triton),
+            "triton_speedup": t_cublas / t_triton,
+            "default_config": config,
+        }
+        print(
+            f"  M={m:<3d} cuBLAS {t_cublas * 1e6:7.1f} µs {per_second(t_cublas):5.0f} GB/s | triton "
+            f"{t_triton * 1e6:7.1f} µs {per_second(t_triton):5.0f} GB/s  x{t_cublas / t_triton:.2f}",
+            flush=True,
+        )
         if sweep:
             row["sweep"] = []
             for cfg in SWEEP:
@@ -108,17 +130,23 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, reps: i
             best = min((r for r in row["sweep"] if "us" in r), key=lambda r: r["us"])
             row["best"] = {**best, "speedup": row["cublas_us"] / best["us"]}
             failed = sum("error" in r for r in row["sweep"])
-            print(f"         best   {short(best)}: {best['us']:7.1f} µs {best['gbs']:5.0f} GB/s  "
-                  f"x{row['best']['speedup']:.2f}  ({len(SWEEP) - failed} configs ran, {failed} failed)", flush=True)
+            print(
+                f"         best   {short(best)}: {best['us']:7.1f} µs {best['gbs']:5.0f} GB/s  "
+                f"x{row['best']['speedup']:.2f}  ({len(SWEEP) - failed} configs ran, {failed} failed)",
+                flush=True,
+            )
         w = ws[0]
         got = small_m_linear(x, w)
-        alone = torch.cat([small_m_linear(x[i:i + 1], w) for i in range(m)])
+        alone = torch.cat([small_m_linear(x[i : i + 1], w) for i in range(m)])
         row["vs_linear"] = compare(got, F.linear(x, w))
         row["vs_linear_m96"] = compare(got, F.linear(x96, w)[:m])
         row["linear_vs_linear_m96"] = compare(F.linear(x, w), F.linear(x96, w)[:m])
         row["vs_rows_alone"] = compare(got, alone)
-        print(f"         bits: vs F.linear {row['vs_linear']}; vs F.linear M=96 rows {row['vs_linear_m96']} "
-              f"(F.linear itself: {row['linear_vs_linear_m96']}); vs rows alone {row['vs_rows_alone']}", flush=True)
+        print(
+            f"         bits: vs F.linear {row['vs_linear']}; vs F.linear M=96 rows {row['vs_linear_m96']} "
+            f"(F.linear itself: {row['linear_vs_linear_m96']}); vs rows alone {row['vs_rows_alone']}",
+            flush=True,
+        )
         results.append(row)
     return results
 
@@ -136,8 +164,11 @@ def main() -> None:
         sys.exit(2)
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 50 << 20)
-    print(f"{props.name}: {props.multi_processor_count} SMs, L2 {l2_bytes >> 20} MiB; bf16, "
-          f"{CALLS} calls per graph x {args.reps} replays", flush=True)
+    print(
+        f"{props.name}: {props.multi_processor_count} SMs, L2 {l2_bytes >> 20} MiB; bf16, "
+        f"{CALLS} calls per graph x {args.reps} replays",
+        flush=True,
+    )
     start = time.perf_counter()
     report = {"device": props.name, "sms": props.multi_processor_count, "l2_bytes": l2_bytes, "rows": []}
     for name in args.shapes:

@@ -95,8 +95,12 @@ class Row:
         return ref / m if m > 0 else math.inf
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "ratio_roofline": self.ratio(self.roofline), "ratio_anchor": self.ratio(self.anchor),
-                "ratio_target": self.ratio(self.target)}
+        return {
+            **asdict(self),
+            "ratio_roofline": self.ratio(self.roofline),
+            "ratio_anchor": self.ratio(self.anchor),
+            "ratio_target": self.ratio(self.target),
+        }
 
 
 def fmt(x: float | None) -> str:
@@ -174,9 +178,14 @@ class Bench:
             self.drop_trainer()
             torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
             t0 = time.perf_counter()
-            trainer, _ = train_bench.build_trainer(shape, "cuda" if self.cuda else "cpu", dtype,
-                                                   micro_batch_size=self.args.micro_batch_size, recompute=False,
-                                                   model=self.random_model(shape, torch_dtype))
+            trainer, _ = train_bench.build_trainer(
+                shape,
+                "cuda" if self.cuda else "cpu",
+                dtype,
+                micro_batch_size=self.args.micro_batch_size,
+                recompute=False,
+                model=self.random_model(shape, torch_dtype),
+            )
             print(f"  trainer {shape} {dtype} built in {time.perf_counter() - t0:.1f} s", flush=True)
             self._trainer, self._trainer_key = trainer, key
         return self._trainer
@@ -196,10 +205,13 @@ class Bench:
     # ---- results ----------------------------------------------------------------------
     def add(self, row: Row) -> None:
         self.rows.append(row)
-        print(f"  {row.what:<34} {row.shape:<28} {fmt(row.measured):>10} {row.unit:<7} "
-              f"roof {fmt_ratio(row.ratio(row.roofline)):>6}  anchor {fmt_ratio(row.ratio(row.anchor)):>6}  "
-              f"target {fmt_ratio(row.ratio(row.target)):>6}  [{self.elapsed():.0f} s]"
-              + (f"  {row.note}" if row.note else ""), flush=True)
+        print(
+            f"  {row.what:<34} {row.shape:<28} {fmt(row.measured):>10} {row.unit:<7} "
+            f"roof {fmt_ratio(row.ratio(row.roofline)):>6}  anchor {fmt_ratio(row.ratio(row.anchor)):>6}  "
+            f"target {fmt_ratio(row.ratio(row.target)):>6}  [{self.elapsed():.0f} s]"
+            + (f"  {row.note}" if row.note else ""),
+            flush=True,
+        )
         self.write_json()
 
     def over_budget(self, budget: float) -> bool:
@@ -208,8 +220,13 @@ class Bench:
     def write_json(self) -> None:
         if not self.args.json:
             return
-        doc = {"meta": self.meta, "elapsed_s": round(self.elapsed(), 2), "sections": self.sections,
-               "rows": [r.as_dict() for r in self.rows], "details": self.details}
+        doc = {
+            "meta": self.meta,
+            "elapsed_s": round(self.elapsed(), 2),
+            "sections": self.sections,
+            "rows": [r.as_dict() for r in self.rows],
+            "details": self.details,
+        }
         path = Path(self.args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -222,14 +239,16 @@ def meta(args: argparse.Namespace) -> dict:
     if torch.cuda.is_available() and args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()
     try:
-        info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                                     text=True, timeout=5).stdout.strip()
+        info["git"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
     except Exception:  # noqa: BLE001 - no git on the machine is fine
         pass
     return info
 
 
 # ---- decode ---------------------------------------------------------------------------
+
 
 def section_decode(b: Bench) -> None:
     a = b.args
@@ -240,12 +259,20 @@ def section_decode(b: Bench) -> None:
     max_batch, block = max(a.batches), a.block_size
     per_seq = -(-(a.prompt + a.new_tokens + 1) // block)  # +1 token of slack: the last sampled token
     kv_blocks = max_batch * per_seq
-    llm = LLM(model, max_num_seqs=max_batch, kv_blocks=kv_blocks, block_size=block,
-              max_prefill_tokens=max_batch * a.prompt, overlap=not a.no_overlap)
+    llm = LLM(
+        model,
+        max_num_seqs=max_batch,
+        kv_blocks=kv_blocks,
+        block_size=block,
+        max_prefill_tokens=max_batch * a.prompt,
+        overlap=not a.no_overlap,
+    )
     kv_gib = llm.kv.k.numel() * 2 * elem / 2**30
-    print(f"  engine: max_num_seqs {max_batch}, {kv_blocks} KV blocks of {block} tokens ({kv_gib:.1f} GiB), "
-          f"graphs {'on' if llm.runner.graphs is not None else 'off'}, overlap {'on' if llm.overlap else 'off'}",
-          flush=True)
+    print(
+        f"  engine: max_num_seqs {max_batch}, {kv_blocks} KV blocks of {block} tokens ({kv_gib:.1f} GiB), "
+        f"graphs {'on' if llm.runner.graphs is not None else 'off'}, overlap {'on' if llm.overlap else 'off'}",
+        flush=True,
+    )
     context = a.prompt + a.new_tokens / 2  # mean cached tokens over the decode steps
     try:
         for batch in a.batches:
@@ -256,8 +283,18 @@ def section_decode(b: Bench) -> None:
                 target = TARGET_DECODE_K4.get(batch) if (k == 4 and a.shape == "1.4b") else None
                 roof = decode_bench.roofline_tokens_per_s(config, k, batch, context, elem, a.bandwidth)
                 if b.over_budget(a.decode_budget_s):
-                    b.add(Row(what, shape, None, "tok/s", roof, anchor, target,
-                              note=f"skipped: decode budget {a.decode_budget_s:.0f} s spent"))
+                    b.add(
+                        Row(
+                            what,
+                            shape,
+                            None,
+                            "tok/s",
+                            roof,
+                            anchor,
+                            target,
+                            note=f"skipped: decode budget {a.decode_budget_s:.0f} s spent",
+                        )
+                    )
                     continue
                 try:
                     start = time.perf_counter()
@@ -266,9 +303,19 @@ def section_decode(b: Bench) -> None:
                     seconds = decode_bench.measure(llm, batch, a.prompt, a.new_tokens, k, config.vocab_size, b.device)
                     row_s = time.perf_counter() - start
                     tok_s = batch * a.new_tokens / seconds if seconds > 0 else None
-                    b.add(Row(what, shape, tok_s, "tok/s", roof, anchor, target,
-                              note="" if tok_s else f"noisy: decode time {seconds:.3f} s <= 0",
-                              extra={"decode_s": seconds, "row_s": row_s, "roofline_tok_s": roof, "context": context}))
+                    b.add(
+                        Row(
+                            what,
+                            shape,
+                            tok_s,
+                            "tok/s",
+                            roof,
+                            anchor,
+                            target,
+                            note="" if tok_s else f"noisy: decode time {seconds:.3f} s <= 0",
+                            extra={"decode_s": seconds, "row_s": row_s, "roofline_tok_s": roof, "context": context},
+                        )
+                    )
                 except Exception as err:  # noqa: BLE001 - one failed row must not end the section
                     traceback.print_exc()
                     b.add(Row(what, shape, None, "tok/s", roof, anchor, target, note=f"error: {err!r}"[:200]))
@@ -279,6 +326,7 @@ def section_decode(b: Bench) -> None:
 
 
 # ---- publication ----------------------------------------------------------------------
+
 
 def section_publish(b: Bench) -> None:
     from ouro_cli.engine.publication import copy_into, physical_name
@@ -310,8 +358,11 @@ def section_publish(b: Bench) -> None:
     kv_bytes = 2 * engine.kv.k.numel() * engine.kv.k.element_size()
     ptrs = {n: p.data_ptr() for n, p in engine_model.named_parameters()}
     shape = f"{a.shape} {b.dtype_name} {nbytes / 1e9:.2f} GB, {len(tensors)} tensors"
-    print(f"  source {source} on {sorted(devices)}, engine on {engine.device}; {len(tensors)} tensors, "
-          f"{nbytes / 1e9:.3f} GB; engine KV {size(kv_bytes)} (max_num_seqs {a.publish_kv_seqs})", flush=True)
+    print(
+        f"  source {source} on {sorted(devices)}, engine on {engine.device}; {len(tensors)} tensors, "
+        f"{nbytes / 1e9:.3f} GB; engine KV {size(kv_bytes)} (max_num_seqs {a.publish_kv_seqs})",
+        flush=True,
+    )
     version = [0]
 
     def next_version() -> int:
@@ -360,25 +411,102 @@ def section_publish(b: Bench) -> None:
         loop_ms, loop_all = median_ms(lambda: b.timed(lambda: per_tensor_copy(dst, src)), r)
         check = f"version {final}, weights {'equal' if same else 'DIFFER'}, storage {'kept' if kept else 'MOVED'}"
         print(f"  after publication: {check}", flush=True)
-        b.details["publish"] = {"source": source, "tensors": len(tensors), "bytes": nbytes, "kv_bytes": kv_bytes,
-                                "engine_max_num_seqs": a.publish_kv_seqs, "times_ms": {
-                                    "copy_limit": copy_all, "rl_path": rl_all, "weights_only": w_all,
-                                    "kv_invalidate": kv_all, "fused_copy": fe_all,
-                                    "per_tensor_copy": loop_all},
-                                "weights_equal": same, "storage_kept": kept, "final_version": final}
+        b.details["publish"] = {
+            "source": source,
+            "tensors": len(tensors),
+            "bytes": nbytes,
+            "kv_bytes": kv_bytes,
+            "engine_max_num_seqs": a.publish_kv_seqs,
+            "times_ms": {
+                "copy_limit": copy_all,
+                "rl_path": rl_all,
+                "weights_only": w_all,
+                "kv_invalidate": kv_all,
+                "fused_copy": fe_all,
+                "per_tensor_copy": loop_all,
+            },
+            "weights_equal": same,
+            "storage_kept": kept,
+            "final_version": final,
+        }
         note = "" if same and kept else f"CHECK FAILED: {check}"
-        b.add(Row("publish: RL path (rl.publish)", f"{shape}, KV {size(kv_bytes)}", rl_ms, "ms",
-                  roof_ms, copy_ms, TARGET_PUBLISH_MS, higher_is_better=False, note=note or f"source {source}"))
-        b.add(Row("publish: weights only (no start)", shape, w_ms, "ms", roof_ms, copy_ms, TARGET_PUBLISH_MS,
-                  higher_is_better=False, note=note))
-        b.add(Row("publish: KV invalidate (free blocks)", f"KV {size(kv_bytes)}", kv_ms, "ms",
-                  None, None, None, higher_is_better=False, note="frees every block; the planes are not written"))
-        b.add(Row("publish: fused copy alone (copy_into)", shape, fe_ms, "ms", roof_ms, copy_ms, TARGET_PUBLISH_MS,
-                  higher_is_better=False))
-        b.add(Row("publish: per-tensor copy_ loop (old)", shape, loop_ms, "ms", roof_ms, copy_ms, TARGET_PUBLISH_MS,
-                  higher_is_better=False, note="the copy before the fused one"))
-        b.add(Row("copy limit: one flat torch copy", f"{nbytes / 1e9:.2f} GB", copy_ms, "ms", roof_ms, None,
-                  TARGET_PUBLISH_MS, higher_is_better=False, note="the anchor of the rows above"))
+        b.add(
+            Row(
+                "publish: RL path (rl.publish)",
+                f"{shape}, KV {size(kv_bytes)}",
+                rl_ms,
+                "ms",
+                roof_ms,
+                copy_ms,
+                TARGET_PUBLISH_MS,
+                higher_is_better=False,
+                note=note or f"source {source}",
+            )
+        )
+        b.add(
+            Row(
+                "publish: weights only (no start)",
+                shape,
+                w_ms,
+                "ms",
+                roof_ms,
+                copy_ms,
+                TARGET_PUBLISH_MS,
+                higher_is_better=False,
+                note=note,
+            )
+        )
+        b.add(
+            Row(
+                "publish: KV invalidate (free blocks)",
+                f"KV {size(kv_bytes)}",
+                kv_ms,
+                "ms",
+                None,
+                None,
+                None,
+                higher_is_better=False,
+                note="frees every block; the planes are not written",
+            )
+        )
+        b.add(
+            Row(
+                "publish: fused copy alone (copy_into)",
+                shape,
+                fe_ms,
+                "ms",
+                roof_ms,
+                copy_ms,
+                TARGET_PUBLISH_MS,
+                higher_is_better=False,
+            )
+        )
+        b.add(
+            Row(
+                "publish: per-tensor copy_ loop (old)",
+                shape,
+                loop_ms,
+                "ms",
+                roof_ms,
+                copy_ms,
+                TARGET_PUBLISH_MS,
+                higher_is_better=False,
+                note="the copy before the fused one",
+            )
+        )
+        b.add(
+            Row(
+                "copy limit: one flat torch copy",
+                f"{nbytes / 1e9:.2f} GB",
+                copy_ms,
+                "ms",
+                roof_ms,
+                None,
+                TARGET_PUBLISH_MS,
+                higher_is_better=False,
+                note="the anchor of the rows above",
+            )
+        )
     finally:
         engine.close()
 
@@ -391,28 +519,58 @@ def per_tensor_copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
 
 # ---- training -------------------------------------------------------------------------
 
+
 def section_train(b: Bench) -> None:
     a = b.args
     trainer = b.trainer(a.shape, b.dtype_name)
-    res = train_bench.measure_steps(trainer, a.shape, samples=a.train_samples, prompt_len=a.train_prompt,
-                                    response_len=a.train_response, steps=a.train_steps, warmup=a.train_warmup)
+    res = train_bench.measure_steps(
+        trainer,
+        a.shape,
+        samples=a.train_samples,
+        prompt_len=a.train_prompt,
+        response_len=a.train_response,
+        steps=a.train_steps,
+        warmup=a.train_warmup,
+    )
     b.details["train"] = res
     tok_s, tflops = res["tokens_per_s"], res["model_tflops_per_s"]
     anchored = a.shape == "1.4b" and a.train_samples == 8 and a.train_prompt + a.train_response == 1024
     per_token = tflops / tok_s if tok_s else math.nan  # model TFLOP per token
-    shape = (f"{a.shape} {res['dtype']} {a.train_samples}x{a.train_prompt + a.train_response} K=T "
-             f"mb{res['micro_batch_size']}{' rc' if res['recompute'] else ''}")
+    shape = (
+        f"{a.shape} {res['dtype']} {a.train_samples}x{a.train_prompt + a.train_response} K=T "
+        f"mb{res['micro_batch_size']}{' rc' if res['recompute'] else ''}"
+    )
     note = f"step {res['step_s_median']:.3f} s (fwd+bwd {res['forward_backward_s']:.3f}, opt {res['optimizer_s']:.3f})"
     if "peak_memory_gib" in res:
         note += f", peak {res['peak_memory_gib']} GiB"
-    b.add(Row("train tok/s", shape, tok_s, "tok/s", a.gemm_flops / 1e12 / per_token,
-              HF_TRAIN_TOK_S if anchored else None, TARGET_TRAIN_TFLOPS / per_token if anchored else None, note=note))
-    b.add(Row("train model TFLOP/s", shape, tflops, "TFLOP/s", a.gemm_flops / 1e12,
-              HF_TRAIN_TFLOPS if anchored else None, TARGET_TRAIN_TFLOPS if anchored else None,
-              note=f"executed {res['executed_tflops_per_s']} TFLOP/s"))
+    b.add(
+        Row(
+            "train tok/s",
+            shape,
+            tok_s,
+            "tok/s",
+            a.gemm_flops / 1e12 / per_token,
+            HF_TRAIN_TOK_S if anchored else None,
+            TARGET_TRAIN_TFLOPS / per_token if anchored else None,
+            note=note,
+        )
+    )
+    b.add(
+        Row(
+            "train model TFLOP/s",
+            shape,
+            tflops,
+            "TFLOP/s",
+            a.gemm_flops / 1e12,
+            HF_TRAIN_TFLOPS if anchored else None,
+            TARGET_TRAIN_TFLOPS if anchored else None,
+            note=f"executed {res['executed_tflops_per_s']} TFLOP/s",
+        )
+    )
 
 
 # ---- agreement ------------------------------------------------------------------------
+
 
 def section_agree(b: Bench) -> None:
     from ouro_cli.rl.publish import publish
@@ -423,8 +581,17 @@ def section_agree(b: Bench) -> None:
     for dtype_name in a.agree_dtypes:
         what = f"agree {dtype_name}: mean |Δ logprob|"
         if b.over_budget(a.budget_s):
-            b.add(Row(what, shape, None, "nats", target=TARGET_AGREE.get(dtype_name), higher_is_better=False,
-                      note=f"skipped: --budget-s {a.budget_s:.0f} spent"))
+            b.add(
+                Row(
+                    what,
+                    shape,
+                    None,
+                    "nats",
+                    target=TARGET_AGREE.get(dtype_name),
+                    higher_is_better=False,
+                    note=f"skipped: --budget-s {a.budget_s:.0f} spent",
+                )
+            )
             continue
         try:
             trainer = b.trainer(shape, dtype_name)
@@ -443,21 +610,51 @@ def section_agree(b: Bench) -> None:
             finally:
                 engine.close()
                 del engine, engine_model
-            samples = [Sample(prompt_ids=p, response_ids=list(o.output_token_ids), exit_depths=list(o.exit_depths),
-                              rollout_logprobs=[float(x) for x in o.log_probs], advantage=0.0, temperature=1.0)
-                       for p, o in zip(prompts, outs, strict=True)]
+            samples = [
+                Sample(
+                    prompt_ids=p,
+                    response_ids=list(o.output_token_ids),
+                    exit_depths=list(o.exit_depths),
+                    rollout_logprobs=[float(x) for x in o.log_probs],
+                    advantage=0.0,
+                    temperature=1.0,
+                )
+                for p, o in zip(prompts, outs, strict=True)
+            ]
             metrics = trainer.forward_backward(samples)
             depths = [d for o in outs for d in o.exit_depths[1:]]
             mean_depth = sum(depths) / max(1, len(depths))
-            label = (f"{shape} {dtype_name} {n}x({a.agree_prompt}+{a.agree_new_tokens})")
-            b.details[f"agree_{dtype_name}"] = {"shape": shape, "rollouts": n, "policies": policies,
-                                                "mean_exit_depth": mean_depth, **metrics}
+            label = f"{shape} {dtype_name} {n}x({a.agree_prompt}+{a.agree_new_tokens})"
+            b.details[f"agree_{dtype_name}"] = {
+                "shape": shape,
+                "rollouts": n,
+                "policies": policies,
+                "mean_exit_depth": mean_depth,
+                **metrics,
+            }
             target = TARGET_AGREE.get(dtype_name)
-            b.add(Row(what, label, metrics["logprob_mismatch_mean"], "nats", None, None, target,
-                      higher_is_better=False, note=f"K 2/3/4 + tau 0.7; mean depth {mean_depth:.2f}; "
-                                                   f"{metrics['response_tokens']} tokens"))
-            b.add(Row(f"agree {dtype_name}: max |Δ logprob|", label, metrics["logprob_mismatch_max"], "nats",
-                      higher_is_better=False))
+            b.add(
+                Row(
+                    what,
+                    label,
+                    metrics["logprob_mismatch_mean"],
+                    "nats",
+                    None,
+                    None,
+                    target,
+                    higher_is_better=False,
+                    note=f"K 2/3/4 + tau 0.7; mean depth {mean_depth:.2f}; {metrics['response_tokens']} tokens",
+                )
+            )
+            b.add(
+                Row(
+                    f"agree {dtype_name}: max |Δ logprob|",
+                    label,
+                    metrics["logprob_mismatch_max"],
+                    "nats",
+                    higher_is_better=False,
+                )
+            )
         except Exception as err:  # noqa: BLE001 - the other dtype still runs
             traceback.print_exc()
             b.add(Row(what, shape, None, "nats", note=f"error: {err!r}"[:200]))
@@ -467,26 +664,41 @@ def section_agree(b: Bench) -> None:
 
 # ---- the table and main ---------------------------------------------------------------
 
+
 def table(rows: list[Row]) -> str:
     header = ["what", "shape", "measured", "unit", "target / anchor", "x roofline", "x anchor", "x target"]
     lines = []
     for r in rows:
         ref = f"{'>=' if r.higher_is_better else '<='}{fmt(r.target)}" if r.target is not None else "-"
         ref += f" / {fmt(r.anchor)}" if r.anchor is not None else " / -"
-        lines.append([r.what, r.shape, fmt(r.measured), r.unit, ref, fmt_ratio(r.ratio(r.roofline)),
-                      fmt_ratio(r.ratio(r.anchor)), fmt_ratio(r.ratio(r.target))])
+        lines.append(
+            [
+                r.what,
+                r.shape,
+                fmt(r.measured),
+                r.unit,
+                ref,
+                fmt_ratio(r.ratio(r.roofline)),
+                fmt_ratio(r.ratio(r.anchor)),
+                fmt_ratio(r.ratio(r.target)),
+            ]
+        )
     widths = [max(len(x) for x in col) for col in zip(header, *lines, strict=True)]
     right = {2, 5, 6, 7}
 
     def line(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     out = [line(header), "  ".join("-" * w for w in widths), *(line(cells) for cells in lines)]
     notes = [f"  {r.what} [{r.shape}]: {r.note}" for r in rows if r.note]
     if notes:
         out += ["notes:", *notes]
-    out.append("ratios: higher is better; x roofline = fraction of the roofline reached; x anchor > 1 beats the "
-               "anchor; x target >= 1 meets the target")
+    out.append(
+        "ratios: higher is better; x roofline = fraction of the roofline reached; x anchor > 1 beats the "
+        "anchor; x target >= 1 meets the target"
+    )
     return "\n".join(out)
 
 
@@ -494,14 +706,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shape", choices=["tiny", "1.4b"], help="default: 1.4b on CUDA, tiny on CPU")
-    ap.add_argument("--dtype", choices=["bf16", "fp32"], help="decode/publish/train dtype; default bf16 on CUDA, "
-                                                              "fp32 on CPU")
+    ap.add_argument(
+        "--dtype", choices=["bf16", "fp32"], help="decode/publish/train dtype; default bf16 on CUDA, fp32 on CPU"
+    )
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
-    ap.add_argument("--quick", action="store_true", help="batches 1 and 64 (tiny: 16) at K 2 and 4, fewer steps, repeats and rollouts")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="batches 1 and 64 (tiny: 16) at K 2 and 4, fewer steps, repeats and rollouts",
+    )
     ap.add_argument("--json", help="write the results here (rewritten after every row)")
     ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes/s, the roofline (H200 copy: 4.26e12)")
-    ap.add_argument("--budget-s", type=float, default=420.0,
-                    help="sections (and agree dtypes) not yet started once the run is this old are skipped, reported")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="sections (and agree dtypes) not yet started once the run is this old are skipped, reported",
+    )
     ap.add_argument("--gemm-flops", type=float, default=780e12, help="FLOP/s, the training roofline (H200 bf16)")
     g = ap.add_argument_group("decode")
     g.add_argument("--batches", type=int, nargs="+", help="default 1 16 64 128 (--quick: 1 64; tiny: 1 16)")
@@ -509,16 +730,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--prompt", type=int, default=128)
     g.add_argument("--new-tokens", type=int, default=128)
     g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--no-overlap", action="store_true",
-                   help="decode one step at a time (LLM(overlap=False)): the host's per-step work between steps")
-    g.add_argument("--decode-budget-s", type=float,
-                   help="decode rows not yet started once the run is this old are skipped, reported "
-                        "(default 330; tiny: 60)")
+    g.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="decode one step at a time (LLM(overlap=False)): the host's per-step work between steps",
+    )
+    g.add_argument(
+        "--decode-budget-s",
+        type=float,
+        help="decode rows not yet started once the run is this old are skipped, reported (default 330; tiny: 60)",
+    )
     g = ap.add_argument_group("publish")
     g.add_argument("--publish-repeats", type=int, help="timed repeats per row, median (default 7, --quick 3)")
     g.add_argument("--publish-kv-seqs", type=int, default=32, help="engine max_num_seqs (the loop's default: 32)")
-    g.add_argument("--publish-kv-tokens", type=int, default=None,
-                   help="KV tokens per sequence; default: the engine's (min(max_model_len, 2048))")
+    g.add_argument(
+        "--publish-kv-tokens",
+        type=int,
+        default=None,
+        help="KV tokens per sequence; default: the engine's (min(max_model_len, 2048))",
+    )
     g = ap.add_argument_group("train")
     g.add_argument("--train-samples", type=int, default=8)
     g.add_argument("--train-prompt", type=int, help="default 256 (1.4b) / 32 (tiny)")
@@ -532,10 +762,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--agree-per-policy", type=int, help="rollouts per (K, τ) policy; default 4, --quick 2")
     g.add_argument("--agree-prompt", type=int, default=64)
     g.add_argument("--agree-new-tokens", type=int, default=64)
-    g.add_argument("--prefill-group", type=int,
-                   help="prompts prefilled together, in every dtype (the engine's runner.MAX_PREFILL_GROUP, "
-                        "32, and MAX_PREFILL_GROUP_FP32, 1; 1: one prompt at a time): tells how the grouping moves "
-                        "the agreement")
+    g.add_argument(
+        "--prefill-group",
+        type=int,
+        help="prompts prefilled together, in every dtype (the engine's runner.MAX_PREFILL_GROUP, "
+        "32, and MAX_PREFILL_GROUP_FP32, 1; 1: one prompt at a time): tells how the grouping moves "
+        "the agreement",
+    )
     args = ap.parse_args(argv)
     if args.prefill_group is not None:
         if args.prefill_group < 1:
@@ -570,8 +803,11 @@ def main(argv: list[str] | None = None) -> int:
     b = Bench(args)
     run = [s for s in SECTIONS if s in args.sections]
     gpu = torch.cuda.get_device_name() if b.cuda else platform.processor() or "cpu"
-    print(f"gpu_table: {gpu}, torch {torch.__version__}; shape {args.shape} {args.dtype}; sections {','.join(run)}"
-          f"{' (quick)' if args.quick else ''}", flush=True)
+    print(
+        f"gpu_table: {gpu}, torch {torch.__version__}; shape {args.shape} {args.dtype}; sections {','.join(run)}"
+        f"{' (quick)' if args.quick else ''}",
+        flush=True,
+    )
     functions = {"decode": section_decode, "publish": section_publish, "train": section_train, "agree": section_agree}
     for i, name in enumerate(run):
         start = time.perf_counter()
@@ -588,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
             error = f"{type(err).__name__}: {err}"[:500]
             print(f"  section {name} failed: {error}", flush=True)
         finally:
-            if not set(run[i + 1:]) & {"publish", "train", "agree"}:  # nobody needs the trainer any more
+            if not set(run[i + 1 :]) & {"publish", "train", "agree"}:  # nobody needs the trainer any more
                 b.drop_trainer()
             b.free()
         seconds = time.perf_counter() - start
@@ -599,9 +835,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}: {seconds:.1f} s{'  (FAILED: ' + error + ')' if error else ''}", flush=True)
         b.write_json()
     b.drop_trainer()
-    text = table(b.rows) + "\nsections: " + ", ".join(
-        f"{k} {v['seconds']:.1f} s" + (" FAILED" if v["error"] else "") + (" SKIPPED" if v.get("skipped") else "")
-        for k, v in b.sections.items()) + f"; total {b.elapsed():.1f} s"
+    text = (
+        table(b.rows)
+        + "\nsections: "
+        + ", ".join(
+            f"{k} {v['seconds']:.1f} s" + (" FAILED" if v["error"] else "") + (" SKIPPED" if v.get("skipped") else "")
+            for k, v in b.sections.items()
+        )
+        + f"; total {b.elapsed():.1f} s"
+    )
     print()
     print(text)
     b.write_json()

@@ -35,8 +35,10 @@ def print_kernel_table(kernels: list, top: int, indent: str = "  ") -> float:
     for e in kernels:
         by_family[family(e.name)] += e.device_time
         by_name[e.name[:70]].append(e.device_time)
-    print(f"{indent}by family: " + ", ".join(f"{fam} {us / 1e3:.2f} ms" for fam, us in
-                                             sorted(by_family.items(), key=lambda kv: -kv[1])))
+    print(
+        f"{indent}by family: "
+        + ", ".join(f"{fam} {us / 1e3:.2f} ms" for fam, us in sorted(by_family.items(), key=lambda kv: -kv[1]))
+    )
     for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]:
         print(f"{indent}  {sum(times) / 1e3:8.3f} ms  {len(times):5d} x {sum(times) / len(times):8.1f} µs  {name}")
     return busy_us

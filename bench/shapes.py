@@ -46,8 +46,12 @@ from e2e import VOCAB, full_size_tokenizer, run_in_own_group  # noqa: E402
 GIB = 2**30
 PROMPTS = ("p16", "p100", "p1024")
 RESPONSES = ("r512", "r512v", "r4096", "r4096v")
-MODES = {"default": [], "exact": ["--exact"], "async": ["--exit-threshold", "0.9", "--async-scheduling"],
-         "spec": ["--speculative-tokens", "3"]}
+MODES = {
+    "default": [],
+    "exact": ["--exact"],
+    "async": ["--exit-threshold", "0.9", "--async-scheduling"],
+    "spec": ["--speculative-tokens", "3"],
+}
 PHASES = ("rollout", "refill", "train", "publish", "save")
 STOP_SHARE = 256  # rNv: one vocabulary entry in this many is a stop token
 
@@ -71,8 +75,12 @@ def write_data(path: Path, lengths: list[int]) -> None:
     with open(path, "w") as f:
         for i, n in enumerate(lengths):
             digits = "".join(g.choice("0123456789") for _ in range(max(1, n - 16)))
-            f.write(json.dumps({"prompt": f"{digits} What is 1+{i % 9}?", "label": 1 + i % 9,
-                                "metadata": {"problem_id": i}}) + "\n")
+            f.write(
+                json.dumps(
+                    {"prompt": f"{digits} What is 1+{i % 9}?", "label": 1 + i % 9, "metadata": {"problem_id": i}}
+                )
+                + "\n"
+            )
 
 
 def build_model(directory: Path, model: str, varied_stops: bool) -> None:
@@ -100,8 +108,16 @@ def build_model(directory: Path, model: str, varied_stops: bool) -> None:
     config_file.write_text(json.dumps(config, indent=2))
 
 
-def run_cell(cell: str, model: str, work: Path, updates: int, depths: list[int], timeout: float,
-             extra: list[str], prompts: int | None = None) -> dict:
+def run_cell(
+    cell: str,
+    model: str,
+    work: Path,
+    updates: int,
+    depths: list[int],
+    timeout: float,
+    extra: list[str],
+    prompts: int | None = None,
+) -> dict:
     prompt, response, mode = cell.split("-")
     tokens = int(response[1:].rstrip("v"))
     prompts, group = (prompts or (32 if tokens <= 512 else 8)), 8
@@ -117,12 +133,37 @@ def run_cell(cell: str, model: str, work: Path, updates: int, depths: list[int],
     write_data(data, prompt_lengths(prompt, prompts * max(updates, 1) * 2))
     run = work / f"run-{cell}"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [sys.executable, "-m", "ouro_cli.cli.app", "train", "--model", str(checkpoint), "--data", str(data),
-           "--eval-data", "", "--run-dir", str(run), "--depths", *map(str, depths), "--updates", str(updates),
-           "--prompts-per-update", str(prompts), "--group-size", str(group), "--max-response-len", str(tokens),
-           "--save-interval", "0", "--reward-function", "ouro_cli.rl.rewards.boxed_answer", *MODES[mode], *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYTHONUNBUFFERED="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "ouro_cli.cli.app",
+        "train",
+        "--model",
+        str(checkpoint),
+        "--data",
+        str(data),
+        "--eval-data",
+        "",
+        "--run-dir",
+        str(run),
+        "--depths",
+        *map(str, depths),
+        "--updates",
+        str(updates),
+        "--prompts-per-update",
+        str(prompts),
+        "--group-size",
+        str(group),
+        "--max-response-len",
+        str(tokens),
+        "--save-interval",
+        "0",
+        "--reward-function",
+        "ouro_cli.rl.rewards.boxed_answer",
+        *MODES[mode],
+        *extra,
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
     print(f"== {cell} ({model}): {prompts} x {group} x {tokens}, depths {depths}, {updates} updates", flush=True)
     start = time.perf_counter()
     code, out = run_in_own_group(cmd, env, work, timeout)
@@ -131,15 +172,20 @@ def run_cell(cell: str, model: str, work: Path, updates: int, depths: list[int],
         if line.startswith(("memory:", "error:")):
             print("   ", line, flush=True)
     plan_file = run / "ouro-plan.json"
-    budget = json.loads(plan_file.read_text())["sizing"]["budget_bytes"] / GIB \
-        if plan_file.exists() else None
+    budget = json.loads(plan_file.read_text())["sizing"]["budget_bytes"] / GIB if plan_file.exists() else None
     metrics = run / "metrics.jsonl"
     records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     shutil.rmtree(run / "checkpoint", ignore_errors=True)
     if code != 0:
         print("\n".join(out.splitlines()[-15:]))
-    return {"cell": cell, "model": model, "returncode": code, "wall_s": time.perf_counter() - start,
-            "budget_gib": budget, "updates": records}
+    return {
+        "cell": cell,
+        "model": model,
+        "returncode": code,
+        "wall_s": time.perf_counter() - start,
+        "budget_gib": budget,
+        "updates": records,
+    }
 
 
 def verdict(result: dict) -> tuple[bool, list[str]]:
@@ -156,11 +202,13 @@ def verdict(result: dict) -> tuple[bool, list[str]]:
         over = [p for p, (needed, _) in peaks.items() if needed + outside > budget]
         ok = ok and not over
         tokens = sum(r.get("rank_response_tokens", [0]))
-        lines.append(f"  update {r['update']} K={r['k']}: {r['step_s']:.1f} s (rollout {r['rollout_s']:.1f}, train "
-                     f"{r['train_s']:.1f}); {tokens} response tokens, {r.get('engine_preemptions', 0)} preempted; "
-                     f"peak GiB (held) + {outside:.1f} outside, budget {budget:.1f}: "
-                     + ", ".join(f"{p} {n:.1f} ({h:.1f})" for p, (n, h) in peaks.items())
-                     + (f"  OVER in {', '.join(over)}" if over else "  ok"))
+        lines.append(
+            f"  update {r['update']} K={r['k']}: {r['step_s']:.1f} s (rollout {r['rollout_s']:.1f}, train "
+            f"{r['train_s']:.1f}); {tokens} response tokens, {r.get('engine_preemptions', 0)} preempted; "
+            f"peak GiB (held) + {outside:.1f} outside, budget {budget:.1f}: "
+            + ", ".join(f"{p} {n:.1f} ({h:.1f})" for p, (n, h) in peaks.items())
+            + (f"  OVER in {', '.join(over)}" if over else "  ok")
+        )
     return ok, lines
 
 
@@ -187,13 +235,17 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     results, failed = [], False
     for cell in args.cells:
-        result = run_cell(cell, args.model, work, args.updates, args.depths, args.timeout, args.train_args.split(),
-                          args.prompts)
+        result = run_cell(
+            cell, args.model, work, args.updates, args.depths, args.timeout, args.train_args.split(), args.prompts
+        )
         ok, lines = verdict(result)
         failed |= not ok
         print("\n".join(lines))
-        print(f"{cell} ({args.model}): {'PASS' if ok else 'FAIL'} (exit {result['returncode']}, "
-              f"{result['wall_s']:.0f} s)", flush=True)
+        print(
+            f"{cell} ({args.model}): {'PASS' if ok else 'FAIL'} (exit {result['returncode']}, "
+            f"{result['wall_s']:.0f} s)",
+            flush=True,
+        )
         results.append(result)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str))

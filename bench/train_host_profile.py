@@ -76,7 +76,7 @@ def print_top(source, top: int, indent: str) -> None:
         pstats.Stats(source, stream=text).sort_stats(order).print_stats(top)
         lines = [x for x in text.getvalue().splitlines() if x.strip()]
         print(f"{indent}by {order}:")
-        for line in lines[-top - 1:]:
+        for line in lines[-top - 1 :]:
             print(f"{indent}  {line[:160]}")
 
 

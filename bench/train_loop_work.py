@@ -47,8 +47,15 @@ def model_config(shape: str):
 
     if shape == "1.4b":
         return OuroConfig()  # its defaults are Ouro-1.4B: hidden 2048, 24 layers, 16 heads
-    return tiny_config(vocab_size=2048, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096)
+    return tiny_config(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+    )
 
 
 def make_samples(c, n: int, prompt_len: int, response_len: int, schedule: str, rng: random.Random):
@@ -85,8 +92,13 @@ def forward_backward(model, mbs, device) -> None:
     for mb in mbs:
         mb = mb.to(device)
         with deterministic_kernels(device):
-            logits = model(mb.input_ids, mb.depths, attention_mask=mb.attention_mask, document_ids=mb.document_ids,
-                           logits_at=(mb.score_rows, mb.score_cols))
+            logits = model(
+                mb.input_ids,
+                mb.depths,
+                attention_mask=mb.attention_mask,
+                document_ids=mb.document_ids,
+                logits_at=(mb.score_rows, mb.score_cols),
+            )
             logp = torch.log_softmax(logits.float(), -1).gather(1, mb.targets[:, None]).squeeze(1)
             (-(logp * mb.weights).sum()).backward()
 
@@ -153,8 +165,12 @@ def compare(model, c, args, device, schedule: str) -> dict:
     for path, share in shares.items():
         with with_gather_below(share):
             executed, required = work(mbs, layers)
-        result[path] = {"forward_backward_s": round(seconds[path], 4), "layer_tokens_executed": executed,
-                        "layer_tokens_required": required, "executed_over_required": round(executed / required, 4)}
+        result[path] = {
+            "forward_backward_s": round(seconds[path], 4),
+            "layer_tokens_executed": executed,
+            "layer_tokens_required": required,
+            "executed_over_required": round(executed / required, 4),
+        }
     dense, gathered = result["dense"], result["gathered"]
     result["speedup"] = round(dense["forward_backward_s"] / gathered["forward_backward_s"], 3)
     result["work_ratio"] = round(dense["layer_tokens_executed"] / gathered["layer_tokens_executed"], 3)
@@ -174,19 +190,35 @@ def sweep(model, c, args, device) -> list[dict]:
     ids = torch.randint(3, c.vocab_size, (rows, length), generator=g)
 
     def batch(depths):
-        return [MicroBatch(ids, depths, None, None, torch.arange(rows).repeat_interleave(length),
-                           torch.arange(length).repeat(rows), ids.flatten(), torch.zeros(n), torch.zeros(n),
-                           torch.ones(n), torch.full((n,), 1.0 / n), rows, n)]
+        return [
+            MicroBatch(
+                ids,
+                depths,
+                None,
+                None,
+                torch.arange(rows).repeat_interleave(length),
+                torch.arange(length).repeat(rows),
+                ids.flatten(),
+                torch.zeros(n),
+                torch.zeros(n),
+                torch.ones(n),
+                torch.full((n,), 1.0 / n),
+                rows,
+                n,
+            )
+        ]
 
     one = batch(torch.ones(rows, length, dtype=torch.long))
     out = []
     for share in args.shares:
         two = batch(1 + (torch.rand(rows, length, generator=g) < share).long())
-        seconds = timed(model, {"loop1": (one, 0.0), "dense": (two, 0.0), "gathered": (two, 1.01)}, device,
-                        args.steps, args.warmup)
+        seconds = timed(
+            model, {"loop1": (one, 0.0), "dense": (two, 0.0), "gathered": (two, 1.01)}, device, args.steps, args.warmup
+        )
         row = {"running_share": share, **{name + "_s": round(t, 4) for name, t in seconds.items()}}
-        row["gathered_over_dense"] = round((seconds["gathered"] - seconds["loop1"])
-                                           / (seconds["dense"] - seconds["loop1"]), 3)
+        row["gathered_over_dense"] = round(
+            (seconds["gathered"] - seconds["loop1"]) / (seconds["dense"] - seconds["loop1"]), 3
+        )
         out.append(row)
     return out
 
@@ -205,8 +237,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--sweep", action="store_true", help="time one loop at a range of running shares instead")
     parser.add_argument("--sweep-rows", type=int, default=4)
-    parser.add_argument("--shares", type=float, nargs="+", default=[0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98],
-                        help="--sweep: the running shares timed")
+    parser.add_argument(
+        "--shares",
+        type=float,
+        nargs="+",
+        default=[0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98],
+        help="--sweep: the running shares timed",
+    )
     parser.add_argument("--threads", type=int, default=None, help="CPU: torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
@@ -227,29 +264,41 @@ def main() -> None:
     c = model_config(args.shape)
     model = build(c, dtype=dtype, device=device, seed=0)
     model.model.early_exit_gate.requires_grad_(False)  # frozen in GRPO
-    head = (f"{args.shape} shape ({c.hidden_size} hidden, {c.num_hidden_layers} layers, {c.num_attention_heads} heads), "
-            f"{str(dtype).removeprefix('torch.')} on {args.device}, GATHER_BELOW {ouro.GATHER_BELOW}")
+    head = (
+        f"{args.shape} shape ({c.hidden_size} hidden, {c.num_hidden_layers} layers, {c.num_attention_heads} heads), "
+        f"{str(dtype).removeprefix('torch.')} on {args.device}, GATHER_BELOW {ouro.GATHER_BELOW}"
+    )
     if args.sweep:
         rows = sweep(model, c, args, device)
-        print(f"loop 2 of {args.sweep_rows} x {args.prompt_len + args.response_len} positions (forward + backward, "
-              f"minus loop 1 alone), {head}")
+        print(
+            f"loop 2 of {args.sweep_rows} x {args.prompt_len + args.response_len} positions (forward + backward, "
+            f"minus loop 1 alone), {head}"
+        )
         for r in rows:
             dense, gathered = r["dense_s"] - r["loop1_s"], r["gathered_s"] - r["loop1_s"]
-            print(f"  running share {r['running_share']:.2f}: dense {dense * 1e3:7.1f} ms  gathered "
-                  f"{gathered * 1e3:7.1f} ms  gathered / dense {r['gathered_over_dense']:.3f} (ideal "
-                  f"{r['running_share']:.2f})")
+            print(
+                f"  running share {r['running_share']:.2f}: dense {dense * 1e3:7.1f} ms  gathered "
+                f"{gathered * 1e3:7.1f} ms  gathered / dense {r['gathered_over_dense']:.3f} (ideal "
+                f"{r['running_share']:.2f})"
+            )
         results: object = rows
     else:
-        print(f"{args.samples} samples x ({args.prompt_len} prompt + {args.response_len} response), micro-batches of "
-              f"{args.max_tokens} positions, {head}")
+        print(
+            f"{args.samples} samples x ({args.prompt_len} prompt + {args.response_len} response), micro-batches of "
+            f"{args.max_tokens} positions, {head}"
+        )
         results = [compare(model, c, args, device, s) for s in args.schedules]
         for r in results:
             d, g = r["dense"], r["gathered"]
-            print(f"  {r['schedule']:<9} dense    {d['forward_backward_s'] * 1e3:8.1f} ms  executed / required "
-                  f"{d['executed_over_required']:.3f}")
-            print(f"  {'':<9} gathered {g['forward_backward_s'] * 1e3:8.1f} ms  executed / required "
-                  f"{g['executed_over_required']:.3f}  = {g['executed_over_required'] / LIMIT:.3f} of the limit "
-                  f"{LIMIT}  speedup {r['speedup']:.2f}x (work {r['work_ratio']:.2f}x)")
+            print(
+                f"  {r['schedule']:<9} dense    {d['forward_backward_s'] * 1e3:8.1f} ms  executed / required "
+                f"{d['executed_over_required']:.3f}"
+            )
+            print(
+                f"  {'':<9} gathered {g['forward_backward_s'] * 1e3:8.1f} ms  executed / required "
+                f"{g['executed_over_required']:.3f}  = {g['executed_over_required'] / LIMIT:.3f} of the limit "
+                f"{LIMIT}  speedup {r['speedup']:.2f}x (work {r['work_ratio']:.2f}x)"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -61,8 +61,11 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
             measured = (torch.cuda.max_memory_allocated() - base) / tokens
-            row.update(measured_bytes_per_token=round(measured), ratio=round(measured / estimate, 3),
-                       resident_gib=round(base / 2**30, 2))
+            row.update(
+                measured_bytes_per_token=round(measured),
+                ratio=round(measured / estimate, 3),
+                resident_gib=round(base / 2**30, 2),
+            )
         results.append(row)
         trainer.close()
         del trainer
@@ -70,9 +73,11 @@ def main() -> None:
             torch.cuda.empty_cache()
     for r in results:
         measured = r.get("measured_bytes_per_token")
-        print(f"recompute {'on ' if r['recompute'] else 'off'}: {r['tokens']} tokens, estimate "
-              f"{r['estimate_bytes_per_token'] / 2**20:.2f} MiB/token"
-              + (f", measured {measured / 2**20:.2f} MiB/token, ratio {r['ratio']:.2f}" if measured else ""))
+        print(
+            f"recompute {'on ' if r['recompute'] else 'off'}: {r['tokens']} tokens, estimate "
+            f"{r['estimate_bytes_per_token'] / 2**20:.2f} MiB/token"
+            + (f", measured {measured / 2**20:.2f} MiB/token, ratio {r['ratio']:.2f}" if measured else "")
+        )
     print(json.dumps(results))
 
 

@@ -3,14 +3,16 @@
     python bench/train_step.py --shape tiny --device cpu
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --recompute
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --profile 25
-    python bench/train_step.py --shape 1.4b --device cuda --samples 26 --prompt-len 18 --response-len 512 --depths 2 --profile 25
+    python bench/train_step.py --shape 1.4b --device cuda --samples 26 --prompt-len 18 --response-len 512 --depths 2
+    --profile 25
     python bench/train_step.py --shape 1.4b --device cuda --samples 256 --prompt-len 18 --response-len 512 --depths 2 \
         --max-tokens-per-micro-batch 12032 --prompt-heads    # one e2e K = 2 update's train step (without: as before)
     torchrun --nproc-per-node 8 bench/train_step.py --shape 1.4b --device cuda   # per-rank batch
 
 Random weights at the chosen shape, random prompt/response tokens, and exit depths that
 are all T (`--depths full`, the reference setting), drawn uniformly from 1..T
-(`--depths random`), or one K (`--depths 2`: a fixed-budget rollout's, the prompt at T). Each timed step is a full `Trainer.train_step`: replay forward,
+(`--depths random`), or one K (`--depths 2`: a fixed-budget rollout's, the prompt at T). Each timed step is a full
+`Trainer.train_step`: replay forward,
 GRPO loss, backward, DDP sync, clipping, Adam, LR schedule.
 
 FLOP accounting (per step, summed over ranks):
@@ -71,6 +73,7 @@ def make_samples(c, n, prompt_len, response_len, depths, rng):
     for _ in range(n):
         prompt = [rng.randrange(3, c.vocab_size) for _ in range(prompt_len)]
         response = [rng.randrange(3, c.vocab_size) for _ in range(response_len)]
+
         def depth() -> int:
             return T if depths == "full" else rng.randint(1, T) if depths == "random" else int(depths)
 
@@ -80,10 +83,22 @@ def make_samples(c, n, prompt_len, response_len, depths, rng):
     return out
 
 
-def build_trainer(shape: str, device: str, dtype: str = "auto", *, micro_batch_size: int | None = None,
-                  pack: bool = True, pack_length: int | None = None, recompute: bool = False,
-                  distributed_optimizer: bool = False, deterministic: bool = True, model=None,
-                  max_tokens: int | None = None, prompt_heads: bool = False, exact: bool = False):
+def build_trainer(
+    shape: str,
+    device: str,
+    dtype: str = "auto",
+    *,
+    micro_batch_size: int | None = None,
+    pack: bool = True,
+    pack_length: int | None = None,
+    recompute: bool = False,
+    distributed_optimizer: bool = False,
+    deterministic: bool = True,
+    model=None,
+    max_tokens: int | None = None,
+    prompt_heads: bool = False,
+    exact: bool = False,
+):
     """A Trainer on a random model of `shape` (or on `model`, adopted). Returns (trainer, setup seconds).
     `max_tokens` cuts each step into micro-batches as `ouro train` does (counted at full depth,
     rl/sizing.py token_cost_shares); `prompt_heads` splits fixed-budget samples as it does;
@@ -93,11 +108,20 @@ def build_trainer(shape: str, device: str, dtype: str = "auto", *, micro_batch_s
     from ouro_cli.trainer import Trainer, TrainerConfig
 
     cost = token_cost_shares(model_config(shape), recompute, exact) if max_tokens else None
-    config = TrainerConfig(device=device, params_dtype=dtype, lr=1e-6, micro_batch_size=micro_batch_size, pack=pack,
-                           pack_length=pack_length, recompute=recompute,
-                           use_distributed_optimizer=distributed_optimizer, deterministic=deterministic,
-                           max_tokens_per_micro_batch=max_tokens, micro_batch_token_cost=cost,
-                           prompt_heads=prompt_heads)
+    config = TrainerConfig(
+        device=device,
+        params_dtype=dtype,
+        lr=1e-6,
+        micro_batch_size=micro_batch_size,
+        pack=pack,
+        pack_length=pack_length,
+        recompute=recompute,
+        use_distributed_optimizer=distributed_optimizer,
+        deterministic=deterministic,
+        max_tokens_per_micro_batch=max_tokens,
+        micro_batch_token_cost=cost,
+        prompt_heads=prompt_heads,
+    )
     t0 = time.perf_counter()
     if model is None:
         # Build in the parameter dtype, directly on the device: a 1.4B fp32 copy on the host is slow.
@@ -106,8 +130,17 @@ def build_trainer(shape: str, device: str, dtype: str = "auto", *, micro_batch_s
     return trainer, time.perf_counter() - t0
 
 
-def measure_steps(trainer, shape: str, *, samples: int, prompt_len: int, response_len: int, depths: str = "full",
-                  steps: int = 5, warmup: int = 2) -> dict:
+def measure_steps(
+    trainer,
+    shape: str,
+    *,
+    samples: int,
+    prompt_len: int,
+    response_len: int,
+    depths: str = "full",
+    steps: int = 5,
+    warmup: int = 2,
+) -> dict:
     """Time `steps` full train steps after `warmup` ones on random samples; the result dict (see module docstring)."""
     import torch
 
@@ -137,20 +170,31 @@ def measure_steps(trainer, shape: str, *, samples: int, prompt_len: int, respons
     tokens = last["tokens"]  # summed over ranks
     model_flops = 3 * forward_flops(batches[-1], c) * world
     per_loop_layer_token = 2 * layer_matmul_params(c)
-    executed_flops = ((last["layer_tokens_executed"] * 3 + last["layer_tokens_recomputed"]) * per_loop_layer_token
-                      + 3 * last["padded_tokens"] * 2 * c.hidden_size * c.vocab_size)
+    executed_flops = (
+        last["layer_tokens_executed"] * 3 + last["layer_tokens_recomputed"]
+    ) * per_loop_layer_token + 3 * last["padded_tokens"] * 2 * c.hidden_size * c.vocab_size
     config = trainer.config
     result = {
-        "shape": shape, "device": trainer.device.type, "dtype": str(config.torch_dtype).removeprefix("torch."),
-        "world_size": world, "samples_per_rank": samples, "prompt_len": prompt_len,
-        "response_len": response_len, "depths": depths, "recompute": config.recompute,
-        "micro_batch_size": config.micro_batch_size, "pack": config.pack,
-        "step_s_median": round(step_s, 4), "step_s_all": [round(t, 4) for t in times],
-        "tokens_per_step": tokens, "tokens_per_s": round(tokens / step_s, 1),
+        "shape": shape,
+        "device": trainer.device.type,
+        "dtype": str(config.torch_dtype).removeprefix("torch."),
+        "world_size": world,
+        "samples_per_rank": samples,
+        "prompt_len": prompt_len,
+        "response_len": response_len,
+        "depths": depths,
+        "recompute": config.recompute,
+        "micro_batch_size": config.micro_batch_size,
+        "pack": config.pack,
+        "step_s_median": round(step_s, 4),
+        "step_s_all": [round(t, 4) for t in times],
+        "tokens_per_step": tokens,
+        "tokens_per_s": round(tokens / step_s, 1),
         "model_tflops_per_s": round(model_flops / step_s / 1e12, 4),
         "executed_tflops_per_s": round(executed_flops / step_s / 1e12, 4),
         "executed_over_required_layer_tokens": round(last["layer_tokens_executed"] / last["layer_tokens_required"], 3),
-        "forward_backward_s": round(last["forward_backward_s"], 4), "optimizer_s": round(last["optimizer_s"], 4),
+        "forward_backward_s": round(last["forward_backward_s"], 4),
+        "optimizer_s": round(last["optimizer_s"], 4),
     }
     if trainer.device.type == "cuda":
         result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -169,36 +213,75 @@ def main() -> None:
     parser.add_argument("--pack-length", type=int, default=None)
     parser.add_argument("--no-pack", action="store_true")
     parser.add_argument("--recompute", action="store_true")
-    parser.add_argument("--depths", choices=["full", "random", "1", "2", "3", "4"], default="full",
-                        help="response exit depths: all T, uniform in 1..T, or one K (bench/e2e.py's rollouts)")
-    parser.add_argument("--max-tokens-per-micro-batch", type=int, default=None,
-                        help="cut each step into micro-batches of this many tokens at full depth, as ouro train does "
-                             "(it printed its budget in the memory-plan line; 12032 at the e2e shape)")
-    parser.add_argument("--prompt-heads", action="store_true",
-                        help="train fixed-budget samples as a body and a prompt head, as ouro train does")
+    parser.add_argument(
+        "--depths",
+        choices=["full", "random", "1", "2", "3", "4"],
+        default="full",
+        help="response exit depths: all T, uniform in 1..T, or one K (bench/e2e.py's rollouts)",
+    )
+    parser.add_argument(
+        "--max-tokens-per-micro-batch",
+        type=int,
+        default=None,
+        help="cut each step into micro-batches of this many tokens at full depth, as ouro train does "
+        "(it printed its budget in the memory-plan line; 12032 at the e2e shape)",
+    )
+    parser.add_argument(
+        "--prompt-heads",
+        action="store_true",
+        help="train fixed-budget samples as a body and a prompt head, as ouro train does",
+    )
     parser.add_argument("--distributed-optimizer", action="store_true")
-    parser.add_argument("--nondeterministic", action="store_true",
-                        help="CUDA: PyTorch's default kernels instead of the deterministic ones the trainer uses")
+    parser.add_argument(
+        "--nondeterministic",
+        action="store_true",
+        help="CUDA: PyTorch's default kernels instead of the deterministic ones the trainer uses",
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--blas", choices=["default", "cublas", "cublaslt"], default="default",
-                        help="CUDA: torch.backends.cuda.preferred_blas_library for the run")
-    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
-                        help="after timing, profile one more step (torch.profiler) and print GPU-busy time per kernel "
-                             "family and the TOP kernels")
+    parser.add_argument(
+        "--blas",
+        choices=["default", "cublas", "cublaslt"],
+        default="default",
+        help="CUDA: torch.backends.cuda.preferred_blas_library for the run",
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="TOP",
+        help="after timing, profile one more step (torch.profiler) and print GPU-busy time per kernel "
+        "family and the TOP kernels",
+    )
     args = parser.parse_args()
     if args.blas != "default":
         import torch
 
         torch.backends.cuda.preferred_blas_library(args.blas)
 
-    trainer, setup_s = build_trainer(args.shape, args.device, args.dtype, micro_batch_size=args.micro_batch_size,
-                                     pack=not args.no_pack, pack_length=args.pack_length, recompute=args.recompute,
-                                     distributed_optimizer=args.distributed_optimizer,
-                                     deterministic=not args.nondeterministic,
-                                     max_tokens=args.max_tokens_per_micro_batch, prompt_heads=args.prompt_heads)
-    result = measure_steps(trainer, args.shape, samples=args.samples, prompt_len=args.prompt_len,
-                           response_len=args.response_len, depths=args.depths, steps=args.steps, warmup=args.warmup)
+    trainer, setup_s = build_trainer(
+        args.shape,
+        args.device,
+        args.dtype,
+        micro_batch_size=args.micro_batch_size,
+        pack=not args.no_pack,
+        pack_length=args.pack_length,
+        recompute=args.recompute,
+        distributed_optimizer=args.distributed_optimizer,
+        deterministic=not args.nondeterministic,
+        max_tokens=args.max_tokens_per_micro_batch,
+        prompt_heads=args.prompt_heads,
+    )
+    result = measure_steps(
+        trainer,
+        args.shape,
+        samples=args.samples,
+        prompt_len=args.prompt_len,
+        response_len=args.response_len,
+        depths=args.depths,
+        steps=args.steps,
+        warmup=args.warmup,
+    )
     result["setup_s"] = round(setup_s, 2)
     if trainer.context.rank == 0:
         print(json.dumps(result, indent=2))
@@ -227,8 +310,10 @@ def profile_step(trainer, shape: str, samples: int, prompt_len: int, response_le
     kernels = cuda_kernels(prof)
     if trainer.context.rank != 0:
         return
-    print(f"profiled step: {wall * 1e3:.1f} ms wall (forward+backward {metrics['forward_backward_s'] * 1e3:.1f} ms, "
-          f"optimizer {metrics['optimizer_s'] * 1e3:.1f} ms), {len(kernels)} kernels")
+    print(
+        f"profiled step: {wall * 1e3:.1f} ms wall (forward+backward {metrics['forward_backward_s'] * 1e3:.1f} ms, "
+        f"optimizer {metrics['optimizer_s'] * 1e3:.1f} ms), {len(kernels)} kernels"
+    )
     busy = print_kernel_table(kernels, top)
     print(f"  GPU busy {busy / 1e3:.1f} ms = {busy / 1e6 / wall:.1%} of the wall time")
     print("  host: operators by self CPU time (what keeps the GPU waiting when busy is low)")

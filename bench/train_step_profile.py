@@ -75,8 +75,13 @@ def sync_stacks(cuda: bool):
     def record(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" not in str(message):
             return shown(message, category, filename, lineno, file, line)
-        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename
-                  and "/warnings.py" not in f.filename and Path(f.filename).name != Path(__file__).name]
+        frames = [
+            f
+            for f in traceback.extract_stack()[:-1]
+            if "/torch/" not in f.filename
+            and "/warnings.py" not in f.filename
+            and Path(f.filename).name != Path(__file__).name
+        ]
         stacks[tuple(f"{short(f.filename)}:{f.lineno} {f.name}" for f in frames[-STACK_DEPTH:])] += 1
 
     with warnings.catch_warnings():
@@ -124,8 +129,14 @@ def summary(prof, wall: float, cuda: bool, top: int, stacks=None) -> str:
 
 
 GAP_US = 5.0  # device idle for longer than this between kernels counts as a gap
-LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaMemsetAsync",
-            "cudaMemcpyAsync")
+LAUNCHES = (
+    "cudaLaunchKernel",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaLaunchKernelExC",
+    "cudaMemsetAsync",
+    "cudaMemcpyAsync",
+)
 
 
 def idle_gaps(kernels, events, gap_us: float = GAP_US):
@@ -141,8 +152,10 @@ def idle_gaps(kernels, events, gap_us: float = GAP_US):
 
     import torch
 
-    launches = sorted((e for e in events if e.device_type != torch.autograd.DeviceType.CUDA
-                       and e.name in LAUNCHES), key=lambda e: e.time_range.start)
+    launches = sorted(
+        (e for e in events if e.device_type != torch.autograd.DeviceType.CUDA and e.name in LAUNCHES),
+        key=lambda e: e.time_range.start,
+    )
     starts = [e.time_range.start for e in launches]
     idle: Counter = Counter()
     count: Counter = Counter()
@@ -179,15 +192,18 @@ def _source(op, outermost: str) -> tuple[str, str]:
 
 def print_idle_gaps(kernels, events, top: int) -> None:
     idle, count, total = idle_gaps(kernels, events)
-    print(f"  device idle in gaps over {GAP_US:.0f} µs: {total / 1e6:.2f} s in {sum(count.values())} gaps; "
-          f"by the launch the device waited for:")
+    print(
+        f"  device idle in gaps over {GAP_US:.0f} µs: {total / 1e6:.2f} s in {sum(count.values())} gaps; "
+        f"by the launch the device waited for:"
+    )
     for key, us in idle.most_common(top):
         print(f"    {us / 1e3:9.2f} ms  {count[key]:6d} gaps  {key[0]}  {key[1]}")
 
 
 def print_syncs(prof, top: int) -> None:
     """The host's waits for the device (cudaStreamSynchronize, and cudaMemcpyAsync, where a copy
-    to pageable host memory waits: `.item()`, `int(t)`, `nonzero`, a blocking copy), by the outermost operator that made them and the innermost ouro_cli line on
+    to pageable host memory waits: `.item()`, `int(t)`, `nonzero`, a blocking copy), by the outermost operator that
+    made them and the innermost ouro_cli line on
     its Python stack, with the time the host waited: each is a point where the device's queue
     ran dry behind it. Waits inside the backward have no Python stack (the autograd engine
     runs them): their operator names them (an index_put_ under deterministic algorithms,

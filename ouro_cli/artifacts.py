@@ -23,8 +23,18 @@ from .errors import UserError
 
 MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
-_PACKAGES = ("ouro-cli", "torch", "megatron-core", "safetensors", "transformers", "tokenizers", "numpy",
-             "sympy", "pylatexenc", "math-verify")  # the last three decide math rewards
+_PACKAGES = (
+    "ouro-cli",
+    "torch",
+    "megatron-core",
+    "safetensors",
+    "transformers",
+    "tokenizers",
+    "numpy",
+    "sympy",
+    "pylatexenc",
+    "math-verify",
+)  # the last three decide math rewards
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
@@ -95,7 +105,10 @@ def is_complete(directory: Path) -> bool:
 
 def require_complete(directory: Path, what: str = "artifact") -> None:
     if not is_complete(directory):
-        raise UserError(f"{directory} is not a complete {what} (no {MARKER} marker): it was not finished; re-run the command that makes it")
+        raise UserError(
+            f"{directory} is not a complete {what} (no {MARKER} marker): it was not finished; re-run the command that "
+            f"makes it"
+        )
 
 
 def real_path(path: str | Path) -> Path:

@@ -35,8 +35,14 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 from ouro_cli.errors import UserError
 
 # The panels of the command-line help, in the order a command shows them.
-P_DATA, P_GRPO, P_OPT, P_ENGINE, P_EXEC, P_RUN = ("Model and data", "GRPO update", "Optimizer", "Engine",
-                                                   "Execution (kernels, compilation)", "Run, save, evaluate")
+P_DATA, P_GRPO, P_OPT, P_ENGINE, P_EXEC, P_RUN = (
+    "Model and data",
+    "GRPO update",
+    "Optimizer",
+    "Engine",
+    "Execution (kernels, compilation)",
+    "Run, save, evaluate",
+)
 
 T = TypeVar("T")
 
@@ -45,21 +51,43 @@ T = TypeVar("T")
 class OptionInfo:
     help: str
     panel: str | None = None
-    name: str | None = None         # the flat name, when it is not the field's name
-    flag: str | None = None         # the flag as the help shows it, when it is not --<name>
-    aliases: tuple[str, ...] = ()   # further spellings, accepted and not shown
-    shown: str | None = None        # how the help states a default that is None or a path
-    env: str | None = None          # the environment variable that stands in for the option (settings.py)
-    argument: bool = False          # a positional argument instead of a flag
-    metavar: str | None = None      # how the help names the value, when not by its type
+    name: str | None = None  # the flat name, when it is not the field's name
+    flag: str | None = None  # the flag as the help shows it, when it is not --<name>
+    aliases: tuple[str, ...] = ()  # further spellings, accepted and not shown
+    shown: str | None = None  # how the help states a default that is None or a path
+    env: str | None = None  # the environment variable that stands in for the option (settings.py)
+    argument: bool = False  # a positional argument instead of a flag
+    metavar: str | None = None  # how the help names the value, when not by its type
 
 
-def option(default: Any = MISSING, *, factory: Callable[[], Any] | None = None, help: str, panel: str | None = None,
-           name: str | None = None, flag: str | None = None, aliases: tuple[str, ...] = (), shown: str | None = None,
-           env: str | None = None, argument: bool = False, metavar: str | None = None) -> Any:
+def option(
+    default: Any = MISSING,
+    *,
+    factory: Callable[[], Any] | None = None,
+    help: str,
+    panel: str | None = None,
+    name: str | None = None,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    shown: str | None = None,
+    env: str | None = None,
+    argument: bool = False,
+    metavar: str | None = None,
+) -> Any:
     """A field that is an option of the tree (module docstring)."""
-    metadata = {"option": OptionInfo(help=help, panel=panel, name=name, flag=flag, aliases=aliases, shown=shown,
-                                     env=env, argument=argument, metavar=metavar)}
+    metadata = {
+        "option": OptionInfo(
+            help=help,
+            panel=panel,
+            name=name,
+            flag=flag,
+            aliases=aliases,
+            shown=shown,
+            env=env,
+            argument=argument,
+            metavar=metavar,
+        )
+    }
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -181,8 +209,9 @@ def _construct(cls: type[T], values: dict[str, Any]) -> T:
     kwargs = {}
     for f in fields(cls):
         if f.name in values:
-            kwargs[f.name] = _construct(f.metadata["section"], values[f.name]) if "section" in f.metadata \
-                else values[f.name]
+            kwargs[f.name] = (
+                _construct(f.metadata["section"], values[f.name]) if "section" in f.metadata else values[f.name]
+            )
     return cls(**kwargs)
 
 

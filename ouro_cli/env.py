@@ -43,10 +43,18 @@ VARIABLES: dict[str, Variable] = {
     "LOCAL_RANK": Variable(int, 0, "its rank on this host: the index of the CUDA device it uses"),
     "WORLD_SIZE": Variable(int, 1, "how many processes the job has"),
     # ouro's own
-    "OURO_DEBUG": Variable(_flag, False, "a failing command shows its traceback (`ouro --debug` sets it, so that "
-                           "the processes a command starts show theirs)"),
-    "OURO_CHECK_KERNELS": Variable(_flag, False, "the Triton kernels check the indices they dereference before each "
-                                   "launch (kernels/bounds.py): a debugging aid that reads the device"),
+    "OURO_DEBUG": Variable(
+        _flag,
+        False,
+        "a failing command shows its traceback (`ouro --debug` sets it, so that "
+        "the processes a command starts show theirs)",
+    ),
+    "OURO_CHECK_KERNELS": Variable(
+        _flag,
+        False,
+        "the Triton kernels check the indices they dereference before each "
+        "launch (kernels/bounds.py): a debugging aid that reads the device",
+    ),
     # options (ouro_cli/settings.py, rl/options.py)
     "OURO_COMPILE": Variable(str, None, f"--compile {OPTION}"),
     "OURO_COMPILE_LAYERS": Variable(str, None, f"--compile-layers {OPTION}"),
@@ -57,24 +65,35 @@ VARIABLES: dict[str, Variable] = {
     "OURO_PD_THREADS": Variable(str, None, f"--pd-worker-threads {OPTION}"),
     # other programs' variables
     "TRITON_INTERPRET": Variable(_is_one, False, "Triton runs its kernels on its CPU interpreter (Triton's own)"),
-    "XDG_CACHE_HOME": Variable(str, None, "the user's cache directory: compiled kernels go to its ouro/ (default "
-                               "~/.cache/ouro)"),
-    "TORCHINDUCTOR_CACHE_DIR": Variable(str, None, "torch.compile's cache: set, unless set, to the cache's "
-                                        "ouro/inductor (warnings_log.quiet)"),
+    "XDG_CACHE_HOME": Variable(
+        str, None, "the user's cache directory: compiled kernels go to its ouro/ (default ~/.cache/ouro)"
+    ),
+    "TORCHINDUCTOR_CACHE_DIR": Variable(
+        str, None, "torch.compile's cache: set, unless set, to the cache's ouro/inductor (warnings_log.quiet)"
+    ),
     "TRITON_CACHE_DIR": Variable(str, None, "Triton's cache: set, unless set, to the cache's ouro/triton"),
-    "CUBLAS_WORKSPACE_CONFIG": Variable(str, None, "cuBLAS's workspace: set, unless set, where deterministic "
-                                        "kernels need it (trainer/determinism.py)"),
-    "UCX_TLS": Variable(str, None, "the UCX transports NIXL may use: set in `ouro probe-ucx`'s processes, one "
-                        "setting each"),
+    "CUBLAS_WORKSPACE_CONFIG": Variable(
+        str, None, "cuBLAS's workspace: set, unless set, where deterministic kernels need it (trainer/determinism.py)"
+    ),
+    "UCX_TLS": Variable(
+        str, None, "the UCX transports NIXL may use: set in `ouro probe-ucx`'s processes, one setting each"
+    ),
     # test-only: ouro_cli/testing/faults.py, never set in a real run
-    "OURO_TEST_FAULT": Variable(str, None, "POINT[@N]=ACTION[+ACTION]: a signal, a device error or a memory "
-                                "hog at a named point", test_only=True),
-    "OURO_TEST_BREAK_RESUME": Variable(_flag, False, "a resumed run reseeds its sampler (a broken resume)",
-                                       test_only=True),
-    "OURO_TEST_KV_LIMIT": Variable(int, None, "a KV cache of more than N blocks is out of memory (a small device)",
-                                   test_only=True),
-    "OURO_TEST_TRAIN_LIMIT": Variable(int, None, "a micro-batch of more than N tokens is out of memory (a small "
-                                      "device)", test_only=True),
+    "OURO_TEST_FAULT": Variable(
+        str,
+        None,
+        "POINT[@N]=ACTION[+ACTION]: a signal, a device error or a memory hog at a named point",
+        test_only=True,
+    ),
+    "OURO_TEST_BREAK_RESUME": Variable(
+        _flag, False, "a resumed run reseeds its sampler (a broken resume)", test_only=True
+    ),
+    "OURO_TEST_KV_LIMIT": Variable(
+        int, None, "a KV cache of more than N blocks is out of memory (a small device)", test_only=True
+    ),
+    "OURO_TEST_TRAIN_LIMIT": Variable(
+        int, None, "a micro-batch of more than N tokens is out of memory (a small device)", test_only=True
+    ),
 }
 
 

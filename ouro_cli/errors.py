@@ -54,14 +54,18 @@ def is_device_fault(err: BaseException) -> bool:
         return False
     text = str(err)
     return type(err).__name__ == "AcceleratorError" or (
-        isinstance(err, RuntimeError) and ("CUDA error" in text or "device-side assert" in text))
+        isinstance(err, RuntimeError) and ("CUDA error" in text or "device-side assert" in text)
+    )
 
 
 def device_fault_line(where: str, err: BaseException) -> str:
     """The one line of a GPU error in `where`: what the device said, what is left, how to see more."""
     said = str(err).splitlines()[0].strip() if str(err).strip() else type(err).__name__
     said = said.removeprefix("CUDA error: ")
-    return (f"CUDA error in {where}: {said}. Nothing of the update in progress was saved: `ouro resume` "
-            "continues from the run's last checkpoint (or starts it again if none was saved). To name the failing kernel, run again "
-            "with `ouro --debug` and CUDA_LAUNCH_BLOCKING=1 (OURO_CHECK_KERNELS=1 also checks the attention "
-            "kernels' indices)")
+    return (
+        f"CUDA error in {where}: {said}. Nothing of the update in progress was saved: `ouro resume` "
+        "continues from the run's last checkpoint (or starts it again if none was saved). To name the failing kernel, "
+        "run again "
+        "with `ouro --debug` and CUDA_LAUNCH_BLOCKING=1 (OURO_CHECK_KERNELS=1 also checks the attention "
+        "kernels' indices)"
+    )

@@ -61,15 +61,18 @@ def check_outside_runs(out: Path, runs: Iterable[RunDir] = (), what: str = "outp
     for run in known:
         for own in run.own_paths():
             if resolved == own or own in resolved.parents:
-                raise UserError(f"{what} {resolved} lies inside the run directory {run.root} ({own.name} is the "
-                                "run's own); choose a directory outside the run's files")
+                raise UserError(
+                    f"{what} {resolved} lies inside the run directory {run.root} ({own.name} is the "
+                    "run's own); choose a directory outside the run's files"
+                )
     # the checkpoint package imports torch: only a command that checks an output pays for it
     from ouro_cli.checkpoint.layout import is_megatron_checkpoint
 
     for parent in resolved.parents:
         if is_megatron_checkpoint(parent):
-            raise UserError(f"{what} {resolved} lies inside the Megatron checkpoint {parent}; choose a directory "
-                            "outside it")
+            raise UserError(
+                f"{what} {resolved} lies inside the Megatron checkpoint {parent}; choose a directory outside it"
+            )
 
 
 def check_writable(out: Path, what: str = "output", *, file: bool = False) -> None:
@@ -84,7 +87,9 @@ def check_writable(out: Path, what: str = "output", *, file: bool = False) -> No
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".ouro-probe-", dir=base))
     except OSError as err:
-        raise UserError(f"{what} {out} cannot be written ({base}: {err.strerror}); choose a writable directory") from None
+        raise UserError(
+            f"{what} {out} cannot be written ({base}: {err.strerror}); choose a writable directory"
+        ) from None
 
 
 def is_empty_dir(path: Path, ignore: Iterable[str] = ()) -> bool:
@@ -97,8 +102,16 @@ def _taken(out: Path, file: bool) -> bool:
     return out.exists() if file else not is_empty_dir(out)
 
 
-def check_output(out: Path, *, overwrite: bool, inputs: Iterable[str | Path] = (), runs: Iterable[RunDir] = (),
-                 what: str = "output", file: bool = False, hint: str = OVERWRITE_HINT) -> None:
+def check_output(
+    out: Path,
+    *,
+    overwrite: bool,
+    inputs: Iterable[str | Path] = (),
+    runs: Iterable[RunDir] = (),
+    what: str = "output",
+    file: bool = False,
+    hint: str = OVERWRITE_HINT,
+) -> None:
     """The whole guard (module docstring): outside every input and every run's own files,
     writable, and empty (absent, for a file) unless `overwrite`; `hint` says how to replace it."""
     out = Path(out)
@@ -141,8 +154,15 @@ class Output:
     runs: tuple[RunDir, ...] = field(default=())
 
     def check(self, inputs: Iterable[str | Path] = ()) -> None:
-        check_output(self.path, overwrite=self.overwrite, inputs=inputs, runs=self.runs, what=self.what,
-                     file=self.file, hint=self.hint)
+        check_output(
+            self.path,
+            overwrite=self.overwrite,
+            inputs=inputs,
+            runs=self.runs,
+            what=self.what,
+            file=self.file,
+            hint=self.hint,
+        )
 
     @contextlib.contextmanager
     def staged(self) -> Iterator[Path]:
@@ -151,8 +171,9 @@ class Output:
         The caller writes an artifact's manifest and marker inside the block (marker last)."""
         out = self.path
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = out.with_name(f".{out.stem}.staging-{os.getpid()}{out.suffix}" if self.file
-                                else f".{out.name}.staging-{os.getpid()}")
+        staging = out.with_name(
+            f".{out.stem}.staging-{os.getpid()}{out.suffix}" if self.file else f".{out.name}.staging-{os.getpid()}"
+        )
         _remove(staging)
         if not self.file:
             staging.mkdir()
@@ -166,8 +187,9 @@ class Output:
     def _publish(self, staging: Path) -> None:
         out = self.path
         if not self.overwrite and _taken(out, self.file):  # a writer that went round the guard
-            raise UserError(f"{self.what} {out} was written by another process meanwhile; choose another or "
-                            f"{self.hint}")
+            raise UserError(
+                f"{self.what} {out} was written by another process meanwhile; choose another or {self.hint}"
+            )
         if out.is_dir() and not self.file:
             trash = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, trash)
@@ -178,9 +200,17 @@ class Output:
 
 
 @contextlib.contextmanager
-def claimed_output(out: Path, *, overwrite: bool, command: str, inputs: Iterable[str | Path] = (),
-                   runs: Iterable[RunDir] = (), what: str = "output", file: bool = False,
-                   hint: str = OVERWRITE_HINT) -> Iterator[Output]:
+def claimed_output(
+    out: Path,
+    *,
+    overwrite: bool,
+    command: str,
+    inputs: Iterable[str | Path] = (),
+    runs: Iterable[RunDir] = (),
+    what: str = "output",
+    file: bool = False,
+    hint: str = OVERWRITE_HINT,
+) -> Iterator[Output]:
     """Check `out` (`check_output`) and hold its lock for the block: the writer checks it again
     with any input it finds later (`Output.check`) and publishes it with `Output.staged`."""
     output = Output(Path(out), overwrite, what=what, file=file, hint=hint, runs=tuple(runs))
@@ -192,10 +222,13 @@ def claimed_output(out: Path, *, overwrite: bool, command: str, inputs: Iterable
 
 
 @contextlib.contextmanager
-def staged_output(out: Path, *, overwrite: bool = False, command: str, inputs: Iterable[str | Path] = (),
-                  what: str = "output") -> Iterator[Path]:
+def staged_output(
+    out: Path, *, overwrite: bool = False, command: str, inputs: Iterable[str | Path] = (), what: str = "output"
+) -> Iterator[Path]:
     """`claimed_output` and `Output.staged` in one: yield a staging directory that replaces `out`
     whole on success (the caller writes the manifest and marker inside the block, marker last)."""
-    with claimed_output(out, overwrite=overwrite, command=command, inputs=inputs, what=what) as output, \
-            output.staged() as staging:
+    with (
+        claimed_output(out, overwrite=overwrite, command=command, inputs=inputs, what=what) as output,
+        output.staged() as staging,
+    ):
         yield staging

@@ -53,25 +53,45 @@ NEEDS_KERNEL_DEVICE = "needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1
 @dataclass(frozen=True)
 class ExecutionSettings:
     compile: Literal["auto", "off", "always"] = option(
-        "auto", help="torch.compile of the elementwise layer math: auto (on CUDA), off, or always (CPU too).",
-        panel=P_EXEC, env="OURO_COMPILE")
+        "auto",
+        help="torch.compile of the elementwise layer math: auto (on CUDA), off, or always (CPU too).",
+        panel=P_EXEC,
+        env="OURO_COMPILE",
+    )
     compile_layers: Literal["auto", "on", "off"] = option(
-        "auto", help="Where it compiles, each layer call of the replay as one compiled region: auto (unless "
-        "--replay-attention paged), on, or off (function by function).", panel=P_EXEC, env="OURO_COMPILE_LAYERS")
+        "auto",
+        help="Where it compiles, each layer call of the replay as one compiled region: auto (unless "
+        "--replay-attention paged), on, or off (function by function).",
+        panel=P_EXEC,
+        env="OURO_COMPILE_LAYERS",
+    )
     decode_attention: Literal["auto", "torch", "triton"] = option(
-        "auto", help="The decode step's KV write and attention: auto (one Triton kernel on CUDA), torch (the "
-        "reference), or triton.", panel=P_EXEC, env="OURO_DECODE_ATTENTION")
+        "auto",
+        help="The decode step's KV write and attention: auto (one Triton kernel on CUDA), torch (the "
+        "reference), or triton.",
+        panel=P_EXEC,
+        env="OURO_DECODE_ATTENTION",
+    )
     decode_gemv: Literal["auto", "cublas", "triton"] = option(
-        "auto", help="The decode step's projections: auto (the Triton small-batch matmul on CUDA where it was "
-        "measured faster), cublas, or triton (every product of up to 64 rows).", panel=P_EXEC,
-        env="OURO_DECODE_GEMV")
+        "auto",
+        help="The decode step's projections: auto (the Triton small-batch matmul on CUDA where it was "
+        "measured faster), cublas, or triton (every product of up to 64 rows).",
+        panel=P_EXEC,
+        env="OURO_DECODE_GEMV",
+    )
     replay_attention: Literal["sdpa", "paged"] = option(
-        "sdpa", help="The replay's and the prefill's attention: sdpa, or paged (the decode kernel's reduction "
-        "order for every query: slower, for engine-trainer agreement to the bit; CUDA).", panel=P_EXEC,
-        env="OURO_REPLAY_ATTENTION")
+        "sdpa",
+        help="The replay's and the prefill's attention: sdpa, or paged (the decode kernel's reduction "
+        "order for every query: slower, for engine-trainer agreement to the bit; CUDA).",
+        panel=P_EXEC,
+        env="OURO_REPLAY_ATTENTION",
+    )
     exact: bool = option(
-        False, help="Batch-invariant kernels everywhere (docs/exact.md): engine and trainer compute every "
-        "logprob with the same bits, in bf16 too; slower. Chooses the kernels itself.", panel=P_EXEC)
+        False,
+        help="Batch-invariant kernels everywhere (docs/exact.md): engine and trainer compute every "
+        "logprob with the same bits, in bf16 too; slower. Chooses the kernels itself.",
+        panel=P_EXEC,
+    )
 
     def __post_init__(self) -> None:
         for name, leaf in leaves(ExecutionSettings).items():
@@ -81,20 +101,28 @@ class ExecutionSettings:
                     raise SettingError(f"{leaf.flag} must be true or false, got {getattr(self, name)!r}")
                 continue
             if getattr(self, name) not in allowed:
-                raise SettingError(f"{leaf.flag} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
-                                   f"got {getattr(self, name)!r}")
+                raise SettingError(
+                    f"{leaf.flag} must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {getattr(self, name)!r}"
+                )
         if self.compile_layers == "on" and self.replay_attention == "paged":
-            raise SettingError("--compile-layers on does not combine with --replay-attention paged (its Triton "
-                               "launch is not traced); leave --compile-layers at auto")
+            raise SettingError(
+                "--compile-layers on does not combine with --replay-attention paged (its Triton "
+                "launch is not traced); leave --compile-layers at auto"
+            )
         if self.exact:  # the kernels are its own; compiling is off (`compiles`)
-            given = [leaf.flag for name, leaf in leaves(ExecutionSettings).items()
-                     if name in ("decode_attention", "decode_gemv", "replay_attention")
-                     and getattr(self, name) != leaf.default]
+            given = [
+                leaf.flag
+                for name, leaf in leaves(ExecutionSettings).items()
+                if name in ("decode_attention", "decode_gemv", "replay_attention")
+                and getattr(self, name) != leaf.default
+            ]
             given += ["--compile always"] * (self.compile == "always") + ["--compile-layers on"] * (
-                self.compile_layers == "on")
+                self.compile_layers == "on"
+            )
             if given:
-                raise SettingError(f"--exact chooses its kernels itself and runs eager (docs/exact.md): drop "
-                                   f"{given[0]}")
+                raise SettingError(
+                    f"--exact chooses its kernels itself and runs eager (docs/exact.md): drop {given[0]}"
+                )
 
     # ---- what they select -----------------------------------------------------------
 
@@ -163,12 +191,14 @@ class ExecutionSettings:
         """What these settings compute with on `device_type`: the record of the run's contract.
         Two settings that compute the same there record the same."""
         compiled = self.compiles(device_type)
-        return {"compile": "on" if compiled else "off",
-                "compile_layers": "on" if compiled and self.layer_regions else "off",
-                "decode_attention": self.decode_attention_on(device_type),
-                "decode_gemv": self.decode_gemv_on(device_type),
-                "replay_attention": self.replay_attention_on(device_type),
-                "exact": "on" if self.exact else "off"}
+        return {
+            "compile": "on" if compiled else "off",
+            "compile_layers": "on" if compiled and self.layer_regions else "off",
+            "decode_attention": self.decode_attention_on(device_type),
+            "decode_gemv": self.decode_gemv_on(device_type),
+            "replay_attention": self.replay_attention_on(device_type),
+            "exact": "on" if self.exact else "off",
+        }
 
     def check(self, device_type: str) -> None:
         """Everything that cannot run on `device_type`, as one SettingError before any model loads."""
@@ -184,7 +214,9 @@ class ExecutionSettings:
             raise SettingError(f"--replay-attention paged runs a Triton kernel: it {NEEDS_KERNEL_DEVICE}")
 
 
-def chosen_settings(current: ExecutionSettings, execution: ExecutionSettings | None, exact: bool | None) -> ExecutionSettings:
+def chosen_settings(
+    current: ExecutionSettings, execution: ExecutionSettings | None, exact: bool | None
+) -> ExecutionSettings:
     """A model's settings once its user has spoken (`LLM` and `Trainer` take both): `execution`
     in place of `current` where given, then `exact` on or off in them where given."""
     settings = current if execution is None else execution
@@ -216,6 +248,7 @@ def active_settings() -> ExecutionSettings:
 def under(fn: Callable, settings: ExecutionSettings) -> Callable:
     """`fn` that runs under `settings` whenever it is called: for a function called again
     outside the block that made it (activation recompute re-runs a layer call in backward)."""
+
     def run(*args):
         with executing(settings):
             return fn(*args)

@@ -113,8 +113,9 @@ class WarningsLog:
 _ACTIVE: list[WarningsLog] = []
 
 
-def attach_active(path: Path, shown: Path | None = None, *, ready: Callable[[], bool] | None = None,
-                  keep: bool = True) -> None:
+def attach_active(
+    path: Path, shown: Path | None = None, *, ready: Callable[[], bool] | None = None, keep: bool = True
+) -> None:
     """Name the file of the command's WarningsLog (see `quiet`, `WarningsLog.attach`); `keep=False`
     drops them instead (a data-parallel rank other than 0, whose warnings repeat rank 0's)."""
     if not _ACTIVE:
@@ -129,6 +130,7 @@ def quiet(body: Callable[[], Any], say: Callable[[str], None]) -> Callable[[], A
     """`body` with third-party warnings sent to a file (`attach_active`; `say` prints the one
     closing line) and compiled kernels cached in the user's cache directory
     ($XDG_CACHE_HOME/ouro, else ~/.cache/ouro)."""
+
     def run() -> Any:
         cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ouro"
         env.set_default("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
@@ -141,4 +143,5 @@ def quiet(body: Callable[[], Any], say: Callable[[str], None]) -> Callable[[], A
                 _ACTIVE.pop()
                 if log.summary():
                     say(log.summary())
+
     return run

@@ -101,8 +101,28 @@ def render_prompt(prompt: str) -> str:
 # vocabulary: words whole, digits / whitespace / punctuation one character each.
 SPECIAL = [ENDOFTEXT, IM_START, IM_END]
 MARKUP = [THINK, END_THINK, BOXED, "<unk>"]
-WORDS = ["user", "assistant", "system", "What", "is", "the", "answer", "Compute", "Answer",
-         "You", "are", "a", "helpful", "and", "of", "to", "think", "step", "by", "so"]
+WORDS = [
+    "user",
+    "assistant",
+    "system",
+    "What",
+    "is",
+    "the",
+    "answer",
+    "Compute",
+    "Answer",
+    "You",
+    "are",
+    "a",
+    "helpful",
+    "and",
+    "of",
+    "to",
+    "think",
+    "step",
+    "by",
+    "so",
+]
 CHARS = list("0123456789") + list("+-*/=()?.,:;!{}[]<>|\\_'\"#%&^~@$`") + [" ", "\n", "\t"]
 PRETOKENIZE = r"[A-Za-z]+|[0-9]|\s|[^A-Za-z0-9\s]"
 
@@ -187,7 +207,11 @@ def _apply(x: int, op: str, y: int) -> int:
 def all_problems() -> list[Problem]:
     problems = [
         Problem(a, op1, b, op2, c)
-        for a in range(1, 10) for op1 in "+-*" for b in range(1, 10) for op2 in "+-*" for c in range(1, 10)
+        for a in range(1, 10)
+        for op1 in "+-*"
+        for b in range(1, 10)
+        for op2 in "+-*"
+        for c in range(1, 10)
     ]
     return [p for p in problems if p.steps() is not None]
 
@@ -229,8 +253,7 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def pretrain(model: OuroForCausalLM, tokenizer, problems: list[Problem], *, steps: int, seed: int,
-             log=print) -> None:
+def pretrain(model: OuroForCausalLM, tokenizer, problems: list[Problem], *, steps: int, seed: int, log=print) -> None:
     """Teacher-forced next-token training; loss on response tokens only.
 
     A sequence is prompt (m tokens) + response (n tokens, ending in <|im_end|>
@@ -282,8 +305,17 @@ def pretrain(model: OuroForCausalLM, tokenizer, problems: list[Problem], *, step
 
 
 @torch.no_grad()
-def evaluate(model: OuroForCausalLM, tokenizer, rows: list[dict], K: int, n: int, *, seed: int = 0,
-             temperature: float = 1.0, max_new_tokens: int = 32) -> float:
+def evaluate(
+    model: OuroForCausalLM,
+    tokenizer,
+    rows: list[dict],
+    K: int,
+    n: int,
+    *,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 32,
+) -> float:
     """Exact-answer accuracy of n samples per row at decode budget K (the last `\\boxed{}`
     after the last `</think>` must equal the label).
 
@@ -307,8 +339,16 @@ def evaluate(model: OuroForCausalLM, tokenizer, rows: list[dict], K: int, n: int
 
 
 @torch.no_grad()
-def sample(model: OuroForCausalLM, prompts: torch.Tensor, K: int, stops: torch.Tensor, gen: torch.Generator, *,
-           temperature: float, max_new_tokens: int) -> torch.Tensor:
+def sample(
+    model: OuroForCausalLM,
+    prompts: torch.Tensor,
+    K: int,
+    stops: torch.Tensor,
+    gen: torch.Generator,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+) -> torch.Tensor:
     """prompts [B, m] -> sampled tokens [B, <= max_new_tokens] (0 after a stop token).
 
     docs/model.md §3 with a uniform budget K: the prompt is prefilled at depth T (its K/V kept
@@ -413,14 +453,24 @@ def main() -> None:
         (assets / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
         write_hf(model_dir, config, model.state_dict().items(), assets_from=assets)
 
-    files = ["model/config.json", "model/generation_config.json", "model/model.safetensors",
-             "model/tokenizer.json", "model/tokenizer_config.json", "train.jsonl", "eval.jsonl"]
+    files = [
+        "model/config.json",
+        "model/generation_config.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+        "model/tokenizer_config.json",
+        "train.jsonl",
+        "eval.jsonl",
+    ]
     (out / "SHA256SUMS").write_text("".join(f"{sha256(out / f)}  {f}\n" for f in files))
     print(f"wrote {out} in {time.time() - began:.0f}s")
 
     for K in range(1, T + 1):
         acc = evaluate(model, tokenizer, eval_rows, K, args.eval_samples, seed=SEED)
-        print(f"held-out accuracy K={K}: {acc:.3f}  ({len(eval_rows)} prompts x {args.eval_samples} samples, temperature 1.0)")
+        print(
+            f"held-out accuracy K={K}: {acc:.3f}  ({len(eval_rows)} prompts x {args.eval_samples} samples, "
+            f"temperature 1.0)"
+        )
     print(f"model.safetensors sha256 {sha256(model_dir / 'model.safetensors')}")
     print(f"total {time.time() - began:.0f}s")
 

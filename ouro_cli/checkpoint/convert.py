@@ -41,10 +41,15 @@ def to_megatron(
 ) -> dict[str, Any]:
     """Write `source` as a Megatron dist checkpoint at `out` (with hf_assets/ for export)."""
     start = time.perf_counter()
-    with outputs.staged_output(Path(out), overwrite=overwrite, command=command,
-                                inputs=source.input_paths) as staging:
-        save_megatron(staging, source.config, source.iter_tensors(), iteration=iteration,
-                      assets_from=source.assets_dir, on_tensor=on_tensor)
+    with outputs.staged_output(Path(out), overwrite=overwrite, command=command, inputs=source.input_paths) as staging:
+        save_megatron(
+            staging,
+            source.config,
+            source.iter_tensors(),
+            iteration=iteration,
+            assets_from=source.assets_dir,
+            on_tensor=on_tensor,
+        )
         artifacts.write_manifest(staging, command, options, source.input_paths)
         artifacts.mark_complete(staging)
     return _summary(source, out, "megatron", start, iteration=str(iteration))
@@ -62,10 +67,16 @@ def to_hf(
 ) -> dict[str, Any]:
     """Write `source` as a Hugging Face directory at `out`, loadable with the original remote code."""
     start = time.perf_counter()
-    with outputs.staged_output(Path(out), overwrite=overwrite, command=command,
-                                inputs=source.input_paths) as staging:
-        written = write_hf(staging, source.config, source.iter_tensors(), max_shard_bytes=max_shard_bytes,
-                           assets_from=source.assets_dir, specs=source.specs, on_tensor=on_tensor)
+    with outputs.staged_output(Path(out), overwrite=overwrite, command=command, inputs=source.input_paths) as staging:
+        written = write_hf(
+            staging,
+            source.config,
+            source.iter_tensors(),
+            max_shard_bytes=max_shard_bytes,
+            assets_from=source.assets_dir,
+            specs=source.specs,
+            on_tensor=on_tensor,
+        )
         artifacts.write_manifest(staging, command, options, source.input_paths)
         artifacts.mark_complete(staging)
     return _summary(source, out, "hf", start, files=written.files, assets=written.assets)

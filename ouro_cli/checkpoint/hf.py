@@ -155,19 +155,26 @@ def _read_headers(path: Path) -> dict[str, _Stored]:
                     spec = TensorSpec(tuple(tensor_slice.get_shape()), _dtype(tensor_slice.get_dtype(), file, key))
                     name = strip_wrapper_prefixes(key)
                     if name in stored:
-                        raise CheckpointError(f"{path}: tensor {name} is stored twice ({stored[name].file.name} and {file.name})")
+                        raise CheckpointError(
+                            f"{path}: tensor {name} is stored twice ({stored[name].file.name} and {file.name})"
+                        )
                     stored[name] = _Stored(file, key, spec)
         except (SafetensorError, OSError) as err:
             raise CheckpointError(
-                f"{file} is not a readable safetensors file ({err}); it is truncated or corrupt: re-download or re-convert it"
+                f"{file} is not a readable safetensors file ({err}); it is truncated or corrupt: re-download or "
+                f"re-convert it"
             ) from err
     if weight_map is not None:
         for key, file_name in weight_map.items():
             name = strip_wrapper_prefixes(key)
             if name not in stored:
-                raise CheckpointError(f"{path / INDEX_FILE} lists {key} in {file_name}, but none of the shards it names holds it")
+                raise CheckpointError(
+                    f"{path / INDEX_FILE} lists {key} in {file_name}, but none of the shards it names holds it"
+                )
             if stored[name].file.name != file_name:
-                raise CheckpointError(f"{path / INDEX_FILE} lists {key} in {file_name}, but it is in {stored[name].file.name}")
+                raise CheckpointError(
+                    f"{path / INDEX_FILE} lists {key} in {file_name}, but it is in {stored[name].file.name}"
+                )
     return stored
 
 
@@ -200,8 +207,11 @@ class _SafetensorsFile:
             spec = specs[name]
             if spec.dtype not in _CODES:
                 raise ValueError(f"tensor {name}: dtype {spec.dtype} cannot be stored in safetensors here")
-            header[name] = {"dtype": _CODES[spec.dtype], "shape": list(spec.shape),
-                            "data_offsets": [offset, offset + spec.nbytes]}
+            header[name] = {
+                "dtype": _CODES[spec.dtype],
+                "shape": list(spec.shape),
+                "data_offsets": [offset, offset + spec.nbytes],
+            }
             self.offsets[name] = offset
             offset += spec.nbytes
         encoded = json.dumps(header, separators=(",", ":")).encode()
@@ -285,7 +295,9 @@ def write_hf(
         files = [_SHARD_NAME.format(k, len(shards)) for k in range(1, len(shards) + 1)]
         index = {
             "metadata": {"total_size": sum(s.nbytes for shard in shards for s in shard.values())},
-            "weight_map": dict(sorted((name, file) for file, shard in zip(files, shards, strict=True) for name in shard)),
+            "weight_map": dict(
+                sorted((name, file) for file, shard in zip(files, shards, strict=True) for name in shard)
+            ),
         }
         (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     for k, final in enumerate(files):
@@ -293,16 +305,21 @@ def write_hf(
     assets = copy_assets(assets_from, out_dir)
     config.save(out_dir)
     all_specs = [s for shard in shards for s in shard.values()]
-    return WriteSummary(len(all_specs), sum(s.numel for s in all_specs), sum(s.nbytes for s in all_specs),
-                        files, assets)
+    return WriteSummary(
+        len(all_specs), sum(s.numel for s in all_specs), sum(s.nbytes for s in all_specs), files, assets
+    )
 
 
 def _partial_name(k: int) -> str:
     return f".shard-{k + 1:05d}.safetensors.partial"  # final names need the shard count
 
 
-def _write_planned(out_dir: Path, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                   shards: list[dict[str, TensorSpec]], on_tensor: OnTensor | None) -> list[dict[str, TensorSpec]]:
+def _write_planned(
+    out_dir: Path,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    shards: list[dict[str, TensorSpec]],
+    on_tensor: OnTensor | None,
+) -> list[dict[str, TensorSpec]]:
     files = [_SafetensorsFile(out_dir / _partial_name(k), shard) for k, shard in enumerate(shards)]
     where = {name: f for f in files for name in f.specs}
     try:
@@ -321,8 +338,9 @@ def _write_planned(out_dir: Path, named_tensors: Iterable[tuple[str, torch.Tenso
     return shards
 
 
-def _write_gathered(out_dir: Path, named_tensors: Iterable[tuple[str, torch.Tensor]], max_shard_bytes: int,
-                    on_tensor: OnTensor | None) -> list[dict[str, TensorSpec]]:
+def _write_gathered(
+    out_dir: Path, named_tensors: Iterable[tuple[str, torch.Tensor]], max_shard_bytes: int, on_tensor: OnTensor | None
+) -> list[dict[str, TensorSpec]]:
     shards: list[dict[str, TensorSpec]] = []
     pending: dict[str, torch.Tensor] = {}
     pending_bytes = 0

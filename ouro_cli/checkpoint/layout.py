@@ -67,8 +67,11 @@ def is_megatron_checkpoint(path: Path) -> bool:
 
 def complete_iterations(root: Path) -> list[int]:
     """The numbered iterations under `root` that carry the COMPLETE marker, oldest first."""
-    return sorted(int(p.name[len("iter_"):]) for p in Path(root).glob("iter_???????")
-                  if p.name[len("iter_"):].isdigit() and (p / MARKER).is_file())
+    return sorted(
+        int(p.name[len("iter_") :])
+        for p in Path(root).glob("iter_???????")
+        if p.name[len("iter_") :].isdigit() and (p / MARKER).is_file()
+    )
 
 
 def read_tracker(root: Path) -> int | str:
@@ -96,8 +99,9 @@ def latest_iteration(root: Path) -> int | str:
         return tracked
     if complete:  # the tracked iteration was removed or damaged: the newest complete one before it
         return complete[-1]
-    raise UserError(f"{root / iteration_dir_name(tracked)} is incomplete (no {MARKER} marker); "
-                    "the checkpoint cannot be trusted")
+    raise UserError(
+        f"{root / iteration_dir_name(tracked)} is incomplete (no {MARKER} marker); the checkpoint cannot be trusted"
+    )
 
 
 def latest_iteration_dir(root: Path) -> Path:

@@ -119,7 +119,9 @@ class MegatronCheckpoint:
         self.config = OuroConfig.from_file(self.assets_dir / "config.json")
         expected = expected_shapes(self.config)
         stored = self._stored_model_tensors(expected)
-        check_tensors(str(self.path), {n: spec.shape for n, (_, spec) in stored.items()}, expected, allow_unexpected=True)
+        check_tensors(
+            str(self.path), {n: spec.shape for n, (_, spec) in stored.items()}, expected, allow_unexpected=True
+        )
         self._stored = {name: stored[name] for name in expected}
 
     @property
@@ -167,7 +169,8 @@ class MegatronCheckpoint:
         with single_process_group():
             for batch in _batches(self._stored, max_batch_bytes):
                 sharded = {
-                    name: _sharded(key, torch.empty(spec.shape, dtype=spec.dtype)) for name, (key, spec) in batch.items()
+                    name: _sharded(key, torch.empty(spec.shape, dtype=spec.dtype))
+                    for name, (key, spec) in batch.items()
                 }
                 try:
                     with megatron_on_cpu(), warnings.catch_warnings():

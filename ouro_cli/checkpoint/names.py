@@ -50,7 +50,7 @@ def strip_wrapper_prefixes(name: str) -> str:
     while True:
         for prefix in WRAPPER_PREFIXES:
             if name.startswith(prefix):
-                name = name[len(prefix):]
+                name = name[len(prefix) :]
                 break
         else:
             return name

@@ -82,8 +82,10 @@ def open_checkpoint(path: str | Path) -> CheckpointSource:
     from ouro_cli.rl.run_dir import RunDir
 
     if RunDir(path).is_run():
-        raise UserError(f"{path} is a run that has not saved a checkpoint yet; read it after its first save "
-                        "(--save-interval), or continue it with `ouro resume`")
+        raise UserError(
+            f"{path} is a run that has not saved a checkpoint yet; read it after its first save "
+            "(--save-interval), or continue it with `ouro resume`"
+        )
     raise UserError(
         f"{path} is not an Ouro checkpoint: expected an HF directory (config.json + {SINGLE_FILE} "
         f"or {INDEX_FILE}), a Megatron checkpoint ({layout.TRACKER}) or a run directory "
@@ -99,8 +101,10 @@ def unfinished_run_note(path: str | Path, source: CheckpointSource) -> str | Non
     path = Path(path)
     if megatron_root(path) != run_checkpoint_dir(path) or is_complete(path):
         return None
-    return (f"{path} is a run that has not finished (no COMPLETE marker): using its latest complete "
-            f"checkpoint, {RUN_CHECKPOINT_DIR}/{Path(source.path).name}")
+    return (
+        f"{path} is a run that has not finished (no COMPLETE marker): using its latest complete "
+        f"checkpoint, {RUN_CHECKPOINT_DIR}/{Path(source.path).name}"
+    )
 
 
 def read_checkpoint(path: str | Path) -> tuple[OuroConfig, dict[str, torch.Tensor]]:

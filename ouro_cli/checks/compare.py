@@ -71,10 +71,10 @@ METRIC_KEYS = ("train_loss", "logprob_mismatch_mean")  # token means of logprob 
 class Tolerance:
     """What two placements of one job may differ by (module docstring)."""
 
-    atol: float = 1e-5             # weights and the gradient norm; the floor of the logprob tolerances
-    rtol: float = 0.0              # |Δ| <= atol + rtol·|w|
+    atol: float = 1e-5  # weights and the gradient norm; the floor of the logprob tolerances
+    rtol: float = 0.0  # |Δ| <= atol + rtol·|w|
     weights_atol: float | None = None  # the weights' own atol (None: atol); fp32 Adam runs: the LR
-    min_identical: float = 1.0     # fraction of samples whose tokens must be identical
+    min_identical: float = 1.0  # fraction of samples whose tokens must be identical
     max_update_diff: float = 1e-3  # largest ‖w_B − w_A‖ / ‖w_A − w_0‖
 
     def with_(self, **given: float | None) -> Tolerance:
@@ -83,7 +83,6 @@ class Tolerance:
 
 
 PRESETS = {"fp32": Tolerance(), "bf16": Tolerance(atol=1e-3, rtol=2**-7, min_identical=0.9, max_update_diff=0.1)}
-
 
 
 class Run:
@@ -123,24 +122,44 @@ def compare_updates(a: Run, b: Run, atol: float, rtol: float) -> list[dict[str, 
             rows.append(row)
             continue
         ra, rb = a.rollouts(update), b.rollouts(update)
-        plan_same = ma["k"] == mb["k"] and len(ra) == len(rb) and all(
-            all(x.get(key) == y.get(key) for key in PLAN_KEYS) for x, y in zip(ra, rb, strict=False))
+        plan_same = (
+            ma["k"] == mb["k"]
+            and len(ra) == len(rb)
+            and all(all(x.get(key) == y.get(key) for key in PLAN_KEYS) for x, y in zip(ra, rb, strict=False))
+        )
         identical = [all(x[key] == y[key] for key in TOKEN_KEYS) for x, y in zip(ra, rb, strict=False)]
-        lp = [abs(p - q) for x, y, same in zip(ra, rb, identical, strict=False) if same
-              for p, q in zip(_logprobs(x), _logprobs(y), strict=True)]
-        row.update(k=ma["k"], plan_same=plan_same, samples=len(ra), identical=sum(identical),
-                   logprob_max_diff=max(lp, default=None),
-                   logprob_tol=atol + _both(ma, mb, "logprob_mismatch_max"),
-                   mean_tol=atol + _both(ma, mb, "logprob_mismatch_mean"))
+        lp = [
+            abs(p - q)
+            for x, y, same in zip(ra, rb, identical, strict=False)
+            if same
+            for p, q in zip(_logprobs(x), _logprobs(y), strict=True)
+        ]
+        row.update(
+            k=ma["k"],
+            plan_same=plan_same,
+            samples=len(ra),
+            identical=sum(identical),
+            logprob_max_diff=max(lp, default=None),
+            logprob_tol=atol + _both(ma, mb, "logprob_mismatch_max"),
+            mean_tol=atol + _both(ma, mb, "logprob_mismatch_mean"),
+        )
         for key in (*METRIC_KEYS, "train_grad_norm"):
             va, vb = ma.get(key), mb.get(key)
             row[f"{key}_diff"] = abs(va - vb) if va is not None and vb is not None else None
         row["reward_mean_a"], row["reward_mean_b"] = ma["reward_mean"], mb["reward_mean"]
         row["metrics_compared"] = plan_same and row["identical"] == row["samples"]
-        row["ok"] = plan_same and (row["logprob_max_diff"] or 0.0) <= row["logprob_tol"] and (
-            not row["metrics_compared"] or (
-                ma["reward_mean"] == mb["reward_mean"] and all(_within(row, k, row["mean_tol"]) for k in METRIC_KEYS)
-                and _within(row, "train_grad_norm", atol + rtol * abs(ma.get("train_grad_norm") or 0.0))))
+        row["ok"] = (
+            plan_same
+            and (row["logprob_max_diff"] or 0.0) <= row["logprob_tol"]
+            and (
+                not row["metrics_compared"]
+                or (
+                    ma["reward_mean"] == mb["reward_mean"]
+                    and all(_within(row, k, row["mean_tol"]) for k in METRIC_KEYS)
+                    and _within(row, "train_grad_norm", atol + rtol * abs(ma.get("train_grad_norm") or 0.0))
+                )
+            )
+        )
         rows.append(row)
     return rows
 
@@ -174,8 +193,13 @@ def update_agreement(a: Run, b: Run, model_a: dict[str, Any]) -> dict[str, Any]:
         w0 = w0.to(model_a[name].dtype).double()
         diff2 += float(((wb - wa) ** 2).sum())
         moved2 += float(((wa - w0) ** 2).sum())
-    return {**relative_update_diff(diff2, moved2), "start": start, "fp32_main_tensors": main,
-            "moved_norm": math.sqrt(moved2), "diff_norm": math.sqrt(diff2)}
+    return {
+        **relative_update_diff(diff2, moved2),
+        "start": start,
+        "fp32_main_tensors": main,
+        "moved_norm": math.sqrt(moved2),
+        "diff_norm": math.sqrt(diff2),
+    }
 
 
 def relative_update_diff(diff2: float, moved2: float) -> dict[str, Any]:
@@ -199,17 +223,31 @@ def compare_weights(a: Run, b: Run, atol: float, rtol: float) -> tuple[list[dict
     for name in sorted(set(ta) | set(tb)):
         x, y = ta.get(name), tb.get(name)
         if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
-            rows.append({"tensor": name, "ok": False, "problem": "missing" if x is None or y is None
-                         else f"{tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype}"})
+            rows.append(
+                {
+                    "tensor": name,
+                    "ok": False,
+                    "problem": "missing"
+                    if x is None or y is None
+                    else f"{tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype}",
+                }
+            )
             continue
         xd, yd = x.double(), y.double()
         diff = (xd - yd).abs()
         excess = diff - (atol + rtol * xd.abs())
-        rows.append({"tensor": name, "dtype": str(x.dtype).removeprefix("torch."), "numel": x.numel(),
-                     "max_abs_diff": float(diff.max()) if x.numel() else 0.0,
-                     "mean_abs_diff": float(diff.mean()) if x.numel() else 0.0,
-                     "differing": int((diff > 0).sum()), "bitwise_equal": bool(torch.equal(x, y)),
-                     "ok": bool((excess <= 0).all())})
+        rows.append(
+            {
+                "tensor": name,
+                "dtype": str(x.dtype).removeprefix("torch."),
+                "numel": x.numel(),
+                "max_abs_diff": float(diff.max()) if x.numel() else 0.0,
+                "mean_abs_diff": float(diff.mean()) if x.numel() else 0.0,
+                "differing": int((diff > 0).sum()),
+                "bitwise_equal": bool(torch.equal(x, y)),
+                "ok": bool((excess <= 0).all()),
+            }
+        )
     return rows, update_agreement(a, b, ta)
 
 
@@ -226,14 +264,17 @@ def throughput(run: Run) -> dict[str, Any]:
     def rate(tokens: list[int], seconds: list[float]) -> float | None:
         return sum(tokens) / sum(seconds) if sum(seconds) > 0 else None
 
-    return {"ranks": ms[0].get("ranks", 1), "kv_transport": ms[0].get("kv_transport"),
-            "updates_measured": len(steady),
-            "step_s": mean([m["step_s"] - m.get("save_s", 0.0) for m in steady]),
-            "rollout_tok_s": rate([sum(m.get("response_lengths", [])) for m in steady],
-                                  [m.get("rollout_s") or 0.0 for m in steady]),
-            "train_tok_s": rate([m.get("train_tokens") or 0 for m in steady],
-                                [m.get("train_s") or 0.0 for m in steady]),
-            "job_elapsed_s": ms[-1].get("job_elapsed_s")}
+    return {
+        "ranks": ms[0].get("ranks", 1),
+        "kv_transport": ms[0].get("kv_transport"),
+        "updates_measured": len(steady),
+        "step_s": mean([m["step_s"] - m.get("save_s", 0.0) for m in steady]),
+        "rollout_tok_s": rate(
+            [sum(m.get("response_lengths", [])) for m in steady], [m.get("rollout_s") or 0.0 for m in steady]
+        ),
+        "train_tok_s": rate([m.get("train_tokens") or 0 for m in steady], [m.get("train_s") or 0.0 for m in steady]),
+        "job_elapsed_s": ms[-1].get("job_elapsed_s"),
+    }
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
@@ -271,14 +312,26 @@ def report(a: Path, b: Path, tolerance: Tolerance) -> dict[str, Any]:
         "weights": bool(weights) and all(w["ok"] for w in weights),
         "training_update": agreement["rel_diff"] is not None and agreement["rel_diff"] <= max_update_diff,
     }
-    return {"run_a": str(a), "run_b": str(b), "atol": atol, "rtol": rtol, "weights_atol": weights_atol,
-            "min_identical": min_identical,
-            "max_update_diff": max_update_diff, "training_update": agreement,
-            "ok": all(checks.values()), "checks": checks, "samples": samples, "identical_samples": identical,
-            "identical_fraction": fraction, "updates": updates, "weights": weights,
-            "weights_max_abs_diff": max((w.get("max_abs_diff", math.inf) for w in weights), default=None),
-            "weights_bitwise_equal": all(w.get("bitwise_equal", False) for w in weights),
-            "throughput": {"a": throughput(run_a), "b": throughput(run_b)}}
+    return {
+        "run_a": str(a),
+        "run_b": str(b),
+        "atol": atol,
+        "rtol": rtol,
+        "weights_atol": weights_atol,
+        "min_identical": min_identical,
+        "max_update_diff": max_update_diff,
+        "training_update": agreement,
+        "ok": all(checks.values()),
+        "checks": checks,
+        "samples": samples,
+        "identical_samples": identical,
+        "identical_fraction": fraction,
+        "updates": updates,
+        "weights": weights,
+        "weights_max_abs_diff": max((w.get("max_abs_diff", math.inf) for w in weights), default=None),
+        "weights_bitwise_equal": all(w.get("bitwise_equal", False) for w in weights),
+        "throughput": {"a": throughput(run_a), "b": throughput(run_b)},
+    }
 
 
 def format_report(doc: dict[str, Any]) -> str:
@@ -288,46 +341,110 @@ def format_report(doc: dict[str, Any]) -> str:
     def add(text: str) -> None:
         out.extend(text.split("\n"))
 
-    add(f"A = {doc['run_a']}\nB = {doc['run_b']}\natol {doc['atol']:g}, rtol {doc['rtol']:g}, "
-          f"weights atol {doc['weights_atol']:g}, "
-          f"min identical {doc['min_identical']:g}, max update diff {doc['max_update_diff']:g}\n")
+    add(
+        f"A = {doc['run_a']}\nB = {doc['run_b']}\natol {doc['atol']:g}, rtol {doc['rtol']:g}, "
+        f"weights atol {doc['weights_atol']:g}, "
+        f"min identical {doc['min_identical']:g}, max update diff {doc['max_update_diff']:g}\n"
+    )
     rows = []
     for u in doc["updates"]:
         if "problem" in u:
             rows.append([str(u["update"]), "-", u["problem"], *["-"] * 8])
             continue
         note = "" if u["metrics_compared"] else " (tokens differ: metrics not judged)"
-        rows.append([str(u["update"]), str(u["k"]), _fmt(u["plan_same"]), f"{u['identical']}/{u['samples']}",
-                     f"{_fmt(u['logprob_max_diff'])} ≤ {_fmt(u['logprob_tol'])}", _fmt(u["train_loss_diff"]),
-                     _fmt(u["logprob_mismatch_mean_diff"]), f"≤ {_fmt(u['mean_tol'])}", _fmt(u["train_grad_norm_diff"]),
-                     f"{u['reward_mean_a']:.4f}/{u['reward_mean_b']:.4f}", _fmt(u["ok"]) + note])
-    add(_table(["update", "K", "plan", "identical", "max|Δlogp| ≤ tol", "|Δloss|", "|Δmismatch|", "tol",
-                  "|Δgrad_norm|", "reward A/B", "ok"], rows))
+        rows.append(
+            [
+                str(u["update"]),
+                str(u["k"]),
+                _fmt(u["plan_same"]),
+                f"{u['identical']}/{u['samples']}",
+                f"{_fmt(u['logprob_max_diff'])} ≤ {_fmt(u['logprob_tol'])}",
+                _fmt(u["train_loss_diff"]),
+                _fmt(u["logprob_mismatch_mean_diff"]),
+                f"≤ {_fmt(u['mean_tol'])}",
+                _fmt(u["train_grad_norm_diff"]),
+                f"{u['reward_mean_a']:.4f}/{u['reward_mean_b']:.4f}",
+                _fmt(u["ok"]) + note,
+            ]
+        )
+    add(
+        _table(
+            [
+                "update",
+                "K",
+                "plan",
+                "identical",
+                "max|Δlogp| ≤ tol",
+                "|Δloss|",
+                "|Δmismatch|",
+                "tol",
+                "|Δgrad_norm|",
+                "reward A/B",
+                "ok",
+            ],
+            rows,
+        )
+    )
     w = doc["weights"]
     worst = sorted(w, key=lambda r: -r.get("max_abs_diff", math.inf))[:5]
-    add(f"\nweights: {len(w)} tensors, {sum(r.get('bitwise_equal', False) for r in w)} bitwise equal, "
-          f"{sum(not r['ok'] for r in w)} beyond tolerance; largest differences:")
-    add(_table(["tensor", "dtype", "max|Δ|", "mean|Δ|", "differing", "ok"],
-                 [[r["tensor"], r.get("dtype", "-"), _fmt(r.get("max_abs_diff")), _fmt(r.get("mean_abs_diff")),
-                   f"{r.get('differing', '-')}/{r.get('numel', '-')}", _fmt(r["ok"])] for r in worst]))
+    add(
+        f"\nweights: {len(w)} tensors, {sum(r.get('bitwise_equal', False) for r in w)} bitwise equal, "
+        f"{sum(not r['ok'] for r in w)} beyond tolerance; largest differences:"
+    )
+    add(
+        _table(
+            ["tensor", "dtype", "max|Δ|", "mean|Δ|", "differing", "ok"],
+            [
+                [
+                    r["tensor"],
+                    r.get("dtype", "-"),
+                    _fmt(r.get("max_abs_diff")),
+                    _fmt(r.get("mean_abs_diff")),
+                    f"{r.get('differing', '-')}/{r.get('numel', '-')}",
+                    _fmt(r["ok"]),
+                ]
+                for r in worst
+            ],
+        )
+    )
     agreement = doc["training_update"]
-    add(f"training update: ‖w_B − w_A‖ / ‖w_A − w_0‖ = {_fmt(agreement['rel_diff'])} "
-          f"(limit {doc['max_update_diff']:g}; {agreement.get('fp32_main_tensors', 0)} tensors as fp32 main weights; "
-          f"w_0 = {agreement['start']}){' ' + agreement['note'] if agreement.get('note') else ''}")
+    add(
+        f"training update: ‖w_B − w_A‖ / ‖w_A − w_0‖ = {_fmt(agreement['rel_diff'])} "
+        f"(limit {doc['max_update_diff']:g}; {agreement.get('fp32_main_tensors', 0)} tensors as fp32 main weights; "
+        f"w_0 = {agreement['start']}){' ' + agreement['note'] if agreement.get('note') else ''}"
+    )
     ta, tb = doc["throughput"]["a"], doc["throughput"]["b"]
 
     def ratio(key: str) -> str:
         return f"{tb[key] / ta[key]:.2f}x" if ta.get(key) and tb.get(key) else "-"
 
     add("\nthroughput (updates after the first; step time without the final save):")
-    add(_table(["", "ranks", "step_s", "rollout tok/s", "train tok/s"],
-                 [["A", str(ta["ranks"]), _fmt(ta["step_s"]), _fmt(ta["rollout_tok_s"], ".0f"),
-                   _fmt(ta["train_tok_s"], ".0f")],
-                  ["B", str(tb["ranks"]), _fmt(tb["step_s"]), _fmt(tb["rollout_tok_s"], ".0f"),
-                   _fmt(tb["train_tok_s"], ".0f")],
-                  ["B/A", "", ratio("step_s"), ratio("rollout_tok_s"), ratio("train_tok_s")]]))
+    add(
+        _table(
+            ["", "ranks", "step_s", "rollout tok/s", "train tok/s"],
+            [
+                [
+                    "A",
+                    str(ta["ranks"]),
+                    _fmt(ta["step_s"]),
+                    _fmt(ta["rollout_tok_s"], ".0f"),
+                    _fmt(ta["train_tok_s"], ".0f"),
+                ],
+                [
+                    "B",
+                    str(tb["ranks"]),
+                    _fmt(tb["step_s"]),
+                    _fmt(tb["rollout_tok_s"], ".0f"),
+                    _fmt(tb["train_tok_s"], ".0f"),
+                ],
+                ["B/A", "", ratio("step_s"), ratio("rollout_tok_s"), ratio("train_tok_s")],
+            ],
+        )
+    )
     checks = " ".join(f"{k}={'ok' if v else 'FAIL'}" for k, v in doc["checks"].items())
-    add(f"\nidentical rollouts {doc['identical_samples']}/{doc['samples']}; weights max|Δ| "
-          f"{_fmt(doc['weights_max_abs_diff'])}{' (bitwise equal)' if doc['weights_bitwise_equal'] else ''}")
+    add(
+        f"\nidentical rollouts {doc['identical_samples']}/{doc['samples']}; weights max|Δ| "
+        f"{_fmt(doc['weights_max_abs_diff'])}{' (bitwise equal)' if doc['weights_bitwise_equal'] else ''}"
+    )
     add(f"{'WITHIN TOLERANCE' if doc['ok'] else 'BEYOND TOLERANCE'}: {checks}")
     return "\n".join(out)

@@ -128,8 +128,7 @@ def _initiator(conn, tls: str | None, device: str, size: int, repeats: int, salt
         conn.send(("error", f"{type(err).__name__}: {err}", traceback.format_exc(limit=4)))
 
 
-def probe_setting(tls: str | None, devices: tuple[int, int], size: int, repeats: int, timeout: float
-                  ) -> SettingResult:
+def probe_setting(tls: str | None, devices: tuple[int, int], size: int, repeats: int, timeout: float) -> SettingResult:
     import torch
     import torch.multiprocessing as mp
 
@@ -165,8 +164,10 @@ def probe_setting(tls: str | None, devices: tuple[int, int], size: int, repeats:
             result.gbps = size / statistics.median(result.seconds) / 1e9
         elif result.completed:
             result.status = "completed_not_delivered"
-            result.error = (f"initiator saw completion but the target got {result.notified}/{repeats} "
-                            f"notifications and {result.mismatched_bytes} of {size} bytes differ")
+            result.error = (
+                f"initiator saw completion but the target got {result.notified}/{repeats} "
+                f"notifications and {result.mismatched_bytes} of {size} bytes differ"
+            )
         else:
             result.error = done[3]
         for conn in (t_here, i_here):
@@ -200,8 +201,13 @@ def _failed(result: SettingResult, who: str, msg: tuple) -> SettingResult:
     return result
 
 
-def run_probe(settings: list[str | None], devices: tuple[int, int] = (0, 1), size: int = 64 << 20,
-              repeats: int = 3, timeout: float = 30.0) -> dict[str, Any]:
+def run_probe(
+    settings: list[str | None],
+    devices: tuple[int, int] = (0, 1),
+    size: int = 64 << 20,
+    repeats: int = 3,
+    timeout: float = 30.0,
+) -> dict[str, Any]:
     """Probe every setting; the document `probe.json` holds (results, recommendation)."""
     import torch
 
@@ -215,8 +221,12 @@ def run_probe(settings: list[str | None], devices: tuple[int, int] = (0, 1), siz
         "bytes": size,
         "repeats": repeats,
         "results": [{**asdict(r), "label": r.label} for r in results],
-        "recommended": None if best is None else {
-            "tls": best.tls, "label": best.label, "gbps": best.gbps,
+        "recommended": None
+        if best is None
+        else {
+            "tls": best.tls,
+            "label": best.label,
+            "gbps": best.gbps,
             "apply": ("ouro train ... (UCX_TLS unset)" if best.tls is None else f"UCX_TLS={best.tls} ouro train ...")
             + " --prefill-devices ... --decode-devices ...",
         },

@@ -70,10 +70,16 @@ class Report:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_a": self.run_a, "run_b": self.run_b, "identical": self.identical,
-                "first_divergence": self.first_divergence,
-                "categories": [{"name": c.name, "compared": c.compared, "differing": c.differing,
-                                "ok": c.ok, "first": c.first} for c in self.categories]}
+        return {
+            "run_a": self.run_a,
+            "run_b": self.run_b,
+            "identical": self.identical,
+            "first_divergence": self.first_divergence,
+            "categories": [
+                {"name": c.name, "compared": c.compared, "differing": c.differing, "ok": c.ok, "first": c.first}
+                for c in self.categories
+            ],
+        }
 
 
 def _sha(t: torch.Tensor) -> str:
@@ -105,8 +111,10 @@ def checkpoint_digest(run: RunDir) -> dict[str, Any]:
     if saved.is_file() and not run.checkpoint.exists():
         return json.loads(saved.read_text())
     tensors, state = checkpoint_tensors(run)
-    return {"tensors": {name: [str(t.dtype), list(t.shape), _sha(t)] for name, t in tensors.items()},
-            "trainer_state": state}
+    return {
+        "tensors": {name: [str(t.dtype), list(t.shape), _sha(t)] for name, t in tensors.items()},
+        "trainer_state": state,
+    }
 
 
 def drop_checkpoint(run: RunDir) -> None:
@@ -150,7 +158,7 @@ def compare_rollouts(a: RunDir, b: RunDir, report: Report) -> None:
     if files_a != files_b:
         cat.record(False, reason=f"run A has {len(files_a)} rollout files, run B {len(files_b)}")
     for name in files_a:
-        update = int(name[len("update_"):-len(".jsonl")])
+        update = int(name[len("update_") : -len(".jsonl")])
         ra, rb = read_jsonl(a.rollouts / name), read_jsonl(b.rollouts / name)
         if len(ra) != len(rb):
             cat.record(False, update=update, reason=f"{len(ra)} vs {len(rb)} samples")
@@ -193,9 +201,11 @@ def compare_runs(run_a: Path, run_b: Path) -> Report:
     compare_checkpoints(a, b, report)
     cursor = Category("data cursor")
     pa, pb = json.loads(a.plan.read_text()), json.loads(b.plan.read_text())
-    cursor.record(pa["cursor"] == pb["cursor"] and pa["next_update"] == pb["next_update"],
-                  a={"cursor": pa["cursor"], "next_update": pa["next_update"]},
-                  b={"cursor": pb["cursor"], "next_update": pb["next_update"]})
+    cursor.record(
+        pa["cursor"] == pb["cursor"] and pa["next_update"] == pb["next_update"],
+        a={"cursor": pa["cursor"], "next_update": pa["next_update"]},
+        b={"cursor": pb["cursor"], "next_update": pb["next_update"]},
+    )
     report.categories.append(cursor)
     return report
 
@@ -205,8 +215,16 @@ def compare_runs(run_a: Path, run_b: Path) -> Report:
 REFERENCE, RESUMED, REPORT, MARKER, LOGS = "reference", "resumed", "report.json", "verify-resume.json", "logs"
 
 
-def verify(train_args: list[str], *, model: str, inputs: list[Path], updates: int, resume_at: int, work: Path,
-           log: Callable[[str], None] = lambda s: None) -> Report:
+def verify(
+    train_args: list[str],
+    *,
+    model: str,
+    inputs: list[Path],
+    updates: int,
+    resume_at: int,
+    work: Path,
+    log: Callable[[str], None] = lambda s: None,
+) -> Report:
     """`ouro verify-resume`: the reference and the resumed run in `work`, compared; report.json beside them.
 
     W must be empty or one of verify-resume's own earlier work directories (its marker
@@ -274,9 +292,11 @@ def check_disk(work: Path, model: str) -> None:
     earlier = sum(f.stat().st_size for run in (REFERENCE, RESUMED) for f in (work / run).rglob("*") if f.is_file())
     free = shutil.disk_usage(where).free + earlier
     if free < need:
-        raise ResourceError(f"verify-resume needs about {need / GIB:.1f} GiB of disk for its two runs' checkpoints "
-                            f"(two of {total * CHECKPOINT_BYTES_PER_PARAM / GIB:.1f} GiB), {where} has "
-                            f"{free / GIB:.1f} GiB free; choose a --work-dir on a larger disk")
+        raise ResourceError(
+            f"verify-resume needs about {need / GIB:.1f} GiB of disk for its two runs' checkpoints "
+            f"(two of {total * CHECKPOINT_BYTES_PER_PARAM / GIB:.1f} GiB), {where} has "
+            f"{free / GIB:.1f} GiB free; choose a --work-dir on a larger disk"
+        )
 
 
 def check_work_dir(work: Path, inputs: list[Path]) -> None:
@@ -292,20 +312,25 @@ def check_work_dir(work: Path, inputs: list[Path]) -> None:
     ours = {REFERENCE, RESUMED, REPORT, MARKER, LOGS}
     if names and (not names & {REPORT, MARKER} or names - ours):
         other = sorted(names - ours) or sorted(names)
-        raise UserError(f"work directory {work} is not empty ({other[0]}) and is not an earlier verify-resume work "
-                        f"directory (those hold only {', '.join(sorted(ours))}); choose an empty one")
+        raise UserError(
+            f"work directory {work} is not empty ({other[0]}) and is not an earlier verify-resume work "
+            f"directory (those hold only {', '.join(sorted(ours))}); choose an empty one"
+        )
 
 
 def _ouro(args: list[str], what: str, log: Callable[[str], None]) -> None:
     log(f"$ ouro {' '.join(args)}")
-    proc = subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ouro_cli.cli.app", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise UserError(f"the {what} failed (exit {proc.returncode}): {tail[0]}")
 
 
-def run_pair(train_args: list[str], updates: int, resume_at: int, run_a: Path, run_b: Path,
-             log: Callable[[str], None]) -> None:
+def run_pair(
+    train_args: list[str], updates: int, resume_at: int, run_a: Path, run_b: Path, log: Callable[[str], None]
+) -> None:
     """The reference run (N updates) and the resumed one (M, then a fresh-process resume to N),
     each an `ouro train`/`ouro resume` subprocess given `train_args`."""
     keep = [] if "--keep-last" in train_args else ["--keep-last", "1"]  # one iteration each: the disk check

@@ -50,8 +50,11 @@ app = typer.Typer(
 
 @app.callback()
 def _global_options(
-    debug: bool = typer.Option(False, "--debug", help=f"Show a failure's traceback (as {DEBUG_ENV}=1 does); "
-                               "accepted anywhere on the line. \\[default: off]"),
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help=f"Show a failure's traceback (as {DEBUG_ENV}=1 does); accepted anywhere on the line. \\[default: off]",
+    ),
 ) -> None:
     if debug:
         env.put(DEBUG_ENV, "1")  # also seen by the processes a command starts (verify-resume)
@@ -63,8 +66,11 @@ app.command(name="export", epilog=export.EPILOG)(export.export)
 app.command(name="train", epilog=train.TRAIN_EPILOG)(train.train)
 app.command(name="resume", epilog=train.RESUME_EPILOG)(train.resume)
 app.command(name="eval", epilog=eval.EPILOG)(eval.eval_command)
-app.command(name="verify-resume", epilog=verify_resume.EPILOG,
-            context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(verify_resume.verify_resume)
+app.command(
+    name="verify-resume",
+    epilog=verify_resume.EPILOG,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)(verify_resume.verify_resume)
 app.command(name="status", epilog=status.STATUS_EPILOG)(status.status)
 app.command(name="plot", epilog=status.PLOT_EPILOG)(status.plot)
 app.command(name="compare", epilog=compare.EPILOG)(compare.compare)
@@ -88,7 +94,7 @@ def main() -> None:
     die_with_this_process()  # megatron's forked checkpoint writers must not outlive a killed command
 
     args = rewrite_aliases(sys.argv[1:])
-    head = args[:args.index("--")] if "--" in args else args
+    head = args[: args.index("--")] if "--" in args else args
     if "--debug" in head[1:]:  # a global flag, accepted after the command too
         args.remove("--debug")
         args.insert(0, "--debug")

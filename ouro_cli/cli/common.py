@@ -140,8 +140,9 @@ def rich_escape(text: str) -> str:
 
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document with the result on stdout. \\[default: off]")
-OVERWRITE_OPTION = typer.Option(False, "--overwrite",
-                                help="Replace a non-empty output directory (never an input). \\[default: off]")
+OVERWRITE_OPTION = typer.Option(
+    False, "--overwrite", help="Replace a non-empty output directory (never an input). \\[default: off]"
+)
 
 
 def run_app(app: typer.Typer, args: list[str], *, json_output: bool) -> int:

@@ -28,25 +28,39 @@ def _preset_default(name: str) -> str:
 
 
 def _tolerance(name: str, help: str) -> Any:
-    return typer.Option(name, help=f"{help} \\[default: {_preset_default(name[2:].replace('-', '_'))}]",
-                        show_default=False)
+    return typer.Option(
+        name, help=f"{help} \\[default: {_preset_default(name[2:].replace('-', '_'))}]", show_default=False
+    )
 
 
 def compare(
     run_a: Annotated[Path, typer.Argument(help="Reference run directory (e.g. one rank).", show_default=False)],
     run_b: Annotated[Path, typer.Argument(help="Run directory to compare (e.g. two ranks).", show_default=False)],
-    tolerance: Annotated[str, typer.Option("--tolerance", help="Preset for the runs' dtype: fp32 or bf16; the "
-                                           "flags below override it.")] = "fp32",
-    atol: Annotated[float | None, _tolerance("--atol", "Absolute tolerance of weights and gradient norm, floor "
-                                             "of the self-calibrated logprob tolerances.")] = None,
+    tolerance: Annotated[
+        str, typer.Option("--tolerance", help="Preset for the runs' dtype: fp32 or bf16; the flags below override it.")
+    ] = "fp32",
+    atol: Annotated[
+        float | None,
+        _tolerance(
+            "--atol",
+            "Absolute tolerance of weights and gradient norm, floor of the self-calibrated logprob tolerances.",
+        ),
+    ] = None,
     rtol: Annotated[float | None, _tolerance("--rtol", "Relative tolerance, |Δ| <= atol + rtol·|w|.")] = None,
-    weights_atol: Annotated[float | None, typer.Option("--weights-atol", help="The weights' own absolute "
-                                                       "tolerance (fp32 Adam runs: the learning rate). \\[default: "
-                                                       "--atol]", show_default=False)] = None,
-    min_identical: Annotated[float | None, _tolerance("--min-identical", "Fraction of rollout samples whose "
-                                                      "tokens must be identical.")] = None,
-    max_update_diff: Annotated[float | None, _tolerance("--max-update-diff", "Largest ‖w_B − w_A‖ / "
-                                                        "‖w_A − w_0‖.")] = None,
+    weights_atol: Annotated[
+        float | None,
+        typer.Option(
+            "--weights-atol",
+            help="The weights' own absolute tolerance (fp32 Adam runs: the learning rate). \\[default: --atol]",
+            show_default=False,
+        ),
+    ] = None,
+    min_identical: Annotated[
+        float | None, _tolerance("--min-identical", "Fraction of rollout samples whose tokens must be identical.")
+    ] = None,
+    max_update_diff: Annotated[
+        float | None, _tolerance("--max-update-diff", "Largest ‖w_B − w_A‖ / ‖w_A − w_0‖.")
+    ] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Compare two runs of one job within stated tolerances (placement, not bit identity)."""
@@ -60,8 +74,13 @@ def compare(
         for run in (run_a, run_b):
             if not run.is_dir():
                 raise UserError(f"{run} is not a directory")
-        chosen = PRESETS[tolerance].with_(atol=atol, rtol=rtol, weights_atol=weights_atol,
-                                          min_identical=min_identical, max_update_diff=max_update_diff)
+        chosen = PRESETS[tolerance].with_(
+            atol=atol,
+            rtol=rtol,
+            weights_atol=weights_atol,
+            min_identical=min_identical,
+            max_update_diff=max_update_diff,
+        )
         doc = report(run_a, run_b, chosen)
         console.print(format_report(doc), markup=False, highlight=False, soft_wrap=True)
         if not doc["ok"]:

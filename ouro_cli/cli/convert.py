@@ -51,11 +51,14 @@ MCORE_TO_HF_EPILOG = """Examples:
 OUTPUT_PANEL = "Output"
 
 
-MaxShardSize = Annotated[str, typer.Option(
-    "--max-shard-size",
-    help="Largest safetensors shard (5GB = 5e9 bytes, 2GiB = 2**31); a model that fits is one model.safetensors.",
-    rich_help_panel=OUTPUT_PANEL,
-)]
+MaxShardSize = Annotated[
+    str,
+    typer.Option(
+        "--max-shard-size",
+        help="Largest safetensors shard (5GB = 5e9 bytes, 2GiB = 2**31); a model that fits is one model.safetensors.",
+        rich_help_panel=OUTPUT_PANEL,
+    ),
+]
 
 
 @contextmanager
@@ -69,8 +72,13 @@ def tensor_progress(total: int, description: str) -> Iterator[Callable[[str, Any
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tensors"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("tensors"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(description, total=total)
         yield lambda name, tensor: progress.advance(task)
@@ -97,12 +105,23 @@ def report(result: dict[str, Any], json_output: bool) -> None:
 
 @app.command("hf-to-mcore", epilog=HF_TO_MCORE_EPILOG)
 def hf_to_mcore(
-    hf_dir: Annotated[Path, typer.Argument(
-        help="Hugging Face Ouro directory (config.json + model.safetensors or shards).", show_default=False)],
+    hf_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="Hugging Face Ouro directory (config.json + model.safetensors or shards).", show_default=False
+        ),
+    ],
     out: Annotated[Path, typer.Argument(help="Megatron checkpoint directory to create.", show_default=False)],
-    iteration: Annotated[int | None, typer.Option(
-        "--iteration", min=0, show_default=False, help="Save as iter_NNNNNNN/ instead of release/. \\[default: release/]",
-        rich_help_panel=OUTPUT_PANEL)] = None,
+    iteration: Annotated[
+        int | None,
+        typer.Option(
+            "--iteration",
+            min=0,
+            show_default=False,
+            help="Save as iter_NNNNNNN/ instead of release/. \\[default: release/]",
+            rich_help_panel=OUTPUT_PANEL,
+        ),
+    ] = None,
     overwrite: bool = OVERWRITE_OPTION,
     json_output: bool = JSON_OPTION,
 ) -> None:
@@ -119,8 +138,15 @@ def hf_to_mcore(
         it = layout.RELEASE if iteration is None else iteration
         options = {"hf_dir": str(hf_dir), "out": str(out), "iteration": it, "overwrite": overwrite}
         with tensor_progress(len(source.specs), "hf → mcore") as on_tensor:
-            result = convert.to_megatron(source, out, iteration=it, overwrite=overwrite,
-                                         command="convert hf-to-mcore", options=options, on_tensor=on_tensor)
+            result = convert.to_megatron(
+                source,
+                out,
+                iteration=it,
+                overwrite=overwrite,
+                command="convert hf-to-mcore",
+                options=options,
+                on_tensor=on_tensor,
+            )
         report(result, json_output)
         return result
 
@@ -129,8 +155,10 @@ def hf_to_mcore(
 
 @app.command("mcore-to-hf", epilog=MCORE_TO_HF_EPILOG)
 def mcore_to_hf(
-    ckpt: Annotated[Path, typer.Argument(
-        help="Megatron checkpoint directory (or a run directory with checkpoint/).", show_default=False)],
+    ckpt: Annotated[
+        Path,
+        typer.Argument(help="Megatron checkpoint directory (or a run directory with checkpoint/).", show_default=False),
+    ],
     out: Annotated[Path, typer.Argument(help="Hugging Face directory to create.", show_default=False)],
     max_shard_size: MaxShardSize = "5GB",
     overwrite: bool = OVERWRITE_OPTION,
@@ -145,12 +173,31 @@ def mcore_to_hf(
         if not isinstance(source, MegatronCheckpoint):
             raise UserError(f"{ckpt} is a Hugging Face directory, not a Megatron checkpoint; use hf-to-mcore")
 
-    write_hf_command(ckpt, out, max_shard_size=max_shard_size, overwrite=overwrite, json_output=json_output,
-                     command="convert mcore-to-hf", source_key="ckpt", label="mcore → hf", check=require_megatron)
+    write_hf_command(
+        ckpt,
+        out,
+        max_shard_size=max_shard_size,
+        overwrite=overwrite,
+        json_output=json_output,
+        command="convert mcore-to-hf",
+        source_key="ckpt",
+        label="mcore → hf",
+        check=require_megatron,
+    )
 
 
-def write_hf_command(path: Path, out: Path, *, max_shard_size: str, overwrite: bool, json_output: bool,
-                     command: str, source_key: str, label: str, check=None) -> None:
+def write_hf_command(
+    path: Path,
+    out: Path,
+    *,
+    max_shard_size: str,
+    overwrite: bool,
+    json_output: bool,
+    command: str,
+    source_key: str,
+    label: str,
+    check=None,
+) -> None:
     """The body shared by `convert mcore-to-hf` and `export`: any checkpoint to an HF directory."""
 
     def body() -> dict[str, Any]:
@@ -166,8 +213,15 @@ def write_hf_command(path: Path, out: Path, *, max_shard_size: str, overwrite: b
             console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         options = {source_key: str(path), "out": str(out), "max_shard_bytes": shard_bytes, "overwrite": overwrite}
         with tensor_progress(len(source.specs), label) as on_tensor:
-            result = convert.to_hf(source, out, max_shard_bytes=shard_bytes, overwrite=overwrite,
-                                   command=command, options=options, on_tensor=on_tensor)
+            result = convert.to_hf(
+                source,
+                out,
+                max_shard_bytes=shard_bytes,
+                overwrite=overwrite,
+                command=command,
+                options=options,
+                on_tensor=on_tensor,
+            )
         report(result, json_output)
         return {**result, **({"note": note} if note else {})}
 

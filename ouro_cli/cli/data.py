@@ -63,15 +63,73 @@ SHOWN_DUPLICATES = 5
 
 @app.command("check", epilog=CHECK_EPILOG)
 def check(
-    files: Annotated[list[str], typer.Argument(help="Data files: JSONL, Parquet, or datasets save_to_disk directories.", show_default=False)],
-    prompt_key: Annotated[str, typer.Option("--prompt-key", help="Field of a row holding the prompt; dots reach into nested fields.", rich_help_panel=P_MAP)] = Columns.prompt,
-    label_key: Annotated[str, typer.Option("--label-key", help="Field holding the label, e.g. answer or reward_model.ground_truth.", rich_help_panel=P_MAP)] = Columns.label,
-    id_key: Annotated[str, typer.Option("--id-key", help="Field holding the problem id (a row without one: its index).", rich_help_panel=P_MAP)] = Columns.id,
-    label_parser: Annotated[str, typer.Option("--label-parser", help="none, or gsm8k: the label is the number after '####' in GSM8K's answer text.", rich_help_panel=P_MAP)] = Columns.label_parser,
-    model: Annotated[str | None, typer.Option("--model", help="Checkpoint (HF, Megatron or run directory) whose tokenizer measures prompts in tokens. \\[default: none: characters]", rich_help_panel=P_LEN)] = None,
-    prompt_template: Annotated[str, typer.Option("--prompt-template", help="chatml, raw or tokenizer: how prompts are rendered before they are measured (needs --model).", rich_help_panel=P_LEN)] = "chatml",
-    max_response_len: Annotated[int, typer.Option("--max-response-len", help="With --model: refuse a prompt that leaves no room for this many response tokens, as training does.", rich_help_panel=P_LEN)] = SamplingOptions.max_response_len,
-    reward_function: Annotated[str | None, typer.Option("--reward-function", help="Also run this reward's label check on every row. \\[default: none]", rich_help_panel=P_LEN)] = None,
+    files: Annotated[
+        list[str],
+        typer.Argument(help="Data files: JSONL, Parquet, or datasets save_to_disk directories.", show_default=False),
+    ],
+    prompt_key: Annotated[
+        str,
+        typer.Option(
+            "--prompt-key",
+            help="Field of a row holding the prompt; dots reach into nested fields.",
+            rich_help_panel=P_MAP,
+        ),
+    ] = Columns.prompt,
+    label_key: Annotated[
+        str,
+        typer.Option(
+            "--label-key",
+            help="Field holding the label, e.g. answer or reward_model.ground_truth.",
+            rich_help_panel=P_MAP,
+        ),
+    ] = Columns.label,
+    id_key: Annotated[
+        str,
+        typer.Option(
+            "--id-key", help="Field holding the problem id (a row without one: its index).", rich_help_panel=P_MAP
+        ),
+    ] = Columns.id,
+    label_parser: Annotated[
+        str,
+        typer.Option(
+            "--label-parser",
+            help="none, or gsm8k: the label is the number after '####' in GSM8K's answer text.",
+            rich_help_panel=P_MAP,
+        ),
+    ] = Columns.label_parser,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Checkpoint (HF, Megatron or run directory) whose tokenizer measures prompts in tokens. \\[default: "
+            "none: characters]",
+            rich_help_panel=P_LEN,
+        ),
+    ] = None,
+    prompt_template: Annotated[
+        str,
+        typer.Option(
+            "--prompt-template",
+            help="chatml, raw or tokenizer: how prompts are rendered before they are measured (needs --model).",
+            rich_help_panel=P_LEN,
+        ),
+    ] = "chatml",
+    max_response_len: Annotated[
+        int,
+        typer.Option(
+            "--max-response-len",
+            help="With --model: refuse a prompt that leaves no room for this many response tokens, as training does.",
+            rich_help_panel=P_LEN,
+        ),
+    ] = SamplingOptions.max_response_len,
+    reward_function: Annotated[
+        str | None,
+        typer.Option(
+            "--reward-function",
+            help="Also run this reward's label check on every row. \\[default: none]",
+            rich_help_panel=P_LEN,
+        ),
+    ] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Count the rows, measure the prompts, find duplicate ids and bad rows of data files."""
@@ -80,8 +138,9 @@ def check(
         from ouro_cli.errors import UserError
         from ouro_cli.rl.data import check_mapping
 
-        check_mapping({"--prompt-key": prompt_key, "--label-key": label_key, "--id-key": id_key,
-                       "--label-parser": label_parser})
+        check_mapping(
+            {"--prompt-key": prompt_key, "--label-key": label_key, "--id-key": id_key, "--label-parser": label_parser}
+        )
         columns = Columns(prompt_key, label_key, id_key, label_parser)
         measure = _measure(model, prompt_template, max_response_len)
         if reward_function is not None:
@@ -91,11 +150,20 @@ def check(
         reports = [_check_file(path, columns, measure, reward_function) for path in files]
         for report in reports:
             _print(report)
-        result = {"files": reports, "columns": {"prompt_key": prompt_key, "label_key": label_key, "id_key": id_key,
-                                                "label_parser": label_parser}}
+        result = {
+            "files": reports,
+            "columns": {
+                "prompt_key": prompt_key,
+                "label_key": label_key,
+                "id_key": id_key,
+                "label_parser": label_parser,
+            },
+        }
         failed = [r for r in reports if not r["ok"]]
         if failed:
-            more = f"; {len(failed) - 1} more file{'s' if len(failed) > 2 else ''} with errors" if len(failed) > 1 else ""
+            more = (
+                f"; {len(failed) - 1} more file{'s' if len(failed) > 2 else ''} with errors" if len(failed) > 1 else ""
+            )
             err = UserError(failed[0]["first_error"] + more)
             err.result = result  # the report goes into --json's document as well
             raise err
@@ -125,8 +193,10 @@ class _Measure:
             return [sum(len(m["content"]) for m in as_messages(r.prompt)) for r in rows]
         from ouro_cli.rl.prompts import tokenize_prompts
 
-        return [len(ids) for ids in tokenize_prompts(self.codec, self.template, rows, self.limit,
-                                                     self.max_response_len, path)]
+        return [
+            len(ids)
+            for ids in tokenize_prompts(self.codec, self.template, rows, self.limit, self.max_response_len, path)
+        ]
 
 
 def _measure(model: str | None, prompt_template: str, max_response_len: int) -> _Measure:
@@ -147,8 +217,13 @@ def _measure(model: str | None, prompt_template: str, max_response_len: int) -> 
     codec = TextCodec.from_dir(source.assets_dir)
     if codec is None:
         raise UserError(f"{model} has no tokenizer.json")
-    return _Measure(template_for_checkpoint(prompt_template, source.assets_dir), "tokens", codec,
-                    source.config.max_position_embeddings, max_response_len)
+    return _Measure(
+        template_for_checkpoint(prompt_template, source.assets_dir),
+        "tokens",
+        codec,
+        source.config.max_position_embeddings,
+        max_response_len,
+    )
 
 
 def _check_file(path: str, columns: Columns, measure: _Measure, reward_function: str | None) -> dict[str, Any]:
@@ -173,22 +248,34 @@ def _check_file(path: str, columns: Columns, measure: _Measure, reward_function:
         from ouro_cli.rl.rewards import check_labels, load_reward
 
         try:
-            check_labels(load_reward(reward_function), reward_function, [(f"{path}:{r.line}", r.label) for r in scan.rows])
+            check_labels(
+                load_reward(reward_function), reward_function, [(f"{path}:{r.line}", r.label) for r in scan.rows]
+            )
         except UserError as err:
             others.append(str(err))
     errors = scan.errors + [e for e in others if e not in scan.errors]
     report: dict[str, Any] = {
-        "path": path, "format": scan.source.format, "rows": scan.records, "valid_rows": len(scan.rows),
-        "bad_rows": len(scan.bad_rows), "first_bad_row": scan.bad_rows[0] if scan.bad_rows else None,
+        "path": path,
+        "format": scan.source.format,
+        "rows": scan.records,
+        "valid_rows": len(scan.rows),
+        "bad_rows": len(scan.bad_rows),
+        "first_bad_row": scan.bad_rows[0] if scan.bad_rows else None,
         "ids": {"key": columns.id, "own": scan.own_ids, "row_index": len(scan.rows) - scan.own_ids},
         "duplicate_ids": [{"id": key, scan.source.unit + "s": numbers} for key, numbers in scan.duplicates.items()],
-        "other_errors": others, "errors": len(errors), "ok": not errors,
+        "other_errors": others,
+        "errors": len(errors),
+        "ok": not errors,
         "first_error": scan.first_error(errors) if errors else None,  # the line `ouro train` would print
     }
     if lengths:
         values = np.percentile(lengths, PERCENTILES, method="inverted_cdf")
-        report["prompt_length"] = {"unit": measure.unit, "min": min(lengths), "max": max(lengths),
-                                   **{f"p{q}": int(v) for q, v in zip(PERCENTILES, values, strict=True)}}
+        report["prompt_length"] = {
+            "unit": measure.unit,
+            "min": min(lengths),
+            "max": max(lengths),
+            **{f"p{q}": int(v) for q, v in zip(PERCENTILES, values, strict=True)},
+        }
         if measure.limit is not None:
             report["prompt_length"]["model_limit"] = measure.limit
     return report
@@ -209,7 +296,9 @@ def _print(report: dict[str, Any]) -> None:
         limit = f" (the model's limit: {lengths['model_limit']})" if "model_limit" in lengths else ""
         say(f"  prompt length in {lengths['unit']}: {shown}{limit}")
     ids = report["ids"]
-    source = f"{ids['own']} from {rich_escape(ids['key'])}" + (f", {ids['row_index']} by row index" if ids["row_index"] else "")
+    source = f"{ids['own']} from {rich_escape(ids['key'])}" + (
+        f", {ids['row_index']} by row index" if ids["row_index"] else ""
+    )
     dups = report["duplicate_ids"]
     if dups:
         unit = next(k for k in dups[0] if k != "id")

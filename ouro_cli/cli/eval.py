@@ -21,7 +21,8 @@ EPILOG = """Examples:
 
   ouro eval ouro_cli/bundled/tiny/model --data ouro_cli/bundled/tiny/eval.jsonl --depths 1 2 3 4 --prompts 200
 
-  ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4 --reward-function ouro_cli.rl.rewards.math_answer --out evals/grpo-1
+  ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4 --reward-function ouro_cli.rl.rewards.math_answer --out
+  evals/grpo-1
 
   ouro eval runs/grpo-1 --data eval.jsonl --samples 8     # avg@8 and pass@k
 
@@ -73,12 +74,24 @@ def _table(results: list[dict[str, Any]]) -> None:
     samples = results[0].get("samples", 1) if results else 1
     title = "held-out accuracy per K" + (f", {samples} samples per prompt" if samples > 1 else "")
     table = Table(title=title)
-    for col in ("K", "prompts", "accuracy" if samples == 1 else f"avg@{samples}", "mean exit depth", "mean tokens",
-                "truncated"):
+    for col in (
+        "K",
+        "prompts",
+        "accuracy" if samples == 1 else f"avg@{samples}",
+        "mean exit depth",
+        "mean tokens",
+        "truncated",
+    ):
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(str(r["k"]), str(r["prompts"]), f"{r['accuracy']:.3f}", f"{r['mean_exit_depth']:.2f}",
-                      f"{r['mean_tokens']:.1f}", str(r["truncated"]))
+        table.add_row(
+            str(r["k"]),
+            str(r["prompts"]),
+            f"{r['accuracy']:.3f}",
+            f"{r['mean_exit_depth']:.2f}",
+            f"{r['mean_tokens']:.1f}",
+            str(r["truncated"]),
+        )
     console.print(table)
     if samples == 1:
         return

@@ -27,13 +27,22 @@ EPILOG = """Examples:
 
 
 def export(
-    ckpt_or_run: Annotated[Path, typer.Argument(
-        help="Run directory, Megatron checkpoint or HF directory to export.", show_default=False)],
+    ckpt_or_run: Annotated[
+        Path, typer.Argument(help="Run directory, Megatron checkpoint or HF directory to export.", show_default=False)
+    ],
     out: Annotated[Path, typer.Argument(help="Hugging Face directory to create.", show_default=False)],
     max_shard_size: MaxShardSize = "5GB",
     overwrite: bool = OVERWRITE_OPTION,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Export a run or checkpoint as a Hugging Face Ouro directory (loads with the original remote code)."""
-    write_hf_command(ckpt_or_run, out, max_shard_size=max_shard_size, overwrite=overwrite, json_output=json_output,
-                     command="export", source_key="ckpt_or_run", label="export")
+    write_hf_command(
+        ckpt_or_run,
+        out,
+        max_shard_size=max_shard_size,
+        overwrite=overwrite,
+        json_output=json_output,
+        command="export",
+        source_key="ckpt_or_run",
+        label="export",
+    )

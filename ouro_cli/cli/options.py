@@ -41,13 +41,15 @@ def cli_type(annotation: Any) -> Any:
     return annotation
 
 
-def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None, panels: bool = True
-              ) -> inspect.Parameter:
+def parameter(
+    leaf: Leaf, *, help: str | None = None, default: str | None = None, panels: bool = True
+) -> inspect.Parameter:
     """The keyword parameter of one option: its flag (or argument), help and default text."""
     if leaf.info.argument:
         info: Any = typer.Argument(help=help or leaf.info.help, show_default=False)
-        return inspect.Parameter(leaf.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                 annotation=Annotated[cli_type(leaf.type), info])
+        return inspect.Parameter(
+            leaf.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[cli_type(leaf.type), info]
+        )
     for alias in leaf.info.aliases:
         hidden_alias(alias, leaf.flag.split("/")[0])  # "--async-save/--sync-save": the first is the name
     required = leaf.default is MISSING
@@ -56,13 +58,20 @@ def parameter(leaf: Leaf, *, help: str | None = None, default: str | None = None
         text = f"{text} Or set {leaf.info.env}."  # the environment stands in for it (ouro_cli/settings.py)
     if not required:
         text = f"{text} \\[default: {leaf.shown_default if default is None else default}]"
-    info = typer.Option(leaf.flag, help=text, rich_help_panel=leaf.info.panel if panels else None,
-                        show_default=False, metavar=leaf.info.metavar)
+    info = typer.Option(
+        leaf.flag,
+        help=text,
+        rich_help_panel=leaf.info.panel if panels else None,
+        show_default=False,
+        metavar=leaf.info.metavar,
+    )
     if required:
-        return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[cli_type(leaf.type),
-                                 info])
-    return inspect.Parameter(leaf.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                             annotation=Annotated[cli_type(leaf.type) | None, info])
+        return inspect.Parameter(
+            leaf.name, inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[cli_type(leaf.type), info]
+        )
+    return inspect.Parameter(
+        leaf.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[cli_type(leaf.type) | None, info]
+    )
 
 
 NEGATED = "no__"  # the parameter of a boolean's hidden --no-X flag: "no__" + the option's name
@@ -76,31 +85,46 @@ def parameters(leaf: Leaf, **kwargs: Any) -> list[inspect.Parameter]:
     if leaf.info.argument or cli_type(leaf.type) is not bool or "/" in leaf.flag:
         return [main]
     negative = typer.Option(f"--no-{leaf.flag[2:]}", hidden=True)
-    return [main, inspect.Parameter(NEGATED + leaf.name, inspect.Parameter.KEYWORD_ONLY, default=False,
-                                    annotation=Annotated[bool, negative])]
+    return [
+        main,
+        inspect.Parameter(
+            NEGATED + leaf.name, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, negative]
+        ),
+    ]
 
 
 def fold_negations(params: dict[str, Any]) -> dict[str, Any]:
     """Parsed parameters with each hidden `--no-X` given turned into X = False (`parameters`)."""
     out = {k: v for k, v in params.items() if not k.startswith(NEGATED)}
-    out.update({k[len(NEGATED):]: False for k, v in params.items() if k.startswith(NEGATED) and v})
+    out.update({k[len(NEGATED) :]: False for k, v in params.items() if k.startswith(NEGATED) and v})
     return out
 
 
 def json_parameter() -> inspect.Parameter:
     """`--json`, the flag every command has (common.JSON_OPTION), as a parameter."""
-    return inspect.Parameter("json_output", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
-        bool, typer.Option("--json", help=JSON_OPTION.help, show_default=False)])
+    return inspect.Parameter(
+        "json_output",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[bool, typer.Option("--json", help=JSON_OPTION.help, show_default=False)],
+    )
 
 
 def by_panel(leaves: Iterable[Leaf]) -> list[Leaf]:
     """Leaves ordered by help panel (the order of PANEL_ORDER), declaration order within one."""
-    return sorted(leaves, key=lambda leaf: PANEL_ORDER.index(leaf.info.panel) if leaf.info.panel in PANEL_ORDER
-                  else len(PANEL_ORDER))
+    return sorted(
+        leaves,
+        key=lambda leaf: PANEL_ORDER.index(leaf.info.panel) if leaf.info.panel in PANEL_ORDER else len(PANEL_ORDER),
+    )
 
 
-def with_options(body: Callable[..., Any], options: list[inspect.Parameter], *, head: Iterable[inspect.Parameter] = (),
-                 tail: Iterable[inspect.Parameter] = ()) -> Callable[..., Any]:
+def with_options(
+    body: Callable[..., Any],
+    options: list[inspect.Parameter],
+    *,
+    head: Iterable[inspect.Parameter] = (),
+    tail: Iterable[inspect.Parameter] = (),
+) -> Callable[..., Any]:
     """`body(**params)` as a function whose signature is `head`, then `options`, then `tail`,
     for Typer to read (it reads `__signature__` and the annotations)."""
 
@@ -110,8 +134,11 @@ def with_options(body: Callable[..., Any], options: list[inspect.Parameter], *, 
 
     parameters = [*head, *options, *tail]
     positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-    keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in parameters
-               if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keyword = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in parameters
+        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
     command.__signature__ = inspect.Signature([*positional, *keyword])
     command.__annotations__ = {p.name: p.annotation for p in parameters}
     del command.__wrapped__  # inspect.signature must read __signature__, not the body's

@@ -32,8 +32,13 @@ EPILOG = """Examples:
 
 def probe_ucx(
     ctx: typer.Context,
-    devices: Annotated[tuple[int, int], typer.Option("--devices", help="Initiator and target device (CUDA indices).")] = (0, 1),
-    tls: Annotated[list[str] | None, typer.Option("--tls", help="Extra UCX_TLS settings to try, e.g. --tls rc,cuda_copy tcp. \\[default: none]")] = None,
+    devices: Annotated[
+        tuple[int, int], typer.Option("--devices", help="Initiator and target device (CUDA indices).")
+    ] = (0, 1),
+    tls: Annotated[
+        list[str] | None,
+        typer.Option("--tls", help="Extra UCX_TLS settings to try, e.g. --tls rc,cuda_copy tcp. \\[default: none]"),
+    ] = None,
     size_mb: Annotated[int, typer.Option("--size-mb", help="Bytes per WRITE, in MiB.")] = 64,
     repeats: Annotated[int, typer.Option("--repeats", help="WRITEs per setting (median time is reported).")] = 3,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per setting before it counts as hung.")] = 30.0,
@@ -86,15 +91,23 @@ def probe_ucx(
 def _print(document: dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table(title=f"UCX over NIXL, {document['memory']} → {document['memory']}, "
-                        f"{document['bytes'] >> 20} MiB × {document['repeats']}")
+    table = Table(
+        title=f"UCX over NIXL, {document['memory']} → {document['memory']}, "
+        f"{document['bytes'] >> 20} MiB × {document['repeats']}"
+    )
     for col in ("UCX_TLS", "result", "completed", "notified", "bad bytes", "GB/s", "note"):
         table.add_column(col)
     style = {"delivered": "green", "completed_not_delivered": "bold red", "failed": "red", "timeout": "red"}
     for r in document["results"]:
-        table.add_row(r["label"], f"[{style[r['status']]}]{r['status']}[/]", str(r["completed"]),
-                      f"{r['notified']}/{document['repeats']}", str(r["mismatched_bytes"]),
-                      f"{r['gbps']:.2f}" if r["gbps"] else "-", (r["error"] or "")[:80])
+        table.add_row(
+            r["label"],
+            f"[{style[r['status']]}]{r['status']}[/]",
+            str(r["completed"]),
+            f"{r['notified']}/{document['repeats']}",
+            str(r["mismatched_bytes"]),
+            f"{r['gbps']:.2f}" if r["gbps"] else "-",
+            (r["error"] or "")[:80],
+        )
     console.print(table)
     rec = document["recommended"]
     if rec:

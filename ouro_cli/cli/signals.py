@@ -44,7 +44,9 @@ def report_uncaught(kind, err, tb) -> None:
         sys.__excepthook__(kind, err, tb)
         return
     if "--json" in sys.argv:
-        sys.stdout.write(json.dumps({"ok": False, "error": str(err), "exit_code": err.exit_code}, sort_keys=True) + "\n")
+        sys.stdout.write(
+            json.dumps({"ok": False, "error": str(err), "exit_code": err.exit_code}, sort_keys=True) + "\n"
+        )
     sys.stderr.write(f"error: {err}\n")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

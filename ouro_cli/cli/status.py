@@ -31,19 +31,30 @@ RUN_ARGUMENT = typer.Argument(help="Run directory written by ouro train.", show_
 
 def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTION) -> None:
     """Where a run stands: updates done, last reward and accuracy per K, checkpoint, whether it runs."""
+
     def body() -> dict[str, Any]:
         from rich.table import Table
 
         from ouro_cli.rl.status import run_status
 
         s = run_status(run_dir)
-        state = ("[green]complete[/]" if s["complete"] else f"[yellow]running[/] ({s['holder']})" if s["running"]
-                 else "stopped (not complete; `ouro resume` continues it)")
+        state = (
+            "[green]complete[/]"
+            if s["complete"]
+            else f"[yellow]running[/] ({s['holder']})"
+            if s["running"]
+            else "stopped (not complete; `ouro resume` continues it)"
+        )
         ckpt = s["checkpoint"]
         console.print(f"[bold]{s['run_dir']}[/]: {state}")
-        console.print(f"updates {s['updates_done']} of {s['updates_total']}; latest checkpoint: "
-                      + (f"{ckpt.get('path', ckpt.get('problem'))} (continues at update {ckpt.get('next_update')})"
-                         if ckpt else "none yet"))
+        console.print(
+            f"updates {s['updates_done']} of {s['updates_total']}; latest checkpoint: "
+            + (
+                f"{ckpt.get('path', ckpt.get('problem'))} (continues at update {ckpt.get('next_update')})"
+                if ckpt
+                else "none yet"
+            )
+        )
         console.print(f"plan {s['plan_sha256'][:12]}")
         for note in s["notes"]:
             _note(note)
@@ -52,20 +63,29 @@ def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTI
             table.add_column(col, justify="right")
         for k in sorted({*s["last_reward_per_k"], *s["accuracy_per_k"]}, key=int):
             r, a = s["last_reward_per_k"].get(k), s["accuracy_per_k"].get(k)
-            table.add_row(k, f"{r['reward_mean']:.3f} (update {r['update']})" if r else "-",
-                          f"{a['accuracy']:.3f} (update {a['update']}, {a['when']})" if a else "-")
+            table.add_row(
+                k,
+                f"{r['reward_mean']:.3f} (update {r['update']})" if r else "-",
+                f"{a['accuracy']:.3f} (update {a['update']}, {a['when']})" if a else "-",
+            )
         console.print(table)
         return s
 
     run_command(body, json_output=json_output)
 
 
-def plot(run_dir: Annotated[Path, RUN_ARGUMENT],
-         out: Annotated[Path | None, typer.Option("--out", help="Where to write the PNG. \\[default: RUN/metrics.png]")] = None,
-         overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out file. "
-                                                 "\\[default: off]", show_default=False)] = False,
-         json_output: bool = JSON_OPTION) -> None:
+def plot(
+    run_dir: Annotated[Path, RUN_ARGUMENT],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Where to write the PNG. \\[default: RUN/metrics.png]")
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out file. \\[default: off]", show_default=False)
+    ] = False,
+    json_output: bool = JSON_OPTION,
+) -> None:
     """Redraw a run's metrics.png from its metrics.jsonl and evaluations.jsonl."""
+
     def body() -> dict[str, Any]:
         import contextlib
 
@@ -80,8 +100,9 @@ def plot(run_dir: Annotated[Path, RUN_ARGUMENT],
         if out is None or out.resolve() == run.plot.resolve():  # the run's own plot, redrawn
             claimed = contextlib.nullcontext(Output(run.plot, overwrite=True, file=True))
         else:
-            claimed = claimed_output(out, overwrite=overwrite, command="ouro plot", file=True,
-                                     inputs=[run.metrics, run.evaluations])
+            claimed = claimed_output(
+                out, overwrite=overwrite, command="ouro plot", file=True, inputs=[run.metrics, run.evaluations]
+            )
         with claimed as output, output.staged() as staging:
             if plot_run(run.metrics, run.evaluations, staging, log=_note) is None:
                 raise UserError(f"nothing to plot: {run.metrics} has no updates yet, or matplotlib is not installed")

@@ -65,8 +65,9 @@ def _train(config: Path | None, json_output: bool, **flags: Any) -> None:
         with RunLock(run.root, "ouro train", log=_note):
             if is_main_rank():  # under torchrun the other ranks are the same job
                 prepare_run_dir(run, options.overwrite, log=_note)
-            return _run(options, run, resume=False, override_scheduler=False, json_output=json_output,
-                        command="ouro train")
+            return _run(
+                options, run, resume=False, override_scheduler=False, json_output=json_output, command="ouro train"
+            )
 
     run_command(_quiet(body), json_output=json_output)
 
@@ -78,8 +79,11 @@ def resolve_params(params: dict[str, Any]):
 
     config = params.get("config")
     # a list option not given is empty: a list from typer, a tuple from click's own parsing (verify-resume)
-    flags = {k: (list(v) or None) if isinstance(v, list | tuple) else v for k, v in params.items()
-             if k not in ("config", "json_output")}
+    flags = {
+        k: (list(v) or None) if isinstance(v, list | tuple) else v
+        for k, v in params.items()
+        if k not in ("config", "json_output")
+    }
     return resolve(flags, str(config) if config else None)
 
 
@@ -98,8 +102,14 @@ def _resume(run_dir: Path, updates: int, override_opt_param_scheduler: bool, jso
         with RunLock(run.root, "ouro resume", create=False, log=_note):
             options = plans.resume_options(plans.read_plan(run.plan), given, updates=updates, run_dir=str(run_dir))
             check_run_dir(run, options, resuming=True)
-            return _run(options, run, resume=True, override_scheduler=override_opt_param_scheduler,
-                        json_output=json_output, command="ouro resume")
+            return _run(
+                options,
+                run,
+                resume=True,
+                override_scheduler=override_opt_param_scheduler,
+                json_output=json_output,
+                command="ouro resume",
+            )
 
     run_command(_quiet(body), json_output=json_output)
 
@@ -108,20 +118,53 @@ def _train_command():
     from ouro_cli import config as tree
     from ouro_cli.rl.options import TrainOptions
 
-    config = inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-        Path | None, typer.Option("--config", help="TOML file with any of these options (flags override it). "
-                                  "\\[default: none]", rich_help_panel=P_DATA, show_default=False)])
+    config = inspect.Parameter(
+        "config",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[
+            Path | None,
+            typer.Option(
+                "--config",
+                help="TOML file with any of these options (flags override it). \\[default: none]",
+                rich_help_panel=P_DATA,
+                show_default=False,
+            ),
+        ],
+    )
     flags = [p for leaf in by_panel(tree.leaves(TrainOptions).values()) for p in parameters(leaf)]
     return with_options(_train, flags, head=[config], tail=[json_parameter()])
 
 
 # What `ouro resume` accepts besides --updates: the options a run may change (plan.FREE_KEYS and,
 # with --override-scheduler, the LR), and some of its contract, which must equal the run's.
-RESUME_OPTIONS = ("depths", "lr", "seed", "temperature", "group_size", "prompts_per_update", "advantage",
-                  "mini_batches", "epochs", "overlong", "loop_weighting", "max_num_seqs",
-                  "kv_transport", "compile", "compile_layers", "decode_attention", "decode_gemv", "replay_attention",
-                  "eval_data", "eval_interval", "save_interval", "export_hf", "save_on_interrupt", "async_save",
-                  "reward_timeout")
+RESUME_OPTIONS = (
+    "depths",
+    "lr",
+    "seed",
+    "temperature",
+    "group_size",
+    "prompts_per_update",
+    "advantage",
+    "mini_batches",
+    "epochs",
+    "overlong",
+    "loop_weighting",
+    "max_num_seqs",
+    "kv_transport",
+    "compile",
+    "compile_layers",
+    "decode_attention",
+    "decode_gemv",
+    "replay_attention",
+    "eval_data",
+    "eval_interval",
+    "save_interval",
+    "export_hf",
+    "save_on_interrupt",
+    "async_save",
+    "reward_timeout",
+)
 
 
 def _resume_command():
@@ -131,19 +174,43 @@ def _resume_command():
 
     table = tree.leaves(TrainOptions)
     head = [
-        inspect.Parameter("run_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
-            Path, typer.Argument(help="Run directory written by ouro train.", show_default=False)]),
-        inspect.Parameter("updates", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
-            int, typer.Option("--updates", help="Total updates to reach (more than the run has).")]),
-        inspect.Parameter("override_opt_param_scheduler", inspect.Parameter.KEYWORD_ONLY, default=False,
-                          annotation=Annotated[bool, typer.Option(
-                              "--override-scheduler", help="Allow a new LR schedule (lr, lr-schedule, warmup, "
-                              "min-lr). \\[default: off]", rich_help_panel=P_OPT, show_default=False)])]
+        inspect.Parameter(
+            "run_dir",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=Annotated[Path, typer.Argument(help="Run directory written by ouro train.", show_default=False)],
+        ),
+        inspect.Parameter(
+            "updates",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=Annotated[
+                int, typer.Option("--updates", help="Total updates to reach (more than the run has).")
+            ],
+        ),
+        inspect.Parameter(
+            "override_opt_param_scheduler",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False,
+            annotation=Annotated[
+                bool,
+                typer.Option(
+                    "--override-scheduler",
+                    help="Allow a new LR schedule (lr, lr-schedule, warmup, min-lr). \\[default: off]",
+                    rich_help_panel=P_OPT,
+                    show_default=False,
+                ),
+            ],
+        ),
+    ]
     hidden_alias("--override-opt-param-scheduler", "--override-scheduler")
     flags = []
     for leaf in by_panel(table[name] for name in RESUME_OPTIONS):
-        help = ("New LR (needs --override-scheduler)." if leaf.name == "lr" else None if leaf.name in FREE_KEYS
-                else "Must equal the run's (checked).")
+        help = (
+            "New LR (needs --override-scheduler)."
+            if leaf.name == "lr"
+            else None
+            if leaf.name in FREE_KEYS
+            else "Must equal the run's (checked)."
+        )
         flags.extend(parameters(leaf, help=help, default="the run's"))
     return with_options(_resume, flags, head=head, tail=[json_parameter()])
 
@@ -184,8 +251,13 @@ def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: b
 
     from ouro_cli.rl.loop import train as train_loop
 
-    columns = (TextColumn("[bold]GRPO[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]GRPO[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         task = progress.add_task("setting up", total=options.updates)
 
@@ -194,15 +266,26 @@ def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: b
             # how much of its time that was, so a slow update is not mistaken for a slow run
             compiling = record.get("compile_s", 0.0)
             note = f" ({compiling:.1f}s compiling)" if compiling >= 0.5 else ""
-            progress.update(task, completed=record["update"] + 1,
-                            description=f"K={record['k']} reward={record['reward_mean']:.3f} "
-                                        f"step={record['step_s']:.1f}s{note}")
+            progress.update(
+                task,
+                completed=record["update"] + 1,
+                description=f"K={record['k']} reward={record['reward_mean']:.3f} step={record['step_s']:.1f}s{note}",
+            )
             if not console.is_terminal:
-                console.print(f"update {record['update']}: K={record['k']} v{record['weight_version']} "
-                              f"reward={record['reward_mean']:.3f} step={record['step_s']:.2f}s{note}")
+                console.print(
+                    f"update {record['update']}: K={record['k']} v{record['weight_version']} "
+                    f"reward={record['reward_mean']:.3f} step={record['step_s']:.2f}s{note}"
+                )
 
-        summary = train_loop(options, run, resume=resume, override_scheduler=override_scheduler,
-                             log=_note, on_update=on_update, command=command)
+        summary = train_loop(
+            options,
+            run,
+            resume=resume,
+            override_scheduler=override_scheduler,
+            log=_note,
+            on_update=on_update,
+            command=command,
+        )
     _print_evaluations(summary)
     console.print(f"run directory: {summary['run_dir']}")
     return summary
@@ -220,6 +303,11 @@ def _print_evaluations(summary: dict[str, Any]) -> None:
         table.add_column(col, justify="right")
     for e in after:
         b = before.get(e["k"])
-        table.add_row(str(e["k"]), f"{b['accuracy']:.3f}" if b else "-", f"{e['accuracy']:.3f}",
-                      f"{e['mean_exit_depth']:.2f}", f"{e['mean_tokens']:.1f}")
+        table.add_row(
+            str(e["k"]),
+            f"{b['accuracy']:.3f}" if b else "-",
+            f"{e['accuracy']:.3f}",
+            f"{e['mean_exit_depth']:.2f}",
+            f"{e['mean_tokens']:.1f}",
+        )
     console.print(table)

@@ -35,10 +35,32 @@ EPILOG = """Examples:
 
 def verify_resume(
     ctx: typer.Context,
-    updates: Annotated[int | None, typer.Option("--updates", help="Updates of the reference run (N). \\[default: none, required without --compare]")] = None,
-    resume_at: Annotated[int | None, typer.Option("--resume-at", help="Stop the second run after M updates, then resume it to N. \\[default: none, required without --compare]")] = None,
-    work_dir: Annotated[Path | None, typer.Option("--work-dir", help="Where the two runs and report.json go: empty, or an earlier work dir of verify-resume. \\[default: none, required without --compare]")] = None,
-    compare: Annotated[tuple[Path, Path] | None, typer.Option("--compare", help="Compare two existing run directories instead. \\[default: none]")] = None,
+    updates: Annotated[
+        int | None,
+        typer.Option(
+            "--updates", help="Updates of the reference run (N). \\[default: none, required without --compare]"
+        ),
+    ] = None,
+    resume_at: Annotated[
+        int | None,
+        typer.Option(
+            "--resume-at",
+            help="Stop the second run after M updates, then resume it to N. \\[default: none, required without "
+            "--compare]",
+        ),
+    ] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--work-dir",
+            help="Where the two runs and report.json go: empty, or an earlier work dir of verify-resume. \\[default: "
+            "none, required without --compare]",
+        ),
+    ] = None,
+    compare: Annotated[
+        tuple[Path, Path] | None,
+        typer.Option("--compare", help="Compare two existing run directories instead. \\[default: none]"),
+    ] = None,
     json_output: bool = JSON_OPTION,
 ) -> None:
     """Run a job continuously and with a fresh-process resume, then compare them bit for bit."""
@@ -58,9 +80,20 @@ def verify_resume(
             if forbidden:
                 raise UserError(f"{sorted(forbidden)[0]} is set by verify-resume itself")
             options = _train_options(ctx, train_args)
-            inputs = [Path(options.model), Path(options.data), *([Path(options.eval_data)] if options.eval_data else [])]
-            report = vr.verify(train_args, model=options.model, inputs=inputs, updates=updates, resume_at=resume_at,
-                               work=Path(work_dir), log=lambda m: console.print(f"[dim]{escape(m)}[/]"))
+            inputs = [
+                Path(options.model),
+                Path(options.data),
+                *([Path(options.eval_data)] if options.eval_data else []),
+            ]
+            report = vr.verify(
+                train_args,
+                model=options.model,
+                inputs=inputs,
+                updates=updates,
+                resume_at=resume_at,
+                work=Path(work_dir),
+                log=lambda m: console.print(f"[dim]{escape(m)}[/]"),
+            )
         _print(report)
         result = {**report.to_dict(), "report": report.path}
         if not report.identical:

@@ -107,11 +107,15 @@ class SamplingParams:
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must lie in [0, 2**63), got {self.seed}")
         if self.speculative_tokens < 0 or self.draft_loops < 1:
-            raise ValueError(f"speculative_tokens must be >= 0 and draft_loops >= 1, got {self.speculative_tokens} "
-                             f"and {self.draft_loops}")
+            raise ValueError(
+                f"speculative_tokens must be >= 0 and draft_loops >= 1, got {self.speculative_tokens} "
+                f"and {self.draft_loops}"
+            )
         if self.speculative_tokens and (self.exit_threshold < 1.0 or self.exit_mode != "immediate"):
-            raise ValueError("speculative_tokens needs exit_threshold=1 and exit_mode='immediate': the draft is "
-                             "verified at full depth T, so threshold, delayed or traced exits cannot apply")
+            raise ValueError(
+                "speculative_tokens needs exit_threshold=1 and exit_mode='immediate': the draft is "
+                "verified at full depth T, so threshold, delayed or traced exits cannot apply"
+            )
 
     def resolved(self, num_loops: int, seed: int) -> SamplingParams:
         """These params with K and the seed made explicit, checked against the model's T."""
@@ -123,8 +127,10 @@ class SamplingParams:
         if self.exit_trace is not None and any(not 1 <= d <= num_loops for d in self.exit_trace):
             raise ValueError(f"exit_trace depths must lie in 1..{num_loops}")
         if self.speculative_tokens and max_loops != num_loops:
-            raise ValueError(f"speculative_tokens needs max_loops = T = {num_loops} (verification runs every loop), "
-                             f"got max_loops={max_loops}")
+            raise ValueError(
+                f"speculative_tokens needs max_loops = T = {num_loops} (verification runs every loop), "
+                f"got max_loops={max_loops}"
+            )
         if self.speculative_tokens and self.draft_loops > num_loops:
             raise ValueError(f"draft_loops ({self.draft_loops}) exceeds the model's total_ut_steps ({num_loops})")
         return dataclasses.replace(self, max_loops=max_loops, seed=self.seed if self.seed is not None else seed)
@@ -171,8 +177,9 @@ class RolloutEngine(Protocol):
     - `work_counters` reports layer-token evaluations for metrics (may be empty).
     """
 
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None
-                 ) -> list[RequestOutput]: ...
+    def generate(
+        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[RequestOutput]: ...
 
     def start_weight_update(self, version: int) -> None: ...
 

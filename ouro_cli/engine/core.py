@@ -66,8 +66,16 @@ class EngineCore:
     state between calls: sequences live in the `Scheduler` the caller passes to each step.
     """
 
-    def __init__(self, model: nn.Module, limits: EngineLimits, *, attn_chunk: int = 128,
-                 cuda_graphs: bool | None = None, async_exits: bool = False, weight_version: int = 0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        limits: EngineLimits,
+        *,
+        attn_chunk: int = 128,
+        cuda_graphs: bool | None = None,
+        async_exits: bool = False,
+        weight_version: int = 0,
+    ) -> None:
         model.eval()
         if next(model.parameters()).is_cuda:
             # fewer, wider GEMMs per decode loop (model/fusion.py). Exact mode too: its fixed-tile
@@ -80,14 +88,25 @@ class EngineCore:
         self.num_loops = cfg.total_ut_steps
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.kv = PagedKVCache(num_layers=cfg.num_hidden_layers, num_loops=self.num_loops,
-                               num_blocks=limits.kv_blocks, block_size=limits.block_size,
-                               num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.dim_per_head, dtype=self.dtype,
-                               device=self.device)
+        self.kv = PagedKVCache(
+            num_layers=cfg.num_hidden_layers,
+            num_loops=self.num_loops,
+            num_blocks=limits.kv_blocks,
+            block_size=limits.block_size,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.dim_per_head,
+            dtype=self.dtype,
+            device=self.device,
+        )
         self.counters = WorkCounters()
-        self.runner = ModelRunner(model, self.kv, self.counters, attn_chunk,
-                                  cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs,
-                                  async_exits=async_exits)
+        self.runner = ModelRunner(
+            model,
+            self.kv,
+            self.counters,
+            attn_chunk,
+            cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs,
+            async_exits=async_exits,
+        )
         self.speculator = Speculator(self.runner, self.counters, self.emit)
         self.publisher = WeightPublisher(model, weight_version)
         self.eos_token_ids = eos_token_ids(cfg)
@@ -105,9 +124,11 @@ class EngineCore:
         plan = sched.schedule()
         self.counters.preemptions += len(plan.preempted)
         if not plan.prefill and not plan.decode:
-            raise EngineError(f"the scheduler could not make progress (this is a bug): running "
-                              f"{[(q.request_id, q.num_cached, len(q.blocks)) for q in sched.running]}, waiting "
-                              f"{[q.request_id for q in sched.waiting]}, {self.kv.allocator.num_free} blocks free")
+            raise EngineError(
+                f"the scheduler could not make progress (this is a bug): running "
+                f"{[(q.request_id, q.num_cached, len(q.blocks)) for q in sched.running]}, waiting "
+                f"{[q.request_id for q in sched.waiting]}, {self.kv.allocator.num_free} blocks free"
+            )
         if plan.prefill:
             start = time.perf_counter()  # the prefill ends waiting for its first tokens: its whole time
             self.prefill(plan.prefill, sched)
@@ -151,8 +172,9 @@ class EngineCore:
         if fresh:
             self.sample(fresh, torch.stack(logits), [self.num_loops] * len(fresh), sched)
 
-    def decode(self, seqs: list[Sequence], sched: Scheduler, *, overlap: bool = False,
-               hold: Callable[[], bool] | None = None) -> None:
+    def decode(
+        self, seqs: list[Sequence], sched: Scheduler, *, overlap: bool = False, hold: Callable[[], bool] | None = None
+    ) -> None:
         """Decode one token for each of `seqs` (those that speculate: one speculative step).
 
         With `overlap`, keep decoding while the batch stays as it is, queueing step n + 1
@@ -190,9 +212,13 @@ class EngineCore:
             tokens = (fed.tokens, [row[id(s)] for s in seqs])
             self.counters.decode_steps_overlapped += 1
         spans = StepSpans.begin(self.device)
-        logits, depths = self.runner.decode(tokens, [s.num_cached for s in seqs], [s.blocks for s in seqs],
-                                            [s.exit_policy(ahead) for s in seqs],
-                                            reach=max(s.max_kv_tokens for s in seqs))
+        logits, depths = self.runner.decode(
+            tokens,
+            [s.num_cached for s in seqs],
+            [s.blocks for s in seqs],
+            [s.exit_policy(ahead) for s in seqs],
+            reach=max(s.max_kv_tokens for s in seqs),
+        )
         for seq in seqs:
             seq.num_cached += 1
         if spans is not None:
@@ -215,19 +241,24 @@ class EngineCore:
             return None
         return self.launch_decode(seqs, fed=step)
 
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor, depths: torch.Tensor | list[int],
-               sched: Scheduler) -> list[int]:
+    def sample(
+        self, seqs: list[Sequence], logits: torch.Tensor, depths: torch.Tensor | list[int], sched: Scheduler
+    ) -> list[int]:
         """Sample each row's next token from `logits` [B, V] and emit it; `depths` [B] may still be
         on the device (a decode step's): it comes back with the tokens in one transfer.
         -> the depths."""
         return self.finish_step(self.launch_sample(seqs, logits, depths), sched)
 
-    def launch_sample(self, seqs: list[Sequence], logits: torch.Tensor,
-                      depths: torch.Tensor | list[int]) -> DecodeStep:
+    def launch_sample(self, seqs: list[Sequence], logits: torch.Tensor, depths: torch.Tensor | list[int]) -> DecodeStep:
         """Queue the sampling of each row's next token and its copy to the host."""
         ps = [s.params for s in seqs]
-        batch = SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
-                              [s.rng for s in seqs], self.device)
+        batch = SamplingBatch(
+            [p.temperature for p in ps],
+            [p.top_k for p in ps],
+            [p.top_p for p in ps],
+            [s.rng for s in seqs],
+            self.device,
+        )
         with executing(self.model.execution):  # the logprobs in the trainer's order (exact mode)
             processed = processed_logprobs(logits, batch)
             raw = raw_logprobs(logits) if any(p.logprobs_mode == "raw" for p in ps) else None

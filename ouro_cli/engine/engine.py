@@ -68,20 +68,45 @@ class LLM(GenerationControl):
     mode (docs/exact.md) on or off in them: `LLM(model, exact=True)`.
     """
 
-    def __init__(self, model: str | Path | OuroForCausalLM, *, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, max_num_seqs: int = 64, kv_blocks: int | None = None,
-                 block_size: int = 16, max_model_len: int | None = None, max_prefill_tokens: int = 8192,
-                 attn_chunk: int = 128, cuda_graphs: bool | None = None, seed: int | None = None,
-                 tokenizer=None, weight_version: int = 0, async_scheduling: bool = False,
-                 overlap: bool | None = None, execution: ExecutionSettings | None = None,
-                 exact: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: str | Path | OuroForCausalLM,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        max_num_seqs: int = 64,
+        kv_blocks: int | None = None,
+        block_size: int = 16,
+        max_model_len: int | None = None,
+        max_prefill_tokens: int = 8192,
+        attn_chunk: int = 128,
+        cuda_graphs: bool | None = None,
+        seed: int | None = None,
+        tokenizer=None,
+        weight_version: int = 0,
+        async_scheduling: bool = False,
+        overlap: bool | None = None,
+        execution: ExecutionSettings | None = None,
+        exact: bool | None = None,
+    ) -> None:
         model, self.codec = open_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
         model.execution = chosen_settings(model.execution, execution, exact)
-        limits = EngineLimits.resolve(model.config, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                                      block_size=block_size, max_model_len=max_model_len,
-                                      max_prefill_tokens=max_prefill_tokens)
-        self.core = core = EngineCore(model, limits, attn_chunk=attn_chunk, cuda_graphs=cuda_graphs,
-                                      async_exits=async_scheduling, weight_version=weight_version)
+        limits = EngineLimits.resolve(
+            model.config,
+            max_num_seqs=max_num_seqs,
+            kv_blocks=kv_blocks,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            max_prefill_tokens=max_prefill_tokens,
+        )
+        self.core = core = EngineCore(
+            model,
+            limits,
+            attn_chunk=attn_chunk,
+            cuda_graphs=cuda_graphs,
+            async_exits=async_scheduling,
+            weight_version=weight_version,
+        )
         self.model, self.device, self.kv, self.runner = core.model, core.device, core.kv, core.runner  # to inspect
         self.async_scheduling = async_scheduling
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
@@ -92,8 +117,9 @@ class LLM(GenerationControl):
 
     # ---- generation ------------------------------------------------------------------
 
-    def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
         with self.control.admitted():
             self.kv.set_planes(self._planes_for(params))
             seqs = self._make_sequences(prompts, params)
@@ -159,20 +185,46 @@ class LLM(GenerationControl):
 
     def _make_sequences(self, prompts: Seq[Prompt], params) -> list[Sequence]:
         lim = self.core.limits
-        intake = take_requests(prompts, params, codec=self.codec, vocab_size=self.model.config.vocab_size,
-                               num_loops=self.core.num_loops, seeds=self._seeds, first_id=self._next_request,
-                               max_model_len=lim.max_model_len, block_size=lim.block_size,
-                               kv_blocks=self.kv.blocks_at(self.kv.planes, capacity=True),
-                               adjust=async_params if self.async_scheduling else None)
+        intake = take_requests(
+            prompts,
+            params,
+            codec=self.codec,
+            vocab_size=self.model.config.vocab_size,
+            num_loops=self.core.num_loops,
+            seeds=self._seeds,
+            first_id=self._next_request,
+            max_model_len=lim.max_model_len,
+            block_size=lim.block_size,
+            kv_blocks=self.kv.blocks_at(self.kv.planes, capacity=True),
+            adjust=async_params if self.async_scheduling else None,
+        )
         self._next_request += len(intake)
-        return [Sequence(index=r.index, request_id=r.request_id, prompt=r.ids, params=r.params,
-                         rng=RequestRng(r.params.seed),
-                         max_kv_tokens=r.kv_tokens, text_prompt=r.text) for r in intake]
+        return [
+            Sequence(
+                index=r.index,
+                request_id=r.request_id,
+                prompt=r.ids,
+                params=r.params,
+                rng=RequestRng(r.params.seed),
+                max_kv_tokens=r.kv_tokens,
+                text_prompt=r.text,
+            )
+            for r in intake
+        ]
 
     def _output(self, seq: Sequence, version: int) -> RequestOutput:
-        return make_output(request_id=seq.request_id, prompt=seq.prompt, output=seq.output, depths=seq.depths,
-                           logprobs=seq.logprobs, finish_reason=seq.finish_reason, params=seq.params,
-                           version=version, codec=self.codec, text_prompt=seq.text_prompt)
+        return make_output(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            output=seq.output,
+            depths=seq.depths,
+            logprobs=seq.logprobs,
+            finish_reason=seq.finish_reason,
+            params=seq.params,
+            version=version,
+            codec=self.codec,
+            text_prompt=seq.text_prompt,
+        )
 
     # ---- weight publication -------------------------------------------------------------
 
@@ -236,8 +288,10 @@ def async_params(params: SamplingParams, index: int) -> SamplingParams:
     """The effective params of request `index` on an asynchronously scheduling engine: threshold
     exits act one loop late ("delayed"); speculation, which needs synchronous steps, is refused."""
     if params.speculative_tokens:
-        raise RequestRejected(f"request {index}: speculative_tokens needs synchronous scheduling; this engine was "
-                              "built with async_scheduling=True")
+        raise RequestRejected(
+            f"request {index}: speculative_tokens needs synchronous scheduling; this engine was "
+            "built with async_scheduling=True"
+        )
     if params.exit_mode == "immediate" and params.exit_threshold < 1.0:
         return dataclasses.replace(params, exit_mode="delayed")
     return params

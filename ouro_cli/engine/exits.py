@@ -82,25 +82,46 @@ class ExitState:
     may_exit_early: bool
 
     @classmethod
-    def start(cls, stop_after: torch.Tensor, min_loops: torch.Tensor, tau: torch.Tensor, delay: torch.Tensor, *,
-              max_loops: int, may_exit_early: bool) -> ExitState:
+    def start(
+        cls,
+        stop_after: torch.Tensor,
+        min_loops: torch.Tensor,
+        tau: torch.Tensor,
+        delay: torch.Tensor,
+        *,
+        max_loops: int,
+        may_exit_early: bool,
+    ) -> ExitState:
         """A fresh state over given policy tensors (which are not modified: a captured graph reuses them)."""
         b, device = stop_after.shape[0], stop_after.device
         return cls(
-            stop_after=stop_after.clone(), min_loops=min_loops, tau=tau, delay=delay,
+            stop_after=stop_after.clone(),
+            min_loops=min_loops,
+            tau=tau,
+            delay=delay,
             active=torch.ones(b, dtype=torch.bool, device=device),
             depth=torch.zeros(b, dtype=torch.long, device=device),
             cdf=torch.zeros(b, dtype=torch.float32, device=device),
             survive=torch.ones(b, dtype=torch.float32, device=device),
-            max_loops=max_loops, may_exit_early=may_exit_early,
+            max_loops=max_loops,
+            may_exit_early=may_exit_early,
         )
 
     def after_loop(self, t: int, lam: torch.Tensor) -> None:
         """Account loop t (1-based) that just ran on the active rows; `lam` [B] is λ_t in fp32.
         One fused kernel where pointwise.py compiles (CUDA) instead of ~16 small ones per loop."""
         self.active, self.depth, self.cdf, self.survive, self.stop_after = pointwise.fused(_advance, lam)(
-            t, lam, self.active, self.depth, self.cdf, self.survive, self.stop_after, self.min_loops, self.tau,
-            self.delay)
+            t,
+            lam,
+            self.active,
+            self.depth,
+            self.cdf,
+            self.survive,
+            self.stop_after,
+            self.min_loops,
+            self.tau,
+            self.delay,
+        )
 
 
 def _advance(t: int, lam, active, depth, cdf, survive, stop_after, min_loops, tau, delay):

@@ -37,10 +37,21 @@ def make_engine(dotted: str, model: Any, **options: Any) -> RolloutEngine:
     engine = load_factory(dotted)(model, **options)
     if not isinstance(engine, RolloutEngine):
         missing = [m for m in _CONTRACT_METHODS if not callable(getattr(engine, m, None))]
-        raise UserError(f"--engine {dotted!r} returned a {type(engine).__name__} that does not implement the "
-                        f"rollout-engine contract (missing: {', '.join(missing)})")
+        raise UserError(
+            f"--engine {dotted!r} returned a {type(engine).__name__} that does not implement the "
+            f"rollout-engine contract (missing: {', '.join(missing)})"
+        )
     return engine
 
 
-_CONTRACT_METHODS = ("generate", "start_weight_update", "update_weights", "finish_weight_update",
-                     "get_weight_version", "pause_generation", "resume_generation", "work_counters", "close")
+_CONTRACT_METHODS = (
+    "generate",
+    "start_weight_update",
+    "update_weights",
+    "finish_weight_update",
+    "get_weight_version",
+    "pause_generation",
+    "resume_generation",
+    "work_counters",
+    "close",
+)

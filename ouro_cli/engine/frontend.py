@@ -133,10 +133,21 @@ class Intake:
     kv_tokens: int
 
 
-def take_requests(prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None, *, codec,
-                  vocab_size: int, num_loops: int, seeds: random.Random, first_id: int, max_model_len: int,
-                  block_size: int, kv_blocks: int, cache_name: str = "the cache",
-                  adjust: Callable[[SamplingParams, int], SamplingParams] | None = None) -> list[Intake]:
+def take_requests(
+    prompts: Seq[Prompt],
+    params: SamplingParams | Seq[SamplingParams] | None,
+    *,
+    codec,
+    vocab_size: int,
+    num_loops: int,
+    seeds: random.Random,
+    first_id: int,
+    max_model_len: int,
+    block_size: int,
+    kv_blocks: int,
+    cache_name: str = "the cache",
+    adjust: Callable[[SamplingParams, int], SamplingParams] | None = None,
+) -> list[Intake]:
     if isinstance(prompts, str) or not isinstance(prompts, Seq):
         raise TypeError("prompts must be a list of token-id lists or strings")
     if params is None or isinstance(params, SamplingParams):
@@ -162,23 +173,43 @@ def take_requests(prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingPar
         if adjust is not None:
             p = adjust(p, i)
         if len(ids) + p.max_tokens > max_model_len:
-            raise RequestRejected(f"request {i}: prompt ({len(ids)}) + max_tokens ({p.max_tokens}) exceeds "
-                                  f"max_model_len ({max_model_len})")
+            raise RequestRejected(
+                f"request {i}: prompt ({len(ids)}) + max_tokens ({p.max_tokens}) exceeds "
+                f"max_model_len ({max_model_len})"
+            )
         kv_tokens = len(ids) + p.max_tokens - 1
         if blocks_needed(kv_tokens, block_size) > kv_blocks:
             raise RequestRejected(
                 f"request {i} can never fit: it needs KV for {kv_tokens} tokens "
                 f"({blocks_needed(kv_tokens, block_size)} blocks of {block_size}) but {cache_name} holds "
-                f"{kv_blocks * block_size} tokens ({kv_blocks} blocks); raise kv_blocks or lower max_tokens")
+                f"{kv_blocks * block_size} tokens ({kv_blocks} blocks); raise kv_blocks or lower max_tokens"
+            )
         accepted.append(Intake(i, str(first_id + i), ids, p, text, kv_tokens))
     return accepted
 
 
-def make_output(*, request_id: str, prompt: list[int], output: list[int], depths: list[int], logprobs: list[float],
-                finish_reason: str | None, params: SamplingParams, version: int, codec,
-                text_prompt: str | None) -> RequestOutput:
+def make_output(
+    *,
+    request_id: str,
+    prompt: list[int],
+    output: list[int],
+    depths: list[int],
+    logprobs: list[float],
+    finish_reason: str | None,
+    params: SamplingParams,
+    version: int,
+    codec,
+    text_prompt: str | None,
+) -> RequestOutput:
     return RequestOutput(
-        request_id=request_id, prompt_token_ids=list(prompt), output_token_ids=list(output),
-        exit_depths=list(depths), log_probs=list(logprobs) if params.logprobs is not None else None,
-        finish_reason=finish_reason or "abort", weight_version=version, sampling_params=params,
-        text=codec.decode(output) if codec is not None else None, prompt=text_prompt)
+        request_id=request_id,
+        prompt_token_ids=list(prompt),
+        output_token_ids=list(output),
+        exit_depths=list(depths),
+        log_probs=list(logprobs) if params.logprobs is not None else None,
+        finish_reason=finish_reason or "abort",
+        weight_version=version,
+        sampling_params=params,
+        text=codec.decode(output) if codec is not None else None,
+        prompt=text_prompt,
+    )

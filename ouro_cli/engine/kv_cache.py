@@ -116,9 +116,19 @@ class PagedKVCache:
     `num_blocks` given at construction is the capacity at T planes; the buffer holds
     exactly those bytes whatever view is active."""
 
-    def __init__(self, *, num_layers: int, num_loops: int, num_blocks: int, block_size: int,
-                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
-                 fixed_address: bool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_loops: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        fixed_address: bool | None = None,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"kv_blocks must be >= 1, got {num_blocks}")
         self.num_layers, self.num_loops = num_layers, num_loops
@@ -131,8 +141,7 @@ class PagedKVCache:
         self.generation = 0
         self.planes = num_loops
         # the K and V halves, each its own buffer (`fixed_address`: kv_memory.device_buffer)
-        self._buffers = tuple(device_buffer(self._capacity_half, dtype, self._device, fixed_address)
-                              for _ in range(2))
+        self._buffers = tuple(device_buffer(self._capacity_half, dtype, self._device, fixed_address) for _ in range(2))
         self._storage: tuple[torch.Tensor, torch.Tensor] | None = None
         self.restore()
 
@@ -178,8 +187,13 @@ class PagedKVCache:
 
     def _view(self) -> None:
         self.num_blocks = self.blocks_at(self.planes)
-        shape = (self.num_layers, self.planes, self.num_kv_heads, (self.num_blocks + 1) * self.block_size,
-                 self.head_dim)
+        shape = (
+            self.num_layers,
+            self.planes,
+            self.num_kv_heads,
+            (self.num_blocks + 1) * self.block_size,
+            self.head_dim,
+        )
         n = self.num_layers * self.planes * self.num_kv_heads * shape[3] * self.head_dim
         self.scratch_slot = self.num_blocks * self.block_size
         self.k = self._storage[0][:n].view(shape)
@@ -233,7 +247,9 @@ class PagedKVCache:
         bs = self.block_size
         return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
-    def slot_table(self, block_table: torch.Tensor, lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def slot_table(
+        self, block_table: torch.Tensor, lengths: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot ids [B, width] of positions 0..width-1 per row and the mask of positions < length,
         from `block_table` [B, >= width/bs] (padded with the scratch block id `num_blocks`) and
         `lengths` [B]; positions past a row's length point at the scratch slot. Runs on the

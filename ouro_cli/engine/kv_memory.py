@@ -111,8 +111,13 @@ class _Interface:
     """`__cuda_array_interface__` of a byte range, for torch.as_tensor (which keeps this object alive)."""
 
     def __init__(self, address: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
-                                         "version": 3, "strides": None}
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+            "strides": None,
+        }
 
 
 class ReservedBuffer:
@@ -129,9 +134,11 @@ class ReservedBuffer:
         torch.cuda.init()
         index = device.index if device.index is not None else torch.cuda.current_device()
         self._index = index
-        supported = self._call(driver.cuDeviceGetAttribute,
-                               driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                               driver.CUdevice(index))
+        supported = self._call(
+            driver.cuDeviceGetAttribute,
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            driver.CUdevice(index),
+        )
         if not supported:
             raise RuntimeError(f"cuda:{index} does not support CUDA virtual memory management")
         prop = driver.CUmemAllocationProp()
@@ -146,8 +153,11 @@ class ReservedBuffer:
         self._access = access
         with torch.cuda.device(index):
             torch.empty(0, device=device)  # the device's primary context current on this thread
-            self._granularity = self._call(driver.cuMemGetAllocationGranularity, prop,
-                                           driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+            self._granularity = self._call(
+                driver.cuMemGetAllocationGranularity,
+                prop,
+                driver.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            )
             self._reserved = self._round(max(capacity, 1) * dtype.itemsize)
             self._base = self._call(driver.cuMemAddressReserve, self._reserved, 0, 0, 0)
         # the mapped memory's handle and size (None, 0 while given back), shared with the finalizer:
@@ -248,8 +258,9 @@ def device_buffer(capacity: int, dtype: torch.dtype, device: torch.device, fixed
         return ReservedBuffer(capacity, dtype, device)
     except ImportError:
         if fixed_address:
-            raise ImportError("a KV cache at a fixed address needs NVIDIA's cuda-bindings package "
-                              "(pip install 'ouro-cli[cuda]')") from None
+            raise ImportError(
+                "a KV cache at a fixed address needs NVIDIA's cuda-bindings package (pip install 'ouro-cli[cuda]')"
+            ) from None
     except Exception:  # a driver without virtual memory management, bindings for another CUDA
         if fixed_address:
             raise

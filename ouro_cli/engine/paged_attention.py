@@ -30,8 +30,14 @@ def _bmm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.float(), b.float())
 
 
-def decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor,
-                     valid: torch.Tensor, chunk: int) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_plane: torch.Tensor,
+    v_plane: torch.Tensor,
+    ctx_slots: torch.Tensor,
+    valid: torch.Tensor,
+    chunk: int,
+) -> torch.Tensor:
     """q [B, Hq, D] for one new token per row; k_plane/v_plane [Hkv, slots, D] (one plane of one
     layer); ctx_slots/valid [B, C·chunk] -> o [B, Hq, D]. Scale head_dim**-0.5."""
     b, hq, d = q.shape
@@ -46,9 +52,9 @@ def decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tens
     l_sum = torch.zeros_like(m)
     acc = torch.zeros(hkv * b, g, d, device=q.device)
     for start in range(0, ctx_slots.shape[1], chunk):
-        slots = ctx_slots[:, start:start + chunk]
+        slots = ctx_slots[:, start : start + chunk]
         n = slots.shape[1]
-        mask = valid[:, start:start + chunk].repeat(hkv, 1)[:, None, :]  # [Hkv·B, 1, n]
+        mask = valid[:, start : start + chunk].repeat(hkv, 1)[:, None, :]  # [Hkv·B, 1, n]
         flat = slots.reshape(-1)
         k = k_plane.index_select(1, flat).view(hkv * b, n, d)
         v = v_plane.index_select(1, flat).view(hkv * b, n, d)

@@ -37,7 +37,7 @@ def physical_name(name: str) -> str:
         stripped = False
         for prefix in WRAPPER_PREFIXES:
             if name.startswith(prefix):
-                name, stripped = name[len(prefix):], True
+                name, stripped = name[len(prefix) :], True
     return name
 
 
@@ -75,7 +75,8 @@ class WeightPublisher:
         if self.blocked_reason is not None:
             raise GenerationBlocked(
                 f"weights are not a committed version ({self.blocked_reason}); "
-                "publish a complete update with a newer version first")
+                "publish a complete update with a newer version first"
+            )
 
     def start(self, version: int) -> None:
         if not isinstance(version, int) or isinstance(version, bool):
@@ -84,7 +85,8 @@ class WeightPublisher:
             raise PublicationError(f"an update to version {self.pending} is already in progress")
         if version <= self.max_attempted:
             raise PublicationError(
-                f"version {version} is not greater than every version attempted so far (max {self.max_attempted})")
+                f"version {version} is not greater than every version attempted so far (max {self.max_attempted})"
+            )
         self.max_attempted = version
         self.pending = version
         self.received = set()
@@ -125,7 +127,8 @@ class WeightPublisher:
                 raise PublicationError(f"tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
             if tuple(tensor.shape) != tuple(self.params[name].shape):
                 raise PublicationError(
-                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(self.params[name].shape)}")
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(self.params[name].shape)}"
+                )
 
     def fail(self, reason: str) -> None:
         """End the update in progress as failed: generation stays blocked until a newer one commits."""

@@ -97,7 +97,7 @@ def torch_uniform(k: torch.Tensor, n: int) -> torch.Tensor:
     z = (z ^ _shift_right(z, 30)) * _signed(_M1)
     z = (z ^ _shift_right(z, 27)) * _signed(_M2)
     z = z ^ _shift_right(z, 31)
-    return (_shift_right(z, 64 - _BITS).float() + 0.5) * 2.0 ** -_BITS
+    return (_shift_right(z, 64 - _BITS).float() + 0.5) * 2.0**-_BITS
 
 
 def _fused(k: torch.Tensor) -> bool:
@@ -116,4 +116,4 @@ def exponential(keys: list[int] | np.ndarray, n: int, device: torch.device | str
 def reference_uniform(key: int, j: int) -> float:
     """Element j of a draw with `key`, in pure Python: what `uniform` must compute."""
     z = _mix((key + (j + 1) * _GAMMA) & _MASK)
-    return ((z >> (64 - _BITS)) + 0.5) * 2.0 ** -_BITS
+    return ((z >> (64 - _BITS)) + 0.5) * 2.0**-_BITS

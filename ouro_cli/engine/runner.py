@@ -58,14 +58,14 @@ class WorkCounters:
     decode_layer_tokens: int = 0
     decode_layer_tokens_executed: int = 0
     decode_steps: int = 0
-    decode_steps_graphed: int = 0   # replayed from a captured CUDA graph,
-    decode_steps_eager: int = 0     # or run eagerly (CPU, graphs off: the fallback)
+    decode_steps_graphed: int = 0  # replayed from a captured CUDA graph,
+    decode_steps_eager: int = 0  # or run eagerly (CPU, graphs off: the fallback)
     decode_steps_overlapped: int = 0  # queued before the previous step's tokens were read (engine overlap)
-    decode_rows_discarded: int = 0    # such steps' rows for a sequence that had ended a step before
-    prefill_us: int = 0             # wall time of the prefill steps, their first tokens' sampling included
+    decode_rows_discarded: int = 0  # such steps' rows for a sequence that had ended a step before
+    prefill_us: int = 0  # wall time of the prefill steps, their first tokens' sampling included
     prefill_steps_graphed: int = 0  # fresh prompts prefilled by replaying a captured CUDA graph
-    graph_captures: int = 0         # decode and prefill steps captured as CUDA graphs (again where the KV moved)
-    graph_capture_ms: int = 0       # wall time of those captures
+    graph_captures: int = 0  # decode and prefill steps captured as CUDA graphs (again where the KV moved)
+    graph_capture_ms: int = 0  # wall time of those captures
     # the host's waits for sampled tokens (core.finish_step)
     token_wait_us: int = 0
     # the device time of the decode steps' forwards and of their sampling (CUDA events,
@@ -73,9 +73,9 @@ class WorkCounters:
     decode_forward_gpu_us: int = 0
     decode_sample_gpu_us: int = 0
     preemptions: int = 0
-    spec_draft_tokens: int = 0      # self-speculation: tokens drafted,
-    spec_accepted_tokens: int = 0   # of which the target accepted,
-    spec_verify_rows: int = 0       # and full-depth verification rows run (rejected ones included)
+    spec_draft_tokens: int = 0  # self-speculation: tokens drafted,
+    spec_accepted_tokens: int = 0  # of which the target accepted,
+    spec_verify_rows: int = 0  # and full-depth verification rows run (rejected ones included)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -134,13 +134,22 @@ def batch_bucket(b: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: OuroForCausalLM, kv: PagedKVCache, counters: WorkCounters, attn_chunk: int = 128,
-                 cuda_graphs: bool = False, async_exits: bool = False, attention: str | None = None) -> None:
+    def __init__(
+        self,
+        model: OuroForCausalLM,
+        kv: PagedKVCache,
+        counters: WorkCounters,
+        attn_chunk: int = 128,
+        cuda_graphs: bool = False,
+        async_exits: bool = False,
+        attention: str | None = None,
+    ) -> None:
         self.model, self.kv, self.counters = model, kv, counters
         execution = model.execution if attention is None else replace(model.execution, decode_attention=attention)
         self.attention = execution.decode_attention_on(kv.device.type)  # "torch" | "triton" | "exact"
         if self.attention == "triton":
             from ouro_cli.kernels import decode_attention as triton_kernels
+
             self.triton_kernels = triton_kernels
         self.gemv = execution.decode_gemv_kernel(kv.device.type)  # the projections' small-batch kernel (None: F.linear)
         self.async_exits = async_exits  # read exit signals one loop late (async_exits.py)
@@ -209,7 +218,7 @@ class ModelRunner:
         for width, members in grouped.items():
             size = prefill_group(width, self.kv.dtype)
             for at in range(0, len(members), size):
-                group = members[at:at + size]
+                group = members[at : at + size]
                 for i, logits in zip(group, self._prefill_group([items[i] for i in group], width, size), strict=True):
                     out[i] = logits
                 self.counters.prefill_layer_tokens_executed += size * width * self.num_loops * self.num_layers
@@ -236,11 +245,12 @@ class ModelRunner:
             logits = self._prefill_body(inputs, None, last_cols)
         else:
             self._graphs_for_layout()
-            graph = self._captured(self.prefill_graphs, (width, size, self.kv.planes),
-                                   lambda: CapturedPrefill(self, width, size))
+            graph = self._captured(
+                self.prefill_graphs, (width, size, self.kv.planes), lambda: CapturedPrefill(self, width, size)
+            )
             self.counters.prefill_steps_graphed += len(items)
             logits = graph.run(inputs, last_cols)
-        return logits[:len(items)]
+        return logits[: len(items)]
 
     def _graphs_for_layout(self) -> None:
         """Make `graphs` and `prefill_graphs` those captured on the cache's current layout
@@ -283,9 +293,14 @@ class ModelRunner:
             return self.model(inputs[0], depths=depths, kv_sink=sink, logits_at=(rows, last))
 
     @torch.no_grad()
-    def decode(self, tokens: list[int] | tuple[torch.Tensor, list[int]], positions: list[int],
-               block_tables: list[list[int]], policies: list[ExitPolicy], reach: int = 0
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(
+        self,
+        tokens: list[int] | tuple[torch.Tensor, list[int]],
+        positions: list[int],
+        block_tables: list[list[int]],
+        policies: list[ExitPolicy],
+        reach: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row at `positions` (= cached length) -> (logits [B, V], depths [B]).
 
         `tokens` are the input ids, or (ids on the device, row of each input in them): the
@@ -300,8 +315,7 @@ class ModelRunner:
         longest = max(positions) + 1
         if self.attention == "triton":
             longest = max(longest, reach)
-        inputs = self._inputs(host_ids + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies,
-                              longest)
+        inputs = self._inputs(host_ids + [0] * pad, positions + [0] * pad, block_tables + [[]] * pad, policies, longest)
         if not isinstance(tokens, list):
             ids, rows = tokens
             inputs.ints[:b, DecodeInputs.IDS] = ids[to_device(rows, torch.long, ids.device)]
@@ -323,8 +337,14 @@ class ModelRunner:
         self.counters.decode_layer_tokens_executed += (b + pad) * loops_run * self.num_layers
         return logits[:b], depth[:b]
 
-    def _inputs(self, tokens: list[int], positions: list[int], block_tables: list[list[int]],
-                policies: list[ExitPolicy], longest: int) -> DecodeInputs:
+    def _inputs(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        block_tables: list[list[int]],
+        policies: list[ExitPolicy],
+        longest: int,
+    ) -> DecodeInputs:
         """The step's host inputs packed into two tensors: one host-to-device copy each (and
         one copy each into a captured graph's inputs), whatever the batch size; the context
         width covers `longest` positions."""
@@ -335,16 +355,19 @@ class ModelRunner:
         nb = -(-width // self.kv.block_size)
         # filled row by row in numpy, cheaper on the host than one flat Python list
         ints = np.full((len(tokens), DecodeInputs.TABLE + nb), self.kv.num_blocks, dtype=np.int64)  # scratch block
-        ints[:, :DecodeInputs.TABLE] = [(token, pos, stop, lo, delay) for token, pos, (stop, lo, _tau, delay)
-                                        in zip(tokens, positions, policies, strict=True)]
+        ints[:, : DecodeInputs.TABLE] = [
+            (token, pos, stop, lo, delay)
+            for token, pos, (stop, lo, _tau, delay) in zip(tokens, positions, policies, strict=True)
+        ]
         for row, table in zip(ints, block_tables, strict=True):
             n = min(len(table), nb)
-            row[DecodeInputs.TABLE:DecodeInputs.TABLE + n] = table[:n]
+            row[DecodeInputs.TABLE : DecodeInputs.TABLE + n] = table[:n]
         device = self.kv.device
         return DecodeInputs(
             ints=to_device(torch.from_numpy(ints), torch.long, device),
             tau=to_device([p.tau for p in policies], torch.float32, device),
-            width=width)
+            width=width,
+        )
 
     def _step(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The decode step on padded device inputs -> (logits [B, V], depths [B], loops run).
@@ -353,11 +376,13 @@ class ModelRunner:
         with matmul.use_small_batch(self.gemv, MAX_GEMV_ROWS), executing(self.model.execution):
             return self._step_body(inputs, exits, allow_sync)
 
-    def _step_body(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _step_body(
+        self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         model, kv = self.model, self.kv
         pos = inputs.column(DecodeInputs.POS)[:, None]
         lengths = pos[:, 0] + 1  # `valid` is exactly the first `lengths` positions (kv.slot_table)
-        ctx_slots, valid = kv.slot_table(inputs.ints[:, DecodeInputs.TABLE:], lengths, inputs.width)
+        ctx_slots, valid = kv.slot_table(inputs.ints[:, DecodeInputs.TABLE :], lengths, inputs.width)
         new_slots = ctx_slots.gather(1, pos).squeeze(1)
         h = model.embed(inputs.column(DecodeInputs.IDS)[:, None])
         cos, sin = model.rope(pos, h.dtype)
@@ -371,8 +396,9 @@ class ModelRunner:
                 if self.attention == "triton":
                     k_plane, v_plane = kv.plane(layer, plane)
                     prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
-                    return ops.write_kv_and_attend(q[:, 0], k_plane, v_plane, *prev, new_slots, k, v, exits.active,
-                                                   ctx_slots, lengths)[:, None]
+                    return ops.write_kv_and_attend(
+                        q[:, 0], k_plane, v_plane, *prev, new_slots, k, v, exits.active, ctx_slots, lengths
+                    )[:, None]
                 if plane > 0:  # exited rows carry their last plane forward instead of new K/V
                     keep = exits.active[:, None, None]
                     k_prev, v_prev = kv.read(layer, plane - 1, new_slots)
@@ -383,6 +409,7 @@ class ModelRunner:
                 else:
                     o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
                 return o[:, None]
+
             return attend
 
         loops_run = 0
@@ -421,8 +448,14 @@ class DecodeInputs:
         return self.ints[:, i]
 
     def exit_state(self, max_loops: int, may_exit_early: bool) -> ExitState:
-        return ExitState.start(self.column(self.STOP_AFTER), self.column(self.MIN_LOOPS), self.tau,
-                               self.column(self.DELAY), max_loops=max_loops, may_exit_early=may_exit_early)
+        return ExitState.start(
+            self.column(self.STOP_AFTER),
+            self.column(self.MIN_LOOPS),
+            self.tau,
+            self.column(self.DELAY),
+            max_loops=max_loops,
+            may_exit_early=may_exit_early,
+        )
 
 
 class CapturedDecodeStep:
@@ -442,7 +475,7 @@ class CapturedDecodeStep:
         ints = torch.zeros(batch, DecodeInputs.TABLE + -(-width // kv.block_size), dtype=torch.long, device=device)
         ints[:, DecodeInputs.STOP_AFTER] = max_loops
         ints[:, DecodeInputs.MIN_LOOPS] = 1
-        ints[:, DecodeInputs.TABLE:] = kv.num_blocks  # position 0 of the scratch block: the scratch slot
+        ints[:, DecodeInputs.TABLE :] = kv.num_blocks  # position 0 of the scratch block: the scratch slot
         self.inputs = DecodeInputs(ints=ints, tau=torch.full((batch,), float("inf"), device=device), width=width)
 
         def body():
@@ -473,8 +506,9 @@ class CapturedPrefill:
         self.inputs = torch.full((2, rows, width), kv.scratch_slot, dtype=torch.long, device=kv.device)
         self.inputs[0] = 0
         self.last = torch.zeros(rows, dtype=torch.long, device=kv.device)
-        self.graph, self.logits = capture(lambda: runner._prefill_body(self.inputs, None, self.last), kv.device,
-                                          runner.graph_pool)
+        self.graph, self.logits = capture(
+            lambda: runner._prefill_body(self.inputs, None, self.last), kv.device, runner.graph_pool
+        )
 
     def run(self, inputs: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         self.inputs.copy_(inputs)

@@ -28,8 +28,14 @@ class SamplingBatch:
     """Per-row sampling settings of one step, as device tensors plus host-side flags
     (so that deciding which transforms to run never waits on the device)."""
 
-    def __init__(self, temperatures: list[float], top_ks: list[int], top_ps: list[float],
-                 rngs: list[RequestRng], device: torch.device) -> None:
+    def __init__(
+        self,
+        temperatures: list[float],
+        top_ks: list[int],
+        top_ps: list[float],
+        rngs: list[RequestRng],
+        device: torch.device,
+    ) -> None:
         self.greedy = [t <= 0 for t in temperatures]
         self.rngs = rngs
         self.temperature = to_device([t if t > 0 else 1.0 for t in temperatures], torch.float32, device)

@@ -85,8 +85,7 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int,
-                 max_prefill_tokens: int) -> None:
+    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int, max_prefill_tokens: int) -> None:
         self.allocator, self.block_size = allocator, block_size
         self.max_num_seqs, self.max_prefill_tokens = max_num_seqs, max_prefill_tokens
         self.waiting: deque[Sequence] = deque()

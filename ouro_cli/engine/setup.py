@@ -22,8 +22,13 @@ from .tokenizer import TextCodec
 DEFAULT_CONTEXT_PER_SEQ = 2048  # sizes the default KV cache: max_num_seqs sequences of this length
 
 
-def open_model(model: str | Path | nn.Module, *, device: str | torch.device | None = None,
-               dtype: torch.dtype | None = None, tokenizer: Any = None) -> tuple[nn.Module, TextCodec | None]:
+def open_model(
+    model: str | Path | nn.Module,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    tokenizer: Any = None,
+) -> tuple[nn.Module, TextCodec | None]:
     """-> (model, codec). A checkpoint path (HF directory, Megatron checkpoint or run
     directory) is loaded on `device` (default CPU) in `dtype`; a loaded OuroForCausalLM is
     moved there when either is given. The codec wraps `tokenizer` when given, else the
@@ -65,8 +70,16 @@ class EngineLimits:
     kv_blocks: int
 
     @classmethod
-    def resolve(cls, config: Any, *, max_num_seqs: int = 64, kv_blocks: int | None = None, block_size: int = 16,
-                max_model_len: int | None = None, max_prefill_tokens: int = 8192) -> EngineLimits:
+    def resolve(
+        cls,
+        config: Any,
+        *,
+        max_num_seqs: int = 64,
+        kv_blocks: int | None = None,
+        block_size: int = 16,
+        max_model_len: int | None = None,
+        max_prefill_tokens: int = 8192,
+    ) -> EngineLimits:
         """The limits with their defaults filled in from `config`, checked."""
         if max_num_seqs < 1 or block_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_num_seqs, block_size and max_prefill_tokens must be >= 1")
@@ -75,5 +88,10 @@ class EngineLimits:
             kv_blocks = max_num_seqs * blocks_needed(min(max_model_len, DEFAULT_CONTEXT_PER_SEQ), block_size)
         if kv_blocks < 1:
             raise ValueError(f"kv_blocks must be >= 1, got {kv_blocks}")
-        return cls(max_num_seqs=max_num_seqs, block_size=block_size, max_model_len=max_model_len,
-                   max_prefill_tokens=max_prefill_tokens, kv_blocks=kv_blocks)
+        return cls(
+            max_num_seqs=max_num_seqs,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            max_prefill_tokens=max_prefill_tokens,
+            kv_blocks=kv_blocks,
+        )

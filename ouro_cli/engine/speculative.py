@@ -71,8 +71,9 @@ def residual_token(target_lp: torch.Tensor, draft_lp: torch.Tensor, rng: Request
 
 def _batch(seqs: list[Sequence], device: torch.device) -> SamplingBatch:
     ps = [s.params for s in seqs]
-    return SamplingBatch([p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
-                         [s.rng for s in seqs], device)
+    return SamplingBatch(
+        [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps], [s.rng for s in seqs], device
+    )
 
 
 class Speculator:
@@ -100,9 +101,12 @@ class Speculator:
         # 1. draft: step i feeds input i of every sequence that drafts more than i tokens
         for i in range(max(n.values())):
             rows = [s for s in seqs if n[id(s)] > i]
-            logits, _ = runner.decode([inputs[id(s)][i] for s in rows], [s.num_cached + i for s in rows],
-                                      [s.blocks for s in rows],
-                                      [ExitPolicy.fixed(s.params.draft_loops) for s in rows])
+            logits, _ = runner.decode(
+                [inputs[id(s)][i] for s in rows],
+                [s.num_cached + i for s in rows],
+                [s.blocks for s in rows],
+                [ExitPolicy.fixed(s.params.draft_loops) for s in rows],
+            )
             batch = _batch(rows, device)
             q = processed_logprobs(logits, batch)
             tokens = sample(q, batch).tolist()
@@ -113,8 +117,12 @@ class Speculator:
 
         # 2. verify: x_0, d_1..d_n of every sequence in one full-depth call
         owners = [(s, i) for s in seqs for i in range(n[id(s)] + 1)]
-        logits, _ = runner.decode([inputs[id(s)][i] for s, i in owners], [s.num_cached + i for s, i in owners],
-                                  [s.blocks for s, _ in owners], [ExitPolicy.fixed(num_loops)] * len(owners))
+        logits, _ = runner.decode(
+            [inputs[id(s)][i] for s, i in owners],
+            [s.num_cached + i for s, i in owners],
+            [s.blocks for s, _ in owners],
+            [ExitPolicy.fixed(num_loops)] * len(owners),
+        )
         counters.decode_layer_tokens += len(owners) * num_loops * layers
         counters.spec_verify_rows += len(owners)
         target = processed_logprobs(logits, _batch([s for s, _ in owners], device))
@@ -124,12 +132,11 @@ class Speculator:
         row = 0
         for s in seqs:
             k = n[id(s)]
-            p_rows, drafts = target[row:row + k + 1], inputs[id(s)][1:]
+            p_rows, drafts = target[row : row + k + 1], inputs[id(s)][1:]
             greedy = s.params.temperature <= 0
             emitted: list[tuple[int, int]] = []  # (token, verify row that scored it)
             for i, d in enumerate(drafts):
-                ok = int(p_rows[i].argmax()) == d if greedy else accept_draft(p_rows[i], draft_lp[id(s)][i], d,
-                                                                                 s.rng)
+                ok = int(p_rows[i].argmax()) == d if greedy else accept_draft(p_rows[i], draft_lp[id(s)][i], d, s.rng)
                 if ok:
                     emitted.append((d, i))
                     continue
@@ -137,7 +144,7 @@ class Speculator:
                 emitted.append((c, i))
                 break
             else:
-                bonus = sample(p_rows[k:k + 1], _batch([s], device))
+                bonus = sample(p_rows[k : k + 1], _batch([s], device))
                 emitted.append((int(bonus[0]), k))
             counters.spec_draft_tokens += k
             counters.spec_accepted_tokens += len(emitted) - 1  # all but the correction / bonus token

@@ -28,9 +28,17 @@ def _fail(kernel: str, what: str) -> None:
     raise KernelIndexError(f"{kernel}: {what}")
 
 
-def check_attention(kernel: str, q: torch.Tensor, plane_slots: int, ctx_slots: torch.Tensor, lengths: torch.Tensor,
-                    blocks: tuple[torch.Tensor, torch.Tensor] | None, per: int,
-                    new_slots: torch.Tensor | None = None, new_rows: int | None = None) -> None:
+def check_attention(
+    kernel: str,
+    q: torch.Tensor,
+    plane_slots: int,
+    ctx_slots: torch.Tensor,
+    lengths: torch.Tensor,
+    blocks: tuple[torch.Tensor, torch.Tensor] | None,
+    per: int,
+    new_slots: torch.Tensor | None = None,
+    new_rows: int | None = None,
+) -> None:
     """The decode kernel's indices: each program's rows read `ctx_slots[row, :length]` (blocked:
     the first query's table row up to the block's longest length), every slot inside the
     plane's `plane_slots`; blocked programs cover queries first..first+count-1 < B with count
@@ -52,8 +60,9 @@ def check_attention(kernel: str, q: torch.Tensor, plane_slots: int, ctx_slots: t
         bad = (count < 1) | (count > per) | (first < 0) | (first + count > b)
         if bad.any():
             p = int(bad.nonzero()[0])
-            _fail(kernel, f"program {p} runs queries {int(first[p])}..+{int(count[p])} of {b} (at most {per} a "
-                          "program)")
+            _fail(
+                kernel, f"program {p} runs queries {int(first[p])}..+{int(count[p])} of {b} (at most {per} a program)"
+            )
         # a block reads its first query's table row up to its longest member's length
         program = torch.arange(first.shape[0]).repeat_interleave(count)
         query = first[program] + torch.arange(program.shape[0]) - (count.cumsum(0) - count)[program]
@@ -65,13 +74,16 @@ def check_attention(kernel: str, q: torch.Tensor, plane_slots: int, ctx_slots: t
         i = int(reach.argmax())
         _fail(kernel, f"query {int(readers[i])} attends {int(reach[i])} positions, its slot table has {width}")
     for at in range(0, readers.shape[0], 4096):  # in slices: a replay's table is queries x positions
-        part, upto = table[readers[at:at + 4096]], reach[at:at + 4096]
+        part, upto = table[readers[at : at + 4096]], reach[at : at + 4096]
         read = torch.arange(width)[None, :] < upto[:, None]
         outside = read & ((part < 0) | (part >= plane_slots))
         if outside.any():
             i, j = (int(x) for x in outside.nonzero()[0])
-            _fail(kernel, f"query {int(readers[at + i])} reads slot {int(part[i, j])} at position {j}, of a plane "
-                          f"of {plane_slots}")
+            _fail(
+                kernel,
+                f"query {int(readers[at + i])} reads slot {int(part[i, j])} at position {j}, of a plane "
+                f"of {plane_slots}",
+            )
     if new_slots is not None:
         ids = new_slots.long().cpu()[:b]
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= plane_slots):

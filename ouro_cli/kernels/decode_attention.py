@@ -10,7 +10,8 @@ the row's length, so a row computes the same bits whatever its batch-mates and w
 the width of the slot table (the batch-invariance the engine promises, docs/model.md §4).
 
 Numerics follow the reference: Q·Kᵀ accumulates in fp32 and is scaled there (q is not
-rounded after scaling, as in flash attention), P·V accumulates in fp32 with P rounded to the KV dtype (bf16 on the GPU, as flash
+rounded after scaling, as in flash attention), P·V accumulates in fp32 with P rounded to the KV dtype (bf16 on the GPU,
+as flash
 attention does); fp32 K/V use full-precision (IEEE, not TF32) dots. The group's G query
 heads are padded to 16 rows because tl.dot needs M >= 16; the padding rows load zeros and
 are never stored. Results match the reference to rounding, not bit for bit (the
@@ -58,14 +59,44 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
-                             K_PREV, V_PREV, K_NEW, V_NEW, NEW_SLOTS, ACTIVE,
-                             stride_qb, stride_qh, stride_kh, stride_ks, stride_sb, stride_ob, stride_oh,
-                             stride_knb, stride_knh, stride_vnb, stride_vnh,
-                             FIRST, COUNT,
-                             G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK: tl.constexpr, IEEE: tl.constexpr, WRITE: tl.constexpr, HAS_PREV: tl.constexpr,
-                             BLOCKED: tl.constexpr, DOT_AS_SUM: tl.constexpr):
+def _decode_attention_kernel(
+    Q,
+    K,
+    V,
+    SLOTS,
+    LENGTHS,
+    OUT,
+    scale,
+    K_PREV,
+    V_PREV,
+    K_NEW,
+    V_NEW,
+    NEW_SLOTS,
+    ACTIVE,
+    stride_qb,
+    stride_qh,
+    stride_kh,
+    stride_ks,
+    stride_sb,
+    stride_ob,
+    stride_oh,
+    stride_knb,
+    stride_knh,
+    stride_vnb,
+    stride_vnh,
+    FIRST,
+    COUNT,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    IEEE: tl.constexpr,
+    WRITE: tl.constexpr,
+    HAS_PREV: tl.constexpr,
+    BLOCKED: tl.constexpr,
+    DOT_AS_SUM: tl.constexpr,
+):
     h = tl.program_id(1).to(tl.int64)
     g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)
@@ -121,12 +152,19 @@ def _decode_attention_kernel(Q, K, V, SLOTS, LENGTHS, OUT, scale,
         acc_new = acc * alpha[:, None] + _dot(p.to(V.dtype.element_ty), v, IEEE, DOT_AS_SUM)
         if BLOCKED:  # a row whose run ended before this tile keeps its state: the tiles a decode row never reads
             live = start < row_length
-            m, l_sum, acc = tl.where(live, m_new, m), tl.where(live, l_new, l_sum), tl.where(live[:, None], acc_new, acc)
+            m, l_sum, acc = (
+                tl.where(live, m_new, m),
+                tl.where(live, l_new, l_sum),
+                tl.where(live[:, None], acc_new, acc),
+            )
         else:
             m, l_sum, acc = m_new, l_new, acc_new
     o = acc / l_sum[:, None]
-    tl.store(OUT + query[:, None] * stride_ob + head[:, None] * stride_oh + d[None, :], o.to(OUT.dtype.element_ty),
-             mask=gd_ok)
+    tl.store(
+        OUT + query[:, None] * stride_ob + head[:, None] * stride_oh + d[None, :],
+        o.to(OUT.dtype.element_ty),
+        mask=gd_ok,
+    )
 
 
 @triton.jit
@@ -163,19 +201,58 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=Non
         k_new, v_new = _unit_last_stride(k_new), _unit_last_stride(v_new)
     g = hq // hkv
     if checks_enabled() and not bounds.capturing(q.device):
-        bounds.check_attention("decode attention", q, k_plane.shape[1], ctx_slots, lengths, blocks,
-                               queries_per_program(g), None if write is None else new_slots,
-                               None if write is None else k_new.shape[0])
+        bounds.check_attention(
+            "decode attention",
+            q,
+            k_plane.shape[1],
+            ctx_slots,
+            lengths,
+            blocks,
+            queries_per_program(g),
+            None if write is None else new_slots,
+            None if write is None else k_new.shape[0],
+        )
     first, count = (lengths, lengths) if blocks is None else blocks
     o = torch.empty_like(q)
     _decode_attention_kernel[(b if blocks is None else first.shape[0], hkv)](
-        q, k_plane, v_plane, ctx_slots, lengths, o, d**-0.5,
-        k_prev, v_prev, k_new, v_new, new_slots, active,
-        q.stride(0), q.stride(1), k_plane.stride(0), k_plane.stride(1), ctx_slots.stride(0), o.stride(0), o.stride(1),
-        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), first, count,
-        G=g, GP=group_rows(g), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK=block, IEEE=k_plane.dtype == torch.float32, WRITE=write is not None, HAS_PREV=has_prev,
-        BLOCKED=blocks is not None, DOT_AS_SUM=q.device.type != "cuda", num_warps=num_warps)
+        q,
+        k_plane,
+        v_plane,
+        ctx_slots,
+        lengths,
+        o,
+        d**-0.5,
+        k_prev,
+        v_prev,
+        k_new,
+        v_new,
+        new_slots,
+        active,
+        q.stride(0),
+        q.stride(1),
+        k_plane.stride(0),
+        k_plane.stride(1),
+        ctx_slots.stride(0),
+        o.stride(0),
+        o.stride(1),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
+        first,
+        count,
+        G=g,
+        GP=group_rows(g),
+        D=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK=block,
+        IEEE=k_plane.dtype == torch.float32,
+        WRITE=write is not None,
+        HAS_PREV=has_prev,
+        BLOCKED=blocks is not None,
+        DOT_AS_SUM=q.device.type != "cuda",
+        num_warps=num_warps,
+    )
     return o
 
 
@@ -185,17 +262,32 @@ def group_rows(g: int) -> int:
     return max(16, triton.next_power_of_2(g))
 
 
-def paged_decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor,
-                           lengths: torch.Tensor, block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_plane: torch.Tensor,
+    v_plane: torch.Tensor,
+    ctx_slots: torch.Tensor,
+    lengths: torch.Tensor,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
+) -> torch.Tensor:
     """q [B, Hq, D] (one new token per row); k_plane/v_plane [Hkv, slots, D] (one plane of one
     layer); ctx_slots [B, W] slot ids of positions 0..W-1; lengths [B] (1 <= length <= W: a row
     attends to its first `length` positions) -> o [B, Hq, D] in q's dtype. Scale head_dim**-0.5."""
     return _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps)
 
 
-def blocked_decode_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor,
-                             lengths: torch.Tensor, first: torch.Tensor, count: torch.Tensor, block: int = BLOCK,
-                             num_warps: int = NUM_WARPS) -> torch.Tensor:
+def blocked_decode_attention(
+    q: torch.Tensor,
+    k_plane: torch.Tensor,
+    v_plane: torch.Tensor,
+    ctx_slots: torch.Tensor,
+    lengths: torch.Tensor,
+    first: torch.Tensor,
+    count: torch.Tensor,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
+) -> torch.Tensor:
     """`paged_decode_attention` of the B queries of q [B, Hq, D], several queries per program: program
     p runs queries first[p] .. first[p] + count[p] - 1 (count[p] <= queries_per_program(G)),
     which must share their context's slots up to their longest length, and reads them from
@@ -209,14 +301,33 @@ def queries_per_program(g: int) -> int:
     return max(1, group_rows(g) // g)
 
 
-def write_kv_and_attend(q: torch.Tensor, k_plane_t: torch.Tensor, v_plane_t: torch.Tensor,
-                        k_prev_plane: torch.Tensor | None, v_prev_plane: torch.Tensor | None, new_slots: torch.Tensor,
-                        k_new: torch.Tensor, v_new: torch.Tensor, active: torch.Tensor, ctx_slots: torch.Tensor,
-                        lengths: torch.Tensor, block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
+def write_kv_and_attend(
+    q: torch.Tensor,
+    k_plane_t: torch.Tensor,
+    v_plane_t: torch.Tensor,
+    k_prev_plane: torch.Tensor | None,
+    v_prev_plane: torch.Tensor | None,
+    new_slots: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    active: torch.Tensor,
+    ctx_slots: torch.Tensor,
+    lengths: torch.Tensor,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
+) -> torch.Tensor:
     """runner.py's KV write of a loop and the attention over plane t, in one kernel: row b
     writes its new K/V [B, Hkv, D] at new_slots[b] of plane t when active (always on plane 0),
     else copies plane t-1's entry there (k_prev_plane None for plane 0); then attends as
     `paged_decode_attention` (the new slot is among the row's first `length` positions). The
     planes and the output have the bits of the two steps run apart."""
-    return _attend(q, k_plane_t, v_plane_t, ctx_slots, lengths, block, num_warps,
-                   write=(k_prev_plane, v_prev_plane, new_slots, k_new, v_new, active))
+    return _attend(
+        q,
+        k_plane_t,
+        v_plane_t,
+        ctx_slots,
+        lengths,
+        block,
+        num_warps,
+        write=(k_prev_plane, v_prev_plane, new_slots, k_new, v_new, active),
+    )

@@ -51,8 +51,23 @@ def _normed(x, w_ptr, cols, ok, n_cols, eps):
 
 
 @triton.jit
-def _rms_rows_kernel(X, H, W, W2, OUT, OUT2, n_cols, eps, stride_x, stride_h, stride_o, stride_o2,
-                     BLOCK: tl.constexpr, ADD: tl.constexpr, THEN: tl.constexpr):
+def _rms_rows_kernel(
+    X,
+    H,
+    W,
+    W2,
+    OUT,
+    OUT2,
+    n_cols,
+    eps,
+    stride_x,
+    stride_h,
+    stride_o,
+    stride_o2,
+    BLOCK: tl.constexpr,
+    ADD: tl.constexpr,
+    THEN: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -80,8 +95,21 @@ def _silu_mul_kernel(G, U, OUT, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rotary_kernel(X, COS, SIN, OUT, heads, stride_xr, stride_xh, stride_cr, stride_sr, stride_or, stride_oh,
-                   HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+def _rotary_kernel(
+    X,
+    COS,
+    SIN,
+    OUT,
+    heads,
+    stride_xr,
+    stride_xh,
+    stride_cr,
+    stride_sr,
+    stride_or,
+    stride_oh,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     # one position's heads [BLOCK_H, 2·HALF]: out = x·cos + rotate_half(x)·sin, each product and
     # the sum rounded to the output dtype as torch's eager ops round them (no fused multiply-add:
     # the launch turns fp fusion off)
@@ -96,10 +124,12 @@ def _rotary_kernel(X, COS, SIN, OUT, heads, stride_xr, stride_xh, stride_cr, str
     s = SIN + row * stride_sr
     dtype = OUT.dtype.element_ty
     out = OUT + row * stride_or + h * stride_oh
-    first = (lo * tl.load(c + j).to(tl.float32)).to(dtype).to(tl.float32) \
-        + (-hi * tl.load(s + j).to(tl.float32)).to(dtype).to(tl.float32)
-    second = (hi * tl.load(c + HALF + j).to(tl.float32)).to(dtype).to(tl.float32) \
-        + (lo * tl.load(s + HALF + j).to(tl.float32)).to(dtype).to(tl.float32)
+    first = (lo * tl.load(c + j).to(tl.float32)).to(dtype).to(tl.float32) + (-hi * tl.load(s + j).to(tl.float32)).to(
+        dtype
+    ).to(tl.float32)
+    second = (hi * tl.load(c + HALF + j).to(tl.float32)).to(dtype).to(tl.float32) + (
+        lo * tl.load(s + HALF + j).to(tl.float32)
+    ).to(dtype).to(tl.float32)
     tl.store(out + j, first.to(dtype), mask=ok)
     tl.store(out + HALF + j, second.to(dtype), mask=ok)
 
@@ -155,9 +185,24 @@ def _rms_forward(x, weight, eps, h=None, next_weight=None):
     o, o2 = out.view(-1, width), out2.view(-1, width)
     block = triton.next_power_of_2(width)
     if n:
-        _rms_rows_kernel[(n,)](rows, hr, weight, next_weight if next_weight is not None else weight, o, o2, width,
-                               eps, rows.stride(0), hr.stride(0), o.stride(0), o2.stride(0), BLOCK=block,
-                               ADD=h is not None, THEN=next_weight is not None, num_warps=_warps(block))
+        _rms_rows_kernel[(n,)](
+            rows,
+            hr,
+            weight,
+            next_weight if next_weight is not None else weight,
+            o,
+            o2,
+            width,
+            eps,
+            rows.stride(0),
+            hr.stride(0),
+            o.stride(0),
+            o2.stride(0),
+            BLOCK=block,
+            ADD=h is not None,
+            THEN=next_weight is not None,
+            num_warps=_warps(block),
+        )
     return out, out2
 
 
@@ -178,8 +223,10 @@ class _RowFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         inputs = ctx.saved_tensors
-        cotangents = tuple(g if g is not None else torch.zeros(shape, dtype=dtype, device=inputs[0].device)
-                           for g, (shape, dtype) in zip(grads, ctx.outputs, strict=True))
+        cotangents = tuple(
+            g if g is not None else torch.zeros(shape, dtype=dtype, device=inputs[0].device)
+            for g, (shape, dtype) in zip(grads, ctx.outputs, strict=True)
+        )
         got = _pullback(ctx.reference, ctx.compiled)(inputs, ctx.extra, cotangents)
         needs = ctx.needs_input_grad[3:]
         return None, None, None, *(g if need else None for g, need in zip(got, needs, strict=True))
@@ -192,6 +239,7 @@ def _pullback(reference, compiled: bool):
     settings compile (CUDA by default), not op by op (why: docs/performance.md#exact-mode).
     Gradients need no fixed order (docs/exact.md §2): they are the same function's, as fused as
     the default mode's."""
+
     def pullback(inputs, extra, cotangents):
         outs, pull = torch.func.vjp(lambda *t: reference(*t, *extra), *inputs)
         return pull(cotangents if isinstance(outs, tuple) else cotangents[0])
@@ -216,15 +264,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`h + rms_norm(x, weight)`."""
-    return _run(lambda h, x, w, eps: _rms_forward(x, w, eps, h=h)[0], formulas.add_rms_norm,
-                (eps,), h, x, weight)
+    return _run(lambda h, x, w, eps: _rms_forward(x, w, eps, h=h)[0], formulas.add_rms_norm, (eps,), h, x, weight)
 
 
-def add_rms_norm_then_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_then_norm(
+    h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(`h' = h + rms_norm(x, weight)`, `rms_norm(h', next_weight)`) in one pass."""
-    return _run(lambda h, x, w, w2, eps: _rms_forward(x, w, eps, h=h, next_weight=w2),
-                formulas.add_rms_norm_then_norm, (eps,), h, x, weight, next_weight)
+    return _run(
+        lambda h, x, w, w2, eps: _rms_forward(x, w, eps, h=h, next_weight=w2),
+        formulas.add_rms_norm_then_norm,
+        (eps,),
+        h,
+        x,
+        weight,
+        next_weight,
+    )
 
 
 def _silu_mul_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -266,9 +321,22 @@ def _rotate_forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     o = out.view(-1, heads, d)
     if rows.shape[0]:
-        _rotary_kernel[(rows.shape[0],)](rows, c, s, o, heads, rows.stride(0), rows.stride(1), c.stride(0),
-                                         s.stride(0), o.stride(0), o.stride(1), HALF=d // 2,
-                                         BLOCK_H=triton.next_power_of_2(heads), enable_fp_fusion=False)
+        _rotary_kernel[(rows.shape[0],)](
+            rows,
+            c,
+            s,
+            o,
+            heads,
+            rows.stride(0),
+            rows.stride(1),
+            c.stride(0),
+            s.stride(0),
+            o.stride(0),
+            o.stride(1),
+            HALF=d // 2,
+            BLOCK_H=triton.next_power_of_2(heads),
+            enable_fp_fusion=False,
+        )
     return out
 
 

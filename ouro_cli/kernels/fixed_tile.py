@@ -59,9 +59,24 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def _fixed_tile_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                       IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr, GROUP_M: tl.constexpr):
+def _fixed_tile_kernel(
+    X,
+    W,
+    Y,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    IEEE: tl.constexpr,
+    DOT_AS_SUM: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     # program -> tile in groups of GROUP_M row blocks, column by column within a group
     pid = tl.program_id(0)
     blocks_m = tl.cdiv(M, BLOCK_M)
@@ -114,8 +129,9 @@ def config_for(m: int, n: int, dtype: torch.dtype, device_type: str) -> tuple[in
     same bits."""
     if dtype == torch.float32 or device_type != "cuda":
         return BASE
-    return next(config for rows, columns, config in CONFIGS
-                if (rows is None or m <= rows) and (columns is None or n <= columns))
+    return next(
+        config for rows, columns, config in CONFIGS if (rows is None or m <= rows) and (columns is None or n <= columns)
+    )
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int]) -> torch.Tensor:
@@ -129,7 +145,23 @@ def launch(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int]) 
     bk = block_k(x.dtype)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _fixed_tile_kernel[grid](
-        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk, EVEN_K=k % bk == 0, IEEE=x.dtype == torch.float32,
-        DOT_AS_SUM=x.device.type != "cuda", GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
+        x,
+        w,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        y.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=bk,
+        EVEN_K=k % bk == 0,
+        IEEE=x.dtype == torch.float32,
+        DOT_AS_SUM=x.device.type != "cuda",
+        GROUP_M=GROUP_M,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return y

@@ -18,7 +18,8 @@ tiles. What could still change a row's bits with M is the instruction: on Hopper
 lowers a dot of 64 rows to wgmma and one of 16 or 32 rows to mma.sync (seen in the sm_90
 PTX of Triton 3.9), which need not round alike. So a dot never holds more than 32 rows:
 M <= 16 uses one 16-row tile, M <= 32 one 32-row tile, 33..64 two 32-row tiles sharing
-each W tile, and every M runs mma.sync m16n8k16. The default tiles are a function of (N, K, dtype), never of M. fp32 inputs use
+each W tile, and every M runs mma.sync m16n8k16. The default tiles are a function of (N, K, dtype), never of M. fp32
+inputs use
 IEEE dots (no TF32).
 
 The engine uses this only on CUDA; the CPU tests run it under the Triton interpreter
@@ -65,10 +66,24 @@ def accumulate(acc, x, w, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
 
 
 @triton.jit
-def _small_m_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
-                           ROWS: tl.constexpr, ROW_TILES: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-                           DOT_AS_SUM: tl.constexpr):
+def _small_m_linear_kernel(
+    X,
+    W,
+    Y,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    ROWS: tl.constexpr,
+    ROW_TILES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    IEEE: tl.constexpr,
+    DOT_AS_SUM: tl.constexpr,
+):
     pid = tl.program_id(0)
     rm = tl.arange(0, ROWS)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -128,8 +143,15 @@ def stages_that_fit(rows: int, row_tiles: int, block_n: int, block_k: int, items
     return stages
 
 
-def small_m_linear(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = None, block_k: int | None = None,
-                   num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+def small_m_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
     """x [M, K] (1 <= M <= 64), w [N, K] (nn.Linear layout, unit stride along K), one dtype of
     bf16, fp16, fp32 -> x @ w.T [M, N] in that dtype, accumulated in fp32. Row m's bits depend
     only on x[m], w and the tiles; the keyword overrides (None: default_config) are for
@@ -162,10 +184,25 @@ def small_m_linear(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = No
     # bf16 as the raw uint16 the interpreter stores. So there the dot is DOT_AS_SUM.
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _small_m_linear_kernel[(triton.cdiv(n, block_n),)](
-        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        ROWS=rows, ROW_TILES=row_tiles, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        IEEE=x.dtype == torch.float32, DOT_AS_SUM=x.device.type != "cuda", num_warps=num_warps or config["num_warps"],
-        num_stages=stages)
+        x,
+        w,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        y.stride(0),
+        ROWS=rows,
+        ROW_TILES=row_tiles,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0,
+        IEEE=x.dtype == torch.float32,
+        DOT_AS_SUM=x.device.type != "cuda",
+        num_warps=num_warps or config["num_warps"],
+        num_stages=stages,
+    )
     return y
 
 

@@ -82,8 +82,15 @@ def _tables_at(tables: tuple, rows: torch.Tensor | None, per: int) -> tuple:
     if rows is None:
         return slots, lengths, blocks
     if _last_rows[0] is not rows or _last_rows[1] is not tables:
-        _last_rows[:] = [rows, tables, (slots.index_select(0, rows), lengths.index_select(0, rows),
-                                        program_blocks(keys.index_select(0, rows), per))]
+        _last_rows[:] = [
+            rows,
+            tables,
+            (
+                slots.index_select(0, rows),
+                lengths.index_select(0, rows),
+                program_blocks(keys.index_select(0, rows), per),
+            ),
+        ]
     return _last_rows[2]
 
 
@@ -101,8 +108,9 @@ def program_blocks(keys: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Te
     return first, count
 
 
-def paged_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                  rows: torch.Tensor | None = None) -> torch.Tensor:
+def paged_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """q [B,S,Hq,D], k/v [B,S,Hkv,D] -> [B,S,Hq,D] through the decode kernel: each query gets the
     bits the decode step computes for it, several queries of one run sharing a program's K/V
     reads. With `rows` [N] (flat indices b·S + i), q [1,N,Hq,D] holds only those positions'
@@ -131,8 +139,14 @@ class _PagedReplayAttention(torch.autograd.Function):
         return reference_backward(ctx, grad, extra=3)  # mask, reference, rows
 
 
-def paged_replay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                           reference, rows: torch.Tensor | None = None) -> torch.Tensor:
+def paged_replay_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    reference,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The forward in the decode kernel's order (only the queries at `rows`, as `paged_forward`);
     gradients from `reference(q, k, v, mask)` (the SDPA attention of model/attention.py)."""
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v)):

@@ -128,14 +128,19 @@ def _patches() -> list[tuple[object, str, object]]:
         "default_generators": (_FAKE_CUDA_RNG,),
     }
     patches: list[tuple[object, str, object]] = [(torch.cuda, k, v) for k, v in cuda.items()]
-    patches += [(torch.cuda.random, "get_rng_state", _get_rng_state), (torch.cuda.random, "set_rng_state", _set_rng_state)]
+    patches += [
+        (torch.cuda.random, "get_rng_state", _get_rng_state),
+        (torch.cuda.random, "set_rng_state", _set_rng_state),
+    ]
     try:
         mrandom = importlib.import_module("megatron.core.tensor_parallel.random")
     except ImportError:  # megatron-core not installed: nothing of it can run
         mrandom = None
     if mrandom is not None:
-        patches += [(mrandom, "_get_cuda_rng_state", _megatron_get_cuda_rng_state),
-                    (mrandom, "_set_cuda_rng_state", _megatron_set_cuda_rng_state)]
+        patches += [
+            (mrandom, "_get_cuda_rng_state", _megatron_get_cuda_rng_state),
+            (mrandom, "_set_cuda_rng_state", _megatron_set_cuda_rng_state),
+        ]
     return patches
 
 

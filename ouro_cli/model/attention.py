@@ -96,8 +96,13 @@ class QueryRows:
     slot_inverse: torch.Tensor
 
     @classmethod
-    def build(cls, selected: torch.Tensor, layout_mask: torch.Tensor | None, count: int | None = None,
-              width: int | None = None) -> QueryRows:
+    def build(
+        cls,
+        selected: torch.Tensor,
+        layout_mask: torch.Tensor | None,
+        count: int | None = None,
+        width: int | None = None,
+    ) -> QueryRows:
         """selected [B, S] bool (at least one True) -> the rows it marks. `count` (how many) and
         `width` (the most in one row), where the caller has read them, spare the device two
         round trips."""
@@ -116,12 +121,19 @@ class QueryRows:
             mask = torch.arange(s, device=device)[None, None, :] <= position[..., None]
         else:
             mask = layout_mask[:, 0].gather(1, position[..., None].expand(b, width, s))
-        return cls(rows, slots, mask[:, None], layout_mask, unique_rows.inverse_of(rows, b * s),
-                   unique_rows.inverse_of(slots, b * width))
+        return cls(
+            rows,
+            slots,
+            mask[:, None],
+            layout_mask,
+            unique_rows.inverse_of(rows, b * s),
+            unique_rows.inverse_of(slots, b * width),
+        )
 
 
-PAGED_NEEDS_CUDA = ("--replay-attention paged runs a Triton kernel: it needs CUDA (or the Triton interpreter, "
-                    "TRITON_INTERPRET=1)")
+PAGED_NEEDS_CUDA = (
+    "--replay-attention paged runs a Triton kernel: it needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1)"
+)
 
 
 _KEEPING = [0]  # open `tables_kept` scopes
@@ -181,12 +193,21 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return sdpa_attention(q, k, v, mask)
 
 
-def attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
-                      mask: torch.Tensor, layout_mask: torch.Tensor | None, slot_inverse: torch.Tensor) -> torch.Tensor:
+def attention_at_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: torch.Tensor,
+    slots: torch.Tensor,
+    mask: torch.Tensor,
+    layout_mask: torch.Tensor | None,
+    slot_inverse: torch.Tensor,
+) -> torch.Tensor:
     """q [1,N,Hq,D] at the N positions of a `QueryRows` (its fields, as tensors: a compiled
     region takes them as arguments), k/v [B,S,Hkv,D] at every position -> [1,N,Hq,D]:
     `dense_attention`'s output at those positions. With `replay_attention="paged"` each query
     runs the decode kernel over its own visible keys, as there; SDPA's gradient of the same."""
+
     def sdpa(q, k, v, _mask=None):
         return sdpa_attention_at_rows(q, k, v, slots, mask, slot_inverse)
 
@@ -209,8 +230,14 @@ def _paged(q: torch.Tensor) -> bool:
     return True
 
 
-def sdpa_attention_at_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
-                           mask: torch.Tensor, slot_inverse: torch.Tensor) -> torch.Tensor:
+def sdpa_attention_at_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+    mask: torch.Tensor,
+    slot_inverse: torch.Tensor,
+) -> torch.Tensor:
     """`attention_at_rows` through SDPA: the queries put into their padded [B, W] block, and
     taken out of it, by gathers (model/unique_rows.py)."""
     b, width = mask.shape[0], mask.shape[2]

@@ -57,5 +57,6 @@ def compile_seconds() -> float:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:  # pragma: no cover
         return 0.0
-    return sum(sum(compilation_time_metrics.get(key, ())) for key in ("_compile.compile_inner",
-                                                                         "backward._backward_impl"))
+    return sum(
+        sum(compilation_time_metrics.get(key, ())) for key in ("_compile.compile_inner", "backward._backward_impl")
+    )

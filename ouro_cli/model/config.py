@@ -70,7 +70,10 @@ class OuroConfig:
             raise ConfigError("head_dim must be even for rotary embeddings")
         if self.total_ut_steps < 1:
             raise ConfigError("total_ut_steps must be at least 1")
-        if self.rope_scaling not in (None, {}) and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) != "default":
+        if (
+            self.rope_scaling not in (None, {})
+            and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) != "default"
+        ):
             raise ConfigError(f"rope_scaling {self.rope_scaling!r} is not supported (default RoPE only)")
         if self.use_sliding_window:
             raise ConfigError("sliding-window attention is not supported")

@@ -41,7 +41,7 @@ from ouro_cli.settings import exact_kernels
 
 from . import formulas
 
-ROW_TILE = 16   # rows per GEMM call on CPU
+ROW_TILE = 16  # rows per GEMM call on CPU
 KEY_CHUNK = 64  # keys per attention chunk (CPU), at absolute positions
 
 
@@ -51,6 +51,7 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
 
 
 # ---- sums ---------------------------------------------------------------------------
+
 
 def row_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over the last axis as a pairwise tree of elementwise adds: [..., n] -> [...].
@@ -65,12 +66,13 @@ def lead_sum(x: torch.Tensor) -> torch.Tensor:
     while x.shape[0] > 1:
         n = x.shape[0]
         half = n // 2
-        folded = x[:half] + x[half:2 * half]
-        x = torch.cat([folded, x[2 * half:]]) if n % 2 else folded
+        folded = x[:half] + x[half : 2 * half]
+        x = torch.cat([folded, x[2 * half :]]) if n % 2 else folded
     return x[0]
 
 
 # ---- elementwise and row functions ------------------------------------------------------
+
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     return 1.0 / (1.0 + torch.exp(-x))
@@ -82,6 +84,7 @@ def _keeping_inputs(fn):
     spell every rounding out in fp32 intermediates, and autograd would otherwise keep four or
     five of them per element. The re-run computes the same bits, so the gradients are those of
     the plain function."""
+
     @functools.wraps(fn)
     def run(*args):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
@@ -173,6 +176,7 @@ def exit_lambda(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
 
 # ---- projections ------------------------------------------------------------------------
 
+
 def linear(x: torch.Tensor, w: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     """x [..., K] @ w[N, K].T -> [..., N], each row's bits a function of that row and w only. A
     sequence of weights multiplies as their stacked matrix (matmul.linear); the stack is not kept
@@ -213,7 +217,7 @@ def tiled_linear(rows: torch.Tensor, w: torch.Tensor, tile: int = ROW_TILE) -> t
     out = rows.new_empty(tiles * tile, w.shape[0])
     with torch.no_grad():
         for t in range(tiles):
-            out[t * tile:(t + 1) * tile] = F.linear(padded[t * tile:(t + 1) * tile], w)
+            out[t * tile : (t + 1) * tile] = F.linear(padded[t * tile : (t + 1) * tile], w)
     return out[:m]
 
 
@@ -237,6 +241,7 @@ class _Linear(torch.autograd.Function):
 
 
 # ---- attention (CPU) ----------------------------------------------------------------------
+
 
 def _fold(state, q, k, v, valid, scale):
     """Fold one chunk of C keys into the online softmax of each query group.
@@ -269,8 +274,9 @@ def _finish(state, dtype: torch.dtype) -> torch.Tensor:
     return (acc / l_sum[..., None]).to(dtype)
 
 
-def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device,
-                 needed_by: str = "exact attention") -> tuple[torch.Tensor, torch.Tensor]:
+def visible_runs(
+    mask: torch.Tensor | None, b: int, s: int, device: torch.device, needed_by: str = "exact attention"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(start [B, S], length [B, S]) of each query's visible keys, which must be one run
     start..start+length-1 ending at the query (SequenceLayout's masks: causal, documents
     contiguous in a row, padding on the edges). mask: None (causal) or bool [B, 1, S, S].
@@ -284,8 +290,10 @@ def visible_runs(mask: torch.Tensor | None, b: int, s: int, device: torch.device
     start = idx - length + 1
     inside = (idx[None, None, :] >= start[..., None]) & (idx[None, None, :] <= idx[None, :, None])
     if not bool(torch.equal(inside, m)):
-        raise ValueError(f"{needed_by} needs each query's visible keys to be one contiguous run ending at "
-                         "the query (causal, contiguous documents, edge padding)")
+        raise ValueError(
+            f"{needed_by} needs each query's visible keys to be one contiguous run ending at "
+            "the query (causal, contiguous documents, edge padding)"
+        )
     return start, length
 
 
@@ -340,8 +348,9 @@ def reference_backward(ctx, grad: torch.Tensor, *, extra: int) -> tuple:
     return (*(next(grads) if t.requires_grad else None for t in leaves), *(None,) * extra)
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                    reference) -> torch.Tensor:
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, reference
+) -> torch.Tensor:
     """The replay's and the prefill's attention in exact mode (CPU); gradients from
     `reference(q, k, v, mask)` (SDPA)."""
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v)):
@@ -349,8 +358,9 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return _DenseAttention.apply(q, k, v, mask, reference)
 
 
-def paged_attention(q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor,
-                    valid: torch.Tensor) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
     """The decode step's attention in exact mode (CPU): q [B, Hq, D], one new token per row;
     k_plane/v_plane [Hkv, slots, D]; ctx_slots/valid [B, W] the slots of positions 0..W-1 and
     which of them the row sees (its first `length`) -> o [B, Hq, D], with the bits

@@ -23,7 +23,9 @@ def exit_cdf(lambdas: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(exit_distribution(lambdas), dim=-1)
 
 
-def cdf_step(cdf_prev: torch.Tensor, survive_prev: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def cdf_step(
+    cdf_prev: torch.Tensor, survive_prev: torch.Tensor, lam: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Incremental form for decoding one loop at a time (t < T).
 
     Given CDF_{t-1} and S_{t-1} = Π_{s<t}(1 − λ_s), returns (CDF_t, S_t). At t = 1 pass

@@ -26,8 +26,9 @@ def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: fl
     return h + rms_norm(x, weight, eps)
 
 
-def add_rms_norm_then_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_then_norm(
+    h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(`h' = h + rms_norm(x, weight)`, `rms_norm(h', next_weight)`)."""
     h = h + rms_norm(x, weight, eps)
     return h, rms_norm(h, next_weight, eps)
@@ -39,8 +40,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE (rotate-half) on q [B,S,Hq,D] and k [B,S,Hkv,D]; cos/sin [B,S,D]."""
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)

@@ -36,6 +36,6 @@ def _fuse(linears: list[nn.Linear]) -> torch.Tensor:
     start = 0
     for lin in linears:
         rows = lin.weight.shape[0]
-        lin.weight = nn.Parameter(fused[start:start + rows], requires_grad=lin.weight.requires_grad)
+        lin.weight = nn.Parameter(fused[start : start + rows], requires_grad=lin.weight.requires_grad)
         start += rows
     return fused

@@ -24,8 +24,7 @@ from .matmul import linear
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def project(x: torch.Tensor, fused: torch.Tensor | None, weights: tuple[torch.Tensor, ...]
-            ) -> tuple[torch.Tensor, ...]:
+def project(x: torch.Tensor, fused: torch.Tensor | None, weights: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     """x times each of `weights` (projections of one input: q, k, v or gate, up).
 
     One product of their stacked matrix where it exists already (`fused`: the engine's,
@@ -127,8 +126,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm_2 = RMSNorm(config.hidden_size, eps)
         self._eps = eps
 
-    def forward(self, h: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
-                next_norm_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        h: torch.Tensor,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+        next_norm_weight: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The layer given `x = input_layernorm(h)`, which the caller computed (in a stack: the
         previous layer's closing kernel). Returns (h', rms_norm(h', next_norm_weight)): the next
         layer's input norm, or `model.norm` after the last layer, comes out of the same fused
@@ -138,10 +144,12 @@ class DecoderLayer(nn.Module):
         with the norm that follows it.
         """
         a = self.self_attn(x, cos, sin, attend)
-        h, x = pointwise.add_rms_norm_then_norm(h, a, self.input_layernorm_2.weight,
-                                                self.post_attention_layernorm.weight, self._eps)
+        h, x = pointwise.add_rms_norm_then_norm(
+            h, a, self.input_layernorm_2.weight, self.post_attention_layernorm.weight, self._eps
+        )
         m = self.mlp(x)
         if next_norm_weight is None:
             return pointwise.add_rms_norm(h, m, self.post_attention_layernorm_2.weight, self._eps), None
-        return pointwise.add_rms_norm_then_norm(h, m, self.post_attention_layernorm_2.weight, next_norm_weight,
-                                                self._eps)
+        return pointwise.add_rms_norm_then_norm(
+            h, m, self.post_attention_layernorm_2.weight, next_norm_weight, self._eps
+        )

@@ -10,8 +10,14 @@ from .config import OuroConfig
 from .ouro import OuroForCausalLM
 
 
-def build(config: OuroConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-          seed: int | None = 0, std: float = 0.02) -> OuroForCausalLM:
+def build(
+    config: OuroConfig,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int | None = 0,
+    std: float = 0.02,
+) -> OuroForCausalLM:
     """A randomly initialised model (normal(0, std) matrices, norms near one).
 
     Norm weights are jittered around one so that tests notice a norm applied in the
@@ -43,8 +49,13 @@ def load(path: str | Path, *, dtype: torch.dtype | None = None, device: str | to
     return from_state_dict(config, tensors, dtype=dtype, device=device)
 
 
-def from_state_dict(config: OuroConfig, tensors: dict[str, torch.Tensor], *, dtype: torch.dtype | None = None,
-                    device: str | torch.device = "cpu") -> OuroForCausalLM:
+def from_state_dict(
+    config: OuroConfig,
+    tensors: dict[str, torch.Tensor],
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> OuroForCausalLM:
     with torch.device("meta"):
         model = OuroForCausalLM(config)
     state = {k: v.to(device=device, dtype=dtype or v.dtype) for k, v in tensors.items()}

@@ -9,7 +9,8 @@ block, a kernel that takes over products whose input has at most `max_rows` rows
 engine's decode step on CUDA installs its Triton small-batch kernel there (`--decode-gemv`,
 kernels/gemv.py: on a given weight its rows have the bits cuBLAS gives at the
 replay's many rows, which cuBLAS at a few rows does not always).
-Everything else (the trainer, the engine's prefill, CPU) keeps F.linear. The model package does not import the kernel; the caller
+Everything else (the trainer, the engine's prefill, CPU) keeps F.linear. The model package does not import the kernel;
+the caller
 hands it in.
 
 In exact mode (the active execution settings' `exact`, settings.py `active_settings`) every product,

@@ -150,22 +150,65 @@ class OuroForCausalLM(nn.Module):
         does, so that the read does not wait for the previous micro-batch's backward).
         """
         with executing(self.execution), attention.one_forward():
-            return self._forward(input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
-                                 kv_sink, state_sink, depth_counts)
+            return self._forward(
+                input_ids,
+                depths,
+                attention_mask,
+                document_ids,
+                position_ids,
+                recompute,
+                logits_at,
+                kv_sink,
+                state_sink,
+                depth_counts,
+            )
 
-    def _forward(self, input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at, kv_sink,
-                 state_sink, depth_counts=None) -> torch.Tensor:
+    def _forward(
+        self,
+        input_ids,
+        depths,
+        attention_mask,
+        document_ids,
+        position_ids,
+        recompute,
+        logits_at,
+        kv_sink,
+        state_sink,
+        depth_counts=None,
+    ) -> torch.Tensor:
         width = input_ids.shape[1]
         masked = attention_mask is not None or document_ids is not None
         if masked and kv_sink is None and state_sink is None and pointwise.regions_compile(input_ids.device.type):
             input_ids, depths, attention_mask, document_ids, position_ids = _aligned_columns(
-                input_ids, depths, attention_mask, document_ids, position_ids)
-        logits = self._forward_aligned(input_ids, depths, attention_mask, document_ids, position_ids, recompute,
-                                       logits_at, kv_sink, state_sink, depth_counts)
+                input_ids, depths, attention_mask, document_ids, position_ids
+            )
+        logits = self._forward_aligned(
+            input_ids,
+            depths,
+            attention_mask,
+            document_ids,
+            position_ids,
+            recompute,
+            logits_at,
+            kv_sink,
+            state_sink,
+            depth_counts,
+        )
         return logits if logits_at is not None else logits[:, :width]  # the padding columns cut off
 
-    def _forward_aligned(self, input_ids, depths, attention_mask, document_ids, position_ids, recompute, logits_at,
-                         kv_sink, state_sink, depth_counts=None) -> torch.Tensor:
+    def _forward_aligned(
+        self,
+        input_ids,
+        depths,
+        attention_mask,
+        document_ids,
+        position_ids,
+        recompute,
+        logits_at,
+        kv_sink,
+        state_sink,
+        depth_counts=None,
+    ) -> torch.Tensor:
         layout = SequenceLayout.build(input_ids, attention_mask, document_ids, position_ids)
         h = self.embed(input_ids)
         cos, sin = self.rope(layout.position_ids, h.dtype)
@@ -176,7 +219,8 @@ class OuroForCausalLM(nn.Module):
         plan = depth_counts if depth_counts is not None else LoopCounts.read(depths, loops, self.num_loops)
         num_loops = self.num_loops if loops is None else plan.deepest
         prev_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.model.layers)
-        # one compiled region per layer call of each kind (compile_layers); bound to the settings, for recompute's re-run
+        # one compiled region per layer call of each kind (compile_layers); bound to the settings, for recompute's
+        # re-run
         dense = under(pointwise.region(_layer_step, h), self.execution)
         at_rows = under(pointwise.region(_layer_step_at_rows, h), self.execution)
         for t in range(1, num_loops + 1):
@@ -228,8 +272,22 @@ class OuroForCausalLM(nn.Module):
         layout_mask = queries.layout_mask if paged else None
         for i, (layer, closing) in enumerate(zip(self.model.layers, self.closing_norms(), strict=True)):
             prev_k, prev_v = prev_kv[i] or self._no_kv(h)  # only padding has run no loop before
-            args = (layer, closing, x, normed, cos, sin, rows, queries.slots, queries.mask, layout_mask,
-                    queries.row_inverse, queries.slot_inverse, prev_k, prev_v)
+            args = (
+                layer,
+                closing,
+                x,
+                normed,
+                cos,
+                sin,
+                rows,
+                queries.slots,
+                queries.mask,
+                layout_mask,
+                queries.row_inverse,
+                queries.slot_inverse,
+                prev_k,
+                prev_v,
+            )
             x, normed, k, v = checkpoint(step, *args, use_reentrant=False) if recompute else step(*args)
             prev_kv[i] = (k, v)
             if kv_sink is not None:
@@ -244,8 +302,9 @@ class OuroForCausalLM(nn.Module):
         for each micro-batch whose padding made its first loop gather."""
         c = self.config
         grad = torch.is_grad_enabled() and h.requires_grad
-        return tuple(h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head).requires_grad_(grad)
-                     for _ in range(2))
+        return tuple(
+            h.new_zeros(*h.shape[:2], c.num_key_value_heads, c.dim_per_head).requires_grad_(grad) for _ in range(2)
+        )
 
 
 # A loop that fewer than this share of the positions run gathers them (`_layer_step_at_rows`);
@@ -256,8 +315,12 @@ class OuroForCausalLM(nn.Module):
 GATHER_BELOW = 0.9
 
 
-def positions_per_loop(depths: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                       device_type: str | None = None, counts: LoopCounts | None = None) -> list[int]:
+def positions_per_loop(
+    depths: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    device_type: str | None = None,
+    counts: LoopCounts | None = None,
+) -> list[int]:
     """How many positions `forward(..., depths=depths, attention_mask=attention_mask)` runs the
     layer stack on at each loop t = 1, 2, ..., on `device_type` (default: where depths are; it
     decides whether exact mode gathers, `gathering_allowed`): its executed work is their sum ×
@@ -355,8 +418,9 @@ def _aligned_columns(input_ids, depths, attention_mask, document_ids, position_i
     return pad(input_ids, 0), pad(depths, 1), pad(attention_mask, 0), pad(document_ids, 0), pad(position_ids, 0)
 
 
-def _loops_to_run(depths: torch.Tensor | None, attention_mask: torch.Tensor | None, num_loops: int
-                  ) -> torch.Tensor | None:
+def _loops_to_run(
+    depths: torch.Tensor | None, attention_mask: torch.Tensor | None, num_loops: int
+) -> torch.Tensor | None:
     """Loops per position [B,S]: its depth, 0 for padding (whose results nothing reads); None
     when every position runs all `num_loops`."""
     if attention_mask is None:
@@ -366,8 +430,9 @@ def _loops_to_run(depths: torch.Tensor | None, attention_mask: torch.Tensor | No
     return depths.masked_fill(~attention_mask.bool(), 0)
 
 
-def _loop_plan(loops: torch.Tensor | None, t: int, counts: LoopCounts, device_type: str | None = None
-               ) -> tuple[torch.Tensor | None, bool]:
+def _loop_plan(
+    loops: torch.Tensor | None, t: int, counts: LoopCounts, device_type: str | None = None
+) -> tuple[torch.Tensor | None, bool]:
     """How loop t runs: (positions that keep its result [B,S] or None for all, whether only they
     run it). Loop 1 runs every position unless it gathers: no position has K/V to fall back on,
     and the idle ones there are padding. `counts` holds the running positions, read before."""
@@ -383,8 +448,9 @@ def _loop_plan(loops: torch.Tensor | None, t: int, counts: LoopCounts, device_ty
     return running, False
 
 
-def _layer_step(layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.Tensor, x, normed, cos, sin,
-                active, prev_k, prev_v):
+def _layer_step(
+    layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.Tensor, x, normed, cos, sin, active, prev_k, prev_v
+):
     """One layer call of a loop run on every position: mixes in last-loop K/V for positions that exited.
 
     A position inactive at loop t contributes the K/V it produced at its own last loop
@@ -406,8 +472,22 @@ def _layer_step(layer: DecoderLayer, mask: torch.Tensor | None, closing: torch.T
     return out, out_normed, used["k"], used["v"]
 
 
-def _layer_step_at_rows(layer: DecoderLayer, closing: torch.Tensor, x, normed, cos, sin, rows, slots, mask,
-                        layout_mask, row_inverse, slot_inverse, prev_k, prev_v):
+def _layer_step_at_rows(
+    layer: DecoderLayer,
+    closing: torch.Tensor,
+    x,
+    normed,
+    cos,
+    sin,
+    rows,
+    slots,
+    mask,
+    layout_mask,
+    row_inverse,
+    slot_inverse,
+    prev_k,
+    prev_v,
+):
     """One layer call of a loop run only on the positions at `rows` (a QueryRows, field by field).
 
     x, normed, cos, sin [1,N,·] are theirs. Their new K/V replace theirs in copies of `prev_k`,

@@ -51,15 +51,15 @@ def add_rms_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: fl
     return _dispatch(formulas.add_rms_norm, x)(h, x, weight, eps)
 
 
-def add_rms_norm_then_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_then_norm(
+    h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(`h' = h + rms_norm(x, weight)`, `rms_norm(h', next_weight)`): the attention block's close and the
     MLP's input norm in one pass."""
     return _dispatch(formulas.add_rms_norm_then_norm, x)(h, x, weight, next_weight, eps)
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE (rotate-half) on q [B,S,Hq,D] and k [B,S,Hkv,D]; cos/sin [B,S,D]."""
     return _dispatch(formulas.rotary, q)(q, k, cos, sin)
 
@@ -109,6 +109,7 @@ def fused(fn: Callable, x: torch.Tensor) -> Callable:
 
 # ---- dispatch -----------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def eager() -> Iterator[None]:
     """Run the plain functions inside this block, on any device.
@@ -138,6 +139,10 @@ def _dispatch(fn: Callable, x: torch.Tensor, dynamic: bool | None = None) -> Cal
 # exact mode's twins of the functions above (RoPE's is one kernel per tensor where exact mode
 # runs its kernels, and the plain formula elsewhere: elementwise arithmetic is batch-invariant
 # as it is; so are the residual adds).
-_EXACT: dict[Callable, Callable] = {formulas.rms_norm: exact.rms_norm, formulas.add_rms_norm: exact.add_rms_norm,
-                                    formulas.add_rms_norm_then_norm: exact.add_rms_norm_then_norm,
-                                    formulas.silu_mul: exact.silu_mul, formulas.rotary: exact.rotary}
+_EXACT: dict[Callable, Callable] = {
+    formulas.rms_norm: exact.rms_norm,
+    formulas.add_rms_norm: exact.add_rms_norm,
+    formulas.add_rms_norm_then_norm: exact.add_rms_norm_then_norm,
+    formulas.silu_mul: exact.silu_mul,
+    formulas.rotary: exact.rotary,
+}

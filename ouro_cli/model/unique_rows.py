@@ -41,13 +41,15 @@ def put(base: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor, src: tor
     return _Put.apply(base, index, inverse, src)
 
 
-def _spread(values: torch.Tensor, inverse: torch.Tensor, dim: int = 0, otherwise: torch.Tensor | None = None
-            ) -> torch.Tensor:
+def _spread(
+    values: torch.Tensor, inverse: torch.Tensor, dim: int = 0, otherwise: torch.Tensor | None = None
+) -> torch.Tensor:
     """M entries along `dim`: values' entry inverse[i] where inverse[i] >= 0, else otherwise's
     entry i (or zero)."""
     picked = values.index_select(dim, inverse.clamp(min=0))
-    return torch.where(_hit(inverse, values.dim(), dim), picked,
-                       otherwise if otherwise is not None else picked.new_zeros(()))
+    return torch.where(
+        _hit(inverse, values.dim(), dim), picked, otherwise if otherwise is not None else picked.new_zeros(())
+    )
 
 
 def _hit(inverse: torch.Tensor, ndim: int, dim: int) -> torch.Tensor:
@@ -79,4 +81,9 @@ class _Put(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         index, inverse = ctx.saved_tensors
-        return torch.where(_hit(inverse, grad.dim(), 0), grad.new_zeros(()), grad), None, None, grad.index_select(0, index)
+        return (
+            torch.where(_hit(inverse, grad.dim(), 0), grad.new_zeros(()), grad),
+            None,
+            None,
+            grad.index_select(0, index),
+        )

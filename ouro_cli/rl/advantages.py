@@ -33,7 +33,7 @@ def group_advantages(rewards: Sequence[float], group_size: int, estimator: str =
         raise ValueError(f"unknown advantage estimator {estimator!r}")
     out: list[float] = []
     for start in range(0, len(rewards), group_size):
-        group = [float(r) for r in rewards[start:start + group_size]]
+        group = [float(r) for r in rewards[start : start + group_size]]
         n = len(group)
         mean = sum(group) / n
         if estimator == "grpo":

@@ -38,27 +38,42 @@ class Option:
 
 OPTIONS: dict[str, Option] = {
     "advantage": Option("--advantage dr-grpo|rloo", lambda o, ranks: o.advantage != "grpo", {"advantage": "rloo"}),
-    "steps": Option("--mini-batches N / --epochs E, N·E > 1", lambda o, ranks: o.optimizer_steps_per_update > 1,
-                    {"mini_batches": 2}),
-    "is": Option("--is-correction tis|mis|geo-mask", lambda o, ranks: o.trainer.is_correction != "none",
-                 {"is_correction": "tis"}),
+    "steps": Option(
+        "--mini-batches N / --epochs E, N·E > 1", lambda o, ranks: o.optimizer_steps_per_update > 1, {"mini_batches": 2}
+    ),
+    "is": Option(
+        "--is-correction tis|mis|geo-mask", lambda o, ranks: o.trainer.is_correction != "none", {"is_correction": "tis"}
+    ),
     "clip-c": Option("--clip-ratio-c C", lambda o, ranks: o.trainer.clip_ratio_c is not None, {"clip_ratio_c": 3.0}),
     "exact": Option("--exact", lambda o, ranks: o.execution.exact, {"exact": True}),
-    "loops": Option("--loop-weighting uniform|progressive|exit-pdf", lambda o, ranks: o.trainer.loop_weighting != "exit",
-                    {"loop_weighting": "uniform"}),
+    "loops": Option(
+        "--loop-weighting uniform|progressive|exit-pdf",
+        lambda o, ranks: o.trainer.loop_weighting != "exit",
+        {"loop_weighting": "uniform"},
+    ),
     "filter": Option("--filter-groups", lambda o, ranks: o.filter_groups, {"filter_groups": True}),
     "overlong": Option("--overlong mask|soft", lambda o, ranks: o.overlong != "none", {"overlong": "mask"}),
-    "threshold": Option("--exit-threshold < 1", lambda o, ranks: o.sampling.exit_threshold < 1,
-                        {"exit_threshold": 0.7}),
+    "threshold": Option(
+        "--exit-threshold < 1", lambda o, ranks: o.sampling.exit_threshold < 1, {"exit_threshold": 0.7}
+    ),
     "async": Option("--async-scheduling", lambda o, ranks: o.engine.async_scheduling, {"async_scheduling": True}),
-    "spec": Option("--speculative-tokens N (--depths T)", lambda o, ranks: o.engine.speculative_tokens > 0,
-                   {"speculative_tokens": 2, "depths": [4]}),
-    "pd": Option("--prefill-devices / --decode-devices", lambda o, ranks: o.engine.disaggregated,
-                 {"prefill_devices": [0], "decode_devices": [1]}),
+    "spec": Option(
+        "--speculative-tokens N (--depths T)",
+        lambda o, ranks: o.engine.speculative_tokens > 0,
+        {"speculative_tokens": 2, "depths": [4]},
+    ),
+    "pd": Option(
+        "--prefill-devices / --decode-devices",
+        lambda o, ranks: o.engine.disaggregated,
+        {"prefill_devices": [0], "decode_devices": [1]},
+    ),
     "ranks": Option("torchrun, 2 or more ranks", lambda o, ranks: ranks > 1, {"ranks": 2}),
     # auto counts: it moves the state where the memory plan gains by it, which a run cannot know up front
-    "offload": Option("--offload-optimizer on|auto", lambda o, ranks: o.trainer.offload_optimizer != "off",
-                      {"offload_optimizer": "on"}),
+    "offload": Option(
+        "--offload-optimizer on|auto",
+        lambda o, ranks: o.trainer.offload_optimizer != "off",
+        {"offload_optimizer": "on"},
+    ),
 }
 
 
@@ -72,11 +87,11 @@ REFUSED: dict[tuple[str, str], str] = {
     pair("async", "spec"): "--speculative-tokens needs synchronous scheduling; drop --async-scheduling",
     pair("threshold", "spec"): "--speculative-tokens needs --exit-threshold 1: drafts are verified at full depth",
     pair("spec", "pd"): "--prefill-devices/--decode-devices do not run with --speculative-tokens: the PD engine "
-                        "does not run self-speculation",
+    "does not run self-speculation",
     pair("async", "pd"): "--prefill-devices/--decode-devices do not run with --async-scheduling: the PD engine's "
-                         "decode workers schedule synchronously",
+    "decode workers schedule synchronously",
     pair("pd", "ranks"): "--prefill-devices/--decode-devices place one engine's workers; under torchrun every rank "
-                         "would start its own on the same devices: run PD with one rank",
+    "would start its own on the same devices: run PD with one rank",
 }
 
 
@@ -93,38 +108,99 @@ def _test(node: str, shows: str, *options: str) -> Test:
 
 TRAINED = ("advantage", "steps", "is", "clip-c", "loops", "filter", "overlong")  # the loss and the data it sees
 TESTS: list[Test] = [
-    _test("tests/unit/trainer/test_is_multi_step.py::test_two_mini_batches_two_epochs_by_hand",
-          "each step's loss, clip fraction and largest ratio equal a hand computation; the clip is active "
-          "after step 1", "steps", "is", "clip-c", "loops"),
-    _test("tests/integration/test_grpo_options.py::test_filtered_masked_mini_batched_updates_account_for_every_group",
-          "every drawn group is filtered, masked or trained as its rewards say; advantages by hand",
-          "advantage", "steps", "loops", "filter", "overlong"),
-    _test("tests/integration/test_verify_resume_cli.py::test_mini_batches_and_filtered_refills_resume_bit_identically",
-          "a fresh-process resume repeats the continuous run bit for bit", *TRAINED, "threshold", "offload"),
-    _test("tests/integration/test_grpo_options.py::test_two_ranks_filter_refill_and_split_as_one_rank_does",
-          "two ranks draw, filter, sample and train what one rank does", *TRAINED, "threshold", "async", "ranks",
-          "offload"),
-    _test("tests/integration/test_train_modes.py::test_async_scheduling_trains_on_replayable_delayed_exits",
-          "the trainer replays the delayed exits the engine sampled (logprob mismatch < 1e-5)", *TRAINED,
-          "threshold", "async", "offload"),
-    _test("tests/integration/test_train_modes.py::test_speculative_training_runs_at_full_depth",
-          "every token is verified at full depth and the replay agrees with the engine (< 1e-5)", *TRAINED, "spec",
-          "offload"),
-    _test("tests/integration/test_train_pd.py::test_train_with_pd_workers_matches_the_local_engine",
-          "PD workers sample what the local engine samples, over updates trained in between", *TRAINED, "threshold",
-          "pd", "offload"),
-    _test("tests/integration/test_exact_train.py::test_exact_runs_have_no_mismatch_at_all[exact-fp32]",
-          "engine and trainer logprobs are equal (mismatch exactly 0, IS weights exactly 1); the clip is active "
-          "at the second step", "advantage", "steps", "is", "clip-c", "loops", "overlong", "exact", "threshold",
-          "offload"),
-    _test("tests/integration/test_exact_train.py::test_exact_runs_have_no_mismatch_at_all[exact-pd]",
-          "engine and trainer logprobs are equal (mismatch exactly 0)", "exact", "threshold", "pd"),
-    _test("tests/integration/test_exact_train.py::test_verify_resume_is_bit_identical_in_exact_mode",
-          "a fresh-process resume repeats the continuous run bit for bit; mismatch exactly 0", "steps", "filter",
-          "exact", "threshold", "async"),
-    _test("tests/integration/test_train_ranks.py::test_two_ranks_match_one_rank_and_ouro_compare_judges_the_pair",
-          "two ranks sample what one rank samples; weights equal to fp32 reduction order; mismatch exactly 0",
-          "ranks", "spec", "exact"),
+    _test(
+        "tests/unit/trainer/test_is_multi_step.py::test_two_mini_batches_two_epochs_by_hand",
+        "each step's loss, clip fraction and largest ratio equal a hand computation; the clip is active after step 1",
+        "steps",
+        "is",
+        "clip-c",
+        "loops",
+    ),
+    _test(
+        "tests/integration/test_grpo_options.py::test_filtered_masked_mini_batched_updates_account_for_every_group",
+        "every drawn group is filtered, masked or trained as its rewards say; advantages by hand",
+        "advantage",
+        "steps",
+        "loops",
+        "filter",
+        "overlong",
+    ),
+    _test(
+        "tests/integration/test_verify_resume_cli.py::test_mini_batches_and_filtered_refills_resume_bit_identically",
+        "a fresh-process resume repeats the continuous run bit for bit",
+        *TRAINED,
+        "threshold",
+        "offload",
+    ),
+    _test(
+        "tests/integration/test_grpo_options.py::test_two_ranks_filter_refill_and_split_as_one_rank_does",
+        "two ranks draw, filter, sample and train what one rank does",
+        *TRAINED,
+        "threshold",
+        "async",
+        "ranks",
+        "offload",
+    ),
+    _test(
+        "tests/integration/test_train_modes.py::test_async_scheduling_trains_on_replayable_delayed_exits",
+        "the trainer replays the delayed exits the engine sampled (logprob mismatch < 1e-5)",
+        *TRAINED,
+        "threshold",
+        "async",
+        "offload",
+    ),
+    _test(
+        "tests/integration/test_train_modes.py::test_speculative_training_runs_at_full_depth",
+        "every token is verified at full depth and the replay agrees with the engine (< 1e-5)",
+        *TRAINED,
+        "spec",
+        "offload",
+    ),
+    _test(
+        "tests/integration/test_train_pd.py::test_train_with_pd_workers_matches_the_local_engine",
+        "PD workers sample what the local engine samples, over updates trained in between",
+        *TRAINED,
+        "threshold",
+        "pd",
+        "offload",
+    ),
+    _test(
+        "tests/integration/test_exact_train.py::test_exact_runs_have_no_mismatch_at_all[exact-fp32]",
+        "engine and trainer logprobs are equal (mismatch exactly 0, IS weights exactly 1); the clip is active "
+        "at the second step",
+        "advantage",
+        "steps",
+        "is",
+        "clip-c",
+        "loops",
+        "overlong",
+        "exact",
+        "threshold",
+        "offload",
+    ),
+    _test(
+        "tests/integration/test_exact_train.py::test_exact_runs_have_no_mismatch_at_all[exact-pd]",
+        "engine and trainer logprobs are equal (mismatch exactly 0)",
+        "exact",
+        "threshold",
+        "pd",
+    ),
+    _test(
+        "tests/integration/test_exact_train.py::test_verify_resume_is_bit_identical_in_exact_mode",
+        "a fresh-process resume repeats the continuous run bit for bit; mismatch exactly 0",
+        "steps",
+        "filter",
+        "exact",
+        "threshold",
+        "async",
+    ),
+    _test(
+        "tests/integration/test_train_ranks.py::test_two_ranks_match_one_rank_and_ouro_compare_judges_the_pair",
+        "two ranks sample what one rank samples; weights equal to fp32 reduction order; mismatch exactly 0",
+        "ranks",
+        "spec",
+        "exact",
+    ),
 ]
 
 
@@ -140,8 +216,12 @@ def counts() -> dict[str, int]:
     """Pairs tested, refused, and neither."""
     tested = sum(bool(tests_of(a, b)) for a, b in pairs())
     refused = sum(p in REFUSED for p in pairs())
-    return {"pairs": len(pairs()), "tested": tested, "refused": refused,
-            "untested": sum(not tests_of(a, b) and (a, b) not in REFUSED for a, b in pairs())}
+    return {
+        "pairs": len(pairs()),
+        "tested": tested,
+        "refused": refused,
+        "untested": sum(not tests_of(a, b) and (a, b) not in REFUSED for a, b in pairs()),
+    }
 
 
 def check(options, ranks: int) -> None:
@@ -164,11 +244,23 @@ def markdown() -> str:
     number = {t.node: i for i, t in enumerate(TESTS, 1)}
     keys = list(OPTIONS)
     c = counts()
-    lines = [BEGIN, "", f"{c['pairs']} pairs of {len(keys)} options: {c['tested']} tested, {c['refused']} refused, "
-             f"{c['untested']} untested.", "", "| option | flags |", "|---|---|"]
+    lines = [
+        BEGIN,
+        "",
+        f"{c['pairs']} pairs of {len(keys)} options: {c['tested']} tested, {c['refused']} refused, "
+        f"{c['untested']} untested.",
+        "",
+        "| option | flags |",
+        "|---|---|",
+    ]
     lines += [f"| `{key}` | `{_cell(option.flag)}` |" for key, option in OPTIONS.items()]
-    lines += ["", "Each cell: the tests below that run the two options together, or ✗ refused.", "",
-              "| | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---|" + "---|" * len(keys)]
+    lines += [
+        "",
+        "Each cell: the tests below that run the two options together, or ✗ refused.",
+        "",
+        "| | " + " | ".join(f"`{k}`" for k in keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
     for a in keys:
         cells = []
         for b in keys:
@@ -180,8 +272,12 @@ def markdown() -> str:
                 cells.append(" ".join(str(number[t.node]) for t in tests_of(a, b)))
         lines.append(f"| `{a}` | " + " | ".join(cells) + " |")
     lines += ["", "Tests (each runs its options together and checks what it shows):", ""]
-    lines += [f"{number[t.node]}. `{t.node}`: {t.shows}. Options: "
-              + ", ".join(f"`{k}`" for k in keys if k in t.options) + "." for t in TESTS]
+    lines += [
+        f"{number[t.node]}. `{t.node}`: {t.shows}. Options: "
+        + ", ".join(f"`{k}`" for k in keys if k in t.options)
+        + "."
+        for t in TESTS
+    ]
     lines += ["", "Refused, before any model loads (exit 2):", ""]
     lines += [f"- `{a}` × `{b}`: {reason}" for (a, b), reason in REFUSED.items()]
     return "\n".join([*lines, "", END])
@@ -204,7 +300,7 @@ def write_doc(path: Path = DOC) -> bool:
 def documented(path: Path = DOC) -> str:
     """The generated section as `path` holds it."""
     text = path.read_text()
-    return text[text.index(BEGIN):text.index(END) + len(END)]
+    return text[text.index(BEGIN) : text.index(END) + len(END)]
 
 
 if __name__ == "__main__":

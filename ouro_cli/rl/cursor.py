@@ -64,7 +64,7 @@ class DataCursor:
         batch: list[int] = []
         while len(batch) < n:
             take = min(n - len(batch), self.size - self.offset)
-            batch.extend(int(i) for i in self._order[self.offset:self.offset + take])
+            batch.extend(int(i) for i in self._order[self.offset : self.offset + take])
             self.offset += take
             if self.offset == self.size:
                 self.epoch, self.offset = self.epoch + 1, 0
@@ -79,13 +79,19 @@ class DataCursor:
         """Move to a saved position; the saved seed and data size must be this cursor's."""
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
-            raise UserError(f"saved data cursor lacks {', '.join(missing)}: the checkpoint is not from this version of ouro")
+            raise UserError(
+                f"saved data cursor lacks {', '.join(missing)}: the checkpoint is not from this version of ouro"
+            )
         if state["seed"] != self.seed:
-            raise UserError(f"the checkpoint's data cursor was seeded with {state['seed']}, this run with {self.seed}: "
-                            "resume with the original --seed")
+            raise UserError(
+                f"the checkpoint's data cursor was seeded with {state['seed']}, this run with {self.seed}: "
+                "resume with the original --seed"
+            )
         if state["size"] != self.size:
-            raise UserError(f"the checkpoint's data cursor walks {state['size']} rows, the data now has {self.size}: "
-                            "resume with the original --data file")
+            raise UserError(
+                f"the checkpoint's data cursor walks {state['size']} rows, the data now has {self.size}: "
+                "resume with the original --data file"
+            )
         try:
             restored = DataCursor(self.size, self.seed, int(state["epoch"]), int(state["offset"]))
         except (TypeError, ValueError) as exc:

@@ -95,6 +95,7 @@ LABEL_PARSERS: dict[str, Callable[[Any], Any] | None] = {"none": None, "gsm8k": 
 
 # ---- the column mapping --------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Columns:
     """Where a row holds its prompt, label and id (keys, dots for nested fields), and how its
@@ -105,8 +106,13 @@ class Columns:
     id: str = DEFAULT_ID_KEY
     label_parser: str = "none"
 
-    def replace(self, prompt: str | None = None, label: str | None = None, id: str | None = None,
-                label_parser: str | None = None) -> Columns:
+    def replace(
+        self,
+        prompt: str | None = None,
+        label: str | None = None,
+        id: str | None = None,
+        label_parser: str | None = None,
+    ) -> Columns:
         """This mapping with the fields that are given (not None) replaced."""
         given = {"prompt": prompt, "label": label, "id": id, "label_parser": label_parser}
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
@@ -148,8 +154,15 @@ _MISSING = object()
 
 
 def _type_name(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
-            int: "number", float: "number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        type(None): "null",
+        int: "number",
+        float: "number",
+    }.get(type(value), type(value).__name__)
 
 
 def _lookup(obj: dict[str, Any], key: str) -> Any:
@@ -190,12 +203,16 @@ def _check_prompt(prompt: Any, key: str = "prompt") -> str | tuple[dict[str, str
         messages = []
         for i, message in enumerate(prompt):
             if not isinstance(message, dict):
-                raise ValueError(f'"{key}" message {i} is a {_type_name(message)}, expected an object with "role" and "content"')
+                raise ValueError(
+                    f'"{key}" message {i} is a {_type_name(message)}, expected an object with "role" and "content"'
+                )
             for part in ("role", "content"):
                 if part not in message:
                     raise ValueError(f'"{key}" message {i} has no "{part}"')
                 if not isinstance(message[part], str):
-                    raise ValueError(f'"{key}" message {i} "{part}" is a {_type_name(message[part])}, expected a string')
+                    raise ValueError(
+                        f'"{key}" message {i} "{part}" is a {_type_name(message[part])}, expected a string'
+                    )
             if not message["role"].strip():
                 raise ValueError(f'"{key}" message {i} has an empty "role"')
             messages.append({"role": message["role"], "content": message["content"]})
@@ -205,8 +222,7 @@ def _check_prompt(prompt: Any, key: str = "prompt") -> str | tuple[dict[str, str
     raise ValueError(f'"{key}" is a {_type_name(prompt)}, expected a string or a list of chat messages')
 
 
-def _parse_row(obj: Any, index: int, line: int, columns: Columns,
-               fields: tuple[str, ...] | None) -> tuple[Row, bool]:
+def _parse_row(obj: Any, index: int, line: int, columns: Columns, fields: tuple[str, ...] | None) -> tuple[Row, bool]:
     """The row, and whether it had an id of its own (not its index)."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got a {_type_name(obj)}")
@@ -237,6 +253,7 @@ def _parse_row(obj: Any, index: int, line: int, columns: Columns,
 
 
 # ---- reading a whole source ----------------------------------------------------------
+
 
 @dataclass
 class DataScan:
@@ -279,14 +296,17 @@ def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
         scan.own_ids += own_id
         key = str(row.problem_id)
         if key in first_seen:
-            scan.errors.append(f"{source.name}:{number}: problem_id {row.problem_id!r} repeats "
-                               f"{source.unit} {first_seen[key]}")
+            scan.errors.append(
+                f"{source.name}:{number}: problem_id {row.problem_id!r} repeats {source.unit} {first_seen[key]}"
+            )
             scan.duplicates.setdefault(key, [first_seen[key]]).append(number)
         first_seen.setdefault(key, number)
         scan.rows.append(row)
     if scan.rows and not scan.own_ids and columns.id != DEFAULT_ID_KEY:
-        scan.file_errors.append(f'{source.name}: no row has the id key "{columns.id}"; name a field the rows '
-                                "have (or leave --id-key out to number the rows)")
+        scan.file_errors.append(
+            f'{source.name}: no row has the id key "{columns.id}"; name a field the rows '
+            "have (or leave --id-key out to number the rows)"
+        )
         scan.errors.append(scan.file_errors[-1])
     return scan
 
@@ -301,5 +321,16 @@ def load_dataset(path: str | Path, columns: Columns = Columns()) -> list[Row]:
     return scan.rows
 
 
-__all__ = ["Columns", "DEFAULT_ID_KEY", "DataScan", "LABEL_PARSERS", "Row", "check_mapping", "columns_for",
-           "data_sha256", "gsm8k_label", "load_dataset", "scan_dataset"]
+__all__ = [
+    "Columns",
+    "DEFAULT_ID_KEY",
+    "DataScan",
+    "LABEL_PARSERS",
+    "Row",
+    "check_mapping",
+    "columns_for",
+    "data_sha256",
+    "gsm8k_label",
+    "load_dataset",
+    "scan_dataset",
+]

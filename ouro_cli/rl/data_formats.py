@@ -109,6 +109,7 @@ def data_sha256(path: str | Path) -> str:
 
 # ---- JSONL ---------------------------------------------------------------------------
 
+
 def _jsonl_records(path: Path, name: str) -> Iterator[tuple[int, Any]]:
     for line_no, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -127,6 +128,7 @@ def _jsonl_records(path: Path, name: str) -> Iterator[tuple[int, Any]]:
 
 
 # ---- Parquet and datasets directories ------------------------------------------------
+
 
 def _columns_for(available: Iterable[str], keys: Iterable[str]) -> list[str]:
     available = list(available)
@@ -156,11 +158,15 @@ def _open_dataset_dir(path: Path, name: str) -> Source:
     if (path / "dataset_dict.json").is_file():
         splits = json.loads((path / "dataset_dict.json").read_text()).get("splits") or []
         if len(splits) != 1:
-            raise UserError(f"{name} holds the splits {', '.join(splits)}; pass one of them, e.g. "
-                            f"{Path(name) / (splits[0] if splits else 'train')}")
+            raise UserError(
+                f"{name} holds the splits {', '.join(splits)}; pass one of them, e.g. "
+                f"{Path(name) / (splits[0] if splits else 'train')}"
+            )
     elif not (path / "state.json").is_file():
-        raise UserError(f"{name} is a directory, not a data file; give a .jsonl or .parquet file, or a "
-                        "directory written by datasets' save_to_disk (it holds state.json)")
+        raise UserError(
+            f"{name} is a directory, not a data file; give a .jsonl or .parquet file, or a "
+            "directory written by datasets' save_to_disk (it holds state.json)"
+        )
     return Source(path, name, "datasets", tuple(_load_dataset_dir(path, name).column_names))
 
 
@@ -169,8 +175,9 @@ def _load_dataset_dir(path: Path, name: str):
     try:
         import datasets
     except ImportError as exc:
-        raise UserError(f"{name} is a datasets directory (save_to_disk); reading it needs the datasets "
-                        f"library: {HF_HINT}") from exc
+        raise UserError(
+            f"{name} is a datasets directory (save_to_disk); reading it needs the datasets library: {HF_HINT}"
+        ) from exc
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as exc:  # noqa: BLE001 - datasets' own errors, reported in one line

@@ -55,9 +55,18 @@ def pass_ks(samples: int) -> list[int]:
     return ks
 
 
-def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampling: RolloutSampling, *,
-             ks: Sequence[int], reward_fn: Grader | Callable[[str, Any, Any], float], samples: int = 1,
-             responses: list[dict[str, Any]] | None = None, where: str = "evaluation") -> list[dict[str, Any]]:
+def evaluate(
+    engine,
+    rows: Sequence[Row],
+    prompt_ids: Sequence[list[int]],
+    sampling: RolloutSampling,
+    *,
+    ks: Sequence[int],
+    reward_fn: Grader | Callable[[str, Any, Any], float],
+    samples: int = 1,
+    responses: list[dict[str, Any]] | None = None,
+    where: str = "evaluation",
+) -> list[dict[str, Any]]:
     """Accuracy (avg@N), mean exit depth and tokens per K of `ks` with `samples` samples per
     prompt, and pass@k when `samples` > 1 (module docstring). `responses`, when given, gets
     one record per (K, prompt, sample) in that order (`response_record`). A reward that is
@@ -69,10 +78,13 @@ def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampl
     seeds = [eval_seed(sampling.seed, i, s) for i in range(len(rows)) for s in range(samples)]
     results = []
     for k in ks:
-        drawn = generate_groups(engine, rows, prompt_ids, sampling, group_size=samples, k=k, update=0,
-                                purpose="eval", seeds=seeds)
-        rewards = [grade(s.text, s.row.label, s.row.metadata, problem_id=s.row.problem_id, where=f"{where}, K={k}")
-                   for s in drawn]
+        drawn = generate_groups(
+            engine, rows, prompt_ids, sampling, group_size=samples, k=k, update=0, purpose="eval", seeds=seeds
+        )
+        rewards = [
+            grade(s.text, s.row.label, s.row.metadata, problem_id=s.row.problem_id, where=f"{where}, K={k}")
+            for s in drawn
+        ]
         decode_depths = [d for s in drawn for d in s.exit_depths[1:]]
         result = {
             "k": k,
@@ -83,14 +95,16 @@ def evaluate(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampl
             "truncated": sum(s.finish_reason == "length" for s in drawn),
         }
         if samples > 1:
-            passed = [sum(r > 0 for r in rewards[i * samples:(i + 1) * samples]) for i in range(len(rows))]
+            passed = [sum(r > 0 for r in rewards[i * samples : (i + 1) * samples]) for i in range(len(rows))]
             result.update({"samples": samples, f"avg@{samples}": result["accuracy"]})
-            result.update({f"pass@{j}": sum(pass_at_k(samples, c, j) for c in passed) / len(rows)
-                           for j in pass_ks(samples)})
+            result.update(
+                {f"pass@{j}": sum(pass_at_k(samples, c, j) for c in passed) / len(rows) for j in pass_ks(samples)}
+            )
         results.append(result)
         if responses is not None:
-            responses.extend(response_record(s, i % samples, r) for i, (s, r) in enumerate(zip(drawn, rewards,
-                                                                                              strict=True)))
+            responses.extend(
+                response_record(s, i % samples, r) for i, (s, r) in enumerate(zip(drawn, rewards, strict=True))
+            )
     return results
 
 
@@ -98,9 +112,17 @@ def response_record(sample: RolloutSample, index: int, reward: float) -> dict[st
     """One line of responses.jsonl: which prompt, K and sample, the text, its reward, and how
     it ran (mean decode exit depth, None when only the prefill's token was produced)."""
     depths = sample.exit_depths[1:]
-    return {"problem_id": sample.prompt_id, "k": sample.k, "sample": index, "seed": sample.seed,
-            "text": sample.text, "reward": reward, "mean_exit_depth": sum(depths) / len(depths) if depths else None,
-            "tokens": len(sample.response_ids), "truncated": sample.finish_reason == "length"}
+    return {
+        "problem_id": sample.prompt_id,
+        "k": sample.k,
+        "sample": index,
+        "seed": sample.seed,
+        "text": sample.text,
+        "reward": reward,
+        "mean_exit_depth": sum(depths) / len(depths) if depths else None,
+        "tokens": len(sample.response_ids),
+        "truncated": sample.finish_reason == "length",
+    }
 
 
 def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -119,13 +141,14 @@ def run_eval(options, *, log: Callable[[str], None] = lambda s: None) -> dict[st
     from .data import columns_for, load_dataset
     from .rewards import check_labels, load_reward
 
-    rows = load_dataset(options.data, columns_for(options))[:options.prompts]
+    rows = load_dataset(options.data, columns_for(options))[: options.prompts]
     reward_fn = load_reward(options.task.reward_function)
     check_labels(reward_fn, options.task.reward_function, [(f"{options.data}:{r.line}", r.label) for r in rows])
     grader = Grader(reward_fn, options.task.reward_function, options.task.reward_timeout)
     target = Path(options.out or f"evals/ouro-eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    with outputs.claimed_output(target, overwrite=options.overwrite, command="ouro eval",
-                                inputs=[options.data]) as output:
+    with outputs.claimed_output(
+        target, overwrite=options.overwrite, command="ouro eval", inputs=[options.data]
+    ) as output:
         return _run_eval(options, rows, grader, output, log)
 
 
@@ -164,18 +187,30 @@ def _run_eval(options, rows: list[Row], grader: Callable, output, log: Callable[
         if codec is None:
             raise UserError(f"{options.model} has no tokenizer.json")
         template = template_for_checkpoint(options.task.prompt_template, source.assets_dir)
-        prompt_ids = tokenize_prompts(codec, template, rows, source.config.max_position_embeddings,
-                                      options.sampling.max_response_len, options.data)
+        prompt_ids = tokenize_prompts(
+            codec,
+            template,
+            rows,
+            source.config.max_position_embeddings,
+            options.sampling.max_response_len,
+            options.data,
+        )
         net = from_state_dict(source.config, dict(source.iter_tensors()), device=device)
         source.release()
-    sampling = RolloutSampling.of(options.sampling, num_loops=source.config.num_loops, seed=options.seed,
-                                  stop_token_ids=stop_tokens_for(source.config, codec), decode=codec.decode)
+    sampling = RolloutSampling.of(
+        options.sampling,
+        num_loops=source.config.num_loops,
+        seed=options.seed,
+        stop_token_ids=stop_tokens_for(source.config, codec),
+        decode=codec.decode,
+    )
     engine = LLM(net, max_num_seqs=options.max_num_seqs, execution=options.execution)
     start = time.perf_counter()
     responses: list[dict[str, Any]] = []
     try:
-        results = evaluate(engine, rows, prompt_ids, sampling, ks=ks, reward_fn=grader, samples=options.samples,
-                           responses=responses)
+        results = evaluate(
+            engine, rows, prompt_ids, sampling, ks=ks, reward_fn=grader, samples=options.samples, responses=responses
+        )
     finally:
         engine.close()
     with output.staged() as staging:
@@ -185,10 +220,17 @@ def _run_eval(options, rows: list[Row], grader: Callable, output, log: Callable[
         for r in results:
             append_jsonl(staging / "evaluations.jsonl", {"model": str(options.model), **r})
         write_jsonl(staging / "responses.jsonl", responses)
-        artifacts.write_manifest(staging, "ouro eval", {**options.to_dict(), "depths": ks, "device": device,
-                                                        "execution": options.execution.effective(device)},
-                                 [Path(options.data)])
+        artifacts.write_manifest(
+            staging,
+            "ouro eval",
+            {**options.to_dict(), "depths": ks, "device": device, "execution": options.execution.effective(device)},
+            [Path(options.data)],
+        )
         artifacts.mark_complete(staging)
-    return {"out": str(target), "evaluations": results, "responses": str(target / "responses.jsonl"),
-            "seconds": time.perf_counter() - start,
-            **({"note": note} if note else {})}
+    return {
+        "out": str(target),
+        "evaluations": results,
+        "responses": str(target / "responses.jsonl"),
+        "seconds": time.perf_counter() - start,
+        **({"note": note} if note else {}),
+    }

@@ -57,8 +57,9 @@ class Holder:
 def _parse(text: str) -> Holder | None:
     try:
         data = json.loads(text)
-        return Holder(pid=int(data["pid"]), host=str(data["host"]), command=str(data["command"]),
-                      since=float(data["since"]))
+        return Holder(
+            pid=int(data["pid"]), host=str(data["host"]), command=str(data["command"]), since=float(data["since"])
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -106,8 +107,15 @@ class RunLock:
     the lock file elsewhere than `run_dir/ouro.lock` (`output_lock`); the directory it lies in
     is the one created, and `directory` is what the refusal names."""
 
-    def __init__(self, directory: Path, command: str, *, create: bool = True,
-                 log: Callable[[str], None] = lambda s: None, path: Path | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        command: str,
+        *,
+        create: bool = True,
+        log: Callable[[str], None] = lambda s: None,
+        path: Path | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.command = command
         self.create = create
@@ -127,8 +135,9 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as err:
-                raise UserError(f"cannot create the lock file {self.path} ({err.strerror}); "
-                                "the directory must be writable") from None
+                raise UserError(
+                    f"cannot create the lock file {self.path} ({err.strerror}); the directory must be writable"
+                ) from None
             try:
                 self._take(fd)
             except BaseException:
@@ -156,8 +165,9 @@ class RunLock:
                 holder = _read(fd)
                 if (holder is not None and not _dead(holder)) or attempt == 19:
                     shown = holder.describe() if holder else "another process"
-                    raise RunLocked(f"{self.directory} is in use by {shown}; wait for it to finish or stop it, "
-                                    "then run this again") from None
+                    raise RunLocked(
+                        f"{self.directory} is in use by {shown}; wait for it to finish or stop it, then run this again"
+                    ) from None
                 time.sleep(0.05)
         stale = _read(fd)
         if stale is not None:

@@ -47,8 +47,7 @@ def check_loggers(names: list[str]) -> None:
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The numeric fields of a metrics line, plus the reward and mismatch per K."""
-    out = {key: float(value) for key, value in record.items()
-           if isinstance(value, numbers.Real) and key != "update"}
+    out = {key: float(value) for key, value in record.items() if isinstance(value, numbers.Real) and key != "update"}
     k = record.get("k")
     for key in ("reward_mean", "logprob_mismatch_mean", "mean_exit_depth"):
         if k is not None and isinstance(record.get(key), numbers.Real):
@@ -81,8 +80,9 @@ class Trackers:
             import wandb
 
             Path(logs_dir).mkdir(parents=True, exist_ok=True)
-            self._wandb = wandb.init(project="ouro", name=run_name, dir=str(logs_dir), config=config,
-                                     reinit="finish_previous")
+            self._wandb = wandb.init(
+                project="ouro", name=run_name, dir=str(logs_dir), config=config, reinit="finish_previous"
+            )
 
     def update(self, record: dict[str, Any]) -> None:
         step, values, depths = int(record["update"]), scalars(record), exit_depths(record)
@@ -105,8 +105,11 @@ class Trackers:
     def evaluations(self, update: int, results: list[dict[str, Any]]) -> None:
         if not results:
             return
-        values = {f"eval/{key}/K={r['k']}": float(r[key]) for r in results
-                  for key in ("accuracy", "mean_exit_depth", "mean_tokens", *(x for x in r if x.startswith("pass@")))}
+        values = {
+            f"eval/{key}/K={r['k']}": float(r[key])
+            for r in results
+            for key in ("accuracy", "mean_exit_depth", "mean_tokens", *(x for x in r if x.startswith("pass@")))
+        }
         if self._tb is not None:
             for key, value in values.items():
                 self._tb.add_scalar(key, value, update)

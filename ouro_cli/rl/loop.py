@@ -72,8 +72,13 @@ from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
 
 Progress = Callable[[dict[str, Any]], None]
-NO_SAVE = {"save_s": 0.0, "save_compile_s": 0.0, "peak_memory_save_gib": None, "peak_held_save_gib": None,
-           "save_alloc_retries": None}
+NO_SAVE = {
+    "save_s": 0.0,
+    "save_compile_s": 0.0,
+    "peak_memory_save_gib": None,
+    "peak_held_save_gib": None,
+    "save_alloc_retries": None,
+}
 
 
 @dataclass
@@ -115,16 +120,21 @@ class Session:
 
 # ---- setup ---------------------------------------------------------------------------
 
+
 def _check_present(options: TrainOptions) -> None:
     """The data files exist; a missing one is named by its flag and its path as first given. The
     held-out set is outside the run's contract, so the line says how to continue without it."""
     if not Path(options.data).exists():
-        raise UserError(f"the training data --data {options.shown_path('data')} does not exist; give an existing "
-                        "file (a run resumes only on its own data, whose sha256 it checks: restore it there)")
+        raise UserError(
+            f"the training data --data {options.shown_path('data')} does not exist; give an existing "
+            "file (a run resumes only on its own data, whose sha256 it checks: restore it there)"
+        )
     if options.eval_data and not Path(options.eval_data).exists():
-        raise UserError(f"the held-out set --eval-data {options.shown_path('eval_data')} does not exist; it is not "
-                        "part of the run's contract: pass --eval-data with another held-out file, or --eval-data '' "
-                        "to evaluate nothing")
+        raise UserError(
+            f"the held-out set --eval-data {options.shown_path('eval_data')} does not exist; it is not "
+            "part of the run's contract: pass --eval-data with another held-out file, or --eval-data '' "
+            "to evaluate nothing"
+        )
 
 
 def _check_inputs(options: TrainOptions):
@@ -133,9 +143,12 @@ def _check_inputs(options: TrainOptions):
     rows = load_dataset(options.data, columns_for(options))
     eval_rows = load_dataset(options.eval_data, columns_for(options, held_out=True)) if options.eval_data else []
     reward_fn = load_reward(options.task.reward_function)
-    check_labels(reward_fn, options.task.reward_function,
-                 [(f"{options.data}:{r.line}", r.label) for r in rows]
-                 + [(f"{options.eval_data}:{r.line}", r.label) for r in eval_rows])
+    check_labels(
+        reward_fn,
+        options.task.reward_function,
+        [(f"{options.data}:{r.line}", r.label) for r in rows]
+        + [(f"{options.eval_data}:{r.line}", r.label) for r in eval_rows],
+    )
     if not options.engine.disaggregated:  # a bad --engine path is a usage error, found before any model loads
         from ouro_cli.engine.factory import load_factory
 
@@ -145,8 +158,10 @@ def _check_inputs(options: TrainOptions):
     if template is not None:
         template.check([(f"{options.data}:{r.line}", r.prompt) for r in rows])
     if options.prompts_per_update > len(rows):
-        raise UserError(f"--prompts-per-update {options.prompts_per_update} is more than the {len(rows)} rows of "
-                        f"{options.data}: an update would repeat prompts; use at most {len(rows)}")
+        raise UserError(
+            f"--prompts-per-update {options.prompts_per_update} is more than the {len(rows)} rows of "
+            f"{options.data}: an update would repeat prompts; use at most {len(rows)}"
+        )
     return rows, eval_rows, Grader(reward_fn, options.task.reward_function, options.task.reward_timeout), template
 
 
@@ -162,15 +177,19 @@ def _trainer_config(options: TrainOptions, sizing: RunSizing):
     aggregation = t.aggregation
     if aggregation == "auto":
         aggregation = "constant_length" if options.advantage == "dr-grpo" else "token_mean"
-    return dataclasses.replace(t, max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
-                               micro_batch_token_cost=sizing.token_cost, prompt_heads=sizing.prompt_heads,
-                               deep_parts_first=sizing.deep_parts_first,
-                               recompute="on" if sizing.recompute else "off",
-                               offload_optimizer="on" if sizing.offload_optimizer else "off",
-                               aggregation=aggregation, aggregation_length=options.sampling.max_response_len,
-                               warmup_steps=t.warmup_steps * steps,
-                               decay_steps=(options.lr_decay_updates or options.updates) * steps
-                               if t.lr_schedule == "cosine" else None)
+    return dataclasses.replace(
+        t,
+        max_tokens_per_micro_batch=sizing.max_tokens_per_micro_batch,
+        micro_batch_token_cost=sizing.token_cost,
+        prompt_heads=sizing.prompt_heads,
+        deep_parts_first=sizing.deep_parts_first,
+        recompute="on" if sizing.recompute else "off",
+        offload_optimizer="on" if sizing.offload_optimizer else "off",
+        aggregation=aggregation,
+        aggregation_length=options.sampling.max_response_len,
+        warmup_steps=t.warmup_steps * steps,
+        decay_steps=(options.lr_decay_updates or options.updates) * steps if t.lr_schedule == "cosine" else None,
+    )
 
 
 def _all_gather(value: Any) -> list[Any]:
@@ -217,24 +236,31 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
     from ouro_cli.trainer.setup import join_world
 
     t, e = options.trainer, options.engine
-    device = torch.device("cuda", env.local_rank()) if t.resolved_device == "cuda" \
-        else torch.device("cpu")
+    device = torch.device("cuda", env.local_rank()) if t.resolved_device == "cuda" else torch.device("cpu")
     world = launched_ranks()
     local_samples = -(-options.prompts_per_update // world) * options.group_size
     recorded = (saved or {}).get("contract", {}).get("sizing") or {}
     given = t.max_tokens_per_micro_batch
     if saved is None and given is not None and given < seq_tokens:  # the run would fail at its first long sample
-        raise UserError(f"--max-tokens-per-micro-batch {given} is less than one sample can take: the longest prompt + "
-                        f"--max-response-len = {seq_tokens} tokens; raise it to at least {seq_tokens}, or leave it "
-                        "to the memory plan")
+        raise UserError(
+            f"--max-tokens-per-micro-batch {given} is less than one sample can take: the longest prompt + "
+            f"--max-response-len = {seq_tokens} tokens; raise it to at least {seq_tokens}, or leave it "
+            "to the memory plan"
+        )
     planes = config.num_loops if e.speculative_tokens else max(options.depths + options.eval_depths)
     join_world(t.resolved_device)  # the trainer built after this takes the group over
     return size_run(
-        config, _agreed(DeviceMemory.of(device)), utilization=options.gpu_memory_utilization, dtype=t.torch_dtype,
-        block_size=e.block_size, seq_tokens=seq_tokens,
+        config,
+        _agreed(DeviceMemory.of(device)),
+        utilization=options.gpu_memory_utilization,
+        dtype=t.torch_dtype,
+        block_size=e.block_size,
+        seq_tokens=seq_tokens,
         sequences_needed=max(local_samples, min(options.eval_prompts, eval_rows) * options.eval_samples),
-        tokens_per_update=local_samples * seq_tokens, planes=planes,
-        engine_releases_memory=e.releases_memory, offload_optimizer=t.offload_optimizer,
+        tokens_per_update=local_samples * seq_tokens,
+        planes=planes,
+        engine_releases_memory=e.releases_memory,
+        offload_optimizer=t.offload_optimizer,
         optimizer_shards=world if t.use_distributed_optimizer else 1,
         kv_blocks=recorded.get("kv_blocks", e.kv_blocks),
         max_num_seqs=recorded.get("max_num_seqs", e.max_num_seqs),
@@ -242,7 +268,8 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
         recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute),
         exact=options.execution.exact,
         # a resumed run cuts its micro-batches as it did (a plan lacking one is refused by its contract)
-        **{k: recorded[k] for k in ("token_cost", "prompt_heads", "deep_parts_first") if k in recorded})
+        **{k: recorded[k] for k in ("token_cost", "prompt_heads", "deep_parts_first") if k in recorded},
+    )
 
 
 def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch.device, log: Callable[[str], None]):
@@ -256,16 +283,25 @@ def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch
     if options.disaggregated:
         from ouro_cli.engine.pd import make_pd_engine
 
-        engine = make_pd_engine(model, options.prefill_devices, options.decode_devices, device=device.type,
-                                transport=options.kv_transport, worker_threads=options.pd_worker_threads,
-                                **engine_options)
-        log(f"engine: PD, prefill {options.prefill_devices} decode {options.decode_devices}, "
-            f"KV transport {engine.transport}")
+        engine = make_pd_engine(
+            model,
+            options.prefill_devices,
+            options.decode_devices,
+            device=device.type,
+            transport=options.kv_transport,
+            worker_threads=options.pd_worker_threads,
+            **engine_options,
+        )
+        log(
+            f"engine: PD, prefill {options.prefill_devices} decode {options.decode_devices}, "
+            f"KV transport {engine.transport}"
+        )
         return engine
     from ouro_cli.engine import make_engine
 
-    return make_engine(options.factory, model, **engine_options,
-                       **({"async_scheduling": True} if options.async_scheduling else {}))
+    return make_engine(
+        options.factory, model, **engine_options, **({"async_scheduling": True} if options.async_scheduling else {})
+    )
 
 
 def _in_use(device: torch.device) -> int:
@@ -274,8 +310,14 @@ def _in_use(device: torch.device) -> int:
     return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
 
 
-def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_scheduler: bool = False,
-          log: Callable[[str], None] = lambda s: None) -> Session:
+def setup(
+    options: TrainOptions,
+    run: RunDir,
+    *,
+    resume: bool,
+    override_scheduler: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+) -> Session:
     rows, eval_rows, reward_fn, template = _check_inputs(options)  # before anything heavy is imported
 
     from ouro_cli.checkpoint import open_checkpoint
@@ -294,11 +336,15 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     validate_depths(options.eval_depths, num_loops, flag="--eval-depths")
     validate_min_loops(options.sampling.min_loops, num_loops)
     if options.engine.speculative_tokens and options.depths != [num_loops]:
-        raise UserError(f"--speculative-tokens needs --depths {num_loops} (the model's total_ut_steps T): drafts are "
-                        f"verified at full depth, got --depths {' '.join(map(str, options.depths))}")
+        raise UserError(
+            f"--speculative-tokens needs --depths {num_loops} (the model's total_ut_steps T): drafts are "
+            f"verified at full depth, got --depths {' '.join(map(str, options.depths))}"
+        )
     if options.max_position_embeddings not in (None, config.max_position_embeddings):
-        raise UserError(f"--max-position-embeddings {options.max_position_embeddings} does not match the model's "
-                        f"{config.max_position_embeddings}")
+        raise UserError(
+            f"--max-position-embeddings {options.max_position_embeddings} does not match the model's "
+            f"{config.max_position_embeddings}"
+        )
     limit = min(options.seq_length or config.max_position_embeddings, config.max_position_embeddings)
     codec = TextCodec.from_dir(source.assets_dir)
     if codec is None:
@@ -311,9 +357,14 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
 
     if not resume and options.lr_decay_updates is None:  # the schedule's length is fixed when the run starts
         options = dataclasses.replace(options, lr_decay_updates=options.updates)
-    contract = plans.build_contract(options, data_sha256=data_sha256(options.data), model_config=config.to_dict(),
-                                    tokenizer_sha256=plans.file_sha256(source.assets_dir / "tokenizer.json"),
-                                    template=template.plan_entry(), num_loops=num_loops)
+    contract = plans.build_contract(
+        options,
+        data_sha256=data_sha256(options.data),
+        model_config=config.to_dict(),
+        tokenizer_sha256=plans.file_sha256(source.assets_dir / "tokenizer.json"),
+        template=template.plan_entry(),
+        num_loops=num_loops,
+    )
     saved = None
     if resume:
         from ouro_cli.checkpoint.layout import latest_iteration_dir
@@ -348,8 +399,10 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     agreed = _agree(contract_sha, "execution plan")
     log(f"execution plan {contract_sha[:12]}: agreed by {agreed} rank(s)")
     if options.prompts_per_update < agreed:
-        raise UserError(f"--prompts-per-update {options.prompts_per_update} is less than the {agreed} data-parallel "
-                        "ranks; give every rank at least one prompt")
+        raise UserError(
+            f"--prompts-per-update {options.prompts_per_update} is less than the {agreed} data-parallel "
+            "ranks; give every rank at least one prompt"
+        )
     start_update = 0
     if resume:
         extra = trainer.load(run.checkpoint)
@@ -363,19 +416,49 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
     engine_model.execution = options.execution  # the engine computes with its model's settings
     del weights
     check_fits(sizing, DeviceMemory.of(trainer.device), _in_use(trainer.device))
-    log(describe(sizing, config, DeviceMemory.of(trainer.device), block_size=options.engine.block_size, seq_tokens=seq_tokens,
-                 dtype=trainer.config.torch_dtype, planes=sorted(set(options.depths) | set(options.eval_depths))))
+    log(
+        describe(
+            sizing,
+            config,
+            DeviceMemory.of(trainer.device),
+            block_size=options.engine.block_size,
+            seq_tokens=seq_tokens,
+            dtype=trainer.config.torch_dtype,
+            planes=sorted(set(options.depths) | set(options.eval_depths)),
+        )
+    )
     engine = _make_engine(options.engine, engine_model, sizing, trainer.device, log)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     sampling = RolloutSampling.of(
-        options.sampling, num_loops=num_loops, seed=options.seed + (1 if resume and faults.broken_resume() else 0),
-        stop_token_ids=stop_tokens_for(config, codec), decode=codec.decode,
-        speculative_tokens=options.engine.speculative_tokens, async_scheduling=options.engine.async_scheduling)
-    session = Session(options=options, run=run, rows=rows, prompt_ids=prompt_ids, eval_rows=eval_rows,
-                      eval_prompt_ids=eval_prompt_ids, reward_fn=reward_fn, sampling=sampling, trainer=trainer,
-                      engine=engine, cursor=cursor, plan=plan, start_update=start_update, rank=rank, world=world,
-                      sizing=sizing, config=config, seq_tokens=seq_tokens,
-                      devices={str(trainer.device), *getattr(engine, "devices", set)()})
+        options.sampling,
+        num_loops=num_loops,
+        seed=options.seed + (1 if resume and faults.broken_resume() else 0),
+        stop_token_ids=stop_tokens_for(config, codec),
+        decode=codec.decode,
+        speculative_tokens=options.engine.speculative_tokens,
+        async_scheduling=options.engine.async_scheduling,
+    )
+    session = Session(
+        options=options,
+        run=run,
+        rows=rows,
+        prompt_ids=prompt_ids,
+        eval_rows=eval_rows,
+        eval_prompt_ids=eval_prompt_ids,
+        reward_fn=reward_fn,
+        sampling=sampling,
+        trainer=trainer,
+        engine=engine,
+        cursor=cursor,
+        plan=plan,
+        start_update=start_update,
+        rank=rank,
+        world=world,
+        sizing=sizing,
+        config=config,
+        seq_tokens=seq_tokens,
+        devices={str(trainer.device), *getattr(engine, "devices", set)()},
+    )
     if session.is_main and options.loggers:
         session.trackers = Trackers(options.loggers, run.warnings_log.parent, options.to_dict(), run.root.name)
     if session.is_main and not resume:
@@ -385,20 +468,30 @@ def setup(options: TrainOptions, run: RunDir, *, resume: bool, override_schedule
         plans.write_plan(run.plan, plan)
     stats = publish(engine, trainer.named_weights_for_publication(), version=start_update + 1)
     kv = getattr(engine, "kv", None)  # LLM's cache; other engines keep theirs to themselves
-    where = "" if kv is None or kv.device.type != "cuda" else \
-        ("; KV cache at a fixed address (its CUDA graphs kept across train steps)" if kv.fixed_address
-         else "; KV cache allocated anew each rollout (cuda-bindings missing, or no CUDA virtual memory "
-              "management: its CUDA graphs are captured again every update)")
-    log(f"engine: {type(engine).__name__}, initial publication v{start_update + 1} in {stats['publish_s'] * 1e3:.1f} "
-        f"ms{where}")
+    where = (
+        ""
+        if kv is None or kv.device.type != "cuda"
+        else (
+            "; KV cache at a fixed address (its CUDA graphs kept across train steps)"
+            if kv.fixed_address
+            else "; KV cache allocated anew each rollout (cuda-bindings missing, or no CUDA virtual memory "
+            "management: its CUDA graphs are captured again every update)"
+        )
+    )
+    log(
+        f"engine: {type(engine).__name__}, initial publication v{start_update + 1} in {stats['publish_s'] * 1e3:.1f} "
+        f"ms{where}"
+    )
     hand_back(engine, trainer.device)  # the first call allocates the cache it needs (engine.kv_cache)
     return session
 
 
 # ---- one update, stage by stage ------------------------------------------------------
 
-def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
-                  prompts: int | None = None) -> tuple[list[RolloutSample], int]:
+
+def rollout_stage(
+    s: Session, update: int, k: int, *, start: int = 0, prompts: int | None = None
+) -> tuple[list[RolloutSample], int]:
     """This rank's samples of the next `prompts` (default --prompts-per-update) prompts of the
     cursor, which take the update's batch positions start, start + 1, …; and how many ranks
     agreed on them."""
@@ -412,8 +505,16 @@ def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
 
     def call() -> list[RolloutSample]:
         faults.point("generate", s.trainer.device)
-        return generate_groups(s.engine, [s.rows[i] for i in mine], [s.prompt_ids[i] for i in mine], s.sampling,
-                               group_size=s.options.group_size, k=k, update=update, positions=positions)
+        return generate_groups(
+            s.engine,
+            [s.rows[i] for i in mine],
+            [s.prompt_ids[i] for i in mine],
+            s.sampling,
+            group_size=s.options.group_size,
+            k=k,
+            update=update,
+            positions=positions,
+        )
 
     try:
         if not isinstance(s.engine, LimitsMemory):
@@ -422,9 +523,15 @@ def rollout_stage(s: Session, update: int, k: int, *, start: int = 0,
         s.engine.limit_kv_blocks(limit)
         planes = s.config.num_loops if s.sampling.speculative_tokens else k
         samples = recovery.generate_with_recovery(
-            call, s.engine, limit=limit, capacity=s.sizing.kv_blocks, floor=s.engine.min_kv_blocks(s.seq_tokens, planes),
+            call,
+            s.engine,
+            limit=limit,
+            capacity=s.sizing.kv_blocks,
+            floor=s.engine.min_kv_blocks(s.seq_tokens, planes),
             on_decision=lambda blocks: s.new_decisions.append(
-                {"update": update, "rank": s.rank, "phase": "rollout", "what": "kv_blocks", "kv_blocks": blocks}))
+                {"update": update, "rank": s.rank, "phase": "rollout", "what": "kv_blocks", "kv_blocks": blocks}
+            ),
+        )
         return samples, agreed
     except RolloutCheckFailed as err:
         raise CheckFailed(f"update {update}: {err}") from err
@@ -451,9 +558,16 @@ def room_for_call(s: Session, k: int, sequences: int) -> None:
     if offload is None or offload.on_host or not s.sizing.state_per_call:
         return
     draft = s.sampling.speculative_tokens
-    need = call_kv_bytes(s.config, s.trainer.config.torch_dtype, block_size=s.options.engine.block_size,
-                         planes=s.config.num_loops if draft else k, sequences=sequences, seq_tokens=s.seq_tokens,
-                         kv_blocks=s.sizing.kv_blocks, draft_tokens=draft)
+    need = call_kv_bytes(
+        s.config,
+        s.trainer.config.torch_dtype,
+        block_size=s.options.engine.block_size,
+        planes=s.config.num_loops if draft else k,
+        sequences=sequences,
+        seq_tokens=s.seq_tokens,
+        kv_blocks=s.sizing.kv_blocks,
+        draft_tokens=draft,
+    )
     if not s.sizing.state_fits(need):
         offload.to_host()
         if s.trainer.device.type == "cuda":
@@ -471,8 +585,13 @@ def refill_stage(s: Session, update: int, k: int, samples: list[RolloutSample]) 
     --max-refill prompts were drawn (rl/groups.py). `samples` gains the refill rounds' samples."""
     wanted = s.options.prompts_per_update
     if not s.options.filter_groups:
-        return list(range(wanted)), {"prompts_drawn": wanted, "groups_filtered": 0, "groups_trained": wanted,
-                                     "refill_rounds": 0, "refill_exhausted": False}
+        return list(range(wanted)), {
+            "prompts_drawn": wanted,
+            "groups_filtered": 0,
+            "groups_trained": wanted,
+            "refill_rounds": 0,
+            "refill_exhausted": False,
+        }
     flags = _group_flags(samples)
     drawn, budget, rounds = wanted, s.options.refill_budget, 0
     while True:
@@ -486,9 +605,13 @@ def refill_stage(s: Session, update: int, k: int, samples: list[RolloutSample]) 
         flags += _group_flags(more)
         drawn, budget, rounds = drawn + n, budget - n, rounds + 1
     trained = first_groups(flags, wanted)
-    return trained, {"prompts_drawn": drawn, "groups_filtered": sum(not signal for _, signal in flags),
-                     "groups_trained": len(trained), "refill_rounds": rounds,
-                     "refill_exhausted": len(trained) < wanted}
+    return trained, {
+        "prompts_drawn": drawn,
+        "groups_filtered": sum(not signal for _, signal in flags),
+        "groups_trained": len(trained),
+        "refill_rounds": rounds,
+        "refill_exhausted": len(trained) < wanted,
+    }
 
 
 def _group_flags(samples: list[RolloutSample]) -> list[tuple[int, bool]]:
@@ -509,8 +632,13 @@ def score_stage(s: Session, update: int, samples: list[RolloutSample]) -> None:
     problem = None
     for sample in samples:
         try:
-            sample.reward = s.reward_fn(sample.text, sample.row.label, sample.row.metadata,
-                                        problem_id=sample.row.problem_id, where=f"update {update}")
+            sample.reward = s.reward_fn(
+                sample.text,
+                sample.row.label,
+                sample.row.metadata,
+                problem_id=sample.row.problem_id,
+                where=f"update {update}",
+            )
         except CheckFailed as err:
             problem = str(err)
             break
@@ -524,8 +652,11 @@ def advantage_stage(s: Session, samples: list[RolloutSample]) -> None:
     --advantage (rl/advantages.py); this rank holds whole groups."""
     o = s.options
     for x in samples:
-        x.penalty = length_penalty(len(x.response_ids), o.sampling.max_response_len, o.length_buffer) \
-            if o.overlong == "soft" else 0.0
+        x.penalty = (
+            length_penalty(len(x.response_ids), o.sampling.max_response_len, o.length_buffer)
+            if o.overlong == "soft"
+            else 0.0
+        )
     shaped = [x.reward + x.penalty for x in samples]
     for sample, adv in zip(samples, group_advantages(shaped, o.group_size, o.advantage), strict=True):
         sample.advantage = adv
@@ -544,11 +675,24 @@ def train_stage(s: Session, update: int, samples: list[RolloutSample], trained: 
         x.trained = x.group in chosen and not (s.options.overlong == "mask" and x.finish_reason == "length")
         masked += x.group in chosen and not x.trained
     runs = [set(run) for run in split_groups(trained, s.options.mini_batches)]
-    batches = [[Sample(prompt_ids=x.prompt_ids, response_ids=x.response_ids, exit_depths=x.exit_depths,
-                       rollout_logprobs=x.logprobs, advantage=x.advantage, temperature=s.sampling.temperature)
-                for x in samples if x.trained and x.group in run] for run in runs]
-    metrics = s.trainer.train_update(batches, epochs=s.options.epochs,
-                                     retry=lambda step, attempt: retry_step(s, update, step, attempt))
+    batches = [
+        [
+            Sample(
+                prompt_ids=x.prompt_ids,
+                response_ids=x.response_ids,
+                exit_depths=x.exit_depths,
+                rollout_logprobs=x.logprobs,
+                advantage=x.advantage,
+                temperature=s.sampling.temperature,
+            )
+            for x in samples
+            if x.trained and x.group in run
+        ]
+        for run in runs
+    ]
+    metrics = s.trainer.train_update(
+        batches, epochs=s.options.epochs, retry=lambda step, attempt: retry_step(s, update, step, attempt)
+    )
     metrics["overlong_masked"] = sum(_all_gather(masked))
     return metrics
 
@@ -559,13 +703,24 @@ def retry_step(s: Session, update: int, step: int, attempt: Callable[[], dict[st
     decisions included), else the memory plan's; an out-of-memory halves the limit, down to
     the longest sample the run can hold, and is recorded like the rollout's (rl/recovery.py)."""
     known = {recovery.KEY: recovery.decisions(s.plan) + s.new_decisions}
-    s.trainer.limit_micro_batch_tokens(recovery.micro_batch_limit(known, update, step, s.rank)
-                                       or s.sizing.max_tokens_per_micro_batch)
+    s.trainer.limit_micro_batch_tokens(
+        recovery.micro_batch_limit(known, update, step, s.rank) or s.sizing.max_tokens_per_micro_batch
+    )
     return recovery.train_step_with_recovery(
-        attempt, s.trainer, floor=s.seq_tokens,
+        attempt,
+        s.trainer,
+        floor=s.seq_tokens,
         on_decision=lambda tokens: s.new_decisions.append(
-            {"update": update, "rank": s.rank, "phase": "train", "step": step, "what": "max_tokens_per_micro_batch",
-             "max_tokens_per_micro_batch": tokens}))
+            {
+                "update": update,
+                "rank": s.rank,
+                "phase": "train",
+                "step": step,
+                "what": "max_tokens_per_micro_batch",
+                "max_tokens_per_micro_batch": tokens,
+            }
+        ),
+    )
 
 
 def check_step(update: int, train: dict[str, Any], last_checkpoint: int) -> None:
@@ -579,9 +734,11 @@ def check_step(update: int, train: dict[str, Any], last_checkpoint: int) -> None
     if train["step_applied"] and all(math.isfinite(x) for x in losses) and math.isfinite(norm):
         return
     kept = f"its checkpoint at update {last_checkpoint}" if last_checkpoint else "no checkpoint yet"
-    raise CheckFailed(f"update {update}: the loss ({loss}) or the gradient norm ({norm}) is not finite; the optimizer "
-                      f"step was skipped and nothing was published or saved (the run keeps {kept}). Check the "
-                      "reward function, the data and --lr")
+    raise CheckFailed(
+        f"update {update}: the loss ({loss}) or the gradient norm ({norm}) is not finite; the optimizer "
+        f"step was skipped and nothing was published or saved (the run keeps {kept}). Check the "
+        "reward function, the data and --lr"
+    )
 
 
 def save_stage(s: Session, next_update: int) -> float:
@@ -590,10 +747,13 @@ def save_stage(s: Session, next_update: int) -> float:
     at the next save or the end of the run (Trainer.save)."""
     start = time.perf_counter()
     advanced = plans.advance(s.plan, next_update, s.cursor.state_dict(), s.options.updates)
-    s.trainer.save(s.run.checkpoint, next_update, extra={"next_update": next_update, "cursor": s.cursor.state_dict()},
-                   before_commit=lambda staging: plans.write_plan(staging / s.run.plan.name, advanced)
-                   if s.is_main else None,
-                   after_commit=lambda _: plans.write_plan(s.run.plan, advanced) if s.is_main else None)
+    s.trainer.save(
+        s.run.checkpoint,
+        next_update,
+        extra={"next_update": next_update, "cursor": s.cursor.state_dict()},
+        before_commit=lambda staging: plans.write_plan(staging / s.run.plan.name, advanced) if s.is_main else None,
+        after_commit=lambda _: plans.write_plan(s.run.plan, advanced) if s.is_main else None,
+    )
     s.plan = advanced
     return time.perf_counter() - start
 
@@ -603,25 +763,39 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
         return []
     faults.point("evaluation")
     n, samples = min(s.options.eval_prompts, len(s.eval_rows)), s.options.eval_samples
-    with phase({}, "evaluation", s.trainer.device,
-               f"{n} prompts{f' x {samples} samples' if samples > 1 else ''} at K = {s.options.eval_depths}",
-               "--eval-prompts, --eval-samples or --max-num-seqs"):
+    with phase(
+        {},
+        "evaluation",
+        s.trainer.device,
+        f"{n} prompts{f' x {samples} samples' if samples > 1 else ''} at K = {s.options.eval_depths}",
+        "--eval-prompts, --eval-samples or --max-num-seqs",
+    ):
         results, responses = _evaluate(s, n, update)
     if s.is_main:  # the responses first: an evaluations line is never there without its responses
         for r in responses:
             append_jsonl(s.run.responses, {"update": update, "when": when, **r})
         for r in results:
-            append_jsonl(s.run.evaluations, {"update": update, "when": when,
-                                             "weight_version": s.engine.get_weight_version(), **r})
+            append_jsonl(
+                s.run.evaluations,
+                {"update": update, "when": when, "weight_version": s.engine.get_weight_version(), **r},
+            )
     return results
 
 
 def _evaluate(s: Session, n: int, update: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     room_for_call(s, max(s.options.eval_depths), n * s.options.eval_samples)
     responses: list[dict[str, Any]] = []
-    results = evaluate(s.engine, s.eval_rows[:n], s.eval_prompt_ids[:n], s.eval_sampling, ks=s.options.eval_depths,
-                       reward_fn=s.reward_fn, samples=s.options.eval_samples, responses=responses,
-                       where=f"evaluation at update {update}")
+    results = evaluate(
+        s.engine,
+        s.eval_rows[:n],
+        s.eval_prompt_ids[:n],
+        s.eval_sampling,
+        ks=s.options.eval_depths,
+        reward_fn=s.reward_fn,
+        samples=s.options.eval_samples,
+        responses=responses,
+        where=f"evaluation at update {update}",
+    )
     return results, responses
 
 
@@ -639,22 +813,39 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     device, sizing, timing = s.trainer.device, s.sizing, {}
     # the optimizer state may share the device with a rollout's cache (rl/sizing.py state_per_call)
     lower = "--gpu-memory-utilization or --max-num-seqs" + (
-        ", or pass --offload-optimizer on" if sizing.state_per_call else "")
-    with phase(timing, "rollout", device, f"update {update}, K={k}, up to {sizing.max_num_seqs} sequences in a "
-               f"{sizing.kv_bytes / 2**30:.1f} GiB KV cache", lower):
+        ", or pass --offload-optimizer on" if sizing.state_per_call else ""
+    )
+    with phase(
+        timing,
+        "rollout",
+        device,
+        f"update {update}, K={k}, up to {sizing.max_num_seqs} sequences in a "
+        f"{sizing.kv_bytes / 2**30:.1f} GiB KV cache",
+        lower,
+    ):
         samples, plan_agreed = rollout_stage(s, update, k)
     decided = record_decisions(s)
     faults.point("rollout")
     score_stage(s, update, samples)
-    with phase(timing, "refill", device, f"update {update}, refill rounds of up to {s.options.prompts_per_update} "
-               "prompts", lower):
+    with phase(
+        timing,
+        "refill",
+        device,
+        f"update {update}, refill rounds of up to {s.options.prompts_per_update} prompts",
+        lower,
+    ):
         trained, selection = refill_stage(s, update, k, samples)
     decided += record_decisions(s)  # the refill rounds' (rollout_stage decides in them too)
     advantage_stage(s, samples)
     hand_back(s.engine, device)  # the trainer may use the KV cache's memory until the next rollout
-    with phase(timing, "train", device, f"update {update}, {len(samples)} samples in micro-batches of up to "
-               f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}",
-               "--max-tokens-per-micro-batch or --gpu-memory-utilization, or pass --recompute on"):
+    with phase(
+        timing,
+        "train",
+        device,
+        f"update {update}, {len(samples)} samples in micro-batches of up to "
+        f"{sizing.max_tokens_per_micro_batch} tokens, recompute {'on' if sizing.recompute else 'off'}",
+        "--max-tokens-per-micro-batch or --gpu-memory-utilization, or pass --recompute on",
+    ):
         train = train_stage(s, update, samples, trained)
     decided += record_decisions(s)
     check_step(update, train, s.plan["next_update"])
@@ -664,10 +855,16 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         torch.cuda.empty_cache()  # activations freed: the KV cache is allocated whole again
     t_train = time.perf_counter()
     # hashing copies every parameter to the host: only worth it with replicas to compare
-    ranks = _all_gather({"param_sha256": params_sha256(s.trainer) if s.world > 1 else None, "samples": len(samples),
-                         "response_tokens": sum(len(x.response_ids) for x in samples),
-                         "rollout_s": timing["rollout_s"], "train_s": timing["train_s"],
-                         "device": str(s.trainer.device)})
+    ranks = _all_gather(
+        {
+            "param_sha256": params_sha256(s.trainer) if s.world > 1 else None,
+            "samples": len(samples),
+            "response_tokens": sum(len(x.response_ids) for x in samples),
+            "rollout_s": timing["rollout_s"],
+            "train_s": timing["train_s"],
+            "device": str(s.trainer.device),
+        }
+    )
     identical = check_rank_params(update, [r["param_sha256"] for r in ranks])
     t_check = time.perf_counter()
     digest = state_digest(s.trainer) if s.options.state_digest else None
@@ -687,17 +884,29 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     if engine_delta.get("spec_draft_tokens"):
         engine_delta["spec_acceptance_rate"] = engine_delta["spec_accepted_tokens"] / engine_delta["spec_draft_tokens"]
     record = {
-        "update": update, "k": k, "weight_version": samples[0].weight_version, "config_hash": samples[0].config_hash,
-        "ranks": s.world, "plan_agreed_ranks": plan_agreed, "params_identical_across_ranks": identical,
-        **{f"rank_{key}": [r[key] for r in ranks] for key in ranks[0]}, "rank_check_s": t_check - t_train,
-        "state_sha256": digest, **rollout_summary(records), **selection, "memory_decisions": decided,
+        "update": update,
+        "k": k,
+        "weight_version": samples[0].weight_version,
+        "config_hash": samples[0].config_hash,
+        "ranks": s.world,
+        "plan_agreed_ranks": plan_agreed,
+        "params_identical_across_ranks": identical,
+        **{f"rank_{key}": [r[key] for r in ranks] for key in ranks[0]},
+        "rank_check_s": t_check - t_train,
+        "state_sha256": digest,
+        **rollout_summary(records),
+        **selection,
+        "memory_decisions": decided,
         **{f"train_{key}": value for key, value in train.items()},
         "logprob_mismatch_mean": train.get("logprob_mismatch_mean"),
         "logprob_mismatch_max": train.get("logprob_mismatch_max"),
         "logprob_mismatch_mean_by_depth": train.get("logprob_mismatch_mean_by_depth"),
         "logprob_mismatch_max_by_depth": train.get("logprob_mismatch_max_by_depth"),
-        **timing, "compile_s": sum(v for key, v in timing.items() if key.endswith("_compile_s")), **save,
-        "step_s": time.perf_counter() - t0 + save["save_s"], "job_elapsed_s": elapsed,
+        **timing,
+        "compile_s": sum(v for key, v in timing.items() if key.endswith("_compile_s")),
+        **save,
+        "step_s": time.perf_counter() - t0 + save["save_s"],
+        "job_elapsed_s": elapsed,
         "device_hours": device_hours(elapsed, s.devices) * s.world,
         "kv_transport": getattr(s.engine, "transport", None),
         **{f"engine_{key}": v for key, v in engine_delta.items()},
@@ -714,6 +923,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
 
 # ---- the whole job -------------------------------------------------------------------
 
+
 def check_run_dir(run: RunDir, options: TrainOptions, *, resuming: bool = False) -> None:
     """The output guard (ouro_cli/outputs.py) for a run: the run directory lies outside the model,
     the data and the eval data and outside any other run's own files, and is writable (whether
@@ -723,9 +933,14 @@ def check_run_dir(run: RunDir, options: TrainOptions, *, resuming: bool = False)
     inputs = [options.model, options.data, *([options.eval_data] if options.eval_data else [])]
     check_output(run.root, overwrite=True, inputs=inputs, what="run directory")
     if options.export_hf:
-        check_output(Path(options.export_hf), overwrite=_export_replaceable(run, options),
-                     inputs=[*inputs, run.checkpoint], runs=[run], what="--export-hf",
-                     hint="remove it" if resuming else "pass --overwrite")
+        check_output(
+            Path(options.export_hf),
+            overwrite=_export_replaceable(run, options),
+            inputs=[*inputs, run.checkpoint],
+            runs=[run],
+            what="--export-hf",
+            hint="remove it" if resuming else "pass --overwrite",
+        )
 
 
 def _export_replaceable(run: RunDir, options: TrainOptions) -> bool:
@@ -747,8 +962,13 @@ def export_stage(run: RunDir, options: TrainOptions, command: str, log: Callable
     from ouro_cli.checkpoint.convert import to_hf
 
     out = Path(options.export_hf)
-    to_hf(open_checkpoint(run.checkpoint), out, overwrite=_export_replaceable(run, options),
-          command=f"{command} --export-hf", options={"source": str(run.checkpoint.resolve())})
+    to_hf(
+        open_checkpoint(run.checkpoint),
+        out,
+        overwrite=_export_replaceable(run, options),
+        command=f"{command} --export-hf",
+        options={"source": str(run.checkpoint.resolve())},
+    )
     log(f"exported the final model to {out}")
     return out
 
@@ -763,13 +983,17 @@ def prepare_run_dir(run: RunDir, overwrite: bool, log: Callable[[str], None] = l
         return
     if not overwrite:
         if run.has_checkpoint():
-            raise UserError(f"run directory {run.root} holds a run with checkpoints; continue it with "
-                            f"`ouro resume {run.root} --updates N`, or pass --overwrite to start over")
+            raise UserError(
+                f"run directory {run.root} holds a run with checkpoints; continue it with "
+                f"`ouro resume {run.root} --updates N`, or pass --overwrite to start over"
+            )
         foreign = run.foreign_entries()
         if foreign or not (run.is_run() or run.manifest.is_file() or run.checkpoint.is_dir()):
             shown = f" ({foreign[0]})" if foreign else ""
-            raise UserError(f"run directory {run.root} is not empty{shown} and is not an ouro run; choose another "
-                            "or pass --overwrite")
+            raise UserError(
+                f"run directory {run.root} is not empty{shown} and is not an ouro run; choose another "
+                "or pass --overwrite"
+            )
         log(f"{run.root} holds a run that never saved a checkpoint: starting it again")
     clear_dir(run.root, keep=[run.lock.name])
 
@@ -782,8 +1006,9 @@ def _stop_if_asked(s: Session, stop: StopSignals, done: int, hint: str) -> None:
         return
     last = s.plan["next_update"]
     o = s.options
-    if wants_save(o.save_on_interrupt, done=done, last_checkpoint=last, save_interval=o.save_interval,
-                  updates=o.updates):
+    if wants_save(
+        o.save_on_interrupt, done=done, last_checkpoint=last, save_interval=o.save_interval, updates=o.updates
+    ):
         if s.is_main:
             run_records.sync_update(s.run, done - 1)
         save_stage(s, done)
@@ -798,9 +1023,16 @@ def _stop_if_asked(s: Session, stop: StopSignals, done: int, hint: str) -> None:
     raise Interrupted(f"stopped by {signal_name(signums[0])} {where} ({state}); continue with: {hint}", signums[0])
 
 
-def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_scheduler: bool = False,
-          log: Callable[[str], None] = lambda s: None, on_update: Progress = lambda r: None,
-          command: str = "ouro train") -> dict[str, Any]:
+def train(
+    options: TrainOptions,
+    run: RunDir,
+    *,
+    resume: bool = False,
+    override_scheduler: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+    on_update: Progress = lambda r: None,
+    command: str = "ouro train",
+) -> dict[str, Any]:
     """The whole job (the caller holds the run lock). A resume first checks the records against
     the checkpoint (records.py); a resume of a run that never saved a checkpoint starts it again."""
     continuing = resume
@@ -812,12 +1044,19 @@ def train(options: TrainOptions, run: RunDir, *, resume: bool = False, override_
     state = f"its checkpoint is at update {start}" if start else "no checkpoint yet: the resume starts it again"
     with StopSignals(log, hint, at_once=f"before its first update ({state})") as stop:
         session = setup(options, run, resume=resume, override_scheduler=override_scheduler, log=log)
-        return _train(session, stop, continuing=continuing, hint=hint, log=log, on_update=on_update,
-                      command=command)
+        return _train(session, stop, continuing=continuing, hint=hint, log=log, on_update=on_update, command=command)
 
 
-def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, log: Callable[[str], None],
-           on_update: Progress, command: str) -> dict[str, Any]:
+def _train(
+    session: Session,
+    stop: StopSignals,
+    *,
+    continuing: bool,
+    hint: str,
+    log: Callable[[str], None],
+    on_update: Progress,
+    command: str,
+) -> dict[str, Any]:
     options, run = session.options, session.run
     faulted = False
     try:
@@ -828,8 +1067,9 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
             if continuing:  # updates logged after the checkpoint (a crash) run again
                 if session.start_update:
                     run_records.repair_tracker(run, log)
-                run_records.drop_after(run, session.start_update, finishing=session.start_update == options.updates,
-                                       log=log)
+                run_records.drop_after(
+                    run, session.start_update, finishing=session.start_update == options.updates, log=log
+                )
                 plans.write_plan(run.plan, session.plan)  # the checkpoint's: a kill may have come before the copy
         evals_before = evaluate_stage(session, session.start_update, "start") if session.start_update == 0 else []
         session.trackers.evaluations(session.start_update, evals_before)
@@ -851,11 +1091,17 @@ def _train(session: Session, stop: StopSignals, *, continuing: bool, hint: str, 
             if plot_run(run.metrics, run.evaluations, run.plot) is None:
                 log(f"{run.plot.name} not written (matplotlib is not installed)")
             mark_complete(run.root)
-        return {"run_dir": str(run.root), "updates": options.updates, "start_update": session.start_update,
-                "export_hf": options.export_hf or None, "last_weight_version": session.engine.get_weight_version(),
-                "evaluations_before": evals_before, "evaluations_after": evals_after,
-                "reward_mean_per_update": [r["reward_mean"] for r in records],
-                "final_save_s": session.unlogged_save["save_s"]}
+        return {
+            "run_dir": str(run.root),
+            "updates": options.updates,
+            "start_update": session.start_update,
+            "export_hf": options.export_hf or None,
+            "last_weight_version": session.engine.get_weight_version(),
+            "evaluations_before": evals_before,
+            "evaluations_after": evals_after,
+            "reward_mean_per_update": [r["reward_mean"] for r in records],
+            "final_save_s": session.unlogged_save["save_s"],
+        }
     except BaseException as err:
         faulted = is_device_fault(err)
         raise

@@ -79,6 +79,7 @@ def read_jsonl(path: Path, log: Callable[[str], None] = lambda s: None) -> list[
             if i == len(lines) - 1:
                 log(f"{path}: dropped a last line cut short by an interrupted write")
                 break
-            raise UserError(f"{path}:{i + 1} is not valid JSON ({err.msg}); the file is damaged: "
-                            "repair or remove that line") from None
+            raise UserError(
+                f"{path}:{i + 1} is not valid JSON ({err.msg}); the file is damaged: repair or remove that line"
+            ) from None
     return rows

@@ -46,14 +46,19 @@ PATH_OPTIONS = ("model", "data", "eval_data", "export_hf")
 class TaskOptions:
     """How a prompt is rendered and a response graded."""
 
-    prompt_template: str = option("chatml", help="chatml, raw, or tokenizer (the model's chat template).",
-                                  panel=P_DATA)
+    prompt_template: str = option("chatml", help="chatml, raw, or tokenizer (the model's chat template).", panel=P_DATA)
     reward_function: str = option(
-        AUTO_REWARD, help="Dotted path of f(response, label[, metadata]) -> float; auto: the DeepScaleR math grader "
+        AUTO_REWARD,
+        help="Dotted path of f(response, label[, metadata]) -> float; auto: the DeepScaleR math grader "
         "(rewards.math_answer), or rewards.boxed_answer for the bundled integer task.",
-        panel=P_DATA)  # checked by template.py, rewards/
-    reward_timeout: float | None = option(None, help="Seconds one reward call may take; a slower call stops the "
-                                          "run, naming the function.", panel=P_DATA, shown="none")
+        panel=P_DATA,
+    )  # checked by template.py, rewards/
+    reward_timeout: float | None = option(
+        None,
+        help="Seconds one reward call may take; a slower call stops the run, naming the function.",
+        panel=P_DATA,
+        shown="none",
+    )
 
     def __post_init__(self) -> None:
         if self.reward_timeout is not None and not self.reward_timeout > 0:
@@ -73,10 +78,12 @@ class SamplingOptions:
     """How a response is sampled, in rollouts and in evaluations."""
 
     temperature: float = option(1.0, help="Sampling temperature.", panel=P_GRPO)
-    max_response_len: int = option(48, help="Tokens per response.", panel=P_GRPO,
-                                   aliases=("--rollout-max-response-len",))
-    exit_threshold: float = option(1.0, help="Native early exit at CDF >= threshold (1 = exactly K loops).",
-                                   panel=P_GRPO)
+    max_response_len: int = option(
+        48, help="Tokens per response.", panel=P_GRPO, aliases=("--rollout-max-response-len",)
+    )
+    exit_threshold: float = option(
+        1.0, help="Native early exit at CDF >= threshold (1 = exactly K loops).", panel=P_GRPO
+    )
     min_loops: int = option(1, help="Fewest loops a decoded token runs.", panel=P_GRPO)
 
     def __post_init__(self) -> None:
@@ -91,67 +98,104 @@ class SamplingOptions:
 class ColumnOptions:
     """Where a data row holds its prompt, label and id (rl/data.py reads through this mapping)."""
 
-    prompt_key: str = option(Columns.prompt, help="Field of a row holding the prompt; dots reach into nested "
-                             "fields.", panel=P_DATA)
-    label_key: str = option(Columns.label, help="Field holding the label, e.g. answer or "
-                            "reward_model.ground_truth.", panel=P_DATA)
-    id_key: str = option(Columns.id, help="Field holding the problem id (a row without one: its index).",
-                         panel=P_DATA)
-    label_parser: str = option(Columns.label_parser, help="none, or gsm8k: the label is the number after '####' "
-                               "in GSM8K's answer text.", panel=P_DATA)
+    prompt_key: str = option(
+        Columns.prompt, help="Field of a row holding the prompt; dots reach into nested fields.", panel=P_DATA
+    )
+    label_key: str = option(
+        Columns.label, help="Field holding the label, e.g. answer or reward_model.ground_truth.", panel=P_DATA
+    )
+    id_key: str = option(Columns.id, help="Field holding the problem id (a row without one: its index).", panel=P_DATA)
+    label_parser: str = option(
+        Columns.label_parser,
+        help="none, or gsm8k: the label is the number after '####' in GSM8K's answer text.",
+        panel=P_DATA,
+    )
 
     def __post_init__(self) -> None:
-        check_mapping({"--prompt-key": self.prompt_key, "--label-key": self.label_key, "--id-key": self.id_key,
-                       "--label-parser": self.label_parser})
+        check_mapping(
+            {
+                "--prompt-key": self.prompt_key,
+                "--label-key": self.label_key,
+                "--id-key": self.id_key,
+                "--label-parser": self.label_parser,
+            }
+        )
 
 
 @dataclass
 class EvalColumnOptions:
     """The column mapping of `--eval-data`; each key not given is `--data`'s (rl/data.py columns_for)."""
 
-    eval_prompt_key: str | None = option(None, help="--prompt-key of --eval-data.", panel=P_RUN,
-                                         shown="--prompt-key's")
+    eval_prompt_key: str | None = option(None, help="--prompt-key of --eval-data.", panel=P_RUN, shown="--prompt-key's")
     eval_label_key: str | None = option(None, help="--label-key of --eval-data.", panel=P_RUN, shown="--label-key's")
     eval_id_key: str | None = option(None, help="--id-key of --eval-data.", panel=P_RUN, shown="--id-key's")
-    eval_label_parser: str | None = option(None, help="--label-parser of --eval-data.", panel=P_RUN,
-                                           shown="--label-parser's")
+    eval_label_parser: str | None = option(
+        None, help="--label-parser of --eval-data.", panel=P_RUN, shown="--label-parser's"
+    )
 
     def __post_init__(self) -> None:
-        check_mapping({"--eval-prompt-key": self.eval_prompt_key, "--eval-label-key": self.eval_label_key,
-                       "--eval-id-key": self.eval_id_key, "--eval-label-parser": self.eval_label_parser})
+        check_mapping(
+            {
+                "--eval-prompt-key": self.eval_prompt_key,
+                "--eval-label-key": self.eval_label_key,
+                "--eval-id-key": self.eval_id_key,
+                "--eval-label-parser": self.eval_label_parser,
+            }
+        )
 
 
 @dataclass
 class EngineOptions:
     """The rollout engine a run builds (engine/factory.py, or the PD engine of engine/pd/)."""
 
-    factory: str = option(DEFAULT_ENGINE, name="engine", help="Dotted path of an engine factory.", panel=P_ENGINE,
-                          shown="the built-in engine")  # its dotted path does not fit an 80-column help
+    factory: str = option(
+        DEFAULT_ENGINE,
+        name="engine",
+        help="Dotted path of an engine factory.",
+        panel=P_ENGINE,
+        shown="the built-in engine",
+    )  # its dotted path does not fit an 80-column help
     max_num_seqs: int | None = option(
-        None, help="Cap on sequences decoded together.", panel=P_ENGINE,
-        shown="as many as a rollout submits, up to 512; the KV cache limits what runs at once")
-    kv_blocks: int | None = option(None, help="Paged KV blocks of T planes per layer.", panel=P_ENGINE,
-                                   shown="sized from --gpu-memory-utilization")
+        None,
+        help="Cap on sequences decoded together.",
+        panel=P_ENGINE,
+        shown="as many as a rollout submits, up to 512; the KV cache limits what runs at once",
+    )
+    kv_blocks: int | None = option(
+        None, help="Paged KV blocks of T planes per layer.", panel=P_ENGINE, shown="sized from --gpu-memory-utilization"
+    )
     block_size: int = option(16, help="Tokens per KV block.", panel=P_ENGINE)
-    cuda_graphs: bool = option(False, help="Require CUDA-graph decode steps (on by default on CUDA; an error without "
-                               "a GPU).", panel=P_ENGINE)
-    async_scheduling: bool = option(False, help="Queue each decode loop before reading the last exit signal (forces "
-                                    "delayed exits).", panel=P_ENGINE)
-    speculative_tokens: int = option(0, help="Self-speculation: draft N tokens at 2 loops, verify at T (needs "
-                                     "--depths T alone).", panel=P_ENGINE)
-    prefill_devices: list[int] = option(factory=list, help="Prefill worker devices (PD disaggregation; CPU: worker "
-                                        "processes).", panel=P_ENGINE)
-    decode_devices: list[int] = option(factory=list, help="Decode worker devices (PD disaggregation).",
-                                       panel=P_ENGINE)
+    cuda_graphs: bool = option(
+        False, help="Require CUDA-graph decode steps (on by default on CUDA; an error without a GPU).", panel=P_ENGINE
+    )
+    async_scheduling: bool = option(
+        False, help="Queue each decode loop before reading the last exit signal (forces delayed exits).", panel=P_ENGINE
+    )
+    speculative_tokens: int = option(
+        0, help="Self-speculation: draft N tokens at 2 loops, verify at T (needs --depths T alone).", panel=P_ENGINE
+    )
+    prefill_devices: list[int] = option(
+        factory=list, help="Prefill worker devices (PD disaggregation; CPU: worker processes).", panel=P_ENGINE
+    )
+    decode_devices: list[int] = option(factory=list, help="Decode worker devices (PD disaggregation).", panel=P_ENGINE)
     kv_transport: Literal["auto", "nixl", "shm"] = option(
-        "auto", help="How PD workers move KV: auto (NIXL when installed, else shared memory), nixl or shm.",
-        panel=P_ENGINE, env="OURO_PD_TRANSPORT")
-    pd_worker_threads: int = option(1, help="Torch threads of each PD worker process (CPU workers).", panel=P_ENGINE,
-                                    env="OURO_PD_THREADS")
+        "auto",
+        help="How PD workers move KV: auto (NIXL when installed, else shared memory), nixl or shm.",
+        panel=P_ENGINE,
+        env="OURO_PD_TRANSPORT",
+    )
+    pd_worker_threads: int = option(
+        1, help="Torch threads of each PD worker process (CPU workers).", panel=P_ENGINE, env="OURO_PD_THREADS"
+    )
 
     def __post_init__(self) -> None:
-        tree.at_least(1, max_num_seqs=self.max_num_seqs, kv_blocks=self.kv_blocks, block_size=self.block_size,
-                      pd_worker_threads=self.pd_worker_threads)
+        tree.at_least(
+            1,
+            max_num_seqs=self.max_num_seqs,
+            kv_blocks=self.kv_blocks,
+            block_size=self.block_size,
+            pd_worker_threads=self.pd_worker_threads,
+        )
         if self.speculative_tokens < 0:
             raise UserError(f"--speculative-tokens must be >= 0, got {self.speculative_tokens}")
         if self.kv_transport not in ("auto", "nixl", "shm"):
@@ -185,57 +229,89 @@ class TrainOptions:
     """Every option of `ouro train` (and what `ouro resume` reads back from the plan)."""
 
     # ---- what to train on --------------------------------------------------------
-    model: str = option(str(BUNDLED / "model"), help="HF directory or Megatron checkpoint to start from.",
-                        panel=P_DATA, shown="bundled tiny model")
-    data: str = option(str(BUNDLED / "train.jsonl"), help="Training data: JSONL, Parquet, or a datasets "
-                       "save_to_disk directory.", panel=P_DATA, shown="bundled")
+    model: str = option(
+        str(BUNDLED / "model"),
+        help="HF directory or Megatron checkpoint to start from.",
+        panel=P_DATA,
+        shown="bundled tiny model",
+    )
+    data: str = option(
+        str(BUNDLED / "train.jsonl"),
+        help="Training data: JSONL, Parquet, or a datasets save_to_disk directory.",
+        panel=P_DATA,
+        shown="bundled",
+    )
     columns: ColumnOptions = section(ColumnOptions)
     task: TaskOptions = section(TaskOptions)
 
     # ---- the GRPO update ---------------------------------------------------------
-    depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="Decode budget K per update, cycled: "
-                               "--depths 2 3 4.", panel=P_GRPO)
+    depths: list[int] = option(
+        factory=lambda: list(DEFAULT_DEPTHS), help="Decode budget K per update, cycled: --depths 2 3 4.", panel=P_GRPO
+    )
     updates: int = option(80, help="Number of GRPO updates.", panel=P_GRPO)
     # resolved to --updates when a run starts, and recorded: a resume to more updates (or a run
     # stopped early and resumed, as verify-resume does) keeps the schedule it started with
     lr_decay_updates: int | None = option(
-        None, help="--lr-schedule cosine: the updates over which the LR decays to --min-lr; later updates keep "
-        "--min-lr.", panel=P_OPT, shown="--updates of the run's start")
+        None,
+        help="--lr-schedule cosine: the updates over which the LR decays to --min-lr; later updates keep --min-lr.",
+        panel=P_OPT,
+        shown="--updates of the run's start",
+    )
     prompts_per_update: int = option(16, help="Prompts per update (global).", panel=P_GRPO)
     group_size: int = option(8, help="Samples per prompt.", panel=P_GRPO)
     sampling: SamplingOptions = section(SamplingOptions)
     # what an update trains on, and how (docs/grpo.md)
     advantage: Literal["grpo", "dr-grpo", "rloo"] = option(
-        "grpo", help="grpo: (r - group mean) / group std; dr-grpo: r - group mean, with a constant-length loss; rloo: "
-        "r - mean of the group's other rewards.", panel=P_GRPO)
-    mini_batches: int = option(1, help="Optimizer steps per update: its groups split, in order, into N mini-batches.",
-                               panel=P_GRPO)
+        "grpo",
+        help="grpo: (r - group mean) / group std; dr-grpo: r - group mean, with a constant-length loss; rloo: "
+        "r - mean of the group's other rewards.",
+        panel=P_GRPO,
+    )
+    mini_batches: int = option(
+        1, help="Optimizer steps per update: its groups split, in order, into N mini-batches.", panel=P_GRPO
+    )
     epochs: int = option(1, help="Passes over the update's mini-batches.", panel=P_GRPO)
-    filter_groups: bool = option(False, help="Drop groups whose rewards are all equal and draw more prompts to refill "
-                                 "the update (DAPO dynamic sampling).", panel=P_GRPO)
-    max_refill: int | None = option(None, help="Prompts --filter-groups may draw beyond --prompts-per-update.",
-                                    panel=P_GRPO, shown="4 x --prompts-per-update")
+    filter_groups: bool = option(
+        False,
+        help="Drop groups whose rewards are all equal and draw more prompts to refill "
+        "the update (DAPO dynamic sampling).",
+        panel=P_GRPO,
+    )
+    max_refill: int | None = option(
+        None,
+        help="Prompts --filter-groups may draw beyond --prompts-per-update.",
+        panel=P_GRPO,
+        shown="4 x --prompts-per-update",
+    )
     overlong: Literal["none", "mask", "soft"] = option(
-        "none", help="Truncated responses: trained as any other (none), left out of the loss (mask), or penalised "
-        "over --overlong-buffer (soft).", panel=P_GRPO)
-    overlong_buffer: int | None = option(None, help="soft: the last N tokens of --max-response-len, over which the "
-                                         "length penalty falls from 0 to -1.", panel=P_GRPO,
-                                         shown="a quarter of --max-response-len")
+        "none",
+        help="Truncated responses: trained as any other (none), left out of the loss (mask), or penalised "
+        "over --overlong-buffer (soft).",
+        panel=P_GRPO,
+    )
+    overlong_buffer: int | None = option(
+        None,
+        help="soft: the last N tokens of --max-response-len, over which the length penalty falls from 0 to -1.",
+        panel=P_GRPO,
+        shown="a quarter of --max-response-len",
+    )
     seq_length: int | None = option(None, help="Prompt + response token limit.", panel=P_GRPO, shown="the model's")
-    max_position_embeddings: int | None = option(None, help="Must equal the model's value when given.", panel=P_GRPO,
-                                                 shown="the model's")
+    max_position_embeddings: int | None = option(
+        None, help="Must equal the model's value when given.", panel=P_GRPO, shown="the model's"
+    )
 
     # ---- the engine --------------------------------------------------------------
     engine: EngineOptions = section(EngineOptions)
-    gpu_memory_utilization: float = option(0.9, help="Fraction of device memory the run may fill, trainer "
-                                           "included; host memory on CPU.", panel=P_ENGINE)
+    gpu_memory_utilization: float = option(
+        0.9, help="Fraction of device memory the run may fill, trainer included; host memory on CPU.", panel=P_ENGINE
+    )
 
     # ---- saving, evaluation, export ---------------------------------------------
     run_dir: str | None = option(None, help="Run directory.", panel=P_RUN, shown="runs/ouro-<timestamp>")
-    save_interval: int = option(20, help="Checkpoint every N updates (0: only at the end), and always at the end.",
-                                panel=P_RUN)
-    eval_data: str | None = option(str(BUNDLED / "eval.jsonl"), help="Held-out JSONL.", panel=P_RUN,
-                                   shown="bundled")
+    save_interval: int = option(
+        20, help="Checkpoint every N updates (0: only at the end), and always at the end.", panel=P_RUN
+    )
+    eval_data: str | None = option(str(BUNDLED / "eval.jsonl"), help="Held-out JSONL.", panel=P_RUN, shown="bundled")
     eval_columns: EvalColumnOptions = section(EvalColumnOptions)
     eval_prompts: int = option(200, help="Held-out prompts per evaluation.", panel=P_RUN)
     eval_interval: int = option(0, help="Evaluate every N updates (always at start and end).", panel=P_RUN)
@@ -243,12 +319,21 @@ class TrainOptions:
     eval_samples: int = option(1, help="Samples per held-out prompt and K (avg@N and pass@k).", panel=P_RUN)
     export_hf: str | None = option(None, help="Export the final model as an HF directory here.", panel=P_RUN)
     overwrite: bool = option(False, help="Start over in a non-empty run directory.", panel=P_RUN)
-    loggers: list[str] = option(factory=list, name="loggers", flag="--logger", help="Also log to tensorboard "
-                                "(RUN/logs/tensorboard) or wandb (the wandb extra; WANDB_MODE=offline works); "
-                                "repeat for both.", panel=P_RUN)
+    loggers: list[str] = option(
+        factory=list,
+        name="loggers",
+        flag="--logger",
+        help="Also log to tensorboard "
+        "(RUN/logs/tensorboard) or wandb (the wandb extra; WANDB_MODE=offline works); "
+        "repeat for both.",
+        panel=P_RUN,
+    )
     state_digest: bool = option(False, help="Record a sha256 of model + optimizer state per update.", panel=P_RUN)
-    save_on_interrupt: str = option("auto", help="On SIGINT/SIGTERM, save before stopping: on, off, or auto (when a "
-                                    "checkpoint is due within 3 updates).", panel=P_RUN)
+    save_on_interrupt: str = option(
+        "auto",
+        help="On SIGINT/SIGTERM, save before stopping: on, off, or auto (when a checkpoint is due within 3 updates).",
+        panel=P_RUN,
+    )
 
     # ---- the trainer: its seed and devices, optimizer, loss, micro-batching, checkpoints ----
     trainer: TrainerConfig = section(TrainerConfig)
@@ -264,8 +349,11 @@ class TrainOptions:
         """These options with each relative path option (PATH_OPTIONS) made absolute against the
         working directory, the originals kept in `given_paths`: a run records its files absolute,
         so that a resume from another directory reads the same files."""
-        changed = {name: os.path.abspath(value) for name in PATH_OPTIONS
-                   if (value := getattr(self, name)) and not os.path.isabs(value)}
+        changed = {
+            name: os.path.abspath(value)
+            for name in PATH_OPTIONS
+            if (value := getattr(self, name)) and not os.path.isabs(value)
+        }
         given = {**self.given_paths, **{name: getattr(self, name) for name in changed}}
         return dataclasses.replace(self, **changed, given_paths=given)
 
@@ -282,11 +370,17 @@ class TrainOptions:
         if self.engine.cuda_graphs and self.trainer.device == "cpu":
             raise UserError("--cuda-graphs captures decode steps on a GPU; it cannot run with --device cpu")
         if self.group_size < 2:  # before the >= 1 rule, so that 0 and 1 get the same answer
-            raise UserError(f"--group-size must be at least 2: GRPO normalises rewards within a group, "
-                            f"got {self.group_size}")
-        tree.at_least(1, updates=self.updates, prompts_per_update=self.prompts_per_update,
-                      eval_prompts=self.eval_prompts, eval_samples=self.eval_samples,
-                      lr_decay_updates=self.lr_decay_updates)
+            raise UserError(
+                f"--group-size must be at least 2: GRPO normalises rewards within a group, got {self.group_size}"
+            )
+        tree.at_least(
+            1,
+            updates=self.updates,
+            prompts_per_update=self.prompts_per_update,
+            eval_prompts=self.eval_prompts,
+            eval_samples=self.eval_samples,
+            lr_decay_updates=self.lr_decay_updates,
+        )
         self._validate_update()
         if self.save_interval < 0 or self.eval_interval < 0:
             raise UserError("--save-interval and --eval-interval must be >= 0")
@@ -307,24 +401,29 @@ class TrainOptions:
 
     def _validate_update(self) -> None:
         """The update's shape: mini-batches of whole groups, refill budget, overlong handling."""
-        for flag, value, allowed in (("--advantage", self.advantage, ("grpo", "dr-grpo", "rloo")),
-                                     ("--overlong", self.overlong, ("none", "mask", "soft"))):
+        for flag, value, allowed in (
+            ("--advantage", self.advantage, ("grpo", "dr-grpo", "rloo")),
+            ("--overlong", self.overlong, ("none", "mask", "soft")),
+        ):
             if value not in allowed:
                 raise UserError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
-        tree.at_least(1, mini_batches=self.mini_batches, epochs=self.epochs,
-                      overlong_buffer=self.overlong_buffer)
+        tree.at_least(1, mini_batches=self.mini_batches, epochs=self.epochs, overlong_buffer=self.overlong_buffer)
         tree.at_least(0, max_refill=self.max_refill)
         if self.mini_batches > self.prompts_per_update:
-            raise UserError(f"--mini-batches {self.mini_batches} is more than the {self.prompts_per_update} prompts "
-                            "of an update: a mini-batch holds whole groups; use at most --prompts-per-update")
+            raise UserError(
+                f"--mini-batches {self.mini_batches} is more than the {self.prompts_per_update} prompts "
+                "of an update: a mini-batch holds whole groups; use at most --prompts-per-update"
+            )
         if self.max_refill is not None and not self.filter_groups:
             raise UserError("--max-refill is the budget of --filter-groups; pass --filter-groups too, or drop it")
         if self.overlong_buffer is not None:
             if self.overlong != "soft":
                 raise UserError("--overlong-buffer is the penalty buffer of --overlong soft; pass it too, or drop it")
             if self.overlong_buffer > self.sampling.max_response_len:
-                raise UserError(f"--overlong-buffer {self.overlong_buffer} is more than --max-response-len "
-                                f"{self.sampling.max_response_len}")
+                raise UserError(
+                    f"--overlong-buffer {self.overlong_buffer} is more than --max-response-len "
+                    f"{self.sampling.max_response_len}"
+                )
 
     @property
     def refill_budget(self) -> int:
@@ -352,11 +451,15 @@ class TrainOptions:
         if not self.engine.speculative_tokens:
             return
         if len(self.depths) != 1:
-            raise UserError(f"--speculative-tokens needs --depths T alone (the full depth, e.g. --depths 4), "
-                            f"got --depths {' '.join(map(str, self.depths))}")
+            raise UserError(
+                f"--speculative-tokens needs --depths T alone (the full depth, e.g. --depths 4), "
+                f"got --depths {' '.join(map(str, self.depths))}"
+            )
         if self.eval_depths not in (list(DEFAULT_DEPTHS), self.depths):
-            raise UserError(f"--speculative-tokens evaluates at K = {self.depths[0]} only; drop --eval-depths or "
-                            f"pass --eval-depths {self.depths[0]}")
+            raise UserError(
+                f"--speculative-tokens evaluates at K = {self.depths[0]} only; drop --eval-depths or "
+                f"pass --eval-depths {self.depths[0]}"
+            )
         self.eval_depths = list(self.depths)
 
     @property
@@ -381,16 +484,18 @@ class EvalOptions:
     model: str = option(help="HF directory, Megatron checkpoint or run directory.", argument=True)
     data: str = option(help="Held-out data: JSONL, Parquet or a datasets save_to_disk directory.")
     columns: ColumnOptions = section(ColumnOptions)
-    depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="Decode budgets K to evaluate: "
-                               "--depths 2 3 4.")
+    depths: list[int] = option(
+        factory=lambda: list(DEFAULT_DEPTHS), help="Decode budgets K to evaluate: --depths 2 3 4."
+    )
     prompts: int = option(64, help="Evaluate the first N prompts.")
     samples: int = option(1, help="Samples per prompt and K: avg@N, and pass@k for k = 1, 2, 4, ... <= N.")
     task: TaskOptions = section(TaskOptions)
     sampling: SamplingOptions = section(SamplingOptions)
     seed: int = option(DEFAULT_SEED, help="Sampling seed.")
     device: str = option("auto", help="auto, cpu or cuda.")
-    max_num_seqs: int = option(64, help="Sequences decoded together (the KV cache holds that many of up to 2,048 "
-                               "tokens).")
+    max_num_seqs: int = option(
+        64, help="Sequences decoded together (the KV cache holds that many of up to 2,048 tokens)."
+    )
     execution: ExecutionSettings = section(ExecutionSettings)
     out: str | None = option(None, help="Output directory (outside every input).", shown="evals/ouro-eval-<timestamp>")
     overwrite: bool = option(False, help="Replace a non-empty output directory (never an input).")

@@ -34,13 +34,34 @@ from .options import TrainOptions
 PLAN_VERSION = 1
 
 # may differ between a run and its resumption
-FREE_KEYS = {"updates", "run_dir", "data", "save_interval", "keep_last", "eval_data", "eval_prompts", "eval_samples",
-             "eval_interval", "eval_depths", "export_hf", "overwrite", "model", "state_digest", "save_on_interrupt",
-             "gpu_memory_utilization",  # the memory plan it yields is recorded (contract "sizing") and reused
-             "async_save", "offload_optimizer", "loggers",  # where tensors live, what is logged
-             "kv_transport", "pd_worker_threads",  # how PD workers move bytes; their host threads
-             "eval_prompt_key", "eval_label_key", "eval_id_key", "eval_label_parser",  # like eval_data
-             "reward_timeout"}  # changes no reward: a call past it stops the run
+FREE_KEYS = {
+    "updates",
+    "run_dir",
+    "data",
+    "save_interval",
+    "keep_last",
+    "eval_data",
+    "eval_prompts",
+    "eval_samples",
+    "eval_interval",
+    "eval_depths",
+    "export_hf",
+    "overwrite",
+    "model",
+    "state_digest",
+    "save_on_interrupt",
+    "gpu_memory_utilization",  # the memory plan it yields is recorded (contract "sizing") and reused
+    "async_save",
+    "offload_optimizer",
+    "loggers",  # where tensors live, what is logged
+    "kv_transport",
+    "pd_worker_threads",  # how PD workers move bytes; their host threads
+    "eval_prompt_key",
+    "eval_label_key",
+    "eval_id_key",
+    "eval_label_parser",  # like eval_data
+    "reward_timeout",
+}  # changes no reward: a call past it stops the run
 EXECUTION_KEYS = set(leaves(ExecutionSettings))  # recorded as what they resolve to (contract "execution")
 SCHEDULER_KEYS = {"lr", "lr_schedule", "warmup_steps", "min_lr", "lr_decay_updates"}
 
@@ -51,8 +72,15 @@ def file_sha256(path: Path | None) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def build_contract(options: TrainOptions, *, data_sha256: str, model_config: dict[str, Any],
-                   tokenizer_sha256: str | None, template: dict[str, str], num_loops: int) -> dict[str, Any]:
+def build_contract(
+    options: TrainOptions,
+    *,
+    data_sha256: str,
+    model_config: dict[str, Any],
+    tokenizer_sha256: str | None,
+    template: dict[str, str],
+    num_loops: int,
+) -> dict[str, Any]:
     contract = {k: v for k, v in options.to_dict().items() if k not in FREE_KEYS | EXECUTION_KEYS}
     contract.update(
         execution=options.execution.effective(options.trainer.resolved_device),
@@ -72,15 +100,32 @@ def contract_hash(contract: dict[str, Any]) -> str:
 def sizing_entry(sizing) -> dict[str, Any]:
     """The part of the run's memory plan (rl/sizing.py) that decides what it computes: decode
     batch composition and micro-batch splits (summation order). A resumed run reuses it."""
-    return {key: getattr(sizing, key) for key in ("kv_blocks", "max_num_seqs", "max_tokens_per_micro_batch",
-                                                  "recompute", "token_cost", "prompt_heads",
-                                                  "deep_parts_first")}
+    return {
+        key: getattr(sizing, key)
+        for key in (
+            "kv_blocks",
+            "max_num_seqs",
+            "max_tokens_per_micro_batch",
+            "recompute",
+            "token_cost",
+            "prompt_heads",
+            "deep_parts_first",
+        )
+    }
 
 
-def new_plan(options: TrainOptions, contract: dict[str, Any], cursor: dict[str, Any],
-             sizing: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"plan_version": PLAN_VERSION, "contract": contract, "options": options.to_dict(),
-            "given_paths": options.given_paths, "next_update": 0, "cursor": cursor, "sizing": sizing}
+def new_plan(
+    options: TrainOptions, contract: dict[str, Any], cursor: dict[str, Any], sizing: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "plan_version": PLAN_VERSION,
+        "contract": contract,
+        "options": options.to_dict(),
+        "given_paths": options.given_paths,
+        "next_update": 0,
+        "cursor": cursor,
+        "sizing": sizing,
+    }
 
 
 def advance(plan: dict[str, Any], next_update: int, cursor: dict[str, Any], updates: int) -> dict[str, Any]:
@@ -136,8 +181,9 @@ def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_sch
                 flag = leaves(ExecutionSettings)[part].flag
                 variable = variables(ExecutionSettings).get(part)
                 hint = f" (set by {flag}{f' or {variable}' if variable else ''}; resume with the run's)"
-            raise UserError(f"resume would change {key}.{part}: the run has {a.get(part)!r}, this invocation "
-                            f"{b.get(part)!r}{hint}")
+            raise UserError(
+                f"resume would change {key}.{part}: the run has {a.get(part)!r}, this invocation {b.get(part)!r}{hint}"
+            )
         hint = " (pass --override-scheduler to change the LR schedule)" if key in SCHEDULER_KEYS else ""
         raise UserError(f"resume would change {key}: the run has {a!r}, this invocation {b!r}{hint}")
 
@@ -145,8 +191,12 @@ def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_sch
 def check_cursor(plan: dict[str, Any], checkpoint_extra: dict[str, Any]) -> None:
     """The checkpoint's saved cursor and update must be the ones the plan recorded with it."""
     if checkpoint_extra.get("next_update") != plan["next_update"]:
-        raise UserError(f"the checkpoint continues at update {checkpoint_extra.get('next_update')} but the plan says "
-                        f"{plan['next_update']}: the run directory is inconsistent")
+        raise UserError(
+            f"the checkpoint continues at update {checkpoint_extra.get('next_update')} but the plan says "
+            f"{plan['next_update']}: the run directory is inconsistent"
+        )
     if checkpoint_extra.get("cursor") != plan["cursor"]:
-        raise UserError(f"the checkpoint's data cursor {checkpoint_extra.get('cursor')} disagrees with the plan's "
-                        f"{plan['cursor']}: the run directory is inconsistent")
+        raise UserError(
+            f"the checkpoint's data cursor {checkpoint_extra.get('cursor')} disagrees with the plan's "
+            f"{plan['cursor']}: the run directory is inconsistent"
+        )

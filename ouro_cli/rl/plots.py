@@ -27,7 +27,13 @@ from typing import Any
 
 from .metrics import read_jsonl
 
-PHASES = (("rollout_s", "rollout"), ("refill_s", "refill"), ("train_s", "train"), ("publish_s", "publish"), ("save_s", "save"))
+PHASES = (
+    ("rollout_s", "rollout"),
+    ("refill_s", "refill"),
+    ("train_s", "train"),
+    ("publish_s", "publish"),
+    ("save_s", "save"),
+)
 RUNNING_MEAN = 5
 
 
@@ -48,8 +54,9 @@ def _running_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_run(metrics_path: Path, evaluations_path: Path, out: Path,
-             log: Callable[[str], None] = lambda s: None) -> Path | None:
+def plot_run(
+    metrics_path: Path, evaluations_path: Path, out: Path, log: Callable[[str], None] = lambda s: None
+) -> Path | None:
     """Draw `out` from a run's metrics.jsonl and evaluations.jsonl (a last line cut short is
     left out, said in `log`); None without records, or without matplotlib (a bare GPU image
     may lack it: the run itself is not at fault)."""
@@ -65,7 +72,9 @@ def plot_run(metrics_path: Path, evaluations_path: Path, out: Path,
 
     evaluations = read_jsonl(evaluations_path, log)
     per_k = _by_k(records)
-    colours = {k: plt.get_cmap("tab10")(i) for i, k in enumerate(sorted(set(per_k) | {int(e["k"]) for e in evaluations}))}
+    colours = {
+        k: plt.get_cmap("tab10")(i) for i, k in enumerate(sorted(set(per_k) | {int(e["k"]) for e in evaluations}))
+    }
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     (reward, accuracy, depth), (mismatch, timing, length) = axes
 
@@ -83,8 +92,9 @@ def plot_run(metrics_path: Path, evaluations_path: Path, out: Path,
         length.plot(u, lengths, color=c, marker=".", label=f"K={k}")
     for k, rows in _by_k(evaluations).items():
         rows = sorted(rows, key=lambda e: e["update"])
-        accuracy.plot([e["update"] for e in rows], [e["accuracy"] for e in rows], color=colours[k], marker="o",
-                      label=f"K={k}")
+        accuracy.plot(
+            [e["update"] for e in rows], [e["accuracy"] for e in rows], color=colours[k], marker="o", label=f"K={k}"
+        )
 
     updates = [r["update"] for r in records]
     bottom = [0.0] * len(records)

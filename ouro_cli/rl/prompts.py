@@ -9,7 +9,9 @@ from ouro_cli.errors import UserError
 from .data import Row
 
 
-def tokenize_prompts(codec, template, rows: list[Row], limit: int, max_response_len: int, where: str) -> list[list[int]]:
+def tokenize_prompts(
+    codec, template, rows: list[Row], limit: int, max_response_len: int, where: str
+) -> list[list[int]]:
     """Each row's prompt as token ids; a prompt the template cannot render (template.py
     `check`), one that renders to nothing, or one that leaves no room for `max_response_len`
     tokens within `limit`, is a UserError naming `where`:line. `ouro data check --model`
@@ -21,8 +23,10 @@ def tokenize_prompts(codec, template, rows: list[Row], limit: int, max_response_
         if not tokens:
             raise UserError(f"{where}:{row.line}: the prompt renders to no tokens")
         if len(tokens) + max_response_len > limit:
-            raise UserError(f"{where}:{row.line}: prompt of {len(tokens)} tokens + --max-response-len "
-                            f"{max_response_len} exceeds the sequence limit {limit}")
+            raise UserError(
+                f"{where}:{row.line}: prompt of {len(tokens)} tokens + --max-response-len "
+                f"{max_response_len} exceeds the sequence limit {limit}"
+            )
         ids.append(tokens)
     return ids
 

@@ -30,8 +30,9 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
         yield bucket
 
 
-def publish(engine, named: Iterable[tuple[str, torch.Tensor]], version: int,
-            bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, float]:
+def publish(
+    engine, named: Iterable[tuple[str, torch.Tensor]], version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> dict[str, float]:
     start = time.perf_counter()
     engine.start_weight_update(version)
     count = nbytes = 0

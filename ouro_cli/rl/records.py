@@ -33,8 +33,9 @@ from .run_dir import RunDir
 STATE_FILE = "trainer_state.json"  # written by trainer/checkpointing.py into every iteration
 
 
-def write_update(run: RunDir, update: int, rollouts: list[dict[str, Any]], row: dict[str, Any], *,
-                 durable: bool) -> None:
+def write_update(
+    run: RunDir, update: int, rollouts: list[dict[str, Any]], row: dict[str, Any], *, durable: bool
+) -> None:
     """Rollouts file first, metrics line last (the line is what says the update is logged);
     `durable` flushes both to disk (before a save that includes the update)."""
     run.rollouts.mkdir(exist_ok=True)
@@ -68,13 +69,17 @@ def read_trainer_state(iteration_dir: Path) -> dict[str, Any]:
         extra = json.loads(state_file.read_text())["extra"]
         return {**extra, "next_update": int(extra["next_update"])}
     except FileNotFoundError:
-        raise UserError(f"{state_file} is missing: {state_file.parent.name} holds no training state; remove "
-                        f"{state_file.parent} to resume from the iteration before it (from the start when there "
-                        "is none)") from None
+        raise UserError(
+            f"{state_file} is missing: {state_file.parent.name} holds no training state; remove "
+            f"{state_file.parent} to resume from the iteration before it (from the start when there "
+            "is none)"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
-        raise UserError(f"{state_file} is damaged ({type(err).__name__}: {err}); remove "
-                        f"{state_file.parent} to resume from the iteration before it (from the start when there "
-                        "is none)") from None
+        raise UserError(
+            f"{state_file} is damaged ({type(err).__name__}: {err}); remove "
+            f"{state_file.parent} to resume from the iteration before it (from the start when there "
+            "is none)"
+        ) from None
 
 
 def resume_point(run: RunDir, updates: int, log: Callable[[str], None] = lambda s: None) -> int | None:
@@ -99,11 +104,15 @@ def repair_tracker(run: RunDir, log: Callable[[str], None] = lambda s: None) -> 
         return
     name = layout.iteration_dir_name(repaired)
     if named is not None and named != layout.RELEASE and repaired != layout.RELEASE and named > repaired:
-        log(f"checkpoint: the tracker named {layout.iteration_dir_name(named)}, which is gone or incomplete; it now "
-            f"names {name}, the newest complete iteration")
+        log(
+            f"checkpoint: the tracker named {layout.iteration_dir_name(named)}, which is gone or incomplete; it now "
+            f"names {name}, the newest complete iteration"
+        )
     else:
-        log(f"checkpoint: {name} is complete but its save was interrupted before the tracker named it; the "
-            "tracker now does")
+        log(
+            f"checkpoint: {name} is complete but its save was interrupted before the tracker named it; the "
+            "tracker now does"
+        )
 
 
 def check_records(run: RunDir, start: int, log: Callable[[str], None] = lambda s: None) -> None:
@@ -112,14 +121,18 @@ def check_records(run: RunDir, start: int, log: Callable[[str], None] = lambda s
     missing = [u for u in range(start) if counts[u] == 0]
     repeated = [u for u in range(start) if counts[u] > 1]
     absent = [u for u in range(start) if counts[u] and not run.rollout_file(u).is_file()]
-    for what, found in ((f"{run.metrics.name} has no line for", missing),
-                        (f"{run.metrics.name} logs more than once", repeated),
-                        (f"{run.rollouts.name}/ has no file for", absent)):
+    for what, found in (
+        (f"{run.metrics.name} has no line for", missing),
+        (f"{run.metrics.name} logs more than once", repeated),
+        (f"{run.rollouts.name}/ has no file for", absent),
+    ):
         if found:
             shown = ", ".join(map(str, found[:5])) + (", ..." if len(found) > 5 else "")
-            raise UserError(f"{run.root}: the checkpoint at update {start} includes update(s) {shown}, but {what} "
-                            "them; resuming would leave the records with a gap. Restore the records from a copy "
-                            "of the run, or start over with `ouro train --overwrite`")
+            raise UserError(
+                f"{run.root}: the checkpoint at update {start} includes update(s) {shown}, but {what} "
+                "them; resuming would leave the records with a gap. Restore the records from a copy "
+                "of the run, or start over with `ouro train --overwrite`"
+            )
 
 
 def drop_after(run: RunDir, start: int, *, finishing: bool, log: Callable[[str], None] = lambda s: None) -> None:
@@ -135,7 +148,7 @@ def drop_after(run: RunDir, start: int, *, finishing: bool, log: Callable[[str],
     _rewrite(run.evaluations, [e for e in read_jsonl(run.evaluations, log) if _kept(e, start, finishing)])
     _rewrite(run.responses, [e for e in read_jsonl(run.responses, log) if _kept(e, start, finishing)])
     for path in run.rollouts.glob("update_*.jsonl"):
-        if int(path.stem[len("update_"):]) >= start:
+        if int(path.stem[len("update_") :]) >= start:
             path.unlink()
 
 

@@ -60,8 +60,11 @@ def merged(*plans: dict[str, Any] | None) -> list[dict[str, Any]]:
 def kv_limit(plan: dict[str, Any], update: int, rank: int) -> int | None:
     """The KV blocks (at T planes) rank `rank`'s rollouts may take at `update`: the lowest
     limit decided at or before it, or None (no limit)."""
-    limits = [d["kv_blocks"] for d in decisions(plan)
-              if d["what"] == "kv_blocks" and d["update"] <= update and d.get("rank", 0) == rank]
+    limits = [
+        d["kv_blocks"]
+        for d in decisions(plan)
+        if d["what"] == "kv_blocks" and d["update"] <= update and d.get("rank", 0) == rank
+    ]
     return min(limits) if limits else None
 
 
@@ -72,36 +75,67 @@ def halved(current: int, floor: int) -> int | None:
     return max(floor, current // 2)
 
 
-def generate_with_recovery(call: Callable[[], Any], engine: Any, *, limit: int | None, capacity: int, floor: int,
-                           on_decision: Callable[[int], None]) -> Any:
+def generate_with_recovery(
+    call: Callable[[], Any],
+    engine: Any,
+    *,
+    limit: int | None,
+    capacity: int,
+    floor: int,
+    on_decision: Callable[[int], None],
+) -> Any:
     """`call()` (one generate call of `engine`), run again with a halved KV limit after each
     out-of-memory, down to `floor` blocks; `on_decision(new_limit)` records each. The last
     failure propagates (the phase reports it in one line)."""
-    return _halving(call, capacity if limit is None else limit, floor, release=engine.release_memory,
-                    lower=engine.limit_kv_blocks, on_decision=on_decision)
+    return _halving(
+        call,
+        capacity if limit is None else limit,
+        floor,
+        release=engine.release_memory,
+        lower=engine.limit_kv_blocks,
+        on_decision=on_decision,
+    )
 
 
 def micro_batch_limit(plan: dict[str, Any], update: int, step: int, rank: int) -> int | None:
     """The tokens per micro-batch rank `rank`'s train step `step` of `update` may take: the
     lowest limit decided at or before that step, or None (the memory plan's)."""
-    limits = [d["max_tokens_per_micro_batch"] for d in decisions(plan)
-              if d["what"] == "max_tokens_per_micro_batch" and (d["update"], d["step"]) <= (update, step)
-              and d.get("rank", 0) == rank]
+    limits = [
+        d["max_tokens_per_micro_batch"]
+        for d in decisions(plan)
+        if d["what"] == "max_tokens_per_micro_batch"
+        and (d["update"], d["step"]) <= (update, step)
+        and d.get("rank", 0) == rank
+    ]
     return min(limits) if limits else None
 
 
-def train_step_with_recovery(attempt: Callable[[], Any], trainer: Any, *, floor: int,
-                             on_decision: Callable[[int], None]) -> Any:
+def train_step_with_recovery(
+    attempt: Callable[[], Any], trainer: Any, *, floor: int, on_decision: Callable[[int], None]
+) -> Any:
     """`attempt()` (a train step's forward and backward passes on this rank, its micro-batches
     cut at `trainer.micro_batch_tokens`), run again from zeroed gradients with that limit halved
     after each out-of-memory, down to `floor` tokens; `on_decision(new_limit)` records each. The
     last failure propagates (the phase reports it in one line)."""
-    return _halving(attempt, trainer.micro_batch_tokens, floor, release=trainer.discard_step,
-                    lower=trainer.limit_micro_batch_tokens, on_decision=on_decision)
+    return _halving(
+        attempt,
+        trainer.micro_batch_tokens,
+        floor,
+        release=trainer.discard_step,
+        lower=trainer.limit_micro_batch_tokens,
+        on_decision=on_decision,
+    )
 
 
-def _halving(call: Callable[[], Any], limit: int | None, floor: int, *, release: Callable[[], None],
-             lower: Callable[[int], None], on_decision: Callable[[int], None]) -> Any:
+def _halving(
+    call: Callable[[], Any],
+    limit: int | None,
+    floor: int,
+    *,
+    release: Callable[[], None],
+    lower: Callable[[int], None],
+    on_decision: Callable[[int], None],
+) -> Any:
     """`call()`, run again after each out-of-memory once `release()` gave back what the failed
     call held and `lower(n)` set the halved limit. The retry runs outside the `except` block:
     the failed call's frames, and the tensors they hold, are gone by then."""

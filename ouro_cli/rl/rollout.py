@@ -59,12 +59,23 @@ class RolloutSample:
     def record(self, update: int) -> dict[str, Any]:
         """What rollouts/update_N.jsonl keeps (logprobs as exact float reprs)."""
         return {
-            "update": update, "problem_id": self.row.problem_id, "group": self.group, "k": self.k,
-            "weight_version": self.weight_version, "seed": self.seed, "config_hash": self.config_hash,
-            "prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "exit_depths": self.exit_depths,
-            "logprobs": [float(x).hex() for x in self.logprobs], "finish_reason": self.finish_reason,
-            "reward": self.reward, "length_penalty": self.penalty, "advantage": self.advantage,
-            "trained": self.trained, "text": self.text,
+            "update": update,
+            "problem_id": self.row.problem_id,
+            "group": self.group,
+            "k": self.k,
+            "weight_version": self.weight_version,
+            "seed": self.seed,
+            "config_hash": self.config_hash,
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.response_ids,
+            "exit_depths": self.exit_depths,
+            "logprobs": [float(x).hex() for x in self.logprobs],
+            "finish_reason": self.finish_reason,
+            "reward": self.reward,
+            "length_penalty": self.penalty,
+            "advantage": self.advantage,
+            "trained": self.trained,
+            "text": self.text,
         }
 
 
@@ -73,38 +84,72 @@ class RolloutSampling:
     """How every request of a run's rollouts, or of an evaluation, is sampled and checked:
     fixed for the run, while K, the seeds and the group vary per call (`generate_groups`)."""
 
-    num_loops: int                        # T: the prefill depth every output must report
-    seed: int                             # the seed the request seeds derive from (`request_seed`)
+    num_loops: int  # T: the prefill depth every output must report
+    seed: int  # the seed the request seeds derive from (`request_seed`)
     temperature: float
     max_tokens: int
     exit_threshold: float
     min_loops: int
     stop_token_ids: tuple[int, ...]
-    decode: Callable[[list[int]], str]    # response ids -> the text the reward grades
+    decode: Callable[[list[int]], str]  # response ids -> the text the reward grades
     speculative_tokens: int = 0
-    async_scheduling: bool = False        # how the engine was built (part of the config hash)
+    async_scheduling: bool = False  # how the engine was built (part of the config hash)
 
     @classmethod
-    def of(cls, options, *, num_loops: int, seed: int, stop_token_ids: Sequence[int],
-           decode: Callable[[list[int]], str], speculative_tokens: int = 0,
-           async_scheduling: bool = False) -> RolloutSampling:
+    def of(
+        cls,
+        options,
+        *,
+        num_loops: int,
+        seed: int,
+        stop_token_ids: Sequence[int],
+        decode: Callable[[list[int]], str],
+        speculative_tokens: int = 0,
+        async_scheduling: bool = False,
+    ) -> RolloutSampling:
         """From the run's `SamplingOptions` (rl/options.py) and what the model and the engine fix."""
-        return cls(num_loops=num_loops, seed=seed, temperature=options.temperature,
-                   max_tokens=options.max_response_len, exit_threshold=options.exit_threshold,
-                   min_loops=options.min_loops, stop_token_ids=tuple(stop_token_ids), decode=decode,
-                   speculative_tokens=speculative_tokens, async_scheduling=async_scheduling)
+        return cls(
+            num_loops=num_loops,
+            seed=seed,
+            temperature=options.temperature,
+            max_tokens=options.max_response_len,
+            exit_threshold=options.exit_threshold,
+            min_loops=options.min_loops,
+            stop_token_ids=tuple(stop_token_ids),
+            decode=decode,
+            speculative_tokens=speculative_tokens,
+            async_scheduling=async_scheduling,
+        )
 
     def params(self, k: int, seed: int) -> SamplingParams:
         """The engine request of one sample at decode budget `k`."""
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=seed, logprobs=0,
-                              logprobs_mode="processed", stop_token_ids=self.stop_token_ids,
-                              min_loops=min(self.min_loops, k), max_loops=k, exit_threshold=self.exit_threshold,
-                              speculative_tokens=self.speculative_tokens)
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=seed,
+            logprobs=0,
+            logprobs_mode="processed",
+            stop_token_ids=self.stop_token_ids,
+            min_loops=min(self.min_loops, k),
+            max_loops=k,
+            exit_threshold=self.exit_threshold,
+            speculative_tokens=self.speculative_tokens,
+        )
 
 
-def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]], sampling: RolloutSampling, *,
-                    group_size: int, k: int, update: int, positions: Sequence[int] | None = None,
-                    purpose: str = "rollout", seeds: Sequence[int] | None = None) -> list[RolloutSample]:
+def generate_groups(
+    engine,
+    rows: Sequence[Row],
+    prompt_ids: Sequence[list[int]],
+    sampling: RolloutSampling,
+    *,
+    group_size: int,
+    k: int,
+    update: int,
+    positions: Sequence[int] | None = None,
+    purpose: str = "rollout",
+    seeds: Sequence[int] | None = None,
+) -> list[RolloutSample]:
     """One request per (row, group member); returns checked samples in (row, member) order.
 
     `positions` are the rows' places in the update's global batch (default 0, 1, …): they
@@ -119,8 +164,11 @@ def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]]
     params, owners = [], []
     for i, row in enumerate(rows):
         for g in range(group_size):
-            seed = request_seed(sampling.seed, update, positions[i] * group_size + g, purpose) if seeds is None \
+            seed = (
+                request_seed(sampling.seed, update, positions[i] * group_size + g, purpose)
+                if seeds is None
                 else seeds[i * group_size + g]
+            )
             params.append(sampling.params(k, seed))
             owners.append((row, positions[i], list(prompt_ids[i])))
     outputs = engine.generate([o[2] for o in owners], params)
@@ -129,16 +177,31 @@ def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]]
     for (row, group, prompt), out in zip(owners, outputs, strict=True):
         eff = out.sampling_params
         _check_output(out, committed, sampling.num_loops, k)
-        settings = execution_settings(eff, prefill_depth=sampling.num_loops, async_scheduling=sampling.async_scheduling,
-                                      speculative_tokens=eff.speculative_tokens)
-        samples.append(RolloutSample(
-            row=row, group=group, prompt_ids=prompt, response_ids=list(out.output_token_ids),
-            exit_depths=list(out.exit_depths), logprobs=[float(x) for x in out.log_probs],
-            finish_reason=out.finish_reason, weight_version=out.weight_version, seed=eff.seed, k=eff.max_loops,
-            config_hash=config_hash(settings), text=sampling.decode(list(out.output_token_ids))))
+        settings = execution_settings(
+            eff,
+            prefill_depth=sampling.num_loops,
+            async_scheduling=sampling.async_scheduling,
+            speculative_tokens=eff.speculative_tokens,
+        )
+        samples.append(
+            RolloutSample(
+                row=row,
+                group=group,
+                prompt_ids=prompt,
+                response_ids=list(out.output_token_ids),
+                exit_depths=list(out.exit_depths),
+                logprobs=[float(x) for x in out.log_probs],
+                finish_reason=out.finish_reason,
+                weight_version=out.weight_version,
+                seed=eff.seed,
+                k=eff.max_loops,
+                config_hash=config_hash(settings),
+                text=sampling.decode(list(out.output_token_ids)),
+            )
+        )
     for group in range(len(rows)):
         try:
-            validate_group(samples[group * group_size:(group + 1) * group_size])
+            validate_group(samples[group * group_size : (group + 1) * group_size])
         except ValueError as err:
             raise RolloutCheckFailed(str(err)) from err
     return samples
@@ -146,14 +209,18 @@ def generate_groups(engine, rows: Sequence[Row], prompt_ids: Sequence[list[int]]
 
 def _check_output(out, committed: int, num_loops: int, k: int) -> None:
     if out.weight_version != committed:
-        raise RolloutCheckFailed(f"request {out.request_id} ran on weight version {out.weight_version}, "
-                                 f"the committed one is {committed}")
+        raise RolloutCheckFailed(
+            f"request {out.request_id} ran on weight version {out.weight_version}, the committed one is {committed}"
+        )
     n = len(out.output_token_ids)
     if n == 0 or len(out.exit_depths) != n or out.log_probs is None or len(out.log_probs) != n:
-        raise RolloutCheckFailed(f"request {out.request_id}: {n} tokens but {len(out.exit_depths)} exit depths "
-                                 f"and {None if out.log_probs is None else len(out.log_probs)} logprobs")
+        raise RolloutCheckFailed(
+            f"request {out.request_id}: {n} tokens but {len(out.exit_depths)} exit depths "
+            f"and {None if out.log_probs is None else len(out.log_probs)} logprobs"
+        )
     if out.exit_depths[0] != num_loops:
-        raise RolloutCheckFailed(f"request {out.request_id}: exit_depths[0] is {out.exit_depths[0]}, "
-                                 f"the prefill runs T={num_loops} loops")
+        raise RolloutCheckFailed(
+            f"request {out.request_id}: exit_depths[0] is {out.exit_depths[0]}, the prefill runs T={num_loops} loops"
+        )
     if any(not 1 <= d <= k for d in out.exit_depths[1:]):
         raise RolloutCheckFailed(f"request {out.request_id}: a decode depth lies outside 1..{k}")

@@ -97,12 +97,26 @@ class RunDir:
         """The entries of the root that the run itself writes: no other command's output may be
         one of them or lie inside one (ouro_cli/outputs.py). `hf_export` is not among them: it
         is where an export of the run goes."""
-        return [self.plan, self.manifest, self.checkpoint, self.metrics, self.evaluations, self.responses,
-                self.rollouts, self.plot, self.lock, self.warnings_log.parent, self.root / MARKER]
+        return [
+            self.plan,
+            self.manifest,
+            self.checkpoint,
+            self.metrics,
+            self.evaluations,
+            self.responses,
+            self.rollouts,
+            self.plot,
+            self.lock,
+            self.warnings_log.parent,
+            self.root / MARKER,
+        ]
 
     def foreign_entries(self) -> list[str]:
         """Names in the root that are not part of a run's layout (a directory that is not a run)."""
         known = {p.name for p in self.own_paths()}
         known |= {f"{n}.tmp" for n in (self.metrics.name, self.evaluations.name, self.responses.name)}
-        return sorted(p.name for p in self.root.iterdir()
-                      if p.name not in known and not (p.name.startswith(".") and ".tmp" in p.name))
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.name not in known and not (p.name.startswith(".") and ".tmp" in p.name)
+        )

@@ -26,17 +26,17 @@ from typing import Any
 from ..errors import UserError
 
 EXECUTION_KEYS = (
-    "prefill_depth",       # T: prompts always run every loop (docs/model.md §3)
-    "max_loops",           # decode budget K of this update
+    "prefill_depth",  # T: prompts always run every loop (docs/model.md §3)
+    "max_loops",  # decode budget K of this update
     "min_loops",
-    "exit_threshold",      # τ; 1.0 means exactly K loops
-    "exit_mode",           # "immediate" | "delayed"
+    "exit_threshold",  # τ; 1.0 means exactly K loops
+    "exit_mode",  # "immediate" | "delayed"
     "async_scheduling",
     "speculative_tokens",  # 0: no speculation
     "temperature",
     "top_p",
     "top_k",
-    "logprobs_mode",       # "raw" | "processed"
+    "logprobs_mode",  # "raw" | "processed"
 )
 
 
@@ -49,8 +49,9 @@ def validate_depths(depths: Sequence[int], total_loops: int, flag: str = "--dept
         if isinstance(k, bool) or not isinstance(k, int):
             raise UserError(f"{flag}: {k!r} is not an integer loop count")
         if not 1 <= k <= total_loops:
-            raise UserError(f"{flag}: K={k} is outside 1..{total_loops} (the model runs at most "
-                            f"total_ut_steps={total_loops} loops)")
+            raise UserError(
+                f"{flag}: K={k} is outside 1..{total_loops} (the model runs at most total_ut_steps={total_loops} loops)"
+            )
         checked.append(k)
     return checked
 
@@ -58,8 +59,10 @@ def validate_depths(depths: Sequence[int], total_loops: int, flag: str = "--dept
 def validate_min_loops(min_loops: int, total_loops: int) -> int:
     """--min-loops checked against the model's T: a token cannot run more loops than the model has."""
     if min_loops > total_loops:
-        raise UserError(f"--min-loops {min_loops} is more than the model's total_ut_steps={total_loops} loops; "
-                        f"use at most {total_loops}")
+        raise UserError(
+            f"--min-loops {min_loops} is more than the model's total_ut_steps={total_loops} loops; "
+            f"use at most {total_loops}"
+        )
     return min_loops
 
 
@@ -96,8 +99,9 @@ def config_hash(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def execution_settings(params: Any, *, prefill_depth: int, async_scheduling: bool = False,
-                       speculative_tokens: int = 0) -> dict[str, Any]:
+def execution_settings(
+    params: Any, *, prefill_depth: int, async_scheduling: bool = False, speculative_tokens: int = 0
+) -> dict[str, Any]:
     """The EXECUTION_KEYS of one request: sampling/depth fields read from resolved `params`
     (an engine `SamplingParams`, or anything with those attributes), the rest given."""
     if getattr(params, "max_loops", None) is None:
@@ -137,7 +141,9 @@ def _field(sample: Any, names: tuple[str, ...]) -> Any:
         elif hasattr(sample, name):
             return getattr(sample, name)
     if names[0] == "k":  # an engine RequestOutput keeps K in its effective sampling params
-        params = sample.get("sampling_params") if isinstance(sample, Mapping) else getattr(sample, "sampling_params", None)
+        params = (
+            sample.get("sampling_params") if isinstance(sample, Mapping) else getattr(sample, "sampling_params", None)
+        )
         if params is not None and getattr(params, "max_loops", None) is not None:
             return params.max_loops
     raise GroupMismatch(f"group sample has no {' or '.join(names)} field")
@@ -157,9 +163,19 @@ def validate_group(outputs: Sequence[Any]) -> None:
         if len(distinct) > 1:
             first = values[0]
             bad = next(i for i, v in enumerate(values) if repr(v) != repr(first))
-            raise GroupMismatch(f"GRPO group mixes {what}s: sample 0 has {first!r}, sample {bad} has {values[bad]!r} "
-                                f"({len(distinct)} distinct values in {len(values)} samples)")
+            raise GroupMismatch(
+                f"GRPO group mixes {what}s: sample 0 has {first!r}, sample {bad} has {values[bad]!r} "
+                f"({len(distinct)} distinct values in {len(values)} samples)"
+            )
 
 
-__all__ = ["EXECUTION_KEYS", "GroupMismatch", "config_hash", "depth_for_update", "execution_settings",
-           "validate_depths", "validate_group", "validate_min_loops"]
+__all__ = [
+    "EXECUTION_KEYS",
+    "GroupMismatch",
+    "config_hash",
+    "depth_for_update",
+    "execution_settings",
+    "validate_depths",
+    "validate_group",
+    "validate_min_loops",
+]

@@ -121,8 +121,9 @@ def _per_call(config: OuroConfig, exact: bool) -> int:
     return SAVED_HIDDEN_VECTORS * h + SAVED_INTERMEDIATE_VECTORS * i
 
 
-def activation_bytes_per_token(config: OuroConfig, dtype: torch.dtype, recompute: bool, row_width: int,
-                               exact: bool = False) -> int:
+def activation_bytes_per_token(
+    config: OuroConfig, dtype: torch.dtype, recompute: bool, row_width: int, exact: bool = False
+) -> int:
     """What one position of a micro-batch costs the replay's forward + backward (module docstring),
     in exact mode (`exact`) or not."""
     h, calls = config.hidden_size, config.num_hidden_layers * config.num_loops
@@ -142,7 +143,9 @@ def token_cost_shares(config: OuroConfig, recompute: bool, exact: bool = False) 
     position keeps (`activation_bytes_per_token` without its row-width mask term: the shares
     are per position, the mask's cost stays in the rest)."""
     per_call = RECOMPUTE_HIDDEN_VECTORS * config.hidden_size if recompute else _per_call(config, exact)
-    full = activation_bytes_per_token(config, torch.bfloat16, recompute, 0, exact)  # the shares do not depend on the dtype
+    full = activation_bytes_per_token(
+        config, torch.bfloat16, recompute, 0, exact
+    )  # the shares do not depend on the dtype
     loop = config.num_hidden_layers * per_call * torch.bfloat16.itemsize
     kv = 2 * config.num_key_value_heads * config.dim_per_head
     return {"loop": loop / full, "idle": min(1.0, kv / per_call)}
@@ -153,8 +156,15 @@ def gradient_bytes(config: OuroConfig) -> int:
     return parameter_counts(config)[1] * 4
 
 
-def resident_bytes(config: OuroConfig, dtype: torch.dtype, *, kind: str, offload_optimizer: bool,
-                   optimizer_shards: int = 1, gradients_released: bool = False) -> dict[str, int]:
+def resident_bytes(
+    config: OuroConfig,
+    dtype: torch.dtype,
+    *,
+    kind: str,
+    offload_optimizer: bool,
+    optimizer_shards: int = 1,
+    gradients_released: bool = False,
+) -> dict[str, int]:
     """What stays allocated for the whole run, by part (the gradients not, where they are
     released between updates)."""
     total, trainable = parameter_counts(config)
@@ -211,8 +221,17 @@ class RunSizing:
         return (self.kv_blocks + 1) * block_size * config.num_loops // planes - block_size
 
 
-def call_kv_bytes(config: OuroConfig, dtype: torch.dtype, *, block_size: int, planes: int, sequences: int,
-                  seq_tokens: int, kv_blocks: int | None, draft_tokens: int = 0) -> int:
+def call_kv_bytes(
+    config: OuroConfig,
+    dtype: torch.dtype,
+    *,
+    block_size: int,
+    planes: int,
+    sequences: int,
+    seq_tokens: int,
+    kv_blocks: int | None,
+    draft_tokens: int = 0,
+) -> int:
     """The most a released cache of `kv_blocks` blocks (at T planes) allocates for one generate
     call of `sequences` requests of at most `seq_tokens` tokens (prompt + max_tokens) at
     `planes` planes: the engine's count (`engine.kv_cache.request_blocks` per request, rounded
@@ -231,13 +250,29 @@ def call_kv_bytes(config: OuroConfig, dtype: torch.dtype, *, block_size: int, pl
     return blocks * block_size * kv_bytes_per_token(config, dtype, planes)
 
 
-def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dtype: torch.dtype, block_size: int,
-             seq_tokens: int, sequences_needed: int, tokens_per_update: int, planes: int,
-             engine_releases_memory: bool, offload_optimizer: str | bool = "off", optimizer_shards: int = 1,
-             kv_blocks: int | None = None, max_num_seqs: int | None = None,
-             max_tokens_per_micro_batch: int | None = None, recompute: str = "auto",
-             token_cost: dict[str, float] | None | str = "auto", prompt_heads: bool = True,
-             deep_parts_first: bool = True, exact: bool = False) -> RunSizing:
+def size_run(
+    config: OuroConfig,
+    memory: DeviceMemory,
+    *,
+    utilization: float,
+    dtype: torch.dtype,
+    block_size: int,
+    seq_tokens: int,
+    sequences_needed: int,
+    tokens_per_update: int,
+    planes: int,
+    engine_releases_memory: bool,
+    offload_optimizer: str | bool = "off",
+    optimizer_shards: int = 1,
+    kv_blocks: int | None = None,
+    max_num_seqs: int | None = None,
+    max_tokens_per_micro_batch: int | None = None,
+    recompute: str = "auto",
+    token_cost: dict[str, float] | None | str = "auto",
+    prompt_heads: bool = True,
+    deep_parts_first: bool = True,
+    exact: bool = False,
+) -> RunSizing:
     """Size the KV cache, the decode batch and the micro-batches for one run.
 
     `seq_tokens`: the longest prompt + `--max-response-len` (one sequence's KV, one sample's
@@ -270,8 +305,14 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     grads = gradient_bytes(config) if released else 0  # taken in turns, in the train phase
 
     def room(offload: bool) -> int:  # what the KV cache and the activations take in turns
-        parts = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=offload,
-                               optimizer_shards=optimizer_shards, gradients_released=released)
+        parts = resident_bytes(
+            config,
+            dtype,
+            kind=memory.kind,
+            offload_optimizer=offload,
+            optimizer_shards=optimizer_shards,
+            gradients_released=released,
+        )
         return budget - sum(parts.values()) - int(SLACK_FRACTION * budget)
 
     if offload_optimizer == "auto":  # on where the cache the run wants does not fit beside the state
@@ -283,8 +324,9 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     else:
         per_call = False
     offloads = offload_optimizer == "on"
-    state = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=False,
-                           optimizer_shards=optimizer_shards)["optimizer"]
+    state = resident_bytes(config, dtype, kind=memory.kind, offload_optimizer=False, optimizer_shards=optimizer_shards)[
+        "optimizer"
+    ]
     turns = room(offloads)
     resident = budget - turns
     what = "GPU" if memory.kind == "cuda" else "host"
@@ -292,8 +334,10 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
         raise ResourceError(
             f"the model does not fit: weights, gradients and optimizer state need {(resident + grads) / GIB:.1f} GiB, "
             "more than "
-            f"--gpu-memory-utilization {utilization} of {memory.total / GIB:.1f} GiB of {what} memory; raise it or pass "
-            "--offload-optimizer on")
+            f"--gpu-memory-utilization {utilization} of {memory.total / GIB:.1f} GiB of {what} memory; raise it or "
+            f"pass "
+            "--offload-optimizer on"
+        )
 
     given = kv_blocks is not None
     if kv_blocks is None:
@@ -305,14 +349,18 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
     if fits < 1 and given:
         raise ResourceError(
             f"--kv-blocks {kv_blocks} holds {(kv_blocks + 1) * block_size * config.num_loops // planes - block_size} "
-            f"tokens at {planes} planes, but one sequence needs {seq_tokens} (the longest prompt + --max-response-len); "
-            "raise --kv-blocks, or leave the cache to --gpu-memory-utilization")
+            f"tokens at {planes} planes, but one sequence needs {seq_tokens} (the longest prompt + "
+            f"--max-response-len); "
+            "raise --kv-blocks, or leave the cache to --gpu-memory-utilization"
+        )
     if fits < 1:
         raise ResourceError(
-            f"not even one sequence fits in the KV cache: {seq_tokens} tokens x {per_token / 2**10:.0f} KiB per token at "
+            f"not even one sequence fits in the KV cache: {seq_tokens} tokens x {per_token / 2**10:.0f} KiB per token "
+            f"at "
             f"{planes} planes = {seq_tokens * per_token / GIB:.2f} GiB, but {max(turns, 0) / GIB:.2f} GiB of {what} "
             f"memory are left after {resident / GIB:.1f} GiB of weights and optimizer state; raise "
-            "--gpu-memory-utilization, lower --max-response-len, or pass --offload-optimizer on")
+            "--gpu-memory-utilization, lower --max-response-len, or pass --offload-optimizer on"
+        )
     if max_num_seqs is None:
         max_num_seqs = max(1, min(sequences_needed, MAX_DEFAULT_SEQS))
 
@@ -342,18 +390,30 @@ def size_run(config: OuroConfig, memory: DeviceMemory, *, utilization: float, dt
                 f"one sample of {seq_tokens} tokens does not fit a training micro-batch: it needs "
                 f"{seq_tokens * per / GIB:.2f} GiB of activations (recompute {recompute}), "
                 f"{max(train_room, 0) / GIB:.2f} GiB of {what} memory are left; raise --gpu-memory-utilization, "
-                "lower --max-response-len, or pass --offload-optimizer on")
+                "lower --max-response-len, or pass --offload-optimizer on"
+            )
     elif recompute == "auto":
         off = activation_bytes_per_token(config, dtype, False, seq_tokens, exact)
         recompute = "off" if max_tokens_per_micro_batch * off <= train_room else "on"
     if token_cost == "auto":
         token_cost = token_cost_shares(config, recompute == "on", exact) if sized_here else None
-    return RunSizing(budget_bytes=budget, resident_bytes=resident, kv_blocks=int(kv_blocks), kv_bytes=int(kv_bytes),
-                     max_num_seqs=int(max_num_seqs), max_tokens_per_micro_batch=int(max_tokens_per_micro_batch),
-                     recompute=recompute == "on", engine_releases_memory=engine_releases_memory,
-                     offload_optimizer=offloads, gradients_released=released, state_per_call=per_call,
-                     kv_room_beside_state=max(0, room(False)) if per_call else 0, token_cost=token_cost,
-                     prompt_heads=prompt_heads, deep_parts_first=deep_parts_first)
+    return RunSizing(
+        budget_bytes=budget,
+        resident_bytes=resident,
+        kv_blocks=int(kv_blocks),
+        kv_bytes=int(kv_bytes),
+        max_num_seqs=int(max_num_seqs),
+        max_tokens_per_micro_batch=int(max_tokens_per_micro_batch),
+        recompute=recompute == "on",
+        engine_releases_memory=engine_releases_memory,
+        offload_optimizer=offloads,
+        gradients_released=released,
+        state_per_call=per_call,
+        kv_room_beside_state=max(0, room(False)) if per_call else 0,
+        token_cost=token_cost,
+        prompt_heads=prompt_heads,
+        deep_parts_first=deep_parts_first,
+    )
 
 
 def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:
@@ -365,20 +425,35 @@ def check_fits(sizing: RunSizing, memory: DeviceMemory, used_now: int) -> None:
         raise ResourceError(
             f"the run's memory budget is {sizing.budget_bytes / GIB:.1f} GiB but only "
             f"{(used_now + memory.free) / GIB:.1f} GiB are available to it ({other / GIB:.1f} GiB are held by other "
-            "processes); lower --gpu-memory-utilization or free the device")
+            "processes); lower --gpu-memory-utilization or free the device"
+        )
 
 
-def describe(sizing: RunSizing, config: OuroConfig, memory: DeviceMemory, *, block_size: int, seq_tokens: int,
-             dtype: torch.dtype, planes: list[int]) -> str:
+def describe(
+    sizing: RunSizing,
+    config: OuroConfig,
+    memory: DeviceMemory,
+    *,
+    block_size: int,
+    seq_tokens: int,
+    dtype: torch.dtype,
+    planes: list[int],
+) -> str:
     """One log line: the budget, and what it buys at each K the run decodes at."""
     per_seq = math.ceil(seq_tokens / block_size) * block_size  # a sequence holds whole blocks
     per_k = ", ".join(f"{sizing.tokens_at(p, config, block_size) // per_seq} at K={p}" for p in planes)
-    return (f"memory: {sizing.budget_bytes / GIB:.1f} GiB budget of {memory.total / GIB:.1f} GiB "
-            f"({memory.kind}); resident {sizing.resident_bytes / GIB:.1f} GiB; KV cache {sizing.kv_bytes / GIB:.2f} GiB "
-            f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); micro-batches of up to "
-            f"{sizing.max_tokens_per_micro_batch} tokens{' at full depth' if sizing.token_cost else ''}, recompute "
-            f"{'on' if sizing.recompute else 'off'}"
-            + ("; optimizer state in host memory during the rollouts it does not fit beside"
-               if sizing.state_per_call else "; optimizer state in host memory between steps"
-               if sizing.offload_optimizer else "")
-            + ("" if sizing.engine_releases_memory else " (the engine keeps its cache during training)"))
+    return (
+        f"memory: {sizing.budget_bytes / GIB:.1f} GiB budget of {memory.total / GIB:.1f} GiB "
+        f"({memory.kind}); resident {sizing.resident_bytes / GIB:.1f} GiB; KV cache {sizing.kv_bytes / GIB:.2f} GiB "
+        f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); micro-batches of up to "
+        f"{sizing.max_tokens_per_micro_batch} tokens{' at full depth' if sizing.token_cost else ''}, recompute "
+        f"{'on' if sizing.recompute else 'off'}"
+        + (
+            "; optimizer state in host memory during the rollouts it does not fit beside"
+            if sizing.state_per_call
+            else "; optimizer state in host memory between steps"
+            if sizing.offload_optimizer
+            else ""
+        )
+        + ("" if sizing.engine_releases_memory else " (the engine keeps its cache during training)")
+    )

@@ -76,11 +76,15 @@ class StopSignals:
             raise Interrupted(f"stopped by {signal_name(signum)} {self.at_once}; continue with: {self.hint}", signum)
         if self.signum is None:
             self.signum = signum
-            self.log(f"{signal.Signals(signum).name}: stopping after the current update "
-                     "(send it again to stop at once)")
+            self.log(
+                f"{signal.Signals(signum).name}: stopping after the current update (send it again to stop at once)"
+            )
             return
-        raise Interrupted(f"stopped at once by a second {signal_name(signum)}: the run keeps its last checkpoint and "
-                          f"the records up to it; continue with: {self.hint}", signum)
+        raise Interrupted(
+            f"stopped at once by a second {signal_name(signum)}: the run keeps its last checkpoint and "
+            f"the records up to it; continue with: {self.hint}",
+            signum,
+        )
 
 
 def signal_name(signum: int) -> str:

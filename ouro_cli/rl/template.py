@@ -69,8 +69,10 @@ class PromptTemplate:
             return turns + f"{IM_START}assistant\n"
         if self.name == "raw":
             if not isinstance(prompt, str):
-                raise UserError("the 'raw' prompt template takes string prompts only; "
-                                "use --prompt-template chatml for chat-message prompts")
+                raise UserError(
+                    "the 'raw' prompt template takes string prompts only; "
+                    "use --prompt-template chatml for chat-message prompts"
+                )
             return prompt
         if self.name == "tokenizer":
             return self.tokenizer.apply_chat_template(as_messages(prompt), tokenize=False, add_generation_prompt=True)
@@ -92,12 +94,16 @@ class PromptTemplate:
             if isinstance(prompt, str):
                 continue
             if self.name == "raw":
-                raise UserError(f"{where}: the 'raw' prompt template takes string prompts only, this row has "
-                                "chat messages; use --prompt-template chatml")
+                raise UserError(
+                    f"{where}: the 'raw' prompt template takes string prompts only, this row has "
+                    "chat messages; use --prompt-template chatml"
+                )
             for i, message in enumerate(prompt):
                 if message["role"] not in self.roles:
-                    raise UserError(f"{where}: message {i} has the role {message['role']!r}, which the "
-                                    f"{self.name} prompt template does not know; use one of {', '.join(self.roles)}")
+                    raise UserError(
+                        f"{where}: message {i} has the role {message['role']!r}, which the "
+                        f"{self.name} prompt template does not know; use one of {', '.join(self.roles)}"
+                    )
 
     def plan_entry(self) -> dict[str, str]:
         return {"name": self.name, "text": self.text, "sha256": hashlib.sha256(self.text.encode()).hexdigest()}
@@ -112,8 +118,9 @@ def get_template(name: str = DEFAULT_TEMPLATE, tokenizer: Any = None) -> PromptT
     if name == "tokenizer":
         chat_template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
         if not isinstance(chat_template, str) or not chat_template.strip():
-            raise UserError("--prompt-template tokenizer: the model's tokenizer has no chat_template; "
-                            "use chatml or raw")
+            raise UserError(
+                "--prompt-template tokenizer: the model's tokenizer has no chat_template; use chatml or raw"
+            )
         return PromptTemplate("tokenizer", chat_template, tokenizer)
     raise UserError(f"unknown prompt template {name!r}; choose chatml (default), raw or tokenizer")
 
@@ -137,5 +144,13 @@ def template_for_checkpoint(name: str, assets_dir: str | Path) -> PromptTemplate
 
 TEMPLATE_NAMES = ("chatml", "raw", "tokenizer")
 
-__all__ = ["CHATML_JINJA", "CHATML_ROLES", "DEFAULT_TEMPLATE", "PromptTemplate", "TEMPLATE_NAMES", "as_messages", "get_template",
-           "template_for_checkpoint"]
+__all__ = [
+    "CHATML_JINJA",
+    "CHATML_ROLES",
+    "DEFAULT_TEMPLATE",
+    "PromptTemplate",
+    "TEMPLATE_NAMES",
+    "as_messages",
+    "get_template",
+    "template_for_checkpoint",
+]

@@ -67,7 +67,7 @@ POINTS = ("command", "evaluation", "generate", "rollout", "save.staged", "save.r
 
 def _action(word: str) -> signal.Signals | str:
     word = word.strip().upper()
-    if word == DEVICE_ERROR or (word.startswith(HOG) and word[len(HOG):].lstrip("-").replace(".", "", 1).isdigit()):
+    if word == DEVICE_ERROR or (word.startswith(HOG) and word[len(HOG) :].lstrip("-").replace(".", "", 1).isdigit()):
         return word
     return signal.Signals[f"SIG{word}"]
 
@@ -100,7 +100,7 @@ def point(name: str, device: Any = None) -> None:
             if action == DEVICE_ERROR:
                 device_error(device)
             elif isinstance(action, str):
-                hog(device, float(action[len(HOG):]))
+                hog(device, float(action[len(HOG) :]))
             else:
                 os.kill(os.getpid(), action)
 
@@ -164,8 +164,10 @@ def simulated_device_limit(blocks: int, planes: int, num_loops: int) -> None:
     if _KV_LIMIT is not None and blocks * planes > _KV_LIMIT * num_loops:
         import torch
 
-        raise torch.OutOfMemoryError(f"{KV_LIMIT_ENV}: {blocks} KV blocks at {planes} planes do not fit the simulated "
-                                     f"device ({_KV_LIMIT} at {num_loops})")
+        raise torch.OutOfMemoryError(
+            f"{KV_LIMIT_ENV}: {blocks} KV blocks at {planes} planes do not fit the simulated "
+            f"device ({_KV_LIMIT} at {num_loops})"
+        )
 
 
 TRAIN_LIMIT_ENV = "OURO_TEST_TRAIN_LIMIT"
@@ -178,5 +180,6 @@ def simulated_train_limit(tokens: int) -> None:
     if _TRAIN_LIMIT is not None and tokens > _TRAIN_LIMIT:
         import torch
 
-        raise torch.OutOfMemoryError(f"{TRAIN_LIMIT_ENV}: a micro-batch of {tokens} tokens does not fit the simulated "
-                                     f"device ({_TRAIN_LIMIT})")
+        raise torch.OutOfMemoryError(
+            f"{TRAIN_LIMIT_ENV}: a micro-batch of {tokens} tokens does not fit the simulated device ({_TRAIN_LIMIT})"
+        )

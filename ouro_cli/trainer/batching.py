@@ -68,11 +68,14 @@ class Sample:
         if not self.prompt_ids or n == 0:
             raise UserError("a sample needs at least one prompt token and one response token")
         if len(self.exit_depths) != n or len(self.rollout_logprobs) != n:
-            raise UserError(f"a sample with {n} response tokens needs {n} exit_depths and {n} rollout_logprobs, "
-                            f"got {len(self.exit_depths)} and {len(self.rollout_logprobs)}")
+            raise UserError(
+                f"a sample with {n} response tokens needs {n} exit_depths and {n} rollout_logprobs, "
+                f"got {len(self.exit_depths)} and {len(self.rollout_logprobs)}"
+            )
         if self.first_logprobs is not None and len(self.first_logprobs) != n:
-            raise UserError(f"a sample with {n} response tokens needs {n} first_logprobs, "
-                            f"got {len(self.first_logprobs)}")
+            raise UserError(
+                f"a sample with {n} response tokens needs {n} first_logprobs, got {len(self.first_logprobs)}"
+            )
         if any(not 1 <= int(d) <= num_loops for d in self.exit_depths):
             raise UserError(f"exit_depths must lie in 1..{num_loops}")
         if not self.temperature > 0:
@@ -110,9 +113,13 @@ class Sample:
 HEAD_OVERHEAD = 0.05
 
 
-def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int,
-                  max_overhead: float = HEAD_OVERHEAD, deep_first: bool = True
-                  ) -> tuple[list[Sample], list[list[float]]]:
+def split_prompts(
+    samples: Sequence[Sample],
+    weights: Sequence[Sequence[float]],
+    num_loops: int,
+    max_overhead: float = HEAD_OVERHEAD,
+    deep_first: bool = True,
+) -> tuple[list[Sample], list[list[float]]]:
     """Each sample whose response runs fewer than T loops everywhere as two parts, for the replay.
 
     A response token at loop t attends to the prompt's K/V at plane t, and planes 1..D never
@@ -141,9 +148,17 @@ def split_prompts(samples: Sequence[Sample], weights: Sequence[Sequence[float]],
             continue
         parts.append(dataclasses.replace(s, prompt_depth=deepest, scored_from=1))
         part_weights.append(list(w[1:]))
-        heads.append(Sample(s.prompt_ids, s.response_ids[:1], s.exit_depths[:1], s.rollout_logprobs[:1],
-                            s.advantage, s.temperature,
-                            first_logprobs=None if s.first_logprobs is None else s.first_logprobs[:1]))
+        heads.append(
+            Sample(
+                s.prompt_ids,
+                s.response_ids[:1],
+                s.exit_depths[:1],
+                s.rollout_logprobs[:1],
+                s.advantage,
+                s.temperature,
+                first_logprobs=None if s.first_logprobs is None else s.first_logprobs[:1],
+            )
+        )
         head_weights.append([w[0]])
     if deep_first:
         return whole + heads + parts, whole_weights + head_weights + part_weights
@@ -174,8 +189,9 @@ class MicroBatch:
         """This micro-batch on `device`; on CUDA queued, not waited for (host_to_device.to_device:
         a blocking copy would make the host wait for the last micro-batch's backward, once per
         tensor)."""
-        return MicroBatch(**{k: (to_device(v, v.dtype, device) if isinstance(v, torch.Tensor) else v)
-                             for k, v in vars(self).items()})
+        return MicroBatch(
+            **{k: (to_device(v, v.dtype, device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        )
 
     @property
     def padded_tokens(self) -> int:
@@ -196,8 +212,14 @@ class WorkCounter:
     loop_passes: int = 0
     gathered_passes: int = 0
 
-    def add_micro_batch(self, mb: MicroBatch, num_layers: int, recompute: bool, device_type: str | None = None,
-                        counts: LoopCounts | None = None) -> None:
+    def add_micro_batch(
+        self,
+        mb: MicroBatch,
+        num_layers: int,
+        recompute: bool,
+        device_type: str | None = None,
+        counts: LoopCounts | None = None,
+    ) -> None:
         """Count `mb` (its host copy, so that counting reads nothing back from the device),
         replayed on `device_type` (default: where mb is), as model/ouro.py replays it there;
         `counts`: its depths' LoopCounts where the caller made them for the forward."""
@@ -224,8 +246,9 @@ class WorkCounter:
         }
 
 
-def loss_weights(samples: Sequence[Sample], aggregation: str, global_tokens: int, global_samples: int,
-                 length: int | None = None) -> list[list[float]]:
+def loss_weights(
+    samples: Sequence[Sample], aggregation: str, global_tokens: int, global_samples: int, length: int | None = None
+) -> list[list[float]]:
     """Per response token of each sample, its weight in the global-batch loss.
 
     token_mean: every response token of the global batch weighs 1 / (total response tokens);
@@ -279,10 +302,17 @@ def row_capacity(samples: Sequence[Sample], pack_length: int | None) -> int:
     return pack_length if pack_length is not None else longest
 
 
-def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | None = None,
-                       max_tokens: int | None = None, pack: bool = True, pack_length: int | None = None,
-                       cost: TokenCost | None = None, num_loops: int = 0,
-                       gathers: bool = True) -> list[list[list[int]]]:
+def plan_micro_batches(
+    samples: Sequence[Sample],
+    *,
+    micro_batch_size: int | None = None,
+    max_tokens: int | None = None,
+    pack: bool = True,
+    pack_length: int | None = None,
+    cost: TokenCost | None = None,
+    num_loops: int = 0,
+    gathers: bool = True,
+) -> list[list[list[int]]]:
     """Micro-batches in order, each a list of rows, each row the indices of its samples.
 
     Rows are filled first fit, in order, up to the row capacity (`row_capacity`; without
@@ -297,8 +327,10 @@ def plan_micro_batches(samples: Sequence[Sample], *, micro_batch_size: int | Non
     only its summation order."""
     capacity = row_capacity(samples, pack_length if pack else None)
     if max_tokens is not None and capacity > max_tokens:
-        raise UserError(f"a sample of {capacity} tokens does not fit a micro-batch of {max_tokens} tokens; "
-                        "raise --max-tokens-per-micro-batch")
+        raise UserError(
+            f"a sample of {capacity} tokens does not fit a micro-batch of {max_tokens} tokens; "
+            "raise --max-tokens-per-micro-batch"
+        )
     weighted = cost is not None and max_tokens is not None
     batches: list[list[list[int]]] = []
     rows: list[list[int]] = []
@@ -343,8 +375,14 @@ class PlannedMicroBatches(Sequence[MicroBatch]):
     micro-batch i's backward, so building it overlaps the device's work instead of holding
     the device idle before the first forward."""
 
-    def __init__(self, samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int,
-                 plan: list[list[list[int]]], pad_id: int = 0) -> None:
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        weights: Sequence[Sequence[float]],
+        num_loops: int,
+        plan: list[list[list[int]]],
+        pad_id: int = 0,
+    ) -> None:
         self.samples, self.weights, self.num_loops, self.plan, self.pad_id = samples, weights, num_loops, plan, pad_id
 
     def __len__(self) -> int:
@@ -356,8 +394,14 @@ class PlannedMicroBatches(Sequence[MicroBatch]):
         return build_micro_batch(self.samples, self.weights, self.num_loops, rows=self.plan[index], pad_id=self.pad_id)
 
 
-def build_micro_batch(samples: Sequence[Sample], weights: Sequence[Sequence[float]], num_loops: int, *,
-                      rows: list[list[int]], pad_id: int = 0) -> MicroBatch:
+def build_micro_batch(
+    samples: Sequence[Sample],
+    weights: Sequence[Sequence[float]],
+    num_loops: int,
+    *,
+    rows: list[list[int]],
+    pad_id: int = 0,
+) -> MicroBatch:
     """The tensors of one micro-batch: `rows` lists, per row, the indices (into `samples`) of
     the samples laid end to end in it."""
     width = max(sum(samples[i].length for i in row) for row in rows)

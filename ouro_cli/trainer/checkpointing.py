@@ -92,9 +92,19 @@ class PendingSave:
     need: int
 
 
-def save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: bool, extra: dict | None,
-         keep_last: int | None, before_commit: Callable[[Path], None] | None = None,
-         async_save: bool = False) -> Path | PendingSave:
+def save(
+    root: Path,
+    iteration: int,
+    *,
+    module,
+    optimizer,
+    scheduler,
+    on_cuda: bool,
+    extra: dict | None,
+    keep_last: int | None,
+    before_commit: Callable[[Path], None] | None = None,
+    async_save: bool = False,
+) -> Path | PendingSave:
     """Write iteration `iteration` under `root` and make it the latest (collective call). With
     `async_save` the write goes on in the background: a `PendingSave` for `finish`."""
     root = Path(root)
@@ -106,9 +116,18 @@ def save(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: b
     init_optimizer_state(optimizer)  # the distributed optimizer cannot save a state that does not exist
     where, need = check_disk(root, iteration, checkpoint_bytes(module, optimizer))
     with failure_guard(root, iteration, where, need):
-        commit, request = _write(root, iteration, module=module, optimizer=optimizer, scheduler=scheduler,
-                                 on_cuda=on_cuda, extra_json=extra_json, keep_last=keep_last,
-                                 before_commit=before_commit, async_save=async_save)
+        commit, request = _write(
+            root,
+            iteration,
+            module=module,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            on_cuda=on_cuda,
+            extra_json=extra_json,
+            keep_last=keep_last,
+            before_commit=before_commit,
+            async_save=async_save,
+        )
         if request is None:
             return commit()
         from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
@@ -129,9 +148,19 @@ def finish(pending: PendingSave) -> Path:
         pending.queue.close()
 
 
-def _write(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda: bool, extra_json: str,
-           keep_last: int | None, before_commit: Callable[[Path], None] | None,
-           async_save: bool) -> tuple[Callable[[], Path], Any]:
+def _write(
+    root: Path,
+    iteration: int,
+    *,
+    module,
+    optimizer,
+    scheduler,
+    on_cuda: bool,
+    extra_json: str,
+    keep_last: int | None,
+    before_commit: Callable[[Path], None] | None,
+    async_save: bool,
+) -> tuple[Callable[[], Path], Any]:
     """Write the dist checkpoint into `iter_N.staging/` (or schedule that write: the async
     request is returned) and return the commit that makes it iteration N; the commit's
     contents (trainer state, scheduler, Adam steps) are taken now, not when it runs."""
@@ -147,13 +176,30 @@ def _write(root: Path, iteration: int, *, module, optimizer, scheduler, on_cuda:
             module.ouro_config.save(assets)
     dist.barrier()
     staging = root / (layout.iteration_dir_name(iteration) + ".staging")
-    state = _state(module, optimizer, scheduler, is_loading=False, iteration=iteration,
-                   extra=json.loads(extra_json), rng_state=rng.capture(on_cuda))
-    request = dist_checkpointing.save(state, str(staging), sharded_strategy=_save_strategy(),
-                                      content_metadata=CONTENT_METADATA, async_sharded_save=async_save,
-                                      **_async_strategy(dist_checkpointing.save))
-    summary = {"iteration": iteration, "world_size": dist.get_world_size(), "scheduler": scheduler.state_dict(),
-               "adam_steps": state["adam_steps"], "extra": json.loads(extra_json)}
+    state = _state(
+        module,
+        optimizer,
+        scheduler,
+        is_loading=False,
+        iteration=iteration,
+        extra=json.loads(extra_json),
+        rng_state=rng.capture(on_cuda),
+    )
+    request = dist_checkpointing.save(
+        state,
+        str(staging),
+        sharded_strategy=_save_strategy(),
+        content_metadata=CONTENT_METADATA,
+        async_sharded_save=async_save,
+        **_async_strategy(dist_checkpointing.save),
+    )
+    summary = {
+        "iteration": iteration,
+        "world_size": dist.get_world_size(),
+        "scheduler": scheduler.state_dict(),
+        "adam_steps": state["adam_steps"],
+        "extra": json.loads(extra_json),
+    }
 
     def commit() -> Path:
         dist.barrier()
@@ -225,9 +271,11 @@ def check_disk(root: Path, iteration: int, nbytes: int) -> tuple[Path, int]:
     where = _existing_parent(root)
     free = shutil.disk_usage(where).free
     if free < need_total:
-        raise ResourceError(f"not enough disk space to save checkpoint {layout.iteration_dir_name(iteration)}: it "
-                            f"needs about {_gib(need_total)}, {where} has {_gib(free)} free; free some space, lower "
-                            f"--keep-last, or use a run directory on a larger disk ({what_remains(root)})")
+        raise ResourceError(
+            f"not enough disk space to save checkpoint {layout.iteration_dir_name(iteration)}: it "
+            f"needs about {_gib(need_total)}, {where} has {_gib(free)} free; free some space, lower "
+            f"--keep-last, or use a run directory on a larger disk ({what_remains(root)})"
+        )
     return where, need_total
 
 
@@ -297,8 +345,10 @@ def load(root: Path, *, module, optimizer, scheduler, on_cuda: bool) -> tuple[in
 
     it_dir = layout.latest_iteration_dir(Path(root))
     if not (it_dir / STATE_FILE).is_file():
-        raise UserError(f"{it_dir} holds no training state ({STATE_FILE}): it is a weights-only checkpoint; "
-                        "start training from it by passing it as the model, not to Trainer.load")
+        raise UserError(
+            f"{it_dir} holds no training state ({STATE_FILE}): it is a weights-only checkpoint; "
+            "start training from it by passing it as the model, not to Trainer.load"
+        )
     summary = json.loads((it_dir / STATE_FILE).read_text())
     init_optimizer_state(optimizer)  # Megatron loads into existing state tensors
     request = _state(module, optimizer, scheduler, is_loading=True, rng_state=None)

@@ -5,7 +5,8 @@ declared with `option` are the ones a run may set, the others belong to the Pyth
 
 Defaults follow docs/architecture.md §3: clipped policy gradient with ε_low 0.2 / ε_high 0.28,
 token-mean aggregation, the exit loop's log-probability (docs/grpo.md), Adam, gradient
-clipping at 1.0, constant LR 1e-4 (tuned for the bundled tiny model). The parameter dtype defaults to bf16 on CUDA (fp32 main weights in the
+clipping at 1.0, constant LR 1e-4 (tuned for the bundled tiny model). The parameter dtype defaults to bf16 on CUDA
+(fp32 main weights in the
 optimizer) and fp32 on CPU, where bf16 buys nothing and exactness tests need fp32.
 Importing this module does not import torch (`ouro --help` builds its flags from it).
 """
@@ -33,7 +34,8 @@ class TrainerConfig:
     # ---- where and how it runs --------------------------------------------------
     device: Literal["auto", "cpu", "cuda"] = option("auto", help="auto, cpu or cuda.", panel=P_ENGINE)
     params_dtype: Literal["auto", "fp32", "bf16"] = option(
-        "auto", name="dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32 or bf16.", panel=P_ENGINE)
+        "auto", name="dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32 or bf16.", panel=P_ENGINE
+    )
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     context_parallel: int = 1
@@ -52,15 +54,22 @@ class TrainerConfig:
     adam_eps: float = 1e-8
     clip_grad: float = option(1.0, help="Gradient-norm clip (0 = off).", panel=P_OPT)
     use_distributed_optimizer: bool = option(
-        False, help="Shard optimizer state over data-parallel ranks.", panel=P_OPT, flag="--dist-optimizer",
-        aliases=("--use-distributed-optimizer",))
+        False,
+        help="Shard optimizer state over data-parallel ranks.",
+        panel=P_OPT,
+        flag="--dist-optimizer",
+        aliases=("--use-distributed-optimizer",),
+    )
     overlap_grad_reduce: bool = False
     # "auto": on when the run's memory plan gains KV cache by it (rl/sizing.py decides before the
     # trainer is built); a trainer given "auto" by itself keeps its state on the device.
     offload_optimizer: str = option(
-        "auto", help="Where the fp32 main weights and Adam moments wait between optimizer steps: on (host memory, "
+        "auto",
+        help="Where the fp32 main weights and Adam moments wait between optimizer steps: on (host memory, "
         "freeing 12 bytes per parameter on the device for two host copies per step), off (the device), or auto "
-        "(on a GPU: the host only during the rollouts whose KV cache would not fit beside them).", panel=P_OPT)
+        "(on a GPU: the host only during the rollouts whose KV cache would not fit beside them).",
+        panel=P_OPT,
+    )
 
     # ---- GRPO loss ----------------------------------------------------------------
     eps_low: float = option(0.2, help="Ratio clip below 1.", panel=P_OPT)
@@ -68,36 +77,57 @@ class TrainerConfig:
     # Off by default: the objective stays plain PPO/GRPO, and a run planned before the option
     # existed (read as having the default, rl/plan.py upgrade) keeps the loss it ran with.
     clip_ratio_c: float | None = option(
-        None, help="Dual clip for negative advantages: a token's loss is at most -c x A, so a ratio above c "
-        "takes no gradient (3 is common; > 1).", panel=P_OPT, shown="off")
+        None,
+        help="Dual clip for negative advantages: a token's loss is at most -c x A, so a ratio above c "
+        "takes no gradient (3 is common; > 1).",
+        panel=P_OPT,
+        shown="off",
+    )
     log_ratio_bound: float = option(
-        LOG_RATIO_BOUND, help="The log-ratio is clamped to +-B before exponentiating (a finite loss for any "
-        "ratio).", panel=P_OPT)
+        LOG_RATIO_BOUND,
+        help="The log-ratio is clamped to +-B before exponentiating (a finite loss for any ratio).",
+        panel=P_OPT,
+    )
     aggregation: Literal["auto", "token_mean", "sequence_mean", "constant_length"] = option(
-        "auto", help="How token terms are averaged: token_mean, sequence_mean, constant_length (sum over the "
+        "auto",
+        help="How token terms are averaged: token_mean, sequence_mean, constant_length (sum over the "
         "batch / (samples x --max-response-len)), or auto: constant_length under --advantage dr-grpo, else "
-        "token_mean.", panel=P_OPT)
+        "token_mean.",
+        panel=P_OPT,
+    )
     aggregation_length: int | None = None  # constant_length's length; the job: its --max-response-len
     loop_weighting: Literal["exit", "uniform", "progressive", "exit-pdf"] = option(
-        "exit", help="Whose log-probability the policy gradient follows: the exit loop's (exit), or a weighted sum "
+        "exit",
+        help="Whose log-probability the policy gradient follows: the exit loop's (exit), or a weighted sum "
         "over the executed loops: uniform, progressive (weight t^alpha), exit-pdf (the frozen exit gate's "
-        "distribution).", panel=P_OPT)
-    loop_weight_alpha: float = option(1.0, help="progressive: the exponent alpha of loop t's weight t^alpha.",
-                                      panel=P_OPT)
+        "distribution).",
+        panel=P_OPT,
+    )
+    loop_weight_alpha: float = option(
+        1.0, help="progressive: the exponent alpha of loop t's weight t^alpha.", panel=P_OPT
+    )
 
     # ---- rollout-trainer mismatch correction (is_correction.py; docs/exact.md §5) ---
     is_correction: Literal["none", "tis", "mis", "geo-mask"] = option(
-        "none", help="Engine-trainer mismatch correction: none, tis (weigh by the ratio, at most HIGH), mis (mask "
-        "tokens), geo-mask (mask sequences); docs/exact.md.", panel=P_OPT)
-    is_bounds: list[float] = option(factory=lambda: [0.5, 2.0], help="LOW HIGH: the ratio band of --is-correction.",
-                                    panel=P_OPT, metavar="<lo hi>")
+        "none",
+        help="Engine-trainer mismatch correction: none, tis (weigh by the ratio, at most HIGH), mis (mask "
+        "tokens), geo-mask (mask sequences); docs/exact.md.",
+        panel=P_OPT,
+    )
+    is_bounds: list[float] = option(
+        factory=lambda: [0.5, 2.0], help="LOW HIGH: the ratio band of --is-correction.", panel=P_OPT, metavar="<lo hi>"
+    )
 
     # ---- micro-batching -----------------------------------------------------------
     max_tokens_per_micro_batch: int | None = option(
-        None, help="Tokens per training micro-batch, padding included.", panel=P_OPT,
-        shown="what fits in the memory left")  # the job sizes it (rl/sizing.py); the trainer alone: no limit
+        None,
+        help="Tokens per training micro-batch, padding included.",
+        panel=P_OPT,
+        shown="what fits in the memory left",
+    )  # the job sizes it (rl/sizing.py); the trainer alone: no limit
     micro_batch_size: int | None = option(
-        None, help="At most this many samples per micro-batch.", panel=P_OPT, shown="no limit beside the token budget")
+        None, help="At most this many samples per micro-batch.", panel=P_OPT, shown="no limit beside the token budget"
+    )
     # the job's memory plan (rl/sizing.py token_cost_shares): count the micro-batch budget in full-depth
     # positions, {"loop": share per loop run, "idle": share of that per loop sat out while it
     # gathers} (batching.TokenCost); None: every position counts as one
@@ -112,14 +142,21 @@ class TrainerConfig:
     pack_length: int | None = None  # max tokens per packed row; None: the longest local sample
     # "auto": on when the run's memory plan needs it (rl/sizing.py decides before the trainer is
     # built); a trainer given "auto" by itself does not recompute. True/False read as on/off.
-    recompute: str = option("auto", help="Activation recompute per layer call: auto (on only when the memory "
-                            "budget needs it), on or off.", panel=P_OPT)
+    recompute: str = option(
+        "auto",
+        help="Activation recompute per layer call: auto (on only when the memory budget needs it), on or off.",
+        panel=P_OPT,
+    )
 
     # ---- checkpoints --------------------------------------------------------------
     keep_last: int | None = option(2, help="Checkpoint iterations to keep (none: all).", panel=P_RUN)
     async_save: bool = option(
-        False, help="Write checkpoints in the background while the next update runs; the next save and the end of "
-        "the run wait for it.", panel=P_RUN, flag="--async-save/--sync-save")
+        False,
+        help="Write checkpoints in the background while the next update runs; the next save and the end of "
+        "the run wait for it.",
+        panel=P_RUN,
+        flag="--async-save/--sync-save",
+    )
 
     extra: dict[str, Any] = field(default_factory=dict)  # recorded, not interpreted
 
@@ -133,8 +170,11 @@ class TrainerConfig:
 
         for name in ("tensor_parallel", "pipeline_parallel", "context_parallel"):
             value = getattr(self, name)
-            need(value == 1, f"{name}={value} is not supported yet: the trainer is data parallel only "
-                 "(TP = PP = CP = 1); scale out with more data-parallel ranks")
+            need(
+                value == 1,
+                f"{name}={value} is not supported yet: the trainer is data parallel only "
+                "(TP = PP = CP = 1); scale out with more data-parallel ranks",
+            )
         need(self.device in ("auto", "cpu", "cuda"), f"--device must be auto, cpu or cuda, got {self.device!r}")
         need(self.params_dtype in ("auto", *DTYPES), f"--dtype must be auto, fp32 or bf16, got {self.params_dtype!r}")
         if self.device == "cuda":  # "auto" picks CUDA only where it is there
@@ -146,36 +186,58 @@ class TrainerConfig:
         need(self.recompute in ("auto", "on", "off"), f"--recompute must be auto, on or off, got {self.recompute!r}")
         if isinstance(self.offload_optimizer, bool):  # the Python API
             self.offload_optimizer = "on" if self.offload_optimizer else "off"
-        need(self.offload_optimizer in ("auto", "on", "off"),
-             f"--offload-optimizer must be auto, on or off, got {self.offload_optimizer!r}")
+        need(
+            self.offload_optimizer in ("auto", "on", "off"),
+            f"--offload-optimizer must be auto, on or off, got {self.offload_optimizer!r}",
+        )
         need(self.eps_low >= 0 and self.eps_high >= 0, "--eps-low and --eps-high must be >= 0")
         need(self.eps_low < 1, "--eps-low must be < 1 (the ratio is clipped at 1 - eps_low)")
-        need(self.clip_ratio_c is None or self.clip_ratio_c > 1,
-             f"--clip-ratio-c must be > 1 (it caps the loss of ratios above it), got {self.clip_ratio_c}")
-        need(math.isfinite(self.log_ratio_bound) and self.log_ratio_bound > 0,
-             f"--log-ratio-bound must be a finite number > 0, got {self.log_ratio_bound}")
-        need(self.aggregation in AGGREGATIONS,
-             f"--aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
+        need(
+            self.clip_ratio_c is None or self.clip_ratio_c > 1,
+            f"--clip-ratio-c must be > 1 (it caps the loss of ratios above it), got {self.clip_ratio_c}",
+        )
+        need(
+            math.isfinite(self.log_ratio_bound) and self.log_ratio_bound > 0,
+            f"--log-ratio-bound must be a finite number > 0, got {self.log_ratio_bound}",
+        )
+        need(
+            self.aggregation in AGGREGATIONS,
+            f"--aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}",
+        )
         need(self.aggregation_length is None or self.aggregation_length >= 1, "aggregation_length must be >= 1")
-        need(self.loop_weighting in LOOP_WEIGHTINGS,
-             f"--loop-weighting must be one of {', '.join(LOOP_WEIGHTINGS)}, got {self.loop_weighting!r}")
+        need(
+            self.loop_weighting in LOOP_WEIGHTINGS,
+            f"--loop-weighting must be one of {', '.join(LOOP_WEIGHTINGS)}, got {self.loop_weighting!r}",
+        )
         need(math.isfinite(self.loop_weight_alpha), "--loop-weight-alpha must be a finite number")
-        need(self.is_correction in ("none", "tis", "mis", "geo-mask"),
-             f"--is-correction must be none, tis, mis or geo-mask, got {self.is_correction!r}")
-        need(len(self.is_bounds) == 2 and 0 <= self.is_bounds[0] <= 1 <= self.is_bounds[1],
-             f"--is-bounds takes LOW HIGH with 0 <= LOW <= 1 <= HIGH, got {' '.join(map(str, self.is_bounds))}")
-        need(self.micro_batch_size is None or self.micro_batch_size >= 1,
-             f"--micro-batch-size must be at least 1, got {self.micro_batch_size}")
-        need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 2,
-             f"--max-tokens-per-micro-batch must be at least 2, got {self.max_tokens_per_micro_batch}")
+        need(
+            self.is_correction in ("none", "tis", "mis", "geo-mask"),
+            f"--is-correction must be none, tis, mis or geo-mask, got {self.is_correction!r}",
+        )
+        need(
+            len(self.is_bounds) == 2 and 0 <= self.is_bounds[0] <= 1 <= self.is_bounds[1],
+            f"--is-bounds takes LOW HIGH with 0 <= LOW <= 1 <= HIGH, got {' '.join(map(str, self.is_bounds))}",
+        )
+        need(
+            self.micro_batch_size is None or self.micro_batch_size >= 1,
+            f"--micro-batch-size must be at least 1, got {self.micro_batch_size}",
+        )
+        need(
+            self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 2,
+            f"--max-tokens-per-micro-batch must be at least 2, got {self.max_tokens_per_micro_batch}",
+        )
         cost = self.micro_batch_token_cost
-        need(cost is None or (0 < cost.get("loop", 0) <= 1 and 0 <= cost.get("idle", 0) <= 1),
-             f"micro_batch_token_cost needs 0 < loop <= 1 and 0 <= idle <= 1, got {cost}")
+        need(
+            cost is None or (0 < cost.get("loop", 0) <= 1 and 0 <= cost.get("idle", 0) <= 1),
+            f"micro_batch_token_cost needs 0 < loop <= 1 and 0 <= idle <= 1, got {cost}",
+        )
         need(self.pack_length is None or self.pack_length >= 2, "pack_length must be >= 2 tokens")
         need(self.lr > 0, "--lr must be > 0")
         need(0 <= self.min_lr <= self.lr, "--min-lr must lie in [0, lr]")
-        need(self.lr_schedule in ("constant", "cosine"),
-             f"--lr-schedule must be constant or cosine, got {self.lr_schedule!r}")
+        need(
+            self.lr_schedule in ("constant", "cosine"),
+            f"--lr-schedule must be constant or cosine, got {self.lr_schedule!r}",
+        )
         need(self.warmup_steps >= 0, "--warmup-steps must be >= 0")
         # cosine needs decay_steps when the scheduler is built (optimizer.py); the job sets it
         need(self.decay_steps is None or self.decay_steps > self.warmup_steps, "decay_steps must exceed warmup_steps")

@@ -44,8 +44,14 @@ class Correction:
         return self.weight == 0
 
 
-def correct(mode: str, bounds: tuple[float, float] | list[float], new: torch.Tensor, rollout: torch.Tensor,
-            sample_ids: torch.Tensor, first: torch.Tensor | None = None) -> Correction:
+def correct(
+    mode: str,
+    bounds: tuple[float, float] | list[float],
+    new: torch.Tensor,
+    rollout: torch.Tensor,
+    sample_ids: torch.Tensor,
+    first: torch.Tensor | None = None,
+) -> Correction:
     """The correction of N scored tokens: `new` the trainer's logprobs, `rollout` the engine's,
     `first` the trainer's under the update's first policy (None: this is the update's only
     step, so `new` is that policy's), `sample_ids` [N] which sample (sequence) each token

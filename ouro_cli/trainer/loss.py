@@ -33,7 +33,9 @@ from ouro_cli.model import pointwise
 from .config import LOG_RATIO_BOUND
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, V] at the scoring positions -> (log p(target) [N], log_softmax [N, V]), fp32."""
     logp = pointwise.log_softmax(logits.float() / temperatures[:, None])  # the engine's (exact mode: docs/exact.md)
     return logp.gather(-1, targets[:, None]).squeeze(-1), logp
@@ -46,9 +48,16 @@ class TokenTerms:
     clipped: torch.Tensor  # [N] bool: the clip bound was the active (gradient-free) branch
 
 
-def clipped_surrogate(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                      eps_low: float, eps_high: float, *, log_ratio_bound: float = LOG_RATIO_BOUND,
-                      clip_ratio_c: float | None = None) -> TokenTerms:
+def clipped_surrogate(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    *,
+    log_ratio_bound: float = LOG_RATIO_BOUND,
+    clip_ratio_c: float | None = None,
+) -> TokenTerms:
     """The clipped surrogate per token. The log-ratio is clamped to ±`log_ratio_bound` before it is
     exponentiated (inside the bound the values and gradients are those of the plain ratio; outside
     it the ratio is constant, its gradient 0). `clip_ratio_c` (dual clip, A < 0 only) caps a
@@ -73,8 +82,15 @@ def entropy(logp: torch.Tensor) -> torch.Tensor:
         return -torch.xlogy(p, p).sum(-1)  # 0·log 0 = 0 where a probability underflows
 
 
-def loop_weights(depths: torch.Tensor, loops: int, scheme: str, *, alpha: float = 1.0,
-                 lambdas: torch.Tensor | None = None, num_loops: int | None = None) -> torch.Tensor:
+def loop_weights(
+    depths: torch.Tensor,
+    loops: int,
+    scheme: str,
+    *,
+    alpha: float = 1.0,
+    lambdas: torch.Tensor | None = None,
+    num_loops: int | None = None,
+) -> torch.Tensor:
     """ω [N, loops] over the loops t = 1..loops for tokens that executed `depths` [N] loops: zero
     for t > d, summing to 1 over t ≤ d, no gradient.
 

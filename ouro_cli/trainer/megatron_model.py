@@ -71,8 +71,9 @@ class OuroMegatronModule(MegatronModule):
         return self.ouro(input_ids, depths, **kwargs)
 
 
-def wrap_ddp(module: OuroMegatronModule, *, use_distributed_optimizer: bool,
-             overlap_grad_reduce: bool) -> DistributedDataParallel:
+def wrap_ddp(
+    module: OuroMegatronModule, *, use_distributed_optimizer: bool, overlap_grad_reduce: bool
+) -> DistributedDataParallel:
     """Megatron DDP with fp32 gradient buffers (bf16 params accumulate grads in fp32)."""
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,

@@ -140,7 +140,9 @@ class OptimizerOffload:
     tensors are. Where the device is the host (CPU), the moves are plain copies.
     """
 
-    def __init__(self, optimizer: MegatronOptimizer, model_params: Iterator[torch.Tensor], device: torch.device) -> None:
+    def __init__(
+        self, optimizer: MegatronOptimizer, model_params: Iterator[torch.Tensor], device: torch.device
+    ) -> None:
         self.optimizer, self.device = optimizer, device
         self._model = {id(p) for p in model_params}
         self._host: dict[int, torch.Tensor] = {}
@@ -164,8 +166,7 @@ class OptimizerOffload:
         for t in self._tensors():  # tensors already there are skipped (loading may have made new ones)
             host = self._host.get(id(t))
             if host is None or host.shape != t.shape or host.dtype != t.dtype:
-                host = torch.empty(t.shape, dtype=t.dtype, device="cpu",
-                                   pin_memory=self.device.type == "cuda")
+                host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.device.type == "cuda")
                 self._host[id(t)] = host
             if host.data_ptr() != t.data_ptr():
                 host.copy_(t.data, non_blocking=True)

@@ -57,8 +57,9 @@ def join_world(device_type: str) -> None:
     if dist.is_initialized() or not launched_by_torchrun():
         return
     device = _local_device(device_type)
-    dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
-                            device_id=device if device_type == "cuda" else None)
+    dist.init_process_group(
+        backend="nccl" if device_type == "cuda" else "gloo", device_id=device if device_type == "cuda" else None
+    )
     _joined_early[0] = True
 
 
@@ -84,8 +85,7 @@ def initialize(config: TrainerConfig) -> DistributedContext:
         if launched_by_torchrun():
             dist.init_process_group(backend=backend, device_id=device if device_type == "cuda" else None)
         else:
-            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}",
-                                    rank=0, world_size=1)
+            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         owns = True
 
     with megatron_context(config):

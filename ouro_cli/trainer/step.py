@@ -43,15 +43,37 @@ from .is_correction import correct
 from .loss import clipped_surrogate, entropy, loop_weights, token_logprobs, weighted_score
 
 # Indices into the summed statistics vector.
-_SUMS = ("loss", "clipped", "ratio", "entropy", "mismatch", "scored_tokens", "samples",
-         "layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "tokens", "padded_tokens",
-         "loop_passes", "gathered_loop_passes", "is_weight", "is_masked")
+_SUMS = (
+    "loss",
+    "clipped",
+    "ratio",
+    "entropy",
+    "mismatch",
+    "scored_tokens",
+    "samples",
+    "layer_tokens_executed",
+    "layer_tokens_recomputed",
+    "layer_tokens_required",
+    "tokens",
+    "padded_tokens",
+    "loop_passes",
+    "gathered_loop_passes",
+    "is_weight",
+    "is_masked",
+)
 _MAXES = ("ratio_max", "mismatch_max", "micro_batches", "micro_batch_tokens_max", "is_weight_max")
 
 
-def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: TrainerConfig,
-                     device: torch.device, num_layers: int, num_loops: int, model=None,
-                     whole: dict[str, int] | None = None) -> dict[str, float]:
+def forward_backward(
+    ddp_model,
+    micro_batches: Sequence[MicroBatch],
+    config: TrainerConfig,
+    device: torch.device,
+    num_layers: int,
+    num_loops: int,
+    model=None,
+    whole: dict[str, int] | None = None,
+) -> dict[str, float]:
     """Accumulate the gradients of all micro-batches into the grad buffers (no sync yet).
     `num_loops` (T) sizes the mismatch-by-depth statistics; `model` (the OuroForCausalLM)
     computes the per-loop log-probabilities of loop weighting. `whole` replaces the work
@@ -85,24 +107,53 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
             logits = scored_logits(ddp_model, mb, counts, config, keep_scored if per_loop else None)
             new, logp = token_logprobs(logits, mb.targets, mb.temperatures)
             del logits
-            correction = correct(config.is_correction, config.is_bounds, new, mb.rollout_logprobs, mb.sample_ids,
-                                 first=mb.first_logprobs)
-            score = _loop_weighted(model, config, mb, states, new, loop_sums, loop_counts,
-                                   host_mb.depths[host_mb.score_rows, host_mb.score_cols]) if per_loop else new
+            correction = correct(
+                config.is_correction, config.is_bounds, new, mb.rollout_logprobs, mb.sample_ids, first=mb.first_logprobs
+            )
+            score = (
+                _loop_weighted(
+                    model,
+                    config,
+                    mb,
+                    states,
+                    new,
+                    loop_sums,
+                    loop_counts,
+                    host_mb.depths[host_mb.score_rows, host_mb.score_cols],
+                )
+                if per_loop
+                else new
+            )
             del states
-            terms = clipped_surrogate(score, correction.reference, mb.advantages, config.eps_low, config.eps_high,
-                                      log_ratio_bound=config.log_ratio_bound, clip_ratio_c=config.clip_ratio_c)
+            terms = clipped_surrogate(
+                score,
+                correction.reference,
+                mb.advantages,
+                config.eps_low,
+                config.eps_high,
+                log_ratio_bound=config.log_ratio_bound,
+                clip_ratio_c=config.clip_ratio_c,
+            )
             loss = (terms.loss * mb.weights * correction.weight).sum()
             faults.simulated_train_limit(mb.padded_tokens)
             loss.backward()
         with torch.no_grad():
             mismatch = (new.detach() - mb.rollout_logprobs).abs()
-            for key, value in (("loss", loss.detach()), ("clipped", terms.clipped.sum()), ("ratio", terms.ratio.sum()),
-                               ("entropy", entropy(logp).sum()), ("mismatch", mismatch.sum()),
-                               ("is_weight", correction.weight.sum()), ("is_masked", correction.masked.sum())):
+            for key, value in (
+                ("loss", loss.detach()),
+                ("clipped", terms.clipped.sum()),
+                ("ratio", terms.ratio.sum()),
+                ("entropy", entropy(logp).sum()),
+                ("mismatch", mismatch.sum()),
+                ("is_weight", correction.weight.sum()),
+                ("is_masked", correction.masked.sum()),
+            ):
                 sums[key] = sums[key] + value.double()
-            for key, value in (("ratio_max", terms.ratio.max()), ("mismatch_max", mismatch.max()),
-                               ("is_weight_max", correction.weight.max())):
+            for key, value in (
+                ("ratio_max", terms.ratio.max()),
+                ("mismatch_max", mismatch.max()),
+                ("is_weight_max", correction.weight.max()),
+            ):
                 maxes[key] = torch.maximum(maxes[key], value.double())
             sums["scored_tokens"] += mb.targets.numel()
             sums["samples"] += mb.num_samples
@@ -117,17 +168,26 @@ def forward_backward(ddp_model, micro_batches: Sequence[MicroBatch], config: Tra
     return out
 
 
-def scored_logits(ddp_model, mb: MicroBatch, counts: LoopCounts, config: TrainerConfig, state_sink=None
-                  ) -> torch.Tensor:
+def scored_logits(
+    ddp_model, mb: MicroBatch, counts: LoopCounts, config: TrainerConfig, state_sink=None
+) -> torch.Tensor:
     """The replay's logits [N, V] at the positions that score `mb`'s response tokens (on the
     device; `counts` its depths' LoopCounts; `state_sink` receives every loop's exit state)."""
-    return ddp_model(mb.input_ids, mb.depths, attention_mask=mb.attention_mask, document_ids=mb.document_ids,
-                     recompute=config.recomputes, logits_at=(mb.score_rows, mb.score_cols), depth_counts=counts,
-                     **({"state_sink": state_sink} if state_sink is not None else {}))
+    return ddp_model(
+        mb.input_ids,
+        mb.depths,
+        attention_mask=mb.attention_mask,
+        document_ids=mb.document_ids,
+        recompute=config.recomputes,
+        logits_at=(mb.score_rows, mb.score_cols),
+        depth_counts=counts,
+        **({"state_sink": state_sink} if state_sink is not None else {}),
+    )
 
 
-def replay_logprobs(ddp_model, micro_batches: Sequence[MicroBatch], config: TrainerConfig, device: torch.device,
-                    num_loops: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def replay_logprobs(
+    ddp_model, micro_batches: Sequence[MicroBatch], config: TrainerConfig, device: torch.device, num_loops: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per micro-batch, (the logprobs [N] of its scored tokens at the current weights, its
     `weights` [N]), on the device; no gradient is kept. It is `forward_backward`'s forward, grad
     mode included, and the graph is dropped: compiled regions and exact mode's functions branch
@@ -138,15 +198,23 @@ def replay_logprobs(ddp_model, micro_batches: Sequence[MicroBatch], config: Trai
         mb = host_mb.to(device)
         counts = LoopCounts.of(host_mb.depths, host_mb.attention_mask, num_loops)
         with deterministic_kernels(device, config.deterministic):  # no reference to the graph outlives the line
-            logprobs = token_logprobs(scored_logits(ddp_model, mb, counts, config), mb.targets,
-                                      mb.temperatures)[0].detach()
+            logprobs = token_logprobs(scored_logits(ddp_model, mb, counts, config), mb.targets, mb.temperatures)[
+                0
+            ].detach()
         out.append((logprobs, mb.weights))
     return out
 
 
-def _loop_weighted(model, config: TrainerConfig, mb: MicroBatch, states: dict[int, torch.Tensor],
-                   exit_logprobs: torch.Tensor, loop_sums: torch.Tensor, loop_counts: torch.Tensor,
-                   host_depth: torch.Tensor) -> torch.Tensor:
+def _loop_weighted(
+    model,
+    config: TrainerConfig,
+    mb: MicroBatch,
+    states: dict[int, torch.Tensor],
+    exit_logprobs: torch.Tensor,
+    loop_sums: torch.Tensor,
+    loop_counts: torch.Tensor,
+    host_depth: torch.Tensor,
+) -> torch.Tensor:
     """The log-probability the surrogate gets under loop weighting (loss.weighted_score), from the
     scored positions' loop states; adds each loop's log-probabilities and token count to the sums.
     `host_depth` is the scored positions' depths on the host (the micro-batch's host copy)."""
@@ -157,17 +225,30 @@ def _loop_weighted(model, config: TrainerConfig, mb: MicroBatch, states: dict[in
     if config.loop_weighting == "exit-pdf":
         with torch.no_grad():  # the gate is frozen: its distribution only weighs
             lambdas = torch.stack([model.exit_lambda(states[t].detach()) for t in sorted(states)], -1)
-    omega = loop_weights(depth, len(states), config.loop_weighting, alpha=config.loop_weight_alpha,
-                         lambdas=lambdas, num_loops=model.num_loops)
+    omega = loop_weights(
+        depth,
+        len(states),
+        config.loop_weighting,
+        alpha=config.loop_weight_alpha,
+        lambdas=lambdas,
+        num_loops=model.num_loops,
+    )
     with torch.no_grad():
         ran = torch.arange(1, len(states) + 1, device=depth.device)[None, :] <= depth[:, None]
-        loop_sums[:len(states)] += (per_loop.detach() * ran).sum(0).double()
-        loop_counts[:len(states)] += ran.sum(0).double()
+        loop_sums[: len(states)] += (per_loop.detach() * ran).sum(0).double()
+        loop_counts[: len(states)] += ran.sum(0).double()
     return weighted_score(exit_logprobs, per_loop, omega)
 
 
-def loop_logprobs(model, states: dict[int, torch.Tensor], depth: torch.Tensor, exit_logprobs: torch.Tensor,
-                  targets: torch.Tensor, temperatures: torch.Tensor, past: list[int]) -> torch.Tensor:
+def loop_logprobs(
+    model,
+    states: dict[int, torch.Tensor],
+    depth: torch.Tensor,
+    exit_logprobs: torch.Tensor,
+    targets: torch.Tensor,
+    temperatures: torch.Tensor,
+    past: list[int],
+) -> torch.Tensor:
     """log π^(t)(target) [N, L] for t = 1..L (L = the loops run): the exit loop's is `exit_logprobs`,
     a loop t < d gets its own logits from its exit state (only the tokens that ran past t), a
     loop t > d is 0 (weighted 0). Each loop's logits are recomputed in the backward pass instead
@@ -180,8 +261,9 @@ def loop_logprobs(model, states: dict[int, torch.Tensor], depth: torch.Tensor, e
         inner = torch.nonzero_static(depth > t, size=n).squeeze(-1)
         column = torch.zeros_like(exit_logprobs)
         if inner.numel():
-            lp = checkpoint(_logprob_at, model, states[t][inner], targets[inner], temperatures[inner],
-                            use_reentrant=False)
+            lp = checkpoint(
+                _logprob_at, model, states[t][inner], targets[inner], temperatures[inner], use_reentrant=False
+            )
             column = column.index_put((inner,), lp)
         columns.append(torch.where(depth == t, exit_logprobs, column))
     return torch.stack(columns, -1)
@@ -201,8 +283,11 @@ def _reduce_loops(sums: torch.Tensor, counts: torch.Tensor, device: torch.device
     if dist.get_world_size(group) > 1:
         dist.all_reduce(both, group=group)
     s, c = both.tolist()
-    return {"loop_logprob_sum": s, "loop_tokens": [int(x) for x in c],
-            "loop_logprob_mean": [a / n if n else None for a, n in zip(s, c, strict=True)]}
+    return {
+        "loop_logprob_sum": s,
+        "loop_tokens": [int(x) for x in c],
+        "loop_logprob_mean": [a / n if n else None for a, n in zip(s, c, strict=True)],
+    }
 
 
 class MismatchByDepth:
@@ -212,8 +297,9 @@ class MismatchByDepth:
     no atomics, the same bits in every run)."""
 
     def __init__(self, num_loops: int, device: torch.device) -> None:
-        self.sums, self.counts, self.maxes = (torch.zeros(num_loops, dtype=torch.float64, device=device)
-                                              for _ in range(3))
+        self.sums, self.counts, self.maxes = (
+            torch.zeros(num_loops, dtype=torch.float64, device=device) for _ in range(3)
+        )
 
     def add(self, mismatch: torch.Tensor, depths: torch.Tensor) -> None:
         loops = torch.arange(1, self.sums.shape[0] + 1, device=depths.device)
@@ -238,8 +324,9 @@ def _reduce(sums: dict, maxes: dict, by_depth: MismatchByDepth, device: torch.de
 
     def vector(values: dict, keys: tuple[str, ...], tail: torch.Tensor) -> torch.Tensor:
         numbers = [k for k in keys if not isinstance(values[k], torch.Tensor)]  # one copy to the device for all
-        moved = dict(zip(numbers, torch.tensor([values[k] for k in numbers], dtype=torch.float64).to(device),
-                         strict=True))
+        moved = dict(
+            zip(numbers, torch.tensor([values[k] for k in numbers], dtype=torch.float64).to(device), strict=True)
+        )
         return torch.cat([*((moved[k] if k in moved else values[k]).reshape(1) for k in keys), tail])
 
     s, m = vector(sums, _SUMS, depth_sums), vector(maxes, _MAXES, depth_maxes)
@@ -247,10 +334,10 @@ def _reduce(sums: dict, maxes: dict, by_depth: MismatchByDepth, device: torch.de
         dist.all_reduce(s, group=group)
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
     both = torch.cat([s, m]).tolist()
-    s_list, m_list = both[:s.shape[0]], both[s.shape[0]:]
-    total = dict(zip(_SUMS, s_list[:len(_SUMS)], strict=True)) | dict(zip(_MAXES, m_list[:len(_MAXES)], strict=True))
-    depth_sum, depth_count = s_list[len(_SUMS):len(_SUMS) + loops], s_list[len(_SUMS) + loops:]
-    depth_max = m_list[len(_MAXES):]
+    s_list, m_list = both[: s.shape[0]], both[s.shape[0] :]
+    total = dict(zip(_SUMS, s_list[: len(_SUMS)], strict=True)) | dict(zip(_MAXES, m_list[: len(_MAXES)], strict=True))
+    depth_sum, depth_count = s_list[len(_SUMS) : len(_SUMS) + loops], s_list[len(_SUMS) + loops :]
+    depth_max = m_list[len(_MAXES) :]
     n = max(total["scored_tokens"], 1.0)
     return {
         "loss": total["loss"],
@@ -275,8 +362,9 @@ def _reduce(sums: dict, maxes: dict, by_depth: MismatchByDepth, device: torch.de
         "is_weight_max": total["is_weight_max"],
         "is_masked_fraction": total["is_masked"] / n,
         # by exit depth, for the depths that scored tokens: where engine and trainer part
-        "logprob_mismatch_mean_by_depth": {str(d + 1): depth_sum[d] / depth_count[d] for d in range(loops)
-                                           if depth_count[d]},
+        "logprob_mismatch_mean_by_depth": {
+            str(d + 1): depth_sum[d] / depth_count[d] for d in range(loops) if depth_count[d]
+        },
         "logprob_mismatch_max_by_depth": {str(d + 1): depth_max[d] for d in range(loops) if depth_count[d]},
     }
 
@@ -315,12 +403,25 @@ class Stopwatch:
 
 
 # What `combine_steps` makes of each per-step metric.
-_FIRST = ("logprob_mismatch_mean", "logprob_mismatch_max", "logprob_mismatch_mean_by_depth",
-          "logprob_mismatch_max_by_depth", "lr")  # before any step moved the policy
+_FIRST = (
+    "logprob_mismatch_mean",
+    "logprob_mismatch_max",
+    "logprob_mismatch_mean_by_depth",
+    "logprob_mismatch_max_by_depth",
+    "lr",
+)  # before any step moved the policy
 _FIRST_EPOCH_SUMS = ("samples", "response_tokens", "tokens", "padded_tokens")  # the update's data, once
-_ALL_SUMS = ("layer_tokens_executed", "layer_tokens_recomputed", "layer_tokens_required", "micro_batches",
-             "loop_passes", "gathered_loop_passes",
-             "forward_backward_s", "grad_sync_s", "optimizer_s")  # work and time
+_ALL_SUMS = (
+    "layer_tokens_executed",
+    "layer_tokens_recomputed",
+    "layer_tokens_required",
+    "micro_batches",
+    "loop_passes",
+    "gathered_loop_passes",
+    "forward_backward_s",
+    "grad_sync_s",
+    "optimizer_s",
+)  # work and time
 _TOKEN_MEANS = ("clip_fraction", "ratio_mean", "entropy", "is_weight_mean", "is_masked_fraction")
 _MAX = ("ratio_max", "micro_batch_tokens_max", "is_weight_max")
 
@@ -334,10 +435,14 @@ def combine_steps(steps: Sequence[dict | None]) -> dict:
     the mean of the steps' losses, `grad_norm` the largest (a non-finite one wins), and
     `step_applied` says every step was. One step gives that step's figures."""
     taken = [m for m in steps if m is not None]
-    out: dict = {"optimizer_steps": sum(bool(m["step_applied"]) for m in taken),
-                 "empty_mini_batches": len(steps) - len(taken),
-                 "step_losses": [m["loss"] for m in taken], "grad_norms": [m["grad_norm"] for m in taken],
-                 "lrs": [m["lr"] for m in taken], "step_applied": all(m["step_applied"] for m in taken)}
+    out: dict = {
+        "optimizer_steps": sum(bool(m["step_applied"]) for m in taken),
+        "empty_mini_batches": len(steps) - len(taken),
+        "step_losses": [m["loss"] for m in taken],
+        "grad_norms": [m["grad_norm"] for m in taken],
+        "lrs": [m["lr"] for m in taken],
+        "step_applied": all(m["step_applied"] for m in taken),
+    }
     if not taken:
         return {**out, "loss": None, "grad_norm": None, "lr": None, **dict.fromkeys(_FIRST_EPOCH_SUMS, 0)}
     first_epoch = [m for m in taken if m.get("epoch", 0) == taken[0].get("epoch", 0)]

@@ -56,8 +56,14 @@ class Trainer:
     (None: keep a given model's, the defaults for a loaded one); `exact` turns exact mode
     (docs/exact.md) on or off in them, the Python spelling of `ouro train --exact`."""
 
-    def __init__(self, model: OuroForCausalLM | str | Path, config: TrainerConfig | None = None, *,
-                 execution: ExecutionSettings | None = None, exact: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: OuroForCausalLM | str | Path,
+        config: TrainerConfig | None = None,
+        *,
+        execution: ExecutionSettings | None = None,
+        exact: bool | None = None,
+    ) -> None:
         self.config = config or TrainerConfig()
         self.context = setup.initialize(self.config)
         self.device = self.context.device
@@ -79,16 +85,20 @@ class Trainer:
 
         with self.megatron_context():
             self.module = OuroMegatronModule(hf, transformer_config(hf.config, dtype))
-            self.ddp = wrap_ddp(self.module, use_distributed_optimizer=self.config.use_distributed_optimizer,
-                                overlap_grad_reduce=self.config.overlap_grad_reduce)
+            self.ddp = wrap_ddp(
+                self.module,
+                use_distributed_optimizer=self.config.use_distributed_optimizer,
+                overlap_grad_reduce=self.config.overlap_grad_reduce,
+            )
             # Every rank built or loaded the same weights; broadcasting rank 0's makes that a
             # guarantee (one copy of the model over the network, once).
             if self.context.world_size > 1:
                 self.ddp.broadcast_params()
             self.optimizer = build_optimizer(self.config, self.ddp)
             self.scheduler = build_scheduler(self.config, self.optimizer)
-        self.offload = OptimizerOffload(self.optimizer, self.module.parameters(), self.device) \
-            if self.config.offloads else None
+        self.offload = (
+            OptimizerOffload(self.optimizer, self.module.parameters(), self.device) if self.config.offloads else None
+        )
         if self.offload is not None:
             self.offload.to_host()
         self.gradients_released = False  # release_gradients(): the grad buffer holds no memory
@@ -97,16 +107,18 @@ class Trainer:
 
     # ---- one GRPO update ------------------------------------------------------------
 
-    def train_step(self, samples: Sequence[Sample], *, retry: Retry | None = None,
-                   prepare: Callable[[], None] | None = None) -> dict[str, float]:
+    def train_step(
+        self, samples: Sequence[Sample], *, retry: Retry | None = None, prepare: Callable[[], None] | None = None
+    ) -> dict[str, float]:
         """Forward/backward over this rank's samples, sync, clip, Adam, LR schedule (`retry`,
         `prepare`: `forward_backward`'s)."""
         metrics = self.forward_backward(samples, retry=retry, prepare=prepare)
         metrics.update(self.optimizer_step())
         return metrics
 
-    def train_update(self, mini_batches: Sequence[Sequence[Sample]], epochs: int = 1, *,
-                     retry: StepRetry | None = None) -> dict[str, Any]:
+    def train_update(
+        self, mini_batches: Sequence[Sequence[Sample]], epochs: int = 1, *, retry: StepRetry | None = None
+    ) -> dict[str, Any]:
         """Several optimizer steps on one rollout batch: one `train_step` per mini-batch (this
         rank's share of it; every rank passes the same number), in order, `epochs` times over.
 
@@ -142,12 +154,14 @@ class Trainer:
                     self.scheduler.step(increment=1)
                 steps.append(None)
                 continue
-            metrics = self.train_step(batches[j], retry=functools.partial(retry, index) if retry else None,
-                                      prepare=fill_first_logprobs if index == first_step else None)
+            metrics = self.train_step(
+                batches[j],
+                retry=functools.partial(retry, index) if retry else None,
+                prepare=fill_first_logprobs if index == first_step else None,
+            )
             metrics["epoch"] = epoch
             steps.append(metrics)
-            if not (metrics["step_applied"] and math.isfinite(metrics["loss"])
-                    and math.isfinite(metrics["grad_norm"])):
+            if not (metrics["step_applied"] and math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])):
                 return combine_steps(steps)
         return combine_steps(steps)
 
@@ -169,17 +183,21 @@ class Trainer:
         positions = [[float(i) for i in range(a, b)] for a, b in itertools.pairwise(offsets)]
         self.ddp.train()
         with executing(self.execution):
-            parts = replay_logprobs(self.ddp, self._micro_batches(samples, positions), self.config, self.device,
-                                    self.num_loops)
+            parts = replay_logprobs(
+                self.ddp, self._micro_batches(samples, positions), self.config, self.device, self.num_loops
+            )
         flat = torch.empty(offsets[-1], dtype=torch.float32, device=self.device)
         for logprobs, index in parts:
             flat[index.long()] = logprobs
         values = flat.tolist()
-        return [dataclasses.replace(s, first_logprobs=values[a:b])
-                for s, (a, b) in zip(samples, itertools.pairwise(offsets), strict=True)]
+        return [
+            dataclasses.replace(s, first_logprobs=values[a:b])
+            for s, (a, b) in zip(samples, itertools.pairwise(offsets), strict=True)
+        ]
 
-    def forward_backward(self, samples: Sequence[Sample], *, retry: Retry | None = None,
-                         prepare: Callable[[], None] | None = None) -> dict[str, float]:
+    def forward_backward(
+        self, samples: Sequence[Sample], *, retry: Retry | None = None, prepare: Callable[[], None] | None = None
+    ) -> dict[str, float]:
         """Gradients of the global-batch GRPO loss, synced over ranks, in the grad buffers.
 
         The rank's own part of the step (the micro-batches cut at `micro_batch_tokens`, their
@@ -198,20 +216,31 @@ class Trainer:
             self.ddp.zero_grad_buffer()
             self.optimizer.zero_grad()
         global_tokens, global_samples = self._global_counts(samples)
-        weights = loss_weights(samples, self.config.resolved_aggregation, global_tokens, global_samples,
-                               self.config.aggregation_length)
+        weights = loss_weights(
+            samples, self.config.resolved_aggregation, global_tokens, global_samples, self.config.aggregation_length
+        )
         # what the depths require and the real tokens, of the samples as given (their parts
         # repeat the prompt of a split sample)
-        whole = {"layer_tokens_required": self.num_layers * sum(s.depth_sum(self.num_loops) for s in samples),
-                 "tokens": sum(s.length for s in samples)}
+        whole = {
+            "layer_tokens_required": self.num_layers * sum(s.depth_sum(self.num_loops) for s in samples),
+            "tokens": sum(s.length for s in samples),
+        }
         self.ddp.train()
 
         def attempt() -> dict[str, float]:
             if prepare is not None:
                 prepare()
             with executing(self.execution):
-                return forward_backward(self.ddp, self._micro_batches(samples, weights), self.config, self.device,
-                                        self.num_layers, self.num_loops, model=self.module.ouro, whole=whole)
+                return forward_backward(
+                    self.ddp,
+                    self._micro_batches(samples, weights),
+                    self.config,
+                    self.device,
+                    self.num_layers,
+                    self.num_loops,
+                    model=self.module.ouro,
+                    whole=whole,
+                )
 
         metrics = retry(attempt) if retry is not None else attempt()
         metrics["forward_backward_s"] = watch.lap()
@@ -227,13 +256,19 @@ class Trainer:
         (batching.plan_micro_batches), each built on the host as the step reaches it."""
         c = self.config
         if c.prompt_heads and c.is_correction != "geo-mask":
-            samples, weights = split_prompts(samples, weights, self.num_loops, c.prompt_head_overhead,
-                                             deep_first=c.deep_parts_first)
-        plan = plan_micro_batches(samples, micro_batch_size=c.micro_batch_size, max_tokens=c.max_tokens_per_micro_batch,
-                                  pack=c.pack, pack_length=c.pack_length,
-                                  cost=TokenCost(**c.micro_batch_token_cost) if c.micro_batch_token_cost else None,
-                                  num_loops=self.num_loops,
-                                  gathers=gathering_allowed(self.execution, self.device.type))
+            samples, weights = split_prompts(
+                samples, weights, self.num_loops, c.prompt_head_overhead, deep_first=c.deep_parts_first
+            )
+        plan = plan_micro_batches(
+            samples,
+            micro_batch_size=c.micro_batch_size,
+            max_tokens=c.max_tokens_per_micro_batch,
+            pack=c.pack,
+            pack_length=c.pack_length,
+            cost=TokenCost(**c.micro_batch_token_cost) if c.micro_batch_token_cost else None,
+            num_loops=self.num_loops,
+            gathers=gathering_allowed(self.execution, self.device.type),
+        )
         return PlannedMicroBatches(samples, weights, self.num_loops, plan, pad_id=self.pad_id)
 
     @property
@@ -285,8 +320,9 @@ class Trainer:
     def _global_counts(self, samples: Sequence[Sample], allow_empty: bool = False) -> tuple[int, int]:
         from megatron.core import parallel_state
 
-        counts = torch.tensor([sum(len(s.response_ids) for s in samples), len(samples)],
-                              dtype=torch.int64, device=self.device)
+        counts = torch.tensor(
+            [sum(len(s.response_ids) for s in samples), len(samples)], dtype=torch.int64, device=self.device
+        )
         group = parallel_state.get_data_parallel_group()
         if dist.get_world_size(group) > 1:
             dist.all_reduce(counts, group=group)
@@ -326,18 +362,32 @@ class Trainer:
         """The underlying OuroForCausalLM (shares parameters with the trainer)."""
         return self.module.ouro
 
-    def save(self, root: str | Path, iteration: int, extra: dict | None = None, *,
-             before_commit: Callable[[Path], None] | None = None,
-             after_commit: Callable[[Path], None] | None = None) -> Path | None:
+    def save(
+        self,
+        root: str | Path,
+        iteration: int,
+        extra: dict | None = None,
+        *,
+        before_commit: Callable[[Path], None] | None = None,
+        after_commit: Callable[[Path], None] | None = None,
+    ) -> Path | None:
         """Checkpoint the full training state as iteration `iteration` of `root`. With
         `config.async_save` the write goes on in the background and this returns None: the
         next save, `load`, `wait_for_save` and `close` commit it first (then `after_commit`)."""
         self.wait_for_save()
         with self.megatron_context():
-            done = checkpointing.save(Path(root), iteration, module=self.module, optimizer=self.optimizer,
-                                      scheduler=self.scheduler, on_cuda=self._on_cuda, extra=extra,
-                                      keep_last=self.config.keep_last, before_commit=before_commit,
-                                      async_save=self.config.async_save)
+            done = checkpointing.save(
+                Path(root),
+                iteration,
+                module=self.module,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                on_cuda=self._on_cuda,
+                extra=extra,
+                keep_last=self.config.keep_last,
+                before_commit=before_commit,
+                async_save=self.config.async_save,
+            )
         if isinstance(done, checkpointing.PendingSave):
             self._pending_save = (done, after_commit)
             return None
@@ -362,8 +412,13 @@ class Trainer:
         """Restore model, optimizer, scheduler and RNG from the latest iteration; returns `extra`."""
         self.wait_for_save()
         with self.megatron_context():
-            iteration, extra = checkpointing.load(Path(root), module=self.module, optimizer=self.optimizer,
-                                                  scheduler=self.scheduler, on_cuda=self._on_cuda)
+            iteration, extra = checkpointing.load(
+                Path(root),
+                module=self.module,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                on_cuda=self._on_cuda,
+            )
         if self.offload is not None:
             self.offload.to_host()  # loading may have created state tensors on the device
         self.loaded_iteration = iteration

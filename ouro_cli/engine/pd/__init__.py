@@ -20,12 +20,12 @@ from .coordinator import PDEngine, WorkerFailed
 from .transport import NIXL_INSTALL_HINT, nixl_available
 
 
-def make_pd_engine(model: Any, prefill_devices: Sequence[int] = (0,), decode_devices: Sequence[int] = (1,),
-                   **engine_options: Any) -> PDEngine:
+def make_pd_engine(
+    model: Any, prefill_devices: Sequence[int] = (0,), decode_devices: Sequence[int] = (1,), **engine_options: Any
+) -> PDEngine:
     """An engine factory (`factory(model, **options)`) for `ouro train --prefill-devices/--decode-devices`
     (`PDEngine`'s options; the KV transport `transport=`, default "auto")."""
-    return PDEngine(model, prefill_devices=list(prefill_devices), decode_devices=list(decode_devices),
-                    **engine_options)
+    return PDEngine(model, prefill_devices=list(prefill_devices), decode_devices=list(decode_devices), **engine_options)
 
 
 __all__ = ["NIXL_INSTALL_HINT", "PDEngine", "WorkerFailed", "make_pd_engine", "nixl_available"]

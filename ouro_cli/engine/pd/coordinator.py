@@ -113,13 +113,30 @@ class PDEngine(GenerationControl):
     model's execution settings (`execution` replaces them, as in `LLM`).
     """
 
-    def __init__(self, model: str | Path | nn.Module, *, prefill_devices: Seq[int], decode_devices: Seq[int],
-                 device: str | None = None, dtype: torch.dtype | None = None, max_num_seqs: int = 64,
-                 kv_blocks: int | None = None, block_size: int = 16, max_model_len: int | None = None,
-                 max_prefill_tokens: int = 8192, attn_chunk: int = 128, cuda_graphs: bool | None = None,
-                 seed: int | None = None, tokenizer=None, weight_version: int = 0, transport: str = "auto",
-                 timeout: float = 300.0, start_timeout: float = 300.0, worker_threads: int = 1,
-                 execution: ExecutionSettings | None = None) -> None:
+    def __init__(
+        self,
+        model: str | Path | nn.Module,
+        *,
+        prefill_devices: Seq[int],
+        decode_devices: Seq[int],
+        device: str | None = None,
+        dtype: torch.dtype | None = None,
+        max_num_seqs: int = 64,
+        kv_blocks: int | None = None,
+        block_size: int = 16,
+        max_model_len: int | None = None,
+        max_prefill_tokens: int = 8192,
+        attn_chunk: int = 128,
+        cuda_graphs: bool | None = None,
+        seed: int | None = None,
+        tokenizer=None,
+        weight_version: int = 0,
+        transport: str = "auto",
+        timeout: float = 300.0,
+        start_timeout: float = 300.0,
+        worker_threads: int = 1,
+        execution: ExecutionSettings | None = None,
+    ) -> None:
         if not prefill_devices or not decode_devices:
             raise ValueError("PD needs at least one prefill and one decode device")
         if len(set(prefill_devices)) != len(prefill_devices) or len(set(decode_devices)) != len(decode_devices):
@@ -130,9 +147,14 @@ class PDEngine(GenerationControl):
             self.model.execution = execution
         self.worker_threads = worker_threads
         cfg = self.model.config
-        self.limits = EngineLimits.resolve(cfg, max_num_seqs=max_num_seqs, kv_blocks=kv_blocks,
-                                           block_size=block_size, max_model_len=max_model_len,
-                                           max_prefill_tokens=max_prefill_tokens)
+        self.limits = EngineLimits.resolve(
+            cfg,
+            max_num_seqs=max_num_seqs,
+            kv_blocks=kv_blocks,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            max_prefill_tokens=max_prefill_tokens,
+        )
         self.num_loops = cfg.total_ut_steps
         self.vocab_size = cfg.vocab_size
         self.transport = resolve_transport_name(transport)
@@ -150,32 +172,45 @@ class PDEngine(GenerationControl):
 
     # ---- workers --------------------------------------------------------------------------
 
-    def _start_workers(self, prefill: list[int], decode: list[int], use_cuda: bool, options: dict[str, Any],
-                       version: int) -> None:
+    def _start_workers(
+        self, prefill: list[int], decode: list[int], use_cuda: bool, options: dict[str, Any], version: int
+    ) -> None:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
-        weights = {n: p.detach().to("cpu" if not use_cuda else p.device).clone()
-                   for n, p in self.model.named_parameters()}
-        roles = [(P.PREFILL_ROLE, i, d) for i, d in enumerate(prefill)] + [(P.DECODE_ROLE, i, d) for i, d in
-                                                                            enumerate(decode)]
+        weights = {
+            n: p.detach().to("cpu" if not use_cuda else p.device).clone() for n, p in self.model.named_parameters()
+        }
+        roles = [(P.PREFILL_ROLE, i, d) for i, d in enumerate(prefill)] + [
+            (P.DECODE_ROLE, i, d) for i, d in enumerate(decode)
+        ]
         peer_pipes = {(pi, di): ctx.Pipe() for pi in range(len(prefill)) for di in range(len(decode))}
         self.workers: list[_Worker] = []
         try:
             for role, i, dev in roles:
                 device = f"cuda:{dev}" if use_cuda else "cpu"
-                spec = WorkerSpec(role=role, index=i, device=device, config=self.model.config, weights=weights,
-                                  limits=self.limits, core_options=options, transport=self.transport,
-                                  weight_version=version, execution=self.model.execution,
-                                  threads=self.worker_threads)
+                spec = WorkerSpec(
+                    role=role,
+                    index=i,
+                    device=device,
+                    config=self.model.config,
+                    weights=weights,
+                    limits=self.limits,
+                    core_options=options,
+                    transport=self.transport,
+                    weight_version=version,
+                    execution=self.model.execution,
+                    threads=self.worker_threads,
+                )
                 spec.fault = faults.pd_fault(spec.name)  # tests only (ouro_cli/testing/faults.py)
                 if role == P.PREFILL_ROLE:
                     peers = {f"D{di}": peer_pipes[(i, di)][0] for di in range(len(decode))}
                 else:
                     peers = {f"P{pi}": peer_pipes[(pi, i)][1] for pi in range(len(prefill))}
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=worker_main, args=(spec, child, peers), name=f"ouro-pd-{spec.name}",
-                                   daemon=True)
+                proc = ctx.Process(
+                    target=worker_main, args=(spec, child, peers), name=f"ouro-pd-{spec.name}", daemon=True
+                )
                 self.workers.append(_Worker(spec.name, role, i, device if use_cuda else f"cpu:{dev}", None, parent))
                 proc.start()
                 self.workers[-1].process = proc
@@ -199,8 +234,9 @@ class PDEngine(GenerationControl):
         self.prefillers = [w for w in self.workers if w.role == P.PREFILL_ROLE]
         self.decoders = [w for w in self.workers if w.role == P.DECODE_ROLE]
 
-    def _next(self, timeout: float, waiting_for: str, owing: set[str] | None = None,
-              poll: float | None = None) -> tuple[_Worker, object] | None:
+    def _next(
+        self, timeout: float, waiting_for: str, owing: set[str] | None = None, poll: float | None = None
+    ) -> tuple[_Worker, object] | None:
         """The next message from any worker. WorkerFailed when one exits or reports an error, or
         when nothing arrives within `timeout`; with `poll`, None after `poll` seconds of silence."""
         if timeout <= 0:
@@ -224,8 +260,9 @@ class PDEngine(GenerationControl):
                 return w, msg
         w = by_sentinel[next(r for r in ready if r in by_sentinel)]
         w.process.join(1.0)
-        raise self._failure(f"{w.describe()} exited with code {w.process.exitcode} while the coordinator was "
-                            f"waiting for {waiting_for}")
+        raise self._failure(
+            f"{w.describe()} exited with code {w.process.exitcode} while the coordinator was waiting for {waiting_for}"
+        )
 
     def _timeout(self, waiting_for: str, owing: set[str] | None) -> WorkerFailed:
         names = ", ".join(w.describe() for w in self.workers if owing is None or w.name in owing) or "no worker"
@@ -271,8 +308,9 @@ class PDEngine(GenerationControl):
 
     # ---- generation -----------------------------------------------------------------------
 
-    def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
         with self.control.admitted():
             reqs = self._make_requests(prompts, params)
             version = self.publisher.committed_version
@@ -386,18 +424,41 @@ class PDEngine(GenerationControl):
 
     def _make_requests(self, prompts: Seq[Prompt], params) -> list[_Request]:
         lim = self.limits
-        intake = take_requests(prompts, params, codec=self.codec, vocab_size=self.vocab_size, num_loops=self.num_loops,
-                               seeds=self._seeds, first_id=self._next_request, max_model_len=lim.max_model_len,
-                               block_size=lim.block_size, kv_blocks=lim.kv_blocks,
-                               cache_name="a decode worker's cache", adjust=_no_speculation)
+        intake = take_requests(
+            prompts,
+            params,
+            codec=self.codec,
+            vocab_size=self.vocab_size,
+            num_loops=self.num_loops,
+            seeds=self._seeds,
+            first_id=self._next_request,
+            max_model_len=lim.max_model_len,
+            block_size=lim.block_size,
+            kv_blocks=lim.kv_blocks,
+            cache_name="a decode worker's cache",
+            adjust=_no_speculation,
+        )
         self._next_request += len(intake)
-        return [_Request(index=r.index, rid=r.request_id, prompt=r.ids, params=r.params, max_kv_tokens=r.kv_tokens,
-                         text=r.text) for r in intake]
+        return [
+            _Request(
+                index=r.index, rid=r.request_id, prompt=r.ids, params=r.params, max_kv_tokens=r.kv_tokens, text=r.text
+            )
+            for r in intake
+        ]
 
     def _output(self, r: _Request, version: int) -> RequestOutput:
-        return make_output(request_id=r.rid, prompt=r.prompt, output=r.output, depths=r.depths, logprobs=r.logprobs,
-                           finish_reason=r.finish_reason, params=r.params, version=version, codec=self.codec,
-                           text_prompt=r.text)
+        return make_output(
+            request_id=r.rid,
+            prompt=r.prompt,
+            output=r.output,
+            depths=r.depths,
+            logprobs=r.logprobs,
+            finish_reason=r.finish_reason,
+            params=r.params,
+            version=version,
+            codec=self.codec,
+            text_prompt=r.text,
+        )
 
     # ---- weight publication ---------------------------------------------------------------
 

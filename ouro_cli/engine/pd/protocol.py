@@ -59,10 +59,10 @@ DECODE_ROLE = "decode"
 
 @dataclass
 class WorkerCounters:  # a worker's own (what `PDEngine.worker_counters` and `stop` report)
-    tokens: int = 0          # P: prompt tokens prefilled; D: tokens sampled
-    bytes: int = 0           # KV + logits bytes written (P) or received (D)
+    tokens: int = 0  # P: prompt tokens prefilled; D: tokens sampled
+    bytes: int = 0  # KV + logits bytes written (P) or received (D)
     transfers: int = 0
-    seconds: float = 0.0     # busy time: model execution and transfers
+    seconds: float = 0.0  # busy time: model execution and transfers
     blocks_in_use: int = 0
     weight_version: int = 0
 
@@ -74,6 +74,7 @@ class WorkerStats:  # carried by every report: the worker's counters and its cor
 
 
 # ---- coordinator -> worker (each class comment: who sends it to whom, what the receiver does)
+
 
 @dataclass(frozen=True)
 class Reserve:  # C -> D: reserve KV blocks for the prompt and a landing row for its logits
@@ -141,6 +142,7 @@ class Stop:  # C -> every worker: answer `Stopped` and leave the loop
 
 
 # ---- worker -> coordinator ------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Ready:  # worker -> C, once after start-up (a P after every D registered)
@@ -228,6 +230,7 @@ class Error:  # worker -> C: an exception; the worker exits
 
 
 # ---- prefill worker <-> decode worker ---------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Register:  # D -> every P at start-up: D's transport registration (KV planes, landing rows)

@@ -106,9 +106,16 @@ class _Worker:
 
     def loop(self) -> None:
         self.handshake()
-        self.conn.send(P.Ready(name=self.name, pid=os.getpid(), device=str(self.core.device),
-                               kv_blocks=self.core.kv.num_blocks, block_size=self.core.limits.block_size,
-                               transport=self.transport.name))
+        self.conn.send(
+            P.Ready(
+                name=self.name,
+                pid=os.getpid(),
+                device=str(self.core.device),
+                kv_blocks=self.core.kv.num_blocks,
+                block_size=self.core.limits.block_size,
+                transport=self.transport.name,
+            )
+        )
         while self.running:
             busy = self.has_work()
             ready = wait([self.conn, *self.peers.values()], timeout=0 if busy else None)
@@ -320,13 +327,20 @@ class DecodeWorker(_Worker):
         self.notified.discard(rid)
         blocks, row, n_prompt = self.reserved.pop(rid)
         core = self.core
-        seq = Sequence(index=msg.index, request_id=rid, prompt=list(msg.prompt), params=msg.params,
-                       rng=RequestRng(msg.params.seed), max_kv_tokens=msg.max_kv_tokens, blocks=blocks,
-                       num_cached=n_prompt)
+        seq = Sequence(
+            index=msg.index,
+            request_id=rid,
+            prompt=list(msg.prompt),
+            params=msg.params,
+            rng=RequestRng(msg.params.seed),
+            max_kv_tokens=msg.max_kv_tokens,
+            blocks=blocks,
+            num_cached=n_prompt,
+        )
         self.sched.activate(seq)
         self.conn.send(P.Activated(rid))
         t0 = time.perf_counter()
-        core.sample([seq], self.landing[row:row + 1].clone(), [core.num_loops], self.sched)
+        core.sample([seq], self.landing[row : row + 1].clone(), [core.num_loops], self.sched)
         self.free_rows.append(row)
         c = self.counters
         c.transfers += 1

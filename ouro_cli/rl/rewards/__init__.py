@@ -56,8 +56,10 @@ def _takes_metadata(fn: Callable, path: str) -> bool:
         except TypeError:
             continue
         return len(args) == 3
-    raise UserError(f"reward function {path!r} cannot be called as f(response, label) or "
-                    f"f(response, label, metadata): its signature is {signature}")
+    raise UserError(
+        f"reward function {path!r} cannot be called as f(response, label) or "
+        f"f(response, label, metadata): its signature is {signature}"
+    )
 
 
 def load_reward(path: str) -> RewardFn:
@@ -85,5 +87,14 @@ def check_labels(fn: RewardFn, path: str, labels: Iterable[tuple[str, Any]]) -> 
             raise UserError(f"{where}: label {label!r} cannot be graded by {path}: {exc}") from exc
 
 
-__all__ = ["DEFAULT_REWARD", "Grader", "RewardFn", "boxed_answer", "check_labels", "load_reward", "math_answer",
-           "math_verify_answer", "reward_problem"]
+__all__ = [
+    "DEFAULT_REWARD",
+    "Grader",
+    "RewardFn",
+    "boxed_answer",
+    "check_labels",
+    "load_reward",
+    "math_answer",
+    "math_verify_answer",
+    "reward_problem",
+]

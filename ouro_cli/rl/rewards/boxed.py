@@ -37,7 +37,7 @@ def answer_region(response: str) -> str | None:
     """The part of `response` that may hold the final answer (None: there is none)."""
     cut = response.rfind(_THINK_CLOSE)
     if cut >= 0:
-        return response[cut + len(_THINK_CLOSE):]
+        return response[cut + len(_THINK_CLOSE) :]
     if _THINK_OPEN in response:
         return None
     return response
@@ -75,7 +75,7 @@ def last_boxed(text: str) -> str | None:
     close = _matching_brace(text, end)
     if close is None:
         return None
-    return text[end + 1:close]
+    return text[end + 1 : close]
 
 
 def extract_answer(response: str) -> str | None:

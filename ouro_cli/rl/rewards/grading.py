@@ -57,8 +57,7 @@ class Grader:
             return reward
         return cls(reward, f"{getattr(reward, '__module__', '?')}.{getattr(reward, '__qualname__', repr(reward))}")
 
-    def __call__(self, response: str, label: Any, metadata: Mapping[str, Any], *, problem_id: Any,
-                 where: str) -> float:
+    def __call__(self, response: str, label: Any, metadata: Mapping[str, Any], *, problem_id: Any, where: str) -> float:
         """The reward as a float, or CheckFailed: "`where`: reward function PATH <what went
         wrong> for problem_id ID; <what a reward must be>"."""
         try:
@@ -71,9 +70,13 @@ class Grader:
         else:
             problem = reward_problem(value)
         if limit.fired:
-            raise CheckFailed(f"{where}: reward function {self.path} took more than --reward-timeout "
-                              f"{self.timeout:g} s for problem_id {problem_id!r}; make it faster, or raise "
-                              "--reward-timeout")
+            raise CheckFailed(
+                f"{where}: reward function {self.path} took more than --reward-timeout "
+                f"{self.timeout:g} s for problem_id {problem_id!r}; make it faster, or raise "
+                "--reward-timeout"
+            )
         if problem is not None:
-            raise CheckFailed(f"{where}: reward function {self.path} {problem} for problem_id {problem_id!r}; {MUST_BE}")
+            raise CheckFailed(
+                f"{where}: reward function {self.path} {problem} for problem_id {problem_id!r}; {MUST_BE}"
+            )
         return float(value)

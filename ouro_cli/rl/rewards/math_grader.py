@@ -112,8 +112,8 @@ def extract_boxed(text: str) -> str | None:
         elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                span = text[start:i + 1]
-                return span[len("\\boxed{"):-1] if span.startswith("\\boxed{") else None
+                span = text[start : i + 1]
+                return span[len("\\boxed{") : -1] if span.startswith("\\boxed{") else None
     return None
 
 
@@ -122,7 +122,7 @@ def final_answer(response: str) -> str | None:
     first = response.find(THINK_END)
     if first < 0:
         return None
-    solution = response[first + len(THINK_END):]
+    solution = response[first + len(THINK_END) :]
     second = solution.find(THINK_END)
     return extract_boxed(solution if second < 0 else solution[:second])
 
@@ -241,8 +241,24 @@ def hendrycks_normalize(answer: str) -> str:
 # ---------------------------------------------------------------------------------------
 # 2. the sympy rule: normalisation
 
-_UNIT_WORDS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day",
-               "week", "month", "year", "foot", "feet", "inch", "yard")
+_UNIT_WORDS = (
+    "degree",
+    "cm",
+    "centimeter",
+    "meter",
+    "mile",
+    "second",
+    "minute",
+    "hour",
+    "day",
+    "week",
+    "month",
+    "year",
+    "foot",
+    "feet",
+    "inch",
+    "yard",
+)
 _UNIT_PATTERNS = [re.compile(word + r"(es)?(s)? *(\^[0-9]+)?") for word in _UNIT_WORDS]
 _CARET_CIRC = re.compile(r"\^ *\\circ")
 _THIN_SPACE_SEPARATOR = re.compile(r",\\! *")
@@ -333,8 +349,12 @@ def _elements(expr: str) -> list[str]:
     if not expr:
         return []
     inner = expr[1:-1]
-    if len(expr) > 2 and expr[0] in _TUPLE_CHARS and expr[-1] in _TUPLE_CHARS \
-            and not any(c in inner for c in _TUPLE_CHARS):
+    if (
+        len(expr) > 2
+        and expr[0] in _TUPLE_CHARS
+        and expr[-1] in _TUPLE_CHARS
+        and not any(c in inner for c in _TUPLE_CHARS)
+    ):
         return [e.strip() for e in inner.split(",")]
     return [expr]
 
@@ -379,13 +399,22 @@ def _screen(code: str) -> None:
             if kind in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER):
                 continue
             if text == "!":
-                if previous is None or not (previous.type == tokenize.NAME or (
-                        previous.type == tokenize.NUMBER and previous.string.isdigit()
-                        and len(previous.string) <= 4 and int(previous.string) <= _MAX_FACTORIAL)):
+                if previous is None or not (
+                    previous.type == tokenize.NAME
+                    or (
+                        previous.type == tokenize.NUMBER
+                        and previous.string.isdigit()
+                        and len(previous.string) <= 4
+                        and int(previous.string) <= _MAX_FACTORIAL
+                    )
+                ):
                     raise _Refused("factorial of something other than a small number or a name")
             elif kind == tokenize.NAME:
-                if keyword.iskeyword(text) or text.startswith("_") or (
-                        text in _sympy_namespace() and text not in _HARMLESS_NAMES):
+                if (
+                    keyword.iskeyword(text)
+                    or text.startswith("_")
+                    or (text in _sympy_namespace() and text not in _HARMLESS_NAMES)
+                ):
                     raise _Refused(f"name {text!r}")
             elif kind == tokenize.OP:
                 if text not in _OPERATORS:
@@ -420,7 +449,7 @@ def _digits(node) -> float:
         return _digits(base) * max(1.0, size)
     if isinstance(node, (sympy.factorial, sympy.factorial2, sympy.subfactorial)):
         arg = _digits(node.args[0])
-        return math.inf if arg > 4 else 10.0 ** arg * arg
+        return math.inf if arg > 4 else 10.0**arg * arg
     if not node.args:
         return 1.0
     return sum(_digits(a) for a in node.args)
@@ -430,8 +459,7 @@ def _parse(code: str, evaluate: bool):
     from sympy.parsing import sympy_parser as sp
 
     transformations = sp.standard_transformations + (sp.implicit_multiplication_application,)
-    return sp.parse_expr(code, transformations=transformations, global_dict=dict(_sympy_namespace()),
-                         evaluate=evaluate)
+    return sp.parse_expr(code, transformations=transformations, global_dict=dict(_sympy_namespace()), evaluate=evaluate)
 
 
 @contextlib.contextmanager
@@ -442,8 +470,11 @@ def time_budget(seconds: float) -> Iterator[None]:
     belongs to someone else: in those cases the block runs unguarded (the screening and
     size limits still hold).
     """
-    usable = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-              and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
+    usable = (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    )
     if not usable:
         yield
         return
@@ -462,8 +493,13 @@ def time_budget(seconds: float) -> Iterator[None]:
 
 def _sympy_may_try(expr: str) -> bool:
     letters = {c for c in expr.replace("sqrt", "").replace("frac", "") if c.isalpha()}
-    return (len(letters) <= 2 and "^{" not in expr and "^(" not in expr
-            and re.search(r"\^[0-9]+\^", expr) is None and re.search(r"\^[0-9][0-9]+", expr) is None)
+    return (
+        len(letters) <= 2
+        and "^{" not in expr
+        and "^(" not in expr
+        and re.search(r"\^[0-9]+\^", expr) is None
+        and re.search(r"\^[0-9][0-9]+", expr) is None
+    )
 
 
 def _sympy_equal(truth: str, given: str) -> bool:
@@ -530,6 +566,17 @@ def _check_label(label: object) -> None:
 
 math_answer.check_label = _check_label  # type: ignore[attr-defined]
 
-__all__ = ["MAX_DIGITS", "THINK_END", "TIME_BUDGET_S", "extract_boxed", "final_answer", "grade_answer",
-           "hendrycks_normalize", "label_answers", "math_answer", "sympy_grade", "sympy_normalize",
-           "time_budget"]
+__all__ = [
+    "MAX_DIGITS",
+    "THINK_END",
+    "TIME_BUDGET_S",
+    "extract_boxed",
+    "final_answer",
+    "grade_answer",
+    "hendrycks_normalize",
+    "label_answers",
+    "math_answer",
+    "sympy_grade",
+    "sympy_normalize",
+    "time_budget",
+]

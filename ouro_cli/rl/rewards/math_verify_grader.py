@@ -33,8 +33,10 @@ def _math_verify():
     try:
         import math_verify
     except ImportError:
-        raise UserError("math_verify_answer needs the math-verify package: "
-                        "pip install 'ouro-cli[math]' (or pip install math-verify)") from None
+        raise UserError(
+            "math_verify_answer needs the math-verify package: "
+            "pip install 'ouro-cli[math]' (or pip install math-verify)"
+        ) from None
     return math_verify
 
 

@@ -38,8 +38,17 @@ class KVTransport(Protocol):
     def connect(self, peer: str, registration: Any) -> None:
         """Prefill side: remember how to write into `peer`'s registered memory."""
 
-    def write(self, peer: str, k: torch.Tensor, v: torch.Tensor, src_slots: list[int], dst_slots: list[int],
-              logits: torch.Tensor, row: int, tag: str) -> int:
+    def write(
+        self,
+        peer: str,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        src_slots: list[int],
+        dst_slots: list[int],
+        logits: torch.Tensor,
+        row: int,
+        tag: str,
+    ) -> int:
         """Copy K/V of `src_slots` (every layer, plane, head) into `peer`'s `dst_slots`, and
         `logits` into its landing `row`; returns when the write completed; bytes moved."""
 

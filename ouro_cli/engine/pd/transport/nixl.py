@@ -42,9 +42,17 @@ class NixlTransport:
     def register(self, k: torch.Tensor, v: torch.Tensor, landing: torch.Tensor) -> Any:
         self.agent.register_memory([k, v, landing])
         mem, dev = _mem(k)
-        return {"meta": self.agent.get_agent_metadata(), "k": k.data_ptr(), "v": v.data_ptr(),
-                "landing": landing.data_ptr(), "landing_row_bytes": landing.stride(0) * landing.element_size(),
-                "shape": tuple(k.shape), "elt": k.element_size(), "mem": mem, "dev": dev}
+        return {
+            "meta": self.agent.get_agent_metadata(),
+            "k": k.data_ptr(),
+            "v": v.data_ptr(),
+            "landing": landing.data_ptr(),
+            "landing_row_bytes": landing.stride(0) * landing.element_size(),
+            "shape": tuple(k.shape),
+            "elt": k.element_size(),
+            "mem": mem,
+            "dev": dev,
+        }
 
     def delivered(self) -> list[str]:
         return [m.decode() for msgs in self.agent.get_new_notifs().values() for m in msgs]
@@ -60,8 +68,17 @@ class NixlTransport:
             self.agent.register_memory(new)
             self.local.update({t.data_ptr(): True for t in new})
 
-    def write(self, peer: str, k: torch.Tensor, v: torch.Tensor, src_slots: list[int], dst_slots: list[int],
-              logits: torch.Tensor, row: int, tag: str) -> int:
+    def write(
+        self,
+        peer: str,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        src_slots: list[int],
+        dst_slots: list[int],
+        logits: torch.Tensor,
+        row: int,
+        tag: str,
+    ) -> int:
         remote = self.peers[peer]
         if self.stage is None or self.stage.numel() != logits.numel() or self.stage.dtype != logits.dtype:
             self.stage = torch.empty_like(logits)
@@ -84,8 +101,11 @@ class NixlTransport:
             remote_rows.append(np.stack([dst_base + dst_off, length, np.full_like(length, remote["dev"])], axis=1))
         nbytes_logits = self.stage.numel() * self.stage.element_size()
         local_rows.append(np.array([[self.stage.data_ptr(), nbytes_logits, dev]], dtype=np.int64))
-        remote_rows.append(np.array([[remote["landing"] + row * remote["landing_row_bytes"], nbytes_logits,
-                                      remote["dev"]]], dtype=np.int64))
+        remote_rows.append(
+            np.array(
+                [[remote["landing"] + row * remote["landing_row_bytes"], nbytes_logits, remote["dev"]]], dtype=np.int64
+            )
+        )
         local = self.agent.get_xfer_descs(np.concatenate(local_rows), mem)
         dst = self.agent.get_xfer_descs(np.concatenate(remote_rows), remote["mem"])
         handle = self.agent.initialize_xfer("WRITE", local, dst, remote["agent"], tag.encode())
@@ -113,5 +133,3 @@ def _runs(src: list[int], dst: list[int]) -> np.ndarray:
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [len(s)]])
     return np.stack([s[starts], d[starts], ends - starts], axis=1)
-
-

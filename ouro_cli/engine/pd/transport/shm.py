@@ -32,8 +32,17 @@ class SharedMemoryTransport:
     def connect(self, peer: str, registration: Any) -> None:
         self.peers[peer] = (registration["k"], registration["v"], registration["landing"])
 
-    def write(self, peer: str, k: torch.Tensor, v: torch.Tensor, src_slots: list[int], dst_slots: list[int],
-              logits: torch.Tensor, row: int, tag: str) -> int:
+    def write(
+        self,
+        peer: str,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        src_slots: list[int],
+        dst_slots: list[int],
+        logits: torch.Tensor,
+        row: int,
+        tag: str,
+    ) -> int:
         dst_k, dst_v, landing = self.peers[peer]
         src = torch.tensor(src_slots, dtype=torch.long, device=k.device)
         dst = torch.tensor(dst_slots, dtype=torch.long, device=dst_k.device)
