@@ -18,12 +18,15 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
 
-# one worker per core, at most 4; a test file's tests stay in one worker (they share module fixtures)
-test: $(STAMP)
+# lint first; then one worker per core, at most 4; a test file's tests stay in one worker (they
+# share module fixtures)
+test: lint
 	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
+LINTED := ouro_cli tests bench examples scripts
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ouro_cli tests bench examples
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 
 clean-venv:
 	rm -rf $(VENV)

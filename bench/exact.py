@@ -4,8 +4,8 @@ engine-trainer agreement, default against `--exact` (docs/exact.md).
     python bench/exact.py                                  # CPU, a small shape: the three sections
     python bench/exact.py --device cuda --shape 1.4b       # the H200: random Ouro-1.4B weights, bf16
     python bench/exact.py --sections agree --batches 1 8 32 128
-    python bench/exact.py --device cuda --shape 1.4b --sections train --train-samples 32 --prompt 18 --new-tokens 512
-    --profile 25
+    python bench/exact.py --device cuda --shape 1.4b --sections train --train-samples 32 --prompt 18 --new-tokens 512 \\
+        --profile 25
 
 The last profiles the train step at bench/e2e.py's row shape (32 rows of 18 + 512 tokens) and
 prints each mode's costliest operators: where exact mode's train phase loses its time.

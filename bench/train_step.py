@@ -3,8 +3,8 @@
     python bench/train_step.py --shape tiny --device cpu
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --recompute
     python bench/train_step.py --shape 1.4b --device cuda --samples 8 --prompt-len 256 --response-len 768 --profile 25
-    python bench/train_step.py --shape 1.4b --device cuda --samples 26 --prompt-len 18 --response-len 512 --depths 2
-    --profile 25
+    python bench/train_step.py --shape 1.4b --device cuda --samples 26 --prompt-len 18 --response-len 512 --depths 2 \\
+        --profile 25
     python bench/train_step.py --shape 1.4b --device cuda --samples 256 --prompt-len 18 --response-len 512 --depths 2 \
         --max-tokens-per-micro-batch 12032 --prompt-heads    # one e2e K = 2 update's train step (without: as before)
     torchrun --nproc-per-node 8 bench/train_step.py --shape 1.4b --device cuda   # per-rank batch

@@ -21,8 +21,8 @@ EPILOG = """Examples:
 
   ouro eval ouro_cli/bundled/tiny/model --data ouro_cli/bundled/tiny/eval.jsonl --depths 1 2 3 4 --prompts 200
 
-  ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4 --reward-function ouro_cli.rl.rewards.math_answer --out
-  evals/grpo-1
+  ouro eval runs/grpo-1 --data eval.jsonl --depths 2 3 4 \\
+      --reward-function ouro_cli.rl.rewards.math_answer --out evals/grpo-1
 
   ouro eval runs/grpo-1 --data eval.jsonl --samples 8     # avg@8 and pass@k
 

@@ -44,8 +44,9 @@ def test_attention_at_some_rows_uses_fused_kernels(packed):
     q, k, v = (torch.randn(b, s, h, d, generator=g).cuda().bfloat16() for _ in range(3))
     q_rows = q.flatten(0, 1)[queries.rows][None]
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
-        fused = attention_at_rows(q_rows, k, v, queries.rows, queries.slots, queries.mask, layout.mask,
-                                  queries.slot_inverse)
+        fused = attention_at_rows(
+            q_rows, k, v, queries.rows, queries.slots, queries.mask, layout.mask, queries.slot_inverse
+        )
     with sdpa_kernel([SDPBackend.MATH]):
         reference = dense_attention(q.float(), k.float(), v.float(), layout.mask).flatten(0, 1)[queries.rows]
     assert (fused[0].float() - reference).abs().max() < 2e-2

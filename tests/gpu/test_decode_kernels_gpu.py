@@ -36,8 +36,10 @@ pytest.importorskip("triton")
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-PARAMS = [SamplingParams(max_tokens=12, seed=s, logprobs=0, exit_threshold=0.5, exit_mode=m, ignore_eos=True)
-          for s, m in enumerate(["immediate", "delayed", "immediate", "delayed", "immediate"])]
+PARAMS = [
+    SamplingParams(max_tokens=12, seed=s, logprobs=0, exit_threshold=0.5, exit_mode=m, ignore_eos=True)
+    for s, m in enumerate(["immediate", "delayed", "immediate", "delayed", "immediate"])
+]
 
 
 @pytest.fixture(autouse=True)
@@ -69,8 +71,16 @@ def test_write_and_attend_matches_the_two_steps(dtype):
 
 
 def _generate(model, monkeypatch, attention, graphs, n=4, dtype=None, params=PARAMS):
-    llm = LLM(model, device="cuda", dtype=dtype, max_num_seqs=n, kv_blocks=64, block_size=4, cuda_graphs=graphs,
-              execution=ExecutionSettings(decode_attention=attention))
+    llm = LLM(
+        model,
+        device="cuda",
+        dtype=dtype,
+        max_num_seqs=n,
+        kv_blocks=64,
+        block_size=4,
+        cuda_graphs=graphs,
+        execution=ExecutionSettings(decode_attention=attention),
+    )
     try:
         assert llm.runner.attention == attention
         return llm.generate(prompts(5, seed=1), params)
@@ -107,8 +117,9 @@ def test_engine_bf16_triton_graphs_equal_eager_and_track_torch(monkeypatch):
     reference = _generate(tiny_model(0), monkeypatch, "torch", graphs=False, dtype=bf16, params=fixed)
     compared = 0
     for a, b in zip(eager, reference, strict=True):
-        for ta, tb, da, db, la, lb in zip(a.output_token_ids, b.output_token_ids, a.exit_depths, b.exit_depths,
-                                          a.log_probs, b.log_probs, strict=True):
+        for ta, tb, da, db, la, lb in zip(
+            a.output_token_ids, b.output_token_ids, a.exit_depths, b.exit_depths, a.log_probs, b.log_probs, strict=True
+        ):
             if (ta, da) != (tb, db):
                 break  # the paths' roundings differ; past a different token the contexts differ
             assert abs(la - lb) <= 5e-2
@@ -124,8 +135,15 @@ def test_engine_on_second_gpu_captures_its_graphs_there(monkeypatch):
     torch.cuda.set_device(0)
     outs = {}
     for device in ("cuda:0", "cuda:1"):
-        llm = LLM(tiny_model(0), device=device, max_num_seqs=4, kv_blocks=64, block_size=4, cuda_graphs=True,
-                  execution=ExecutionSettings(decode_attention="triton"))
+        llm = LLM(
+            tiny_model(0),
+            device=device,
+            max_num_seqs=4,
+            kv_blocks=64,
+            block_size=4,
+            cuda_graphs=True,
+            execution=ExecutionSettings(decode_attention="triton"),
+        )
         try:
             outs[device] = llm.generate(prompts(5, seed=1), PARAMS)
             assert llm.runner.graphs, "no decode step was captured"
@@ -167,4 +185,3 @@ def test_a_rollout_captures_one_decode_graph_per_bucket():
     # one prefill width (prompts of 3-12 tokens: 16) and one decode step (4 rows, bucket 8, all
     # running to the end); with widths that followed the context, 16, 32 and 64 were each captured
     assert counters["graph_captures"] == 2 and counters["prefill_steps_graphed"] == 4, counters
-

@@ -36,8 +36,14 @@ from tests.unit.engine._gemv_kernel_checks import operands
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton")
 
-SHAPES = {"q_proj": (2048, 2048), "k_proj": (2048, 2048), "gate": (5632, 2048), "down": (2048, 5632),
-          "lm_head": (49152, 2048), "exit_gate": (1, 2048)}
+SHAPES = {
+    "q_proj": (2048, 2048),
+    "k_proj": (2048, 2048),
+    "gate": (5632, 2048),
+    "down": (2048, 5632),
+    "lm_head": (49152, 2048),
+    "exit_gate": (1, 2048),
+}
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 EXACT = ExecutionSettings(exact=True)
 
@@ -77,8 +83,12 @@ def test_row_functions_are_batch_invariant_on_cuda():
     logits = 5 * torch.randn(512, 49152, device="cuda", generator=g)
     gate_w = torch.randn(1, 2048, device="cuda", generator=g).bfloat16() / 45
     gate_b = torch.zeros(1, device="cuda").bfloat16()
-    for fn, x in ((lambda t: exact.rms_norm(t, w, 1e-6), h), (exact.log_softmax, logits),
-                  (lambda t: exact.exit_lambda(t, gate_w, gate_b), h), (lambda t: exact.silu_mul(t, t), h)):
+    for fn, x in (
+        (lambda t: exact.rms_norm(t, w, 1e-6), h),
+        (exact.log_softmax, logits),
+        (lambda t: exact.exit_lambda(t, gate_w, gate_b), h),
+        (lambda t: exact.silu_mul(t, t), h),
+    ):
         full = fn(x)
         for rows in (slice(0, 1), slice(5, 13), slice(100, 164)):
             assert torch.equal(fn(x[rows]), full[rows])
@@ -104,8 +114,10 @@ def _generate(model, max_num_seqs):
     from tests.unit.engine.conftest import prompts
 
     llm = LLM(model, max_num_seqs=max_num_seqs, kv_blocks=64, block_size=4, execution=EXACT)
-    params = [SamplingParams(max_tokens=14, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5,
-                             ignore_eos=True) for s in range(6)]
+    params = [
+        SamplingParams(max_tokens=14, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+        for s in range(6)
+    ]
     try:
         return llm.generate(prompts(6, seed=1), params)
     finally:
@@ -131,7 +143,7 @@ def test_engine_logprobs_are_the_replay_to_the_bit_on_cuda(dtype):
         depths = torch.tensor([[4] * m + out.exit_depths[1:] + [4]], device="cuda")
         with torch.no_grad(), executing(EXACT):
             logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
-        ref = logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r, device="cuda")[:, None]).squeeze(1).cpu()
+        ref = logp[m - 1 : m - 1 + len(r)].gather(1, torch.tensor(r, device="cuda")[:, None]).squeeze(1).cpu()
         assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double())
     alone = _generate(model, 1)
     for a, b in zip(outs, alone, strict=True):
@@ -151,8 +163,10 @@ def test_prefill_graphs_of_several_widths_stay_valid_across_forwards():
     g = torch.Generator().manual_seed(7)
     lengths = [5, 20, 40, 100, 200, 30, 90]
     batch = [torch.randint(1, 96, (n,), generator=g).tolist() for n in lengths]
-    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
-              for s in range(len(batch))]
+    params = [
+        SamplingParams(max_tokens=12, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+        for s in range(len(batch))
+    ]
 
     def rollouts(graphs: bool) -> list[tuple]:
         llm = LLM(model, max_num_seqs=8, kv_blocks=256, block_size=16, execution=EXACT, cuda_graphs=graphs)

@@ -19,8 +19,13 @@ from tests.unit.engine._gemv_kernel_checks import check_batch_invariance, check_
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton")
 
-SHAPES = {"qkv": (6144, 2048), "o_proj": (2048, 2048), "gate_up": (11264, 2048), "down": (2048, 5632),
-          "lm_head": (49152, 2048)}
+SHAPES = {
+    "qkv": (6144, 2048),
+    "o_proj": (2048, 2048),
+    "gate_up": (11264, 2048),
+    "down": (2048, 5632),
+    "lm_head": (49152, 2048),
+}
 ROWS = (8, 16, 64)
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 

@@ -28,7 +28,12 @@ CHECKS = ["decode_attention", "replay_attention", "fixed_tile", "gemv", "row_ker
 @pytest.mark.parametrize("name", CHECKS)
 def test_kernel_over_drawn_shapes(name):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), OURO_CHECK_KERNELS="1", CUDA_LAUNCH_BLOCKING="1")
-    proc = subprocess.run([sys.executable, str(SCRIPT), name], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        OURO_CHECK_KERNELS="1",
+        CUDA_LAUNCH_BLOCKING="1",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), name], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0 and f"{name} ok" in proc.stdout, proc.stdout[-6000:] + proc.stderr[-6000:]

@@ -69,8 +69,10 @@ def test_a_dropped_buffer_gives_its_memory_back():
 
 
 def _rollout(llm: LLM, k: int, n: int, seed: int):
-    params = [SamplingParams(max_tokens=24, seed=seed + i, logprobs=0, max_loops=k, exit_threshold=0.6,
-                             ignore_eos=True) for i in range(n)]
+    params = [
+        SamplingParams(max_tokens=24, seed=seed + i, logprobs=0, max_loops=k, exit_threshold=0.6, ignore_eos=True)
+        for i in range(n)
+    ]
     outs = llm.generate(prompts(n, seed=1), params)  # one shape: new samples of the same prompts
     return [(o.output_token_ids, o.exit_depths, o.log_probs) for o in outs]
 

@@ -34,11 +34,34 @@ def test_a_real_out_of_memory_in_a_rollout_is_survived_and_replayed(tmp_path):
     full_size_tokenizer(model)
     write_data(tmp_path / "data.jsonl", prompt_lengths("p100", 128))
     work = tmp_path / "vr"
-    proc = ouro("verify-resume", "--updates", "2", "--resume-at", "1", "--work-dir", str(work), "--model", str(model),
-                "--data", str(tmp_path / "data.jsonl"), "--eval-data", "", "--prompts-per-update", "64",
-                "--group-size", "8", "--max-response-len", "512", "--depths", "4",
-                "--reward-function", "ouro_cli.rl.rewards.boxed_answer", "--json", cwd=tmp_path,
-                env={"OURO_TEST_FAULT": f"generate@1=HOG-{LEFT_GIB}"})
+    proc = ouro(
+        "verify-resume",
+        "--updates",
+        "2",
+        "--resume-at",
+        "1",
+        "--work-dir",
+        str(work),
+        "--model",
+        str(model),
+        "--data",
+        str(tmp_path / "data.jsonl"),
+        "--eval-data",
+        "",
+        "--prompts-per-update",
+        "64",
+        "--group-size",
+        "8",
+        "--max-response-len",
+        "512",
+        "--depths",
+        "4",
+        "--reward-function",
+        "ouro_cli.rl.rewards.boxed_answer",
+        "--json",
+        cwd=tmp_path,
+        env={"OURO_TEST_FAULT": f"generate@1=HOG-{LEFT_GIB}"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout)["identical"], proc.stdout
     for run in ("reference", "resumed"):

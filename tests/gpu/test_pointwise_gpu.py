@@ -66,7 +66,7 @@ def test_later_micro_batches_compile_nothing_on_cuda():
         depths = torch.randint(1, 5, (rows, length), generator=g)
         depths[:, :3] = 4
         valid = torch.ones(rows, length, dtype=torch.long)
-        valid[0, -(length // 8):] = 0
+        valid[0, -(length // 8) :] = 0
         before = compiling.compile_seconds()
         model(ids.cuda(), depths.cuda(), attention_mask=valid.cuda()).float().square().mean().backward()
         torch.cuda.synchronize()

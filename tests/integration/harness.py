@@ -24,7 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def env_for(fault: str | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **extra}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        **extra,
+    }
     env.pop("OURO_TEST_FAULT", None)
     env.pop("OURO_DEBUG", None)
     if fault:
@@ -34,8 +39,15 @@ def env_for(fault: str | None = None, **extra: str) -> dict[str, str]:
 
 def start(*args: object, cwd: Path, fault: str | None = None, **extra: str) -> subprocess.Popen:
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "ouro_cli.cli.app", *map(str, args)], cwd=cwd,
-                            env=env_for(fault, **extra), stdout=out, stderr=err, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ouro_cli.cli.app", *map(str, args)],
+        cwd=cwd,
+        env=env_for(fault, **extra),
+        stdout=out,
+        stderr=err,
+        text=True,
+        start_new_session=True,
+    )
     proc.outputs = (out, err)
     return proc
 

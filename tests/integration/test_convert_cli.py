@@ -33,10 +33,20 @@ ASSETS = {
 
 def ouro(*commands: list[object]) -> list[subprocess.CompletedProcess]:
     """Run `ouro` once per command, all at the same time (each pays ~2-5 s of imports)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     procs = [
-        subprocess.Popen([sys.executable, "-m", "ouro_cli.cli.app", *map(str, args)], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "ouro_cli.cli.app", *map(str, args)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for args in commands
     ]
     results = []

@@ -25,10 +25,20 @@ EVAL_ROWS = 8
 
 
 def ouro(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     env.pop("OURO_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "ouro_cli.cli.app", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def bundled(name: str, n: int) -> list[dict]:
@@ -37,14 +47,21 @@ def bundled(name: str, n: int) -> list[dict]:
 
 def own_layout(row: dict) -> dict:
     """A bundled row in a layout of its own: the label nested, other names throughout."""
-    return {"question": row["prompt"], "solution": {"final": str(row["label"]), "steps": "..."},
-            "uid": row["metadata"]["problem_id"]}
+    return {
+        "question": row["prompt"],
+        "solution": {"final": str(row["label"]), "steps": "..."},
+        "uid": row["metadata"]["problem_id"],
+    }
 
 
 def math500_layout(row: dict) -> dict:
     """A bundled row under MATH-500's field names."""
-    return {"problem": row["prompt"], "answer": str(row["label"]), "subject": "Arithmetic",
-            "unique_id": row["metadata"]["problem_id"]}
+    return {
+        "problem": row["prompt"],
+        "answer": str(row["label"]),
+        "subject": "Arithmetic",
+        "unique_id": row["metadata"]["problem_id"],
+    }
 
 
 TRAIN_MAPPING = ["--prompt-key", "question", "--label-key", "solution.final", "--id-key", "uid"]
@@ -68,11 +85,43 @@ def files(tmp_path_factory) -> Path:
 
 def test_a_parquet_file_with_other_column_names_trains(files):
     run = files / "run"
-    proc = ouro("train", "--data", files / "train.parquet", *TRAIN_MAPPING,
-                "--eval-data", files / "eval.parquet", "--eval-prompt-key", "problem", "--eval-label-key", "answer",
-                "--eval-id-key", "unique_id", "--updates", "2", "--depths", "2", "4", "--prompts-per-update", "2",
-                "--group-size", "3", "--max-response-len", "8", "--eval-prompts", "4", "--eval-depths", "2",
-                "--max-num-seqs", "8", "--device", "cpu", "--run-dir", run, "--json", cwd=files)
+    proc = ouro(
+        "train",
+        "--data",
+        files / "train.parquet",
+        *TRAIN_MAPPING,
+        "--eval-data",
+        files / "eval.parquet",
+        "--eval-prompt-key",
+        "problem",
+        "--eval-label-key",
+        "answer",
+        "--eval-id-key",
+        "unique_id",
+        "--updates",
+        "2",
+        "--depths",
+        "2",
+        "4",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "8",
+        "--eval-prompts",
+        "4",
+        "--eval-depths",
+        "2",
+        "--max-num-seqs",
+        "8",
+        "--device",
+        "cpu",
+        "--run-dir",
+        run,
+        "--json",
+        cwd=files,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ok"]
     assert [json.loads(x)["k"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [2, 4]
@@ -84,8 +133,12 @@ def test_a_parquet_file_with_other_column_names_trains(files):
     assert [(e["when"], e["k"], e["prompts"]) for e in evals] == [("start", 2, 4), ("end", 2, 4)]
     plan = json.loads((run / "ouro-plan.json").read_text())
     contract = plan["contract"]
-    assert (contract["prompt_key"], contract["label_key"], contract["id_key"], contract["label_parser"]) == \
-        ("question", "solution.final", "uid", "none")
+    assert (contract["prompt_key"], contract["label_key"], contract["id_key"], contract["label_parser"]) == (
+        "question",
+        "solution.final",
+        "uid",
+        "none",
+    )
     assert "eval_prompt_key" not in contract and plan["options"]["eval_prompt_key"] == "problem"
     assert contract["data_sha256"] == hashlib.sha256((files / "train.parquet").read_bytes()).hexdigest()
     manifest = json.loads((run / "manifest.json").read_text())
@@ -93,8 +146,26 @@ def test_a_parquet_file_with_other_column_names_trains(files):
 
 
 def _evaluations(files: Path, data: Path, mapping: list[str], out: str) -> list[dict]:
-    proc = ouro("eval", TINY / "model", "--data", data, *mapping, "--depths", "2", "4", "--prompts", EVAL_ROWS,
-                "--max-response-len", "12", "--device", "cpu", "--out", files / out, "--json", cwd=files)
+    proc = ouro(
+        "eval",
+        TINY / "model",
+        "--data",
+        data,
+        *mapping,
+        "--depths",
+        "2",
+        "4",
+        "--prompts",
+        EVAL_ROWS,
+        "--max-response-len",
+        "12",
+        "--device",
+        "cpu",
+        "--out",
+        files / out,
+        "--json",
+        cwd=files,
+    )
     assert proc.returncode == 0, proc.stderr
     document = json.loads(proc.stdout)
     manifest = json.loads((files / out / "manifest.json").read_text())
@@ -115,7 +186,9 @@ def test_eval_of_parquet_through_the_mapping_equals_eval_of_the_same_rows_in_jso
 def test_eval_of_a_datasets_directory_equals_eval_of_the_same_rows_in_jsonl(files, jsonl_evaluations):
     datasets = pytest.importorskip("datasets")
     directory = files / "math500"
-    datasets.Dataset.from_list([math500_layout(r) for r in bundled("eval.jsonl", EVAL_ROWS)]).save_to_disk(str(directory))
+    datasets.Dataset.from_list([math500_layout(r) for r in bundled("eval.jsonl", EVAL_ROWS)]).save_to_disk(
+        str(directory)
+    )
     assert _evaluations(files, directory, MATH500_MAPPING, "eval-datasets") == jsonl_evaluations
 
 
@@ -135,8 +208,9 @@ def test_a_bad_parquet_row_stops_train_and_eval_before_any_model_loads(files, tm
 
 
 def test_data_check_reports_a_good_file(files):
-    proc = ouro("data", "check", files / "train.parquet", *TRAIN_MAPPING, "--model", TINY / "model", "--json",
-                cwd=files)
+    proc = ouro(
+        "data", "check", files / "train.parquet", *TRAIN_MAPPING, "--model", TINY / "model", "--json", cwd=files
+    )
     assert proc.returncode == 0, proc.stderr
     (report,) = json.loads(proc.stdout)["files"]
     assert (report["format"], report["rows"], report["valid_rows"], report["bad_rows"]) == ("parquet", 32, 32, 0)
@@ -149,8 +223,14 @@ def test_data_check_reports_a_good_file(files):
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(TINY / "model" / "tokenizer.json"))
-    counts = sorted(len(tokenizer.encode(f"<|im_start|>user\n{r['prompt']}<|im_end|>\n<|im_start|>assistant\n",
-                                         add_special_tokens=False).ids) for r in bundled("train.jsonl", 32))
+    counts = sorted(
+        len(
+            tokenizer.encode(
+                f"<|im_start|>user\n{r['prompt']}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+            ).ids
+        )
+        for r in bundled("train.jsonl", 32)
+    )
     assert (lengths["min"], lengths["p50"], lengths["max"]) == (counts[0], counts[15], counts[-1])
     human = ouro("data", "check", files / "train.parquet", *TRAIN_MAPPING, cwd=files)
     assert human.returncode == 0 and human.stdout == ""
@@ -178,12 +258,25 @@ def test_data_check_finds_bad_rows_and_duplicate_ids(files, tmp_path):
 
 
 def test_data_check_of_gsm8k_answers_with_and_without_the_label_parser(tmp_path):
-    rows = [{"question": "Natalia sold 48 clips and half as many more. How many?",
-             "answer": "48/2 = <<48/2=24>>24\n48+24 = <<48+24=72>>72\n#### 72"},
-            {"question": "A sale of 1,200 twice?", "answer": "600 + 600 = 1,200\n#### 1,200"}]
+    rows = [
+        {
+            "question": "Natalia sold 48 clips and half as many more. How many?",
+            "answer": "48/2 = <<48/2=24>>24\n48+24 = <<48+24=72>>72\n#### 72",
+        },
+        {"question": "A sale of 1,200 twice?", "answer": "600 + 600 = 1,200\n#### 1,200"},
+    ]
     path = write_parquet(tmp_path / "gsm8k.parquet", rows)
-    common = ["data", "check", path, "--prompt-key", "question", "--label-key", "answer",
-              "--reward-function", "ouro_cli.rl.rewards.boxed_answer"]
+    common = [
+        "data",
+        "check",
+        path,
+        "--prompt-key",
+        "question",
+        "--label-key",
+        "answer",
+        "--reward-function",
+        "ouro_cli.rl.rewards.boxed_answer",
+    ]
     proc = ouro(*common, "--label-parser", "gsm8k", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["files"][0]["ids"] == {"key": "metadata.problem_id", "own": 0, "row_index": 2}

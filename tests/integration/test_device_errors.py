@@ -14,19 +14,50 @@ import torch
 from .test_train_cli import ouro
 from .tiny_checkpoint import REWARD, make_checkpoint
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+    ),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_device_error_is_one_line_and_the_run_resumes(tmp_path, device):
     make_checkpoint(tmp_path)
     run = tmp_path / "run"
-    opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
-            "--prompts-per-update", "2", "--group-size", "2", "--max-response-len", "6", "--depths", "2",
-            "--save-interval", "1", "--device", device, "--reward-function", REWARD]
-    proc = ouro("train", *opts, "--updates", "3", "--run-dir", str(run), cwd=tmp_path,
-                env={"OURO_TEST_FAULT": "generate@2=CUDA"})
+    opts = [
+        "--model",
+        str(tmp_path / "hf"),
+        "--data",
+        str(tmp_path / "train.jsonl"),
+        "--eval-data",
+        "",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "2",
+        "--max-response-len",
+        "6",
+        "--depths",
+        "2",
+        "--save-interval",
+        "1",
+        "--device",
+        device,
+        "--reward-function",
+        REWARD,
+    ]
+    proc = ouro(
+        "train",
+        *opts,
+        "--updates",
+        "3",
+        "--run-dir",
+        str(run),
+        cwd=tmp_path,
+        env={"OURO_TEST_FAULT": "generate@2=CUDA"},
+    )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr
     assert "CUDA error in the rollout phase (update 1, K=2" in errors[0] and "CUDA_LAUNCH_BLOCKING=1" in errors[0]

@@ -34,9 +34,14 @@ PROMPTS = 8
 
 
 def ouro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def _model_with_chat_template(root: Path, chat_template: str | None) -> Path:
@@ -59,9 +64,15 @@ def chat_model(tmp_path_factory) -> tuple[Path, Path, Path]:
     rows = [json.loads(line) for line in (TINY / "eval.jsonl").read_text().splitlines()[:PROMPTS]]
     plain, messages = root / "plain.jsonl", root / "messages.jsonl"
     plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    messages.write_text("".join(json.dumps({**r, "prompt": [{"role": "system", "content": SYSTEM},
-                                                            {"role": "user", "content": r["prompt"]}]}) + "\n"
-                                for r in rows))
+    messages.write_text(
+        "".join(
+            json.dumps(
+                {**r, "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": r["prompt"]}]}
+            )
+            + "\n"
+            for r in rows
+        )
+    )
     return model, plain, messages
 
 
@@ -69,19 +80,40 @@ def test_tokenizer_template_is_the_checkpoints_own(chat_model):
     model, _, _ = chat_model
     template = template_for_checkpoint("tokenizer", model)
     assert template.text == CHAT_TEMPLATE
-    expected = get_template("chatml").render([{"role": "system", "content": SYSTEM},
-                                              {"role": "user", "content": "What is 3*4+5?"}])
+    expected = get_template("chatml").render(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 3*4+5?"}]
+    )
     assert template.render("What is 3*4+5?") == expected
 
 
 def test_eval_with_the_tokenizer_template_equals_chatml_on_the_same_text(chat_model, tmp_path):
     model, plain, messages = chat_model
     common = ["--depths", "2", "4", "--prompts", str(PROMPTS), "--device", "cpu", "--json"]
-    by_template = ouro("eval", str(model), "--data", str(plain), "--prompt-template", "tokenizer",
-                       "--out", str(tmp_path / "tokenizer"), *common, cwd=tmp_path)
+    by_template = ouro(
+        "eval",
+        str(model),
+        "--data",
+        str(plain),
+        "--prompt-template",
+        "tokenizer",
+        "--out",
+        str(tmp_path / "tokenizer"),
+        *common,
+        cwd=tmp_path,
+    )
     assert by_template.returncode == 0, by_template.stderr
-    by_chatml = ouro("eval", str(model), "--data", str(messages), "--prompt-template", "chatml",
-                     "--out", str(tmp_path / "chatml"), *common, cwd=tmp_path)
+    by_chatml = ouro(
+        "eval",
+        str(model),
+        "--data",
+        str(messages),
+        "--prompt-template",
+        "chatml",
+        "--out",
+        str(tmp_path / "chatml"),
+        *common,
+        cwd=tmp_path,
+    )
     assert by_chatml.returncode == 0, by_chatml.stderr
     got, want = json.loads(by_template.stdout)["evaluations"], json.loads(by_chatml.stdout)["evaluations"]
     assert [r["k"] for r in got] == [2, 4] and all(r["prompts"] == PROMPTS for r in got)

@@ -22,8 +22,17 @@ from .test_eval_cli import ouro
 
 PROMPTS = 8
 DEPTHS = [1, 4]
-COMMON = ["--data", str(TINY / "eval.jsonl"), "--depths", *map(str, DEPTHS), "--prompts", str(PROMPTS),
-          "--device", "cpu", "--json"]
+COMMON = [
+    "--data",
+    str(TINY / "eval.jsonl"),
+    "--depths",
+    *map(str, DEPTHS),
+    "--prompts",
+    str(PROMPTS),
+    "--device",
+    "cpu",
+    "--json",
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +72,22 @@ def _one_sample_reference() -> tuple[list[dict], list[str]]:
     with single_process_group():
         source = open_checkpoint(TINY / "model")
         codec = TextCodec.from_dir(source.assets_dir)
-        ids = tokenize_prompts(codec, get_template("chatml"), rows, source.config.max_position_embeddings,
-                               defaults.sampling.max_response_len, "eval.jsonl")
+        ids = tokenize_prompts(
+            codec,
+            get_template("chatml"),
+            rows,
+            source.config.max_position_embeddings,
+            defaults.sampling.max_response_len,
+            "eval.jsonl",
+        )
         net = from_state_dict(source.config, dict(source.iter_tensors()), device="cpu")
-    sampling = RolloutSampling.of(defaults.sampling, num_loops=source.config.num_loops, seed=defaults.seed,
-                                  stop_token_ids=stop_tokens_for(source.config, codec), decode=codec.decode)
+    sampling = RolloutSampling.of(
+        defaults.sampling,
+        num_loops=source.config.num_loops,
+        seed=defaults.seed,
+        stop_token_ids=stop_tokens_for(source.config, codec),
+        decode=codec.decode,
+    )
     engine = LLM(net, max_num_seqs=defaults.max_num_seqs, execution=defaults.execution)
     results, texts = [], []
     try:
@@ -75,10 +95,16 @@ def _one_sample_reference() -> tuple[list[dict], list[str]]:
             drawn = generate_groups(engine, rows, ids, sampling, group_size=1, k=k, update=0, purpose="eval")
             rewards = [float(reward(s.text, s.row.label, s.row.metadata)) for s in drawn]
             depths = [d for s in drawn for d in s.exit_depths[1:]]
-            results.append({"k": k, "prompts": len(drawn), "accuracy": sum(rewards) / len(rewards),
-                            "mean_exit_depth": sum(depths) / len(depths),
-                            "mean_tokens": sum(len(s.response_ids) for s in drawn) / len(drawn),
-                            "truncated": sum(s.finish_reason == "length" for s in drawn)})
+            results.append(
+                {
+                    "k": k,
+                    "prompts": len(drawn),
+                    "accuracy": sum(rewards) / len(rewards),
+                    "mean_exit_depth": sum(depths) / len(depths),
+                    "mean_tokens": sum(len(s.response_ids) for s in drawn) / len(drawn),
+                    "truncated": sum(s.finish_reason == "length" for s in drawn),
+                }
+            )
             texts += [s.text for s in drawn]
     finally:
         engine.close()
@@ -89,8 +115,10 @@ def test_one_sample_is_the_one_sample_evaluation_bit_for_bit(evals):
     document, out = evals[1]
     results, texts = _one_sample_reference()
     assert document["evaluations"] == results
-    assert [{k: v for k, v in json.loads(line).items() if k != "model"}
-            for line in (out / "evaluations.jsonl").read_text().splitlines()] == results
+    assert [
+        {k: v for k, v in json.loads(line).items() if k != "model"}
+        for line in (out / "evaluations.jsonl").read_text().splitlines()
+    ] == results
     responses = _responses(out)
     assert [(r["k"], r["sample"]) for r in responses] == [(k, 0) for k in DEPTHS for _ in range(PROMPTS)]
     assert [r["text"] for r in responses] == texts
@@ -102,11 +130,21 @@ def test_four_samples_report_avg_and_pass_at_k(evals):
     assert (out / "COMPLETE").is_file() and not list(out.parent.glob(f".{out.name}.staging-*"))
     responses = _responses(out)
     assert len(responses) == len(DEPTHS) * PROMPTS * 4
-    assert [(r["k"], r["sample"]) for r in responses] == [(k, s) for k in DEPTHS for _ in range(PROMPTS)
-                                                          for s in range(4)]
+    assert [(r["k"], r["sample"]) for r in responses] == [
+        (k, s) for k in DEPTHS for _ in range(PROMPTS) for s in range(4)
+    ]
     for r in responses:
-        assert set(r) == {"problem_id", "k", "sample", "seed", "text", "reward", "mean_exit_depth", "tokens",
-                          "truncated"}
+        assert set(r) == {
+            "problem_id",
+            "k",
+            "sample",
+            "seed",
+            "text",
+            "reward",
+            "mean_exit_depth",
+            "tokens",
+            "truncated",
+        }
         assert r["mean_exit_depth"] in (None, float(r["k"]))  # exit threshold 1: every decoded token runs K loops
     ones = _responses(evals[1][1])
     assert [r for r in responses if r["sample"] == 0] == ones  # sample 0 is the one-sample evaluation's

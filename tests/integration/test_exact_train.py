@@ -22,19 +22,69 @@ from .test_train_cli import ouro
 from .tiny_checkpoint import REWARD, make_checkpoint
 
 # one mini-batch: the first step, whose mismatch the metrics report, covers every sampled token
-TRAINED = ["--epochs", "2", "--is-correction", "tis", "--clip-ratio-c", "3", "--loop-weighting", "uniform",
-           "--advantage", "rloo", "--overlong", "soft", "--offload-optimizer", "on",
-           "--eps-low", "0.001", "--eps-high", "0.001"]  # a clip the second step's small move reaches
-RUNS = {"exact-fp32": ["--exact", "--dtype", "fp32", *TRAINED], "exact-bf16": ["--exact", "--dtype", "bf16"],
-        "exact-pd": ["--exact", "--dtype", "fp32", "--prefill-devices", "0", "--decode-devices", "1", "--kv-transport",
-                     "shm"],
-        "default-bf16": ["--dtype", "bf16", "--is-correction", "mis", "--is-bounds", "0.999", "1.001"]}
+TRAINED = [
+    "--epochs",
+    "2",
+    "--is-correction",
+    "tis",
+    "--clip-ratio-c",
+    "3",
+    "--loop-weighting",
+    "uniform",
+    "--advantage",
+    "rloo",
+    "--overlong",
+    "soft",
+    "--offload-optimizer",
+    "on",
+    "--eps-low",
+    "0.001",
+    "--eps-high",
+    "0.001",
+]  # a clip the second step's small move reaches
+RUNS = {
+    "exact-fp32": ["--exact", "--dtype", "fp32", *TRAINED],
+    "exact-bf16": ["--exact", "--dtype", "bf16"],
+    "exact-pd": [
+        "--exact",
+        "--dtype",
+        "fp32",
+        "--prefill-devices",
+        "0",
+        "--decode-devices",
+        "1",
+        "--kv-transport",
+        "shm",
+    ],
+    "default-bf16": ["--dtype", "bf16", "--is-correction", "mis", "--is-bounds", "0.999", "1.001"],
+}
 
 
 def options(root: Path) -> list[str]:
-    return ["--model", str(root / "hf"), "--data", str(root / "train.jsonl"), "--eval-data", "",
-            "--prompts-per-update", "2", "--group-size", "3", "--max-response-len", "8", "--max-num-seqs", "4",
-            "--depths", "2", "3", "4", "--exit-threshold", "0.7", "--reward-function", REWARD]
+    return [
+        "--model",
+        str(root / "hf"),
+        "--data",
+        str(root / "train.jsonl"),
+        "--eval-data",
+        "",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "8",
+        "--max-num-seqs",
+        "4",
+        "--depths",
+        "2",
+        "3",
+        "4",
+        "--exit-threshold",
+        "0.7",
+        "--reward-function",
+        REWARD,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +92,15 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("exact")
     make_checkpoint(root, mixed_exits=True)
     names = list(RUNS)
-    procs = run_all(*[["train", *options(root), "--updates", "3", "--run-dir", str(root / name), *RUNS[name]]
-                      for name in names], cwd=root)
+    procs = run_all(
+        *[["train", *options(root), "--updates", "3", "--run-dir", str(root / name), *RUNS[name]] for name in names],
+        cwd=root,
+    )
     for name, proc in zip(names, procs, strict=True):
         assert proc.returncode == 0, f"{name}: {proc.stderr}"
-    return root, {name: [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()]
-                  for name in names}
+    return root, {
+        name: [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()] for name in names
+    }
 
 
 @pytest.mark.parametrize("name", ["exact-fp32", "exact-bf16", "exact-pd"])
@@ -80,9 +133,25 @@ def test_default_bf16_mismatches_and_its_correction_masks(runs):
 def test_verify_resume_is_bit_identical_in_exact_mode(runs):
     root, _ = runs
     work = root / "vr"
-    proc = ouro("verify-resume", "--updates", "3", "--resume-at", "2", "--work-dir", str(work), *options(root),
-                "--exact", "--dtype", "bf16", "--filter-groups", "--mini-batches", "2", "--async-scheduling", "--json",
-                cwd=root)
+    proc = ouro(
+        "verify-resume",
+        "--updates",
+        "3",
+        "--resume-at",
+        "2",
+        "--work-dir",
+        str(work),
+        *options(root),
+        "--exact",
+        "--dtype",
+        "bf16",
+        "--filter-groups",
+        "--mini-batches",
+        "2",
+        "--async-scheduling",
+        "--json",
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["identical"] and doc["first_divergence"] is None

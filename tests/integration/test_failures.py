@@ -24,9 +24,31 @@ from .tiny_checkpoint import REWARD, make_checkpoint
 
 
 def small(root: Path) -> list[object]:
-    return ["--model", root / "hf", "--data", root / "train.jsonl", "--eval-data", root / "eval.jsonl",
-            "--depths", "2", "3", "--prompts-per-update", "2", "--group-size", "3", "--max-response-len", "6",
-            "--eval-prompts", "2", "--eval-depths", "2", "--max-num-seqs", "4", "--reward-function", REWARD]
+    return [
+        "--model",
+        root / "hf",
+        "--data",
+        root / "train.jsonl",
+        "--eval-data",
+        root / "eval.jsonl",
+        "--depths",
+        "2",
+        "3",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--eval-prompts",
+        "2",
+        "--eval-depths",
+        "2",
+        "--max-num-seqs",
+        "4",
+        "--reward-function",
+        REWARD,
+    ]
 
 
 def tree(path: Path) -> dict[str, bytes]:
@@ -54,8 +76,9 @@ def finished(tmp_path_factory):
 def test_two_trains_on_one_run_directory_one_is_refused_and_the_other_completes(finished):
     root, run_dir, holder, second, (code, stdout, stderr) = finished
     assert second.returncode == 2
-    assert error_line(second) == (f"error: {run_dir} is in use by {holder.describe()}; wait for it to finish or "
-                                  "stop it, then run this again")
+    assert error_line(second) == (
+        f"error: {run_dir} is in use by {holder.describe()}; wait for it to finish or stop it, then run this again"
+    )
     assert json.loads(second.stdout)["ok"] is False
     assert code == 0, stderr
     assert json.loads(stdout)["ok"] is True
@@ -72,8 +95,9 @@ def test_two_concurrent_resumes_one_is_refused(finished, tmp_path):
     while read_lock(copy) is None:
         assert first.poll() is None, finish(first).stderr
         time.sleep(0.05)
-    second, compare = run_all(["resume", copy, "--updates", "3"], ["verify-resume", "--compare", run_dir, copy],
-                              cwd=root)
+    second, compare = run_all(
+        ["resume", copy, "--updates", "3"], ["verify-resume", "--compare", run_dir, copy], cwd=root
+    )
     for refused in (second, compare):
         assert refused.returncode == 2 and "is in use by pid" in error_line(refused)
     done = finish(first)
@@ -91,20 +115,32 @@ def test_overwrite_never_deletes_an_input(finished, tmp_path):
     eval_run, train_model, train_data, export_run, vr_model, vr_foreign = run_all(
         ["eval", run_dir, "--data", root / "eval.jsonl", "--out", run_dir, "--overwrite", "--reward-function", REWARD],
         ["train", *small(root), "--run-dir", root / "hf", "--overwrite"],
-        ["train", *small(root), "--data", tmp_path / "run2" / "train.jsonl", "--run-dir", tmp_path / "run2",
-         "--overwrite"],
+        [
+            "train",
+            *small(root),
+            "--data",
+            tmp_path / "run2" / "train.jsonl",
+            "--run-dir",
+            tmp_path / "run2",
+            "--overwrite",
+        ],
         ["export", run_dir, run_dir, "--overwrite"],
         ["verify-resume", "--updates", "2", "--resume-at", "1", "--work-dir", root / "hf" / "vr", *small(root)],
         ["verify-resume", "--updates", "2", "--resume-at", "1", "--work-dir", tmp_path / "w", *small(root)],
-        cwd=root)
-    for proc, named in ((eval_run, f"output {run_dir} overlaps the input {run_dir}/checkpoint"),
-                        (train_model, f"run directory {root / 'hf'} overlaps the input {root / 'hf'}"),
-                        (train_data, f"run directory {tmp_path / 'run2'} overlaps the input "
-                                     f"{tmp_path / 'run2' / 'train.jsonl'}"),
-                        (export_run, f"output {run_dir} overlaps the input {run_dir}/checkpoint"),
-                        (vr_model, f"work directory {root / 'hf' / 'vr'} overlaps the input {root / 'hf'}"),
-                        (vr_foreign, f"work directory {tmp_path / 'w'} is not empty (notes.txt) and is not an "
-                                     "earlier verify-resume work directory")):
+        cwd=root,
+    )
+    for proc, named in (
+        (eval_run, f"output {run_dir} overlaps the input {run_dir}/checkpoint"),
+        (train_model, f"run directory {root / 'hf'} overlaps the input {root / 'hf'}"),
+        (train_data, f"run directory {tmp_path / 'run2'} overlaps the input {tmp_path / 'run2' / 'train.jsonl'}"),
+        (export_run, f"output {run_dir} overlaps the input {run_dir}/checkpoint"),
+        (vr_model, f"work directory {root / 'hf' / 'vr'} overlaps the input {root / 'hf'}"),
+        (
+            vr_foreign,
+            f"work directory {tmp_path / 'w'} is not empty (notes.txt) and is not an "
+            "earlier verify-resume work directory",
+        ),
+    ):
         assert proc.returncode == 2, proc.stderr
         assert named in error_line(proc)
     assert {p: tree(p) for p in before} == before  # nothing deleted, nothing added
@@ -117,10 +153,29 @@ def test_an_unfinished_run_is_read_at_its_latest_checkpoint_and_says_so(finished
     (unfinished / "COMPLETE").unlink()
     exported, evaluated = run_all(
         ["export", unfinished, tmp_path / "hf", "--json"],
-        ["eval", unfinished, "--data", root / "eval.jsonl", "--depths", "2", "--prompts", "1",
-         "--max-response-len", "2", "--reward-function", REWARD, "--out", tmp_path / "eval", "--json"], cwd=root)
-    note = (f"{unfinished} is a run that has not finished (no COMPLETE marker): using its latest complete "
-            "checkpoint, checkpoint/iter_0000002")
+        [
+            "eval",
+            unfinished,
+            "--data",
+            root / "eval.jsonl",
+            "--depths",
+            "2",
+            "--prompts",
+            "1",
+            "--max-response-len",
+            "2",
+            "--reward-function",
+            REWARD,
+            "--out",
+            tmp_path / "eval",
+            "--json",
+        ],
+        cwd=root,
+    )
+    note = (
+        f"{unfinished} is a run that has not finished (no COMPLETE marker): using its latest complete "
+        "checkpoint, checkpoint/iter_0000002"
+    )
     for proc in (exported, evaluated):
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["note"] == note
@@ -128,17 +183,32 @@ def test_an_unfinished_run_is_read_at_its_latest_checkpoint_and_says_so(finished
     assert (tmp_path / "hf" / "COMPLETE").is_file() and (tmp_path / "eval" / "COMPLETE").is_file()
 
 
-@pytest.mark.parametrize("fn, shown", [
-    ("nan_reward", "returned nan"),
-    ("string_reward", "returned '1.0' (str), not a number"),
-    ("none_reward", "returned None (NoneType), not a number"),
-    ("raising_reward", "raised ZeroDivisionError: no digits to count"),
-])
+@pytest.mark.parametrize(
+    "fn, shown",
+    [
+        ("nan_reward", "returned nan"),
+        ("string_reward", "returned '1.0' (str), not a number"),
+        ("none_reward", "returned None (NoneType), not a number"),
+        ("raising_reward", "raised ZeroDivisionError: no digits to count"),
+    ],
+)
 def test_a_reward_that_is_not_a_finite_number_stops_before_training(finished, tmp_path, fn, shown):
     root = finished[0]
     path = f"tests.integration.faulty_rewards:{fn}"
-    proc = run("train", *small(root), "--reward-function", path, "--eval-data", "", "--updates", "2",
-               "--run-dir", tmp_path / "run", "--json", cwd=root)
+    proc = run(
+        "train",
+        *small(root),
+        "--reward-function",
+        path,
+        "--eval-data",
+        "",
+        "--updates",
+        "2",
+        "--run-dir",
+        tmp_path / "run",
+        "--json",
+        cwd=root,
+    )
     assert proc.returncode == 1
     line = error_line(proc)
     assert line.startswith(f"error: update 0: reward function {path} {shown} for problem_id 'p")
@@ -155,20 +225,54 @@ def test_rewards_numpy_scalars_pass_arrays_and_slow_calls_stop_the_run(finished,
     root = finished[0]
     faulty = "tests.integration.faulty_rewards"
     array, numpy_bool, slow = run_all(
-        ["train", *small(root), "--reward-function", f"{faulty}:array_reward", "--updates", "1",
-         "--run-dir", tmp_path / "array"],
-        ["train", *small(root), "--reward-function", f"{faulty}:numpy_bool_reward", "--eval-data", "", "--updates", "1",
-         "--run-dir", tmp_path / "bool", "--json"],
-        ["train", *small(root), "--reward-function", f"{faulty}:slow_reward", "--reward-timeout", "0.5",
-         "--eval-data", "", "--updates", "1", "--run-dir", tmp_path / "slow"],
-        cwd=root)
+        [
+            "train",
+            *small(root),
+            "--reward-function",
+            f"{faulty}:array_reward",
+            "--updates",
+            "1",
+            "--run-dir",
+            tmp_path / "array",
+        ],
+        [
+            "train",
+            *small(root),
+            "--reward-function",
+            f"{faulty}:numpy_bool_reward",
+            "--eval-data",
+            "",
+            "--updates",
+            "1",
+            "--run-dir",
+            tmp_path / "bool",
+            "--json",
+        ],
+        [
+            "train",
+            *small(root),
+            "--reward-function",
+            f"{faulty}:slow_reward",
+            "--reward-timeout",
+            "0.5",
+            "--eval-data",
+            "",
+            "--updates",
+            "1",
+            "--run-dir",
+            tmp_path / "slow",
+        ],
+        cwd=root,
+    )
     assert array.returncode == 1 and error_line(array) == (
         f"error: evaluation at update 0, K=2: reward function {faulty}:array_reward returned array([1., 2.]) "
-        "(ndarray), not a number for problem_id 'p0'; a reward must be a finite real number (bool, int or float)")
+        "(ndarray), not a number for problem_id 'p0'; a reward must be a finite real number (bool, int or float)"
+    )
     assert numpy_bool.returncode == 0, numpy_bool.stderr
     assert json.loads(numpy_bool.stdout)["ok"] and metrics_updates(tmp_path / "bool") == [0]
     assert slow.returncode == 1 and error_line(slow).startswith(
-        f"error: update 0: reward function {faulty}:slow_reward took more than --reward-timeout 0.5 s for problem_id ")
+        f"error: update 0: reward function {faulty}:slow_reward took more than --reward-timeout 0.5 s for problem_id "
+    )
     assert error_line(slow).endswith("; make it faster, or raise --reward-timeout")
     for name in ("array", "slow"):
         assert metrics_updates(tmp_path / name) == [] and tracker(tmp_path / name) is None
@@ -181,33 +285,58 @@ def test_a_signal_stops_a_command_at_once_before_a_run_has_work_to_finish(finish
     root, run_dir, _, _, _ = finished
     run, unsaved = tmp_path / "run", tmp_path / "unsaved"
     shutil.copytree(run_dir, unsaved, ignore=shutil.ignore_patterns("iter_*", "latest_*", "COMPLETE"))
-    procs = [start("train", *small(root), "--run-dir", tmp_path / "early", cwd=root, fault="command=TERM"),
-             start("eval", run_dir, "--data", root / "eval.jsonl", "--reward-function", REWARD, "--json", cwd=root,
-                   fault="command=TERM"),
-             start("train", *small(root), "--eval-prompts", "6", "--updates", "3", "--run-dir", run, cwd=root,
-                   fault="evaluation=INT"),
-             start("export", unsaved, tmp_path / "hf", cwd=root),
-             start("eval", unsaved, "--data", root / "eval.jsonl", "--reward-function", REWARD, cwd=root)]
+    procs = [
+        start("train", *small(root), "--run-dir", tmp_path / "early", cwd=root, fault="command=TERM"),
+        start(
+            "eval",
+            run_dir,
+            "--data",
+            root / "eval.jsonl",
+            "--reward-function",
+            REWARD,
+            "--json",
+            cwd=root,
+            fault="command=TERM",
+        ),
+        start(
+            "train",
+            *small(root),
+            "--eval-prompts",
+            "6",
+            "--updates",
+            "3",
+            "--run-dir",
+            run,
+            cwd=root,
+            fault="evaluation=INT",
+        ),
+        start("export", unsaved, tmp_path / "hf", cwd=root),
+        start("eval", unsaved, "--data", root / "eval.jsonl", "--reward-function", REWARD, cwd=root),
+    ]
     early_train, early_eval, in_evaluation, exported, evaluated = map(finish, procs)
     for proc in (early_train, early_eval):
         assert proc.returncode == 143 and error_line(proc) == "error: stopped by SIGTERM", proc.stderr
     assert json.loads(early_eval.stdout) == {"ok": False, "error": "stopped by SIGTERM", "exit_code": 143}
     assert not (tmp_path / "early").exists()
     assert in_evaluation.returncode == 130
-    assert error_line(in_evaluation) == (f"error: stopped by SIGINT before its first update (no checkpoint yet: the "
-                                         f"resume starts it again); continue with: ouro resume {run} --updates 3")
+    assert error_line(in_evaluation) == (
+        f"error: stopped by SIGINT before its first update (no checkpoint yet: the "
+        f"resume starts it again); continue with: ouro resume {run} --updates 3"
+    )
     assert not (run / "evaluations.jsonl").exists() and not (run / "responses.jsonl").exists()
     assert tracker(run) is None and read_lock(run) is None
     for proc in (exported, evaluated):
         assert proc.returncode == 2 and error_line(proc) == (
             f"error: {unsaved} is a run that has not saved a checkpoint yet; read it after its first save "
-            "(--save-interval), or continue it with `ouro resume`")
+            "(--save-interval), or continue it with `ouro resume`"
+        )
 
 
 def test_a_runtime_failure_is_one_line_and_one_json_document(finished, tmp_path):
     root = finished[0]
-    proc = run("train", *small(root), "--kv-blocks", "1", "--eval-data", "", "--run-dir", tmp_path / "run", "--json",
-               cwd=root)
+    proc = run(
+        "train", *small(root), "--kv-blocks", "1", "--eval-data", "", "--run-dir", tmp_path / "run", "--json", cwd=root
+    )
     assert proc.returncode == 1
     line = error_line(proc)
     assert line.startswith("error: --kv-blocks 1 holds ") and "raise --kv-blocks" in line
@@ -226,16 +355,22 @@ def test_runs_that_cannot_continue_say_why(finished, tmp_path):
     (gap / "metrics.jsonl").write_text(lines[1])
     before = {p: tree(p) for p in (damaged, gap, run_dir)}
     bad_state, has_gap, complete = run_all(
-        ["resume", damaged, "--updates", "3"], ["resume", gap, "--updates", "3"], ["resume", run_dir, "--updates", "2"],
-        cwd=root)
+        ["resume", damaged, "--updates", "3"],
+        ["resume", gap, "--updates", "3"],
+        ["resume", run_dir, "--updates", "2"],
+        cwd=root,
+    )
     assert bad_state.returncode == 2 and error_line(bad_state).startswith(
-        f"error: {damaged}/checkpoint/iter_0000002/trainer_state.json is damaged (JSONDecodeError: ")
+        f"error: {damaged}/checkpoint/iter_0000002/trainer_state.json is damaged (JSONDecodeError: "
+    )
     assert has_gap.returncode == 2 and error_line(has_gap) == (
         f"error: {gap}: the checkpoint at update 2 includes update(s) 0, but metrics.jsonl has no line for them; "
         "resuming would leave the records with a gap. Restore the records from a copy of the run, or start over "
-        "with `ouro train --overwrite`")
+        "with `ouro train --overwrite`"
+    )
     assert complete.returncode == 2 and error_line(complete) == (
-        "error: the run already has 2 updates; ask for more with --updates")
+        "error: the run already has 2 updates; ask for more with --updates"
+    )
     assert {p: tree(p) for p in before} == before  # COMPLETE stays: the refusal touches nothing
 
 
@@ -251,11 +386,14 @@ def test_bad_input_is_one_line_before_any_model_loads(tmp_path):
         ["train", *small(tmp_path), "--group-size", "1", "--run-dir", tmp_path / "g1"],
         ["train", *small(tmp_path), "--run-dir", "/sys/ouro-test-run", "--json"],
         ["train", *small(tmp_path), "--run-dir", tmp_path / "taken"],
-        cwd=tmp_path)
+        cwd=tmp_path,
+    )
     lines = [error_line(p) for p in procs]
     assert all(p.returncode == 2 for p in procs), [p.stderr for p in procs]
-    assert lines[0] == (f"error: --prompts-per-update 100000 is more than the 40 rows of {tmp_path / 'train.jsonl'}: "
-                        "an update would repeat prompts; use at most 40")
+    assert lines[0] == (
+        f"error: --prompts-per-update 100000 is more than the 40 rows of {tmp_path / 'train.jsonl'}: "
+        "an update would repeat prompts; use at most 40"
+    )
     assert lines[1] == f"error: --config {tmp_path / 'types.toml'}: updates must be an integer, got 'ten' (str)"
     assert lines[2].replace("got 0", "got 1") == lines[3]
     assert lines[4].startswith("error: run directory /sys/ouro-test-run cannot be written (/sys: ")
@@ -286,21 +424,39 @@ def test_more_bad_input_is_one_line_exit_2(tmp_path):
         ["train", *small(tmp_path), "--data", tmp_path / "wizard.jsonl", "--run-dir", tmp_path / "r5"],
         ["train", *small(tmp_path), "--data", tmp_path / "long.jsonl", "--run-dir", tmp_path / "r6"],
         ["data", "check", tmp_path / "long.jsonl", "--model", tmp_path / "hf", "--max-response-len", "6"],
-        cwd=tmp_path)
+        cwd=tmp_path,
+    )
     assert all(p.returncode == 2 for p in procs), [p.stderr for p in procs]
     lines = [error_line(p) for p in procs]
     assert lines[0].startswith("error: --eval-depths: K=7 is outside 1..4")
     assert lines[1] == "error: --min-loops 9 is more than the model's total_ut_steps=4 loops; use at most 4"
-    assert lines[2] == f"error: --config {tmp_path / 'twice.toml'}: lr is set twice, at [trainer] and at [optimizer]; keep one"
+    assert (
+        lines[2]
+        == f"error: --config {tmp_path / 'twice.toml'}: lr is set twice, at [trainer] and at [optimizer]; keep one"
+    )
     assert lines[3] == f"error: {tmp_path / 'loop_a'} is a symbolic link loop; point it at a real file or directory"
-    assert lines[4] == (f"error: {tmp_path / 'wizard.jsonl'}:3: message 1 has the role 'wizard', which the chatml "
-                        "prompt template does not know; use one of system, user, assistant")
+    assert lines[4] == (
+        f"error: {tmp_path / 'wizard.jsonl'}:3: message 1 has the role 'wizard', which the chatml "
+        "prompt template does not know; use one of system, user, assistant"
+    )
     assert lines[5].startswith(f"error: {tmp_path / 'long.jsonl'}:3: prompt of ") and lines[5] == lines[6]
     assert not any((tmp_path / f"r{i}" / "checkpoint").exists() for i in range(1, 7))
 
 
-COMMANDS = [["train"], ["resume"], ["eval"], ["export"], ["verify-resume"], ["probe-ucx"], ["convert"],
-            ["convert", "hf-to-mcore"], ["convert", "mcore-to-hf"], ["data"], ["data", "check"], []]
+COMMANDS = [
+    ["train"],
+    ["resume"],
+    ["eval"],
+    ["export"],
+    ["verify-resume"],
+    ["probe-ucx"],
+    ["convert"],
+    ["convert", "hf-to-mcore"],
+    ["convert", "mcore-to-hf"],
+    ["data"],
+    ["data", "check"],
+    [],
+]
 
 
 def test_help_shows_defaults_and_whole_option_names_at_80_columns(tmp_path):

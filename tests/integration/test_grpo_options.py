@@ -15,24 +15,68 @@ P, G, L = 3, 3, 6
 
 def _train(root: Path, run: str, *options: str) -> tuple[list[dict], list[list[dict]], dict]:
     make_checkpoint(root)
-    proc = ouro("train", "--model", str(root / "hf"), "--data", str(root / "train.jsonl"), "--eval-data", "",
-                "--prompts-per-update", str(P), "--group-size", str(G), "--max-response-len", str(L),
-                "--depths", "2", "4", "--updates", "3", "--reward-function", BINARY_REWARD, "--run-dir",
-                str(root / run), *options, cwd=root)
+    proc = ouro(
+        "train",
+        "--model",
+        str(root / "hf"),
+        "--data",
+        str(root / "train.jsonl"),
+        "--eval-data",
+        "",
+        "--prompts-per-update",
+        str(P),
+        "--group-size",
+        str(G),
+        "--max-response-len",
+        str(L),
+        "--depths",
+        "2",
+        "4",
+        "--updates",
+        "3",
+        "--reward-function",
+        BINARY_REWARD,
+        "--run-dir",
+        str(root / run),
+        *options,
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = [json.loads(x) for x in (root / run / "metrics.jsonl").read_text().splitlines()]
-    records = [[json.loads(x) for x in (root / run / "rollouts" / f"update_{u:06d}.jsonl").read_text().splitlines()]
-               for u in range(3)]
+    records = [
+        [json.loads(x) for x in (root / run / "rollouts" / f"update_{u:06d}.jsonl").read_text().splitlines()]
+        for u in range(3)
+    ]
     return metrics, records, json.loads((root / run / "ouro-plan.json").read_text())["contract"]
 
 
 def test_filtered_masked_mini_batched_updates_account_for_every_group(tmp_path):
-    metrics, records, contract = _train(tmp_path, "run", "--filter-groups", "--max-refill", "2", "--overlong",
-                                        "mask", "--mini-batches", "2", "--epochs", "2", "--loop-weighting",
-                                        "exit-pdf", "--advantage", "dr-grpo")
-    assert (contract["filter_groups"], contract["max_refill"], contract["overlong"], contract["mini_batches"],
-            contract["epochs"], contract["loop_weighting"], contract["advantage"]) == \
-        (True, 2, "mask", 2, 2, "exit-pdf", "dr-grpo")
+    metrics, records, contract = _train(
+        tmp_path,
+        "run",
+        "--filter-groups",
+        "--max-refill",
+        "2",
+        "--overlong",
+        "mask",
+        "--mini-batches",
+        "2",
+        "--epochs",
+        "2",
+        "--loop-weighting",
+        "exit-pdf",
+        "--advantage",
+        "dr-grpo",
+    )
+    assert (
+        contract["filter_groups"],
+        contract["max_refill"],
+        contract["overlong"],
+        contract["mini_batches"],
+        contract["epochs"],
+        contract["loop_weighting"],
+        contract["advantage"],
+    ) == (True, 2, "mask", 2, 2, "exit-pdf", "dr-grpo")
     for m, rows in zip(metrics, records, strict=True):
         groups = defaultdict(list)
         for r in rows:
@@ -59,9 +103,20 @@ def test_filtered_masked_mini_batched_updates_account_for_every_group(tmp_path):
 
 
 def test_soft_overlong_penalty_shapes_the_advantage_not_the_reward(tmp_path):
-    metrics, records, contract = _train(tmp_path, "run", "--overlong", "soft", "--overlong-buffer", "2",
-                                        "--advantage", "rloo", "--loop-weighting", "progressive",
-                                        "--loop-weight-alpha", "2")
+    metrics, records, contract = _train(
+        tmp_path,
+        "run",
+        "--overlong",
+        "soft",
+        "--overlong-buffer",
+        "2",
+        "--advantage",
+        "rloo",
+        "--loop-weighting",
+        "progressive",
+        "--loop-weight-alpha",
+        "2",
+    )
     assert (contract["overlong"], contract["overlong_buffer"], contract["loop_weight_alpha"]) == ("soft", 2, 2.0)
     for m, rows in zip(metrics, records, strict=True):
         assert m["groups_trained"] == m["prompts_drawn"] == P and all(r["trained"] for r in rows)
@@ -90,30 +145,100 @@ def test_two_ranks_filter_refill_and_split_as_one_rank_does(tmp_path):
     from .test_train_cli import REPO
 
     make_checkpoint(tmp_path)
-    flags = ["train", "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
-             "--prompts-per-update", "4", "--group-size", "3", "--max-response-len", "6", "--depths", "2", "4",
-             "--updates", "2", "--save-interval", "0", "--reward-function", BINARY_REWARD, "--filter-groups",
-             "--max-refill", "1", "--mini-batches", "3",  # a refill round of one prompt: rank 1 draws none
-             "--epochs", "2", "--advantage", "rloo", "--overlong", "soft", "--is-correction", "tis", "--clip-ratio-c",
-             "3", "--loop-weighting", "uniform", "--exit-threshold", "0.5", "--async-scheduling",
-             "--offload-optimizer", "on"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "ouro_cli.cli.app", *flags, "--run-dir", str(tmp_path / "two")], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=600)
+    flags = [
+        "train",
+        "--model",
+        str(tmp_path / "hf"),
+        "--data",
+        str(tmp_path / "train.jsonl"),
+        "--eval-data",
+        "",
+        "--prompts-per-update",
+        "4",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--depths",
+        "2",
+        "4",
+        "--updates",
+        "2",
+        "--save-interval",
+        "0",
+        "--reward-function",
+        BINARY_REWARD,
+        "--filter-groups",
+        "--max-refill",
+        "1",
+        "--mini-batches",
+        "3",  # a refill round of one prompt: rank 1 draws none
+        "--epochs",
+        "2",
+        "--advantage",
+        "rloo",
+        "--overlong",
+        "soft",
+        "--is-correction",
+        "tis",
+        "--clip-ratio-c",
+        "3",
+        "--loop-weighting",
+        "uniform",
+        "--exit-threshold",
+        "0.5",
+        "--async-scheduling",
+        "--offload-optimizer",
+        "on",
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "ouro_cli.cli.app",
+            *flags,
+            "--run-dir",
+            str(tmp_path / "two"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert two.returncode == 0, two.stderr[-4000:]
     one = ouro(*flags, "--run-dir", str(tmp_path / "one"), cwd=tmp_path)
     assert one.returncode == 0, one.stderr
-    lines = {n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
-             for n in ("one", "two")}
-    keys = ("prompts_drawn", "groups_filtered", "groups_trained", "refill_rounds", "train_optimizer_steps",
-            "train_empty_mini_batches", "train_samples", "train_response_tokens")
+    lines = {
+        n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("one", "two")
+    }
+    keys = (
+        "prompts_drawn",
+        "groups_filtered",
+        "groups_trained",
+        "refill_rounds",
+        "train_optimizer_steps",
+        "train_empty_mini_batches",
+        "train_samples",
+        "train_response_tokens",
+    )
     assert [[m[k] for k in keys] for m in lines["one"]] == [[m[k] for k in keys] for m in lines["two"]]
     assert sum(m["refill_rounds"] for m in lines["one"]) > 0 and any(m["refill_exhausted"] for m in lines["one"])
     assert all(m["params_identical_across_ranks"] for m in lines["two"])
     for update in range(2):
         name = f"update_{update:06d}.jsonl"
-        a, b = ([json.loads(x) for x in (tmp_path / n / "rollouts" / name).read_text().splitlines()]
-                for n in ("one", "two"))
+        a, b = (
+            [json.loads(x) for x in (tmp_path / n / "rollouts" / name).read_text().splitlines()] for n in ("one", "two")
+        )
         fields = ("group", "problem_id", "seed", "response_ids", "reward", "advantage", "trained")
         assert [[r[f] for f in fields] for r in a] == [[r[f] for f in fields] for r in b]

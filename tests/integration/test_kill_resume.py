@@ -38,10 +38,39 @@ N = 4  # updates; checkpoints at 2 and 4
 
 
 def train_args(root: Path) -> list[str]:
-    return ["--model", root / "hf", "--data", root / "train.jsonl", "--eval-data", root / "eval.jsonl",
-            "--depths", "2", "3", "4", "--prompts-per-update", "2", "--group-size", "3", "--max-response-len", "6",
-            "--eval-prompts", "2", "--eval-depths", "4", "--max-num-seqs", "4", "--exit-threshold", "0.9",
-            "--reward-function", REWARD, "--updates", N, "--save-interval", "2", "--state-digest"]
+    return [
+        "--model",
+        root / "hf",
+        "--data",
+        root / "train.jsonl",
+        "--eval-data",
+        root / "eval.jsonl",
+        "--depths",
+        "2",
+        "3",
+        "4",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--eval-prompts",
+        "2",
+        "--eval-depths",
+        "4",
+        "--max-num-seqs",
+        "4",
+        "--exit-threshold",
+        "0.9",
+        "--reward-function",
+        REWARD,
+        "--updates",
+        N,
+        "--save-interval",
+        "2",
+        "--state-digest",
+    ]
 
 
 @dataclass
@@ -88,11 +117,16 @@ def sigkill_chain(root: Path) -> list[Step]:
         # during the first save: iter_2 is whole, the tracker was never written
         Step(train, "save.renamed@1=KILL", KILLED, rows=[0, 1]),
         # inside the save at 4 (files written, nothing committed); the resume repaired the tracker first
-        Step(RESUME, "save.staged@1=KILL", KILLED, rows=[0, 1, 2, 3], tracker="2",
-             notes=("tracker now does",)),
+        Step(RESUME, "save.staged@1=KILL", KILLED, rows=[0, 1, 2, 3], tracker="2", notes=("tracker now does",)),
         # during update 2's rollout: the resume dropped updates 2-3, which ran after the checkpoint
-        Step(RESUME, "rollout@1=KILL", KILLED, rows=[0, 1], tracker="2",
-             notes=("2 update(s) after the checkpoint at 2 will run again",)),
+        Step(
+            RESUME,
+            "rollout@1=KILL",
+            KILLED,
+            rows=[0, 1],
+            tracker="2",
+            notes=("2 update(s) after the checkpoint at 2 will run again",),
+        ),
         # right after the final save's tracker moved: every update saved and logged, no COMPLETE
         Step(RESUME, "save.tracker@1=KILL", KILLED, rows=[0, 1, 2, 3], tracker="4"),
         # the resume of a run that has its updates runs its end stage only
@@ -106,23 +140,45 @@ def signal_chain(root: Path) -> list[Step]:
         # killed before any checkpoint
         Step(train, "rollout@2=KILL", KILLED, rows=[0]),
         # `train` starts such a run again without --overwrite; SIGTERM after update 0, told not to save
-        Step([*train, "--save-on-interrupt", "off"], "rollout@1=TERM", 143,
-             line=r"^error: stopped by SIGTERM after update 0 \(no checkpoint yet: the resume starts it again\); "
-                  rf"continue with: ouro resume .*run --updates {N}$",
-             rows=[0], notes=("never saved a checkpoint: starting it again",)),
+        Step(
+            [*train, "--save-on-interrupt", "off"],
+            "rollout@1=TERM",
+            143,
+            line=r"^error: stopped by SIGTERM after update 0 \(no checkpoint yet: the resume starts it again\); "
+            rf"continue with: ouro resume .*run --updates {N}$",
+            rows=[0],
+            notes=("never saved a checkpoint: starting it again",),
+        ),
         # the resume of a run without a checkpoint starts it again; SIGINT inside the first save:
         # the save completes, then the run stops
-        Step([*RESUME, "--save-on-interrupt", "auto"], "save.staged@1=INT", 130,
-             line=r"^error: stopped by SIGINT after update 1 \(its checkpoint is at update 2\); "
-                  rf"continue with: ouro resume .*run --updates {N}$",
-             rows=[0, 1], tracker="2", notes=("starting it again from update 0",)),
+        Step(
+            [*RESUME, "--save-on-interrupt", "auto"],
+            "save.staged@1=INT",
+            130,
+            line=r"^error: stopped by SIGINT after update 1 \(its checkpoint is at update 2\); "
+            rf"continue with: ouro resume .*run --updates {N}$",
+            rows=[0, 1],
+            tracker="2",
+            notes=("starting it again from update 0",),
+        ),
         # two SIGINTs during update 2's rollout: the second stops at once
-        Step(RESUME, "rollout@1=INT+INT", 130, line=r"^error: stopped at once by a second SIGINT: .*ouro resume",
-             rows=[0, 1], tracker="2"),
+        Step(
+            RESUME,
+            "rollout@1=INT+INT",
+            130,
+            line=r"^error: stopped at once by a second SIGINT: .*ouro resume",
+            rows=[0, 1],
+            tracker="2",
+        ),
         # SIGTERM during update 2: it finishes, and the save due at 4 is near, so the stop saves at 3
-        Step(RESUME, "rollout@1=TERM", 143,
-             line=r"^error: stopped by SIGTERM after update 2 \(checkpoint saved at update 3\)",
-             rows=[0, 1, 2], tracker="3"),
+        Step(
+            RESUME,
+            "rollout@1=TERM",
+            143,
+            line=r"^error: stopped by SIGTERM after update 2 \(checkpoint saved at update 3\)",
+            rows=[0, 1, 2],
+            tracker="3",
+        ),
         Step(RESUME, None, 0, rows=[0, 1, 2, 3], tracker="4", complete=True),
     ]
 
@@ -143,16 +199,26 @@ def test_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path):
         root.mkdir()
         make_checkpoint(root)  # the same seed: the same model and data in each root
     with ThreadPoolExecutor(3) as pool:
-        reference = pool.submit(run, "train", *train_args(roots["reference"]), "--run-dir",
-                                roots["reference"] / "run", cwd=roots["reference"])
-        chains = [pool.submit(run_chain, roots["sigkill"], sigkill_chain(roots["sigkill"])),
-                  pool.submit(run_chain, roots["signals"], signal_chain(roots["signals"]))]
+        reference = pool.submit(
+            run,
+            "train",
+            *train_args(roots["reference"]),
+            "--run-dir",
+            roots["reference"] / "run",
+            cwd=roots["reference"],
+        )
+        chains = [
+            pool.submit(run_chain, roots["sigkill"], sigkill_chain(roots["sigkill"])),
+            pool.submit(run_chain, roots["signals"], signal_chain(roots["signals"])),
+        ]
         proc = reference.result()
         assert proc.returncode == 0, proc.stderr
         for chain in chains:
             chain.result()
 
-    expected = [deterministic(json.loads(x)) for x in (roots["reference"] / "run" / "metrics.jsonl").read_text().splitlines()]
+    expected = [
+        deterministic(json.loads(x)) for x in (roots["reference"] / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     for name in ("sigkill", "signals"):
         run_dir = roots[name] / "run"
         report = compare_runs(roots["reference"] / "run", run_dir)

@@ -20,9 +20,27 @@ def test_tensorboard_and_wandb_get_the_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = tmp_path / "run"
-    proc = ouro("train", "--updates", "2", "--prompts-per-update", "4", "--group-size", "2", "--eval-prompts", "8",
-                "--eval-samples", "2", "--logger", "tensorboard", "--logger", "wandb", "--run-dir", str(run),
-                cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    proc = ouro(
+        "train",
+        "--updates",
+        "2",
+        "--prompts-per-update",
+        "4",
+        "--group-size",
+        "2",
+        "--eval-prompts",
+        "8",
+        "--eval-samples",
+        "2",
+        "--logger",
+        "tensorboard",
+        "--logger",
+        "wandb",
+        "--run-dir",
+        str(run),
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 

@@ -20,11 +20,24 @@ def _train(tmp_path, name: str):
     from ouro_cli.rl.run_dir import RunDir
 
     run = RunDir(tmp_path / name)
-    options = TrainOptions.from_dict({
-        "model": str(tmp_path / "hf"), "data": str(tmp_path / "train.jsonl"), "eval_data": "",
-        "run_dir": str(run.root), "updates": 4, "depths": [2, 4], "prompts_per_update": 4, "group_size": 4,
-        "max_response_len": 48, "reward_function": REWARD, "save_interval": 0, "state_digest": True,
-        "recompute": "on", "max_tokens_per_micro_batch": 96}).validate()
+    options = TrainOptions.from_dict(
+        {
+            "model": str(tmp_path / "hf"),
+            "data": str(tmp_path / "train.jsonl"),
+            "eval_data": "",
+            "run_dir": str(run.root),
+            "updates": 4,
+            "depths": [2, 4],
+            "prompts_per_update": 4,
+            "group_size": 4,
+            "max_response_len": 48,
+            "reward_function": REWARD,
+            "save_interval": 0,
+            "state_digest": True,
+            "recompute": "on",
+            "max_tokens_per_micro_batch": 96,
+        }
+    ).validate()
     prepare_run_dir(run, False)
     train(options, run)
     return [json.loads(line) for line in (run.root / "metrics.jsonl").read_text().splitlines()]
@@ -41,21 +54,40 @@ def test_the_state_leaves_only_for_the_calls_that_need_its_room(tmp_path, monkey
 
     def as_if_on_a_gpu(config, memory, **kw):
         """A GPU whose memory leaves, beside the state, room for the K = 2 call and not for K = 4's."""
-        calls = {k: sizing.call_kv_bytes(config, kw["dtype"], block_size=kw["block_size"], planes=k,
-                                         sequences=kw["sequences_needed"], seq_tokens=kw["seq_tokens"],
-                                         kv_blocks=None)
-                 for k in (2, 4)}
-        parts = sum(sizing.resident_bytes(config, kw["dtype"], kind="cuda", offload_optimizer=False,
-                                          gradients_released=True).values())
+        calls = {
+            k: sizing.call_kv_bytes(
+                config,
+                kw["dtype"],
+                block_size=kw["block_size"],
+                planes=k,
+                sequences=kw["sequences_needed"],
+                seq_tokens=kw["seq_tokens"],
+                kv_blocks=None,
+            )
+            for k in (2, 4)
+        }
+        parts = sum(
+            sizing.resident_bytes(
+                config, kw["dtype"], kind="cuda", offload_optimizer=False, gradients_released=True
+            ).values()
+        )
         room = (calls[2] + calls[4]) // 2
         total = int((room + parts) / (0.95 * 0.9)) + 1024
         fake = sizing.DeviceMemory("cuda", total=total, free=total)
         monkeypatch.setattr(loop.DeviceMemory, "of", staticmethod(lambda device: fake))
         plan = real_size_run(config, fake, **kw)
-        calls = {k: sizing.call_kv_bytes(config, kw["dtype"], block_size=kw["block_size"], planes=k,
-                                         sequences=kw["sequences_needed"], seq_tokens=kw["seq_tokens"],
-                                         kv_blocks=plan.kv_blocks)
-                 for k in (2, 4)}  # what the sized engine allocates (rounded up: kv_cache.restore_blocks)
+        calls = {
+            k: sizing.call_kv_bytes(
+                config,
+                kw["dtype"],
+                block_size=kw["block_size"],
+                planes=k,
+                sequences=kw["sequences_needed"],
+                seq_tokens=kw["seq_tokens"],
+                kv_blocks=plan.kv_blocks,
+            )
+            for k in (2, 4)
+        }  # what the sized engine allocates (rounded up: kv_cache.restore_blocks)
         plans.append((plan, calls))
         return plan
 
@@ -71,7 +103,7 @@ def test_the_state_leaves_only_for_the_calls_that_need_its_room(tmp_path, monkey
     monkeypatch.setattr(loop, "room_for_call", watched)
     moved = _train(tmp_path, "per-call")
 
-    (plan, calls), = plans
+    ((plan, calls),) = plans
     assert plan.offload_optimizer and plan.state_per_call and plan.gradients_released
     assert plan.state_fits(calls[2]) and not plan.state_fits(calls[4])
     # before each rollout: K = 2 leaves the state where it is (on the host only before the first

@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 def ouro(*args: str, cwd: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess:
     path = [str(extra_path)] if extra_path else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([*path, str(REPO)])}
-    return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ One training run (`--save-interval 1 --keep-last 1`, started with relative `--da
 `--eval-data`) while `ouro export` runs beside it, two at a time into one new output, round
 after round, and this process reads the latest checkpoint in a loop between them: every
 export exits 0 with a whole model or 2 with one line, of each pair exactly one writes the
-output, and no reader is turned away because training pruned the checkpoint it read. Then, on that run: outputs that would replace its files or a user's folder are refused
+output, and no reader is turned away because training pruned the checkpoint it read. Then, on that run: outputs that
+would replace its files or a user's folder are refused
 and change nothing; a run whose held-out set is gone says so and how to go on; a damaged
 checkpoint removed as the error says resumes, from another folder, with a new `--eval-data`.
 """
@@ -31,8 +32,26 @@ UPDATES = 12
 
 
 def small(*extra: object) -> list[object]:
-    return ["--depths", "2", "3", "--prompts-per-update", "2", "--group-size", "3", "--max-response-len", "6",
-            "--eval-prompts", "2", "--eval-depths", "2", "--max-num-seqs", "4", "--reward-function", REWARD, *extra]
+    return [
+        "--depths",
+        "2",
+        "3",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--eval-prompts",
+        "2",
+        "--eval-depths",
+        "2",
+        "--max-num-seqs",
+        "4",
+        "--reward-function",
+        REWARD,
+        *extra,
+    ]
 
 
 def tree(path: Path) -> dict[str, bytes]:
@@ -58,8 +77,25 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("readers")
     make_checkpoint(root)
     shutil.copy(root / "eval.jsonl", root / "ev.jsonl")
-    train = start("train", "--model", "hf", "--data", "train.jsonl", "--eval-data", "ev.jsonl", *small(),
-                  "--updates", UPDATES, "--save-interval", 1, "--keep-last", 1, "--run-dir", "run", cwd=root)
+    train = start(
+        "train",
+        "--model",
+        "hf",
+        "--data",
+        "train.jsonl",
+        "--eval-data",
+        "ev.jsonl",
+        *small(),
+        "--updates",
+        UPDATES,
+        "--save-interval",
+        1,
+        "--keep-last",
+        1,
+        "--run-dir",
+        "run",
+        cwd=root,
+    )
     deadline = time.monotonic() + 300
     while tracker(root / "run") is None:  # the first checkpoint: from now on a reader has one to read
         assert train.poll() is None and time.monotonic() < deadline, finish(train).stderr
@@ -111,13 +147,15 @@ def test_outputs_that_would_replace_a_run_or_a_folder_are_refused(trained, tmp_p
         ["train", *model, *small(), "--run-dir", tmp_path / "new", "--export-hf", mine],
         ["train", *model, *small(), "--run-dir", tmp_path / "new2", "--export-hf", tmp_path / "new2" / "rollouts"],
         ["resume", copy, "--updates", UPDATES + 1, "--export-hf", run],
-        cwd=root)
-    for proc, line in ((rollouts, f"output {run}/rollouts lies inside the run directory {run} (rollouts"),
-                       (new_iter, f"output {run}/checkpoint/iter_0000099 lies inside the run directory {run}"),
-                       (folder, f"--export-hf {mine} is not empty; choose another or pass --overwrite"),
-                       (own_rollouts, f"--export-hf {tmp_path}/new2/rollouts lies inside the run directory "
-                                      f"{tmp_path}/new2 (rollouts"),
-                       (other_run, f"--export-hf {run} is not empty; choose another or remove it")):
+        cwd=root,
+    )
+    for proc, line in (
+        (rollouts, f"output {run}/rollouts lies inside the run directory {run} (rollouts"),
+        (new_iter, f"output {run}/checkpoint/iter_0000099 lies inside the run directory {run}"),
+        (folder, f"--export-hf {mine} is not empty; choose another or pass --overwrite"),
+        (own_rollouts, f"--export-hf {tmp_path}/new2/rollouts lies inside the run directory {tmp_path}/new2 (rollouts"),
+        (other_run, f"--export-hf {run} is not empty; choose another or remove it"),
+    ):
         assert proc.returncode == 2, proc.stderr
         assert line in error_line(proc)
     assert {p: tree(p) for p in before} == before
@@ -134,14 +172,17 @@ def test_a_run_that_lost_its_eval_set_or_a_checkpoint_resumes_from_another_folde
         shutil.rmtree(older)
     (latest / "trainer_state.json").write_text("{")
     (root / "ev.jsonl").unlink()
-    bad_state, eval_gone = run_all(["resume", damaged, "--updates", UPDATES + 1],
-                                   ["resume", no_eval, "--updates", UPDATES + 1], cwd=root)
+    bad_state, eval_gone = run_all(
+        ["resume", damaged, "--updates", UPDATES + 1], ["resume", no_eval, "--updates", UPDATES + 1], cwd=root
+    )
     assert bad_state.returncode == 2 and f"remove {latest} to resume from the iteration before it" in error_line(
-        bad_state)
+        bad_state
+    )
     assert eval_gone.returncode == 2 and error_line(eval_gone) == (
         f"error: the held-out set --eval-data {root / 'ev.jsonl'} (given as ev.jsonl) does not exist; it is not "
         "part of the run's contract: pass --eval-data with another held-out file, or --eval-data '' to evaluate "
-        "nothing")
+        "nothing"
+    )
     shutil.rmtree(latest)  # what the error says; it was the only checkpoint: the run starts again
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

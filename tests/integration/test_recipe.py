@@ -27,11 +27,37 @@ def test_train_runs_the_recipe_with_flags_over_it(tmp_path):
     grader) on the bundled model and data; besides those paths only the sizes change, to fit
     a CI machine, and CUDA graphs go off (no GPU)."""
     run = tmp_path / "run"
-    sizes = ["--updates", "1", "--prompts-per-update", "2", "--group-size", "2", "--max-response-len", "8",
-             "--eval-prompts", "2", "--eval-interval", "0", "--no-cuda-graphs"]
-    proc = ouro("train", "--config", str(RECIPE), "--model", str(BUNDLED / "model"), "--data",
-                str(BUNDLED / "train.jsonl"), "--eval-data", str(BUNDLED / "eval.jsonl"), "--run-dir", str(run),
-                *sizes, "--json", cwd=tmp_path)
+    sizes = [
+        "--updates",
+        "1",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "2",
+        "--max-response-len",
+        "8",
+        "--eval-prompts",
+        "2",
+        "--eval-interval",
+        "0",
+        "--no-cuda-graphs",
+    ]
+    proc = ouro(
+        "train",
+        "--config",
+        str(RECIPE),
+        "--model",
+        str(BUNDLED / "model"),
+        "--data",
+        str(BUNDLED / "train.jsonl"),
+        "--eval-data",
+        str(BUNDLED / "eval.jsonl"),
+        "--run-dir",
+        str(run),
+        *sizes,
+        "--json",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["updates"] == 1
     plan = json.loads((run / "ouro-plan.json").read_text())

@@ -17,8 +17,19 @@ import time
 from .test_train_cli import ouro
 
 # two samples per held-out prompt: status and plot read accuracy, which is then avg@2
-TRAIN = ["train", "--updates", "3", "--prompts-per-update", "4", "--group-size", "2", "--eval-prompts", "8",
-         "--eval-samples", "2"]
+TRAIN = [
+    "train",
+    "--updates",
+    "3",
+    "--prompts-per-update",
+    "4",
+    "--group-size",
+    "2",
+    "--eval-prompts",
+    "8",
+    "--eval-samples",
+    "2",
+]
 
 
 def status(run, cwd):
@@ -30,8 +41,14 @@ def status(run, cwd):
 def test_status_of_a_running_and_a_finished_run_and_plot(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, OURO_TEST_FAULT="rollout@2=STOP", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "ouro_cli.cli.app", *TRAIN, "--run-dir", str(run)], cwd=tmp_path,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ouro_cli.cli.app", *TRAIN, "--run-dir", str(run)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:  # stopped at the second rollout: one update is logged
@@ -55,13 +72,17 @@ def test_status_of_a_running_and_a_finished_run_and_plot(tmp_path):
     assert (done["updates_done"], done["updates_total"], done["next_update"]) == (3, 3, 3)
     assert done["checkpoint"]["next_update"] == 3 and done["checkpoint"]["path"].endswith("iter_0000003")
     assert set(done["last_reward_per_k"]) == {"2", "3", "4"} and len(done["plan_sha256"]) == 64
-    end = {str(e["k"]): e for e in map(json.loads, (run / "evaluations.jsonl").read_text().splitlines())
-           if e["when"] == "end"}
+    end = {
+        str(e["k"]): e
+        for e in map(json.loads, (run / "evaluations.jsonl").read_text().splitlines())
+        if e["when"] == "end"
+    }
     assert {k: a["accuracy"] for k, a in done["accuracy_per_k"].items()} == {k: e["avg@2"] for k, e in end.items()}
     # every held-out response of the start and end evaluations, as `ouro eval` writes them
     responses = [json.loads(line) for line in (run / "responses.jsonl").read_text().splitlines()]
     assert [(r["when"], r["k"], r["sample"]) for r in responses] == [
-        (when, k, s) for when in ("start", "end") for k in (2, 3, 4) for _ in range(8) for s in range(2)]
+        (when, k, s) for when in ("start", "end") for k in (2, 3, 4) for _ in range(8) for s in range(2)
+    ]
     for when, e in [(e["when"], e) for e in map(json.loads, (run / "evaluations.jsonl").read_text().splitlines())]:
         mine = [r["reward"] for r in responses if r["when"] == when and r["k"] == e["k"]]
         assert sum(mine) / len(mine) == e["accuracy"]

@@ -19,15 +19,38 @@ T = 4
 
 
 def ouro(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        **(env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "ouro_cli.cli.app", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def small(root: Path) -> list[str]:
-    return ["--model", str(root / "hf"), "--data", str(root / "train.jsonl"), "--eval-data", str(root / "eval.jsonl"),
-            "--prompts-per-update", "2", "--group-size", "3", "--max-response-len", "6", "--eval-prompts", "3",
-            "--max-num-seqs", "4", "--reward-function", REWARD]
+    return [
+        "--model",
+        str(root / "hf"),
+        "--data",
+        str(root / "train.jsonl"),
+        "--eval-data",
+        str(root / "eval.jsonl"),
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--eval-prompts",
+        "3",
+        "--max-num-seqs",
+        "4",
+        "--reward-function",
+        REWARD,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +58,9 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     make_checkpoint(root)
     run = root / "run"
-    proc = ouro("train", "--depths", "2", "3", "4", "--updates", "3", "--run-dir", str(run), *small(root), "--json",
-                cwd=root)
+    proc = ouro(
+        "train", "--depths", "2", "3", "4", "--updates", "3", "--run-dir", str(run), *small(root), "--json", cwd=root
+    )
     assert proc.returncode == 0, proc.stderr
     return root, run, json.loads(proc.stdout)
 
@@ -104,9 +128,25 @@ def test_resume_continues_and_export_loads(trained):
 def test_eval_reports_accuracy_per_k(trained):
     root, run, _ = trained
     out = root / "eval-out"
-    proc = ouro("eval", str(run), "--data", str(root / "eval.jsonl"), "--depths", "1", "4", "--prompts", "3",
-                "--reward-function", REWARD,
-                "--max-response-len", "6", "--out", str(out), "--json", cwd=root)
+    proc = ouro(
+        "eval",
+        str(run),
+        "--data",
+        str(root / "eval.jsonl"),
+        "--depths",
+        "1",
+        "4",
+        "--prompts",
+        "3",
+        "--reward-function",
+        REWARD,
+        "--max-response-len",
+        "6",
+        "--out",
+        str(out),
+        "--json",
+        cwd=root,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert [e["k"] for e in doc["evaluations"]] == [1, 4]
@@ -115,51 +155,100 @@ def test_eval_reports_accuracy_per_k(trained):
     assert [json.loads(x)["mean_exit_depth"] for x in lines] == [1.0, 4.0]
 
 
-@pytest.mark.parametrize("content, where", [
-    ('{"prompt": "1+1=?", "label": 2}\n{"prompt": "2+2=?", "label": 4\n', "bad.jsonl:2"),
-    ('{"prompt": "1+1=?", "label": 2}\n{"prompt": "2+2=?"}\n', "bad.jsonl:2"),
-    ('{"prompt": "", "label": 2}\n', "bad.jsonl:1"),
-])
+@pytest.mark.parametrize(
+    "content, where",
+    [
+        ('{"prompt": "1+1=?", "label": 2}\n{"prompt": "2+2=?", "label": 4\n', "bad.jsonl:2"),
+        ('{"prompt": "1+1=?", "label": 2}\n{"prompt": "2+2=?"}\n', "bad.jsonl:2"),
+        ('{"prompt": "", "label": 2}\n', "bad.jsonl:1"),
+    ],
+)
 def test_malformed_data_fails_before_any_model_loads(tmp_path, content, where):
     (tmp_path / "bad.jsonl").write_text(content)
     # the model path does not exist: reporting the data error proves data is checked first
-    proc = ouro("train", "--model", str(tmp_path / "missing-model"), "--data", str(tmp_path / "bad.jsonl"),
-                "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    proc = ouro(
+        "train",
+        "--model",
+        str(tmp_path / "missing-model"),
+        "--data",
+        str(tmp_path / "bad.jsonl"),
+        "--run-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert where in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
-@pytest.mark.parametrize("flag,value,named", [
-    ("--reward-function", "nowhere.rewards.score", "nowhere.rewards.score"),
-    ("--engine", "nowhere.engines:make", "--engine 'nowhere.engines:make'"),
-], ids=["reward", "engine"])
+@pytest.mark.parametrize(
+    "flag,value,named",
+    [
+        ("--reward-function", "nowhere.rewards.score", "nowhere.rewards.score"),
+        ("--engine", "nowhere.engines:make", "--engine 'nowhere.engines:make'"),
+    ],
+    ids=["reward", "engine"],
+)
 def test_unknown_plugin_path_is_named_before_any_model_loads(tmp_path, flag, value, named):
     (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
-    proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"),
-                flag, value, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    proc = ouro(
+        "train",
+        "--model",
+        str(tmp_path / "missing"),
+        "--data",
+        str(tmp_path / "ok.jsonl"),
+        flag,
+        value,
+        "--run-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert named in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("given,named", [
-    ({"OURO_REPLAY_ATTENTION": "bogus"}, "OURO_REPLAY_ATTENTION='bogus': must be one of sdpa, paged"),
-    ({"OURO_REPLAY_ATTENTION": "paged"}, "--replay-attention paged runs a Triton kernel"),
-    (["--replay-attention", "paged"], "--replay-attention paged runs a Triton kernel"),
-    ({"OURO_DECODE_GEMV": "magic"}, "OURO_DECODE_GEMV='magic': must be one of auto, cublas, triton"),
-    (["--decode-gemv", "magic"], "--decode-gemv must be auto, cublas or triton, got 'magic'"),
-    (["--decode-attention", "triton"], "--decode-attention triton needs CUDA"),
-    ({"OURO_COMPILE_LAYERS": "yes"}, "OURO_COMPILE_LAYERS='yes': must be one of auto, on, off"),
-    ({"OURO_COMPILE": "1"}, "OURO_COMPILE='1': must be one of auto, off, always"),
-], ids=["replay-value", "replay-on-cpu", "replay-flag-on-cpu", "gemv-value", "gemv-flag-value",
-        "attention-flag-on-cpu", "compile-layers-value", "compile-value"])
+@pytest.mark.parametrize(
+    "given,named",
+    [
+        ({"OURO_REPLAY_ATTENTION": "bogus"}, "OURO_REPLAY_ATTENTION='bogus': must be one of sdpa, paged"),
+        ({"OURO_REPLAY_ATTENTION": "paged"}, "--replay-attention paged runs a Triton kernel"),
+        (["--replay-attention", "paged"], "--replay-attention paged runs a Triton kernel"),
+        ({"OURO_DECODE_GEMV": "magic"}, "OURO_DECODE_GEMV='magic': must be one of auto, cublas, triton"),
+        (["--decode-gemv", "magic"], "--decode-gemv must be auto, cublas or triton, got 'magic'"),
+        (["--decode-attention", "triton"], "--decode-attention triton needs CUDA"),
+        ({"OURO_COMPILE_LAYERS": "yes"}, "OURO_COMPILE_LAYERS='yes': must be one of auto, on, off"),
+        ({"OURO_COMPILE": "1"}, "OURO_COMPILE='1': must be one of auto, off, always"),
+    ],
+    ids=[
+        "replay-value",
+        "replay-on-cpu",
+        "replay-flag-on-cpu",
+        "gemv-value",
+        "gemv-flag-value",
+        "attention-flag-on-cpu",
+        "compile-layers-value",
+        "compile-value",
+    ],
+)
 def test_bad_execution_setting_fails_before_anything_runs(tmp_path, given, named):
     """An execution setting, as a flag or as its environment variable, is checked before
     anything runs; the error names the flag or the variable."""
     (tmp_path / "ok.jsonl").write_text('{"prompt": "1+1=?", "label": 2}\n')
     flags, env = (given, {}) if isinstance(given, list) else ([], given)
-    proc = ouro("train", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "ok.jsonl"), "--device", "cpu",
-                "--run-dir", str(tmp_path / "run"), *flags, cwd=tmp_path, env={**env, "TRITON_INTERPRET": "0"})
+    proc = ouro(
+        "train",
+        "--model",
+        str(tmp_path / "missing"),
+        "--data",
+        str(tmp_path / "ok.jsonl"),
+        "--device",
+        "cpu",
+        "--run-dir",
+        str(tmp_path / "run"),
+        *flags,
+        cwd=tmp_path,
+        env={**env, "TRITON_INTERPRET": "0"},
+    )
     assert proc.returncode == 2
     assert named in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
@@ -169,9 +258,24 @@ def test_a_micro_batch_budget_too_small_for_one_sample_fails_before_any_rollout(
     """--max-tokens-per-micro-batch below the longest prompt + --max-response-len would fail at
     the first long sample, updates into the run: it is refused at the start, naming the figure."""
     bundled = Path(__file__).resolve().parents[2] / "ouro_cli" / "bundled" / "tiny"
-    proc = ouro("train", "--model", str(bundled / "model"), "--data", str(bundled / "train.jsonl"), "--eval-data", "",
-                "--updates", "1", "--max-response-len", "32", "--max-tokens-per-micro-batch", "16",
-                "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    proc = ouro(
+        "train",
+        "--model",
+        str(bundled / "model"),
+        "--data",
+        str(bundled / "train.jsonl"),
+        "--eval-data",
+        "",
+        "--updates",
+        "1",
+        "--max-response-len",
+        "32",
+        "--max-tokens-per-micro-batch",
+        "16",
+        "--run-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--max-tokens-per-micro-batch 16 is less than one sample can take" in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -186,13 +290,21 @@ def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
     root, run, _ = trained
     before = (run / "ouro-plan.json").read_text()
     contract = json.loads(before)["contract"]
-    assert contract["execution"] == {"compile": "off", "compile_layers": "off", "decode_attention": "torch",
-                                     "decode_gemv": "cublas", "replay_attention": "sdpa", "exact": "off"}
+    assert contract["execution"] == {
+        "compile": "off",
+        "compile_layers": "off",
+        "decode_attention": "torch",
+        "decode_gemv": "cublas",
+        "replay_attention": "sdpa",
+        "exact": "off",
+    }
     for flags, env in ((["--compile", "always"], {}), ([], {"OURO_COMPILE": "always"})):
         proc = ouro("resume", str(run), "--updates", "9", *flags, cwd=root, env=env)
         assert proc.returncode == 2, proc.stderr
-        assert "error: resume would change execution.compile: the run has 'off', this invocation 'on' (set by " \
-               "--compile or OURO_COMPILE" in proc.stderr
+        assert (
+            "error: resume would change execution.compile: the run has 'off', this invocation 'on' (set by "
+            "--compile or OURO_COMPILE" in proc.stderr
+        )
     assert (run / "ouro-plan.json").read_text() == before
 
     import shutil
@@ -224,8 +336,21 @@ def test_resume_after_a_crash_reruns_unsaved_updates_once(tmp_path):
     checkpoint at 2, re-runs update 2 identically and logs every update exactly once."""
     make_checkpoint(tmp_path)
     run = tmp_path / "run"
-    proc = ouro("train", "--depths", "2", "3", "4", "--updates", "3", "--save-interval", "2", "--run-dir", str(run),
-                *small(tmp_path), cwd=tmp_path)
+    proc = ouro(
+        "train",
+        "--depths",
+        "2",
+        "3",
+        "4",
+        "--updates",
+        "3",
+        "--save-interval",
+        "2",
+        "--run-dir",
+        str(run),
+        *small(tmp_path),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     before = _metrics(run)
     rollout_2 = (run / "rollouts" / "update_000002.jsonl").read_text()

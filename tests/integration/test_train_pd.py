@@ -1,7 +1,8 @@
 """`ouro train --prefill-devices 0 --decode-devices 1` end to end through the real CLI.
 
 On CPU each device index is a worker process; the KV moves over the shared-memory
-fallback (chosen with OURO_PD_TRANSPORT=shm; NIXL is covered by tests/unit/engine/test_pd.py). The same job with the local engine
+fallback (chosen with OURO_PD_TRANSPORT=shm; NIXL is covered by tests/unit/engine/test_pd.py). The same job with the
+local engine
 must produce identical rollouts: the PD engine is only a placement, never a change
 of what is sampled. The job trains with threshold exits and every option of the loss
 and the data on, the optimizer state offloaded (the pairs rl/combinations.py names this
@@ -25,12 +26,49 @@ def _rollouts(run: Path) -> list[dict]:
 def test_train_with_pd_workers_matches_the_local_engine(tmp_path, monkeypatch):
     monkeypatch.setenv("OURO_PD_TRANSPORT", "shm")  # the fallback, present everywhere
     make_checkpoint(tmp_path)
-    common = ["--depths", "2", "4", "--updates", "2", *small(tmp_path), "--max-num-seqs", "1", "--eval-prompts", "2",
-              "--exit-threshold", "0.7", "--mini-batches", "2", "--epochs", "2", "--is-correction", "tis",
-              "--clip-ratio-c", "3", "--loop-weighting", "progressive", "--advantage", "rloo", "--overlong", "soft",
-              "--filter-groups", "--offload-optimizer", "on", "--json"]
-    pd = ouro("train", "--run-dir", str(tmp_path / "pd"), "--prefill-devices", "0", "--decode-devices", "1", *common,
-              cwd=tmp_path)
+    common = [
+        "--depths",
+        "2",
+        "4",
+        "--updates",
+        "2",
+        *small(tmp_path),
+        "--max-num-seqs",
+        "1",
+        "--eval-prompts",
+        "2",
+        "--exit-threshold",
+        "0.7",
+        "--mini-batches",
+        "2",
+        "--epochs",
+        "2",
+        "--is-correction",
+        "tis",
+        "--clip-ratio-c",
+        "3",
+        "--loop-weighting",
+        "progressive",
+        "--advantage",
+        "rloo",
+        "--overlong",
+        "soft",
+        "--filter-groups",
+        "--offload-optimizer",
+        "on",
+        "--json",
+    ]
+    pd = ouro(
+        "train",
+        "--run-dir",
+        str(tmp_path / "pd"),
+        "--prefill-devices",
+        "0",
+        "--decode-devices",
+        "1",
+        *common,
+        cwd=tmp_path,
+    )
     assert pd.returncode == 0, pd.stderr
     summary = json.loads(pd.stdout)
     assert summary["ok"] and summary["updates"] == 2 and summary["last_weight_version"] == 3

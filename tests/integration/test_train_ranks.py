@@ -25,10 +25,37 @@ from .tiny_checkpoint import REWARD, make_checkpoint
 
 
 def _flags(root: Path) -> list[str]:
-    return ["--model", str(root / "hf"), "--data", str(root / "train.jsonl"), "--eval-data", str(root / "eval.jsonl"),
-            "--prompts-per-update", "4", "--group-size", "3", "--max-response-len", "6", "--eval-prompts", "2",
-            "--eval-depths", "4", "--max-num-seqs", "4", "--reward-function", REWARD, "--depths", "4",
-            "--speculative-tokens", "2", "--exact", "--updates", "2", "--save-interval", "0"]
+    return [
+        "--model",
+        str(root / "hf"),
+        "--data",
+        str(root / "train.jsonl"),
+        "--eval-data",
+        str(root / "eval.jsonl"),
+        "--prompts-per-update",
+        "4",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--eval-prompts",
+        "2",
+        "--eval-depths",
+        "4",
+        "--max-num-seqs",
+        "4",
+        "--reward-function",
+        REWARD,
+        "--depths",
+        "4",
+        "--speculative-tokens",
+        "2",
+        "--exact",
+        "--updates",
+        "2",
+        "--save-interval",
+        "0",
+    ]
 
 
 def _lines(path: Path) -> list[dict]:
@@ -41,10 +68,33 @@ def _compare(*args: str) -> subprocess.CompletedProcess:
 
 def test_two_ranks_match_one_rank_and_ouro_compare_judges_the_pair(tmp_path):
     make_checkpoint(tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "ouro_cli.cli.app", "train", *_flags(tmp_path), "--run-dir", str(tmp_path / "two"),
-                          "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "ouro_cli.cli.app",
+            "train",
+            *_flags(tmp_path),
+            "--run-dir",
+            str(tmp_path / "two"),
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert two.returncode == 0, two.stderr[-4000:]
     assert json.loads(two.stdout)["ok"]  # one document: rank 0 speaks for the job
     one = ouro("train", *_flags(tmp_path), "--run-dir", str(tmp_path / "one"), cwd=tmp_path)

@@ -12,13 +12,36 @@ from .tiny_checkpoint import REWARD, make_checkpoint
 
 def test_verify_resume_passes_and_catches_a_broken_resume(tmp_path):
     make_checkpoint(tmp_path)
-    opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"),
-            "--eval-data", str(tmp_path / "eval.jsonl"), "--prompts-per-update", "2", "--group-size", "3",
-            "--max-response-len", "6", "--eval-prompts", "2", "--max-num-seqs", "4", "--depths", "2", "3", "4",
-            "--exit-threshold", "0.9", "--reward-function", REWARD]
+    opts = [
+        "--model",
+        str(tmp_path / "hf"),
+        "--data",
+        str(tmp_path / "train.jsonl"),
+        "--eval-data",
+        str(tmp_path / "eval.jsonl"),
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--eval-prompts",
+        "2",
+        "--max-num-seqs",
+        "4",
+        "--depths",
+        "2",
+        "3",
+        "4",
+        "--exit-threshold",
+        "0.9",
+        "--reward-function",
+        REWARD,
+    ]
     work = tmp_path / "vr"
-    proc = ouro("verify-resume", "--updates", "4", "--resume-at", "2", "--work-dir", str(work), *opts, "--json",
-                cwd=tmp_path)
+    proc = ouro(
+        "verify-resume", "--updates", "4", "--resume-at", "2", "--work-dir", str(work), *opts, "--json", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["identical"] and doc["first_divergence"] is None
@@ -27,12 +50,16 @@ def test_verify_resume_passes_and_catches_a_broken_resume(tmp_path):
     assert names["state hashes"]["compared"] == 4
     assert (work / "report.json").is_file()
     # the reference's checkpoint gave way to its digest; the resumed run kept one iteration
-    assert (work / "reference" / "checkpoint_digest.json").is_file() and not (work / "reference" / "checkpoint").exists()
+    assert (work / "reference" / "checkpoint_digest.json").is_file() and not (
+        work / "reference" / "checkpoint"
+    ).exists()
     assert [p.name for p in (work / "resumed" / "checkpoint").glob("iter_*")] == ["iter_0000004"]
 
     broken = tmp_path / "broken"  # its resume reseeds the sampler (ouro_cli/testing/faults.py)
-    for args, env in ((["train", *opts, "--updates", "2", "--state-digest", "--run-dir", str(broken)], {}),
-                      (["resume", str(broken), "--updates", "4"], {"OURO_TEST_BREAK_RESUME": "1"})):
+    for args, env in (
+        (["train", *opts, "--updates", "2", "--state-digest", "--run-dir", str(broken)], {}),
+        (["resume", str(broken), "--updates", "4"], {"OURO_TEST_BREAK_RESUME": "1"}),
+    ):
         step = ouro(*args, cwd=tmp_path, env=env)
         assert step.returncode == 0, step.stderr
     proc = ouro("verify-resume", "--compare", str(work / "reference"), str(broken), "--json", cwd=tmp_path)
@@ -52,8 +79,20 @@ def test_verify_resume_checks_the_disk_before_it_starts(tmp_path):
 
     make_checkpoint(tmp_path)
     with tmpfs("1m") as mount:
-        proc = ouro("verify-resume", "--updates", "2", "--resume-at", "1", "--work-dir", str(mount / "vr"),
-                    "--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), cwd=tmp_path)
+        proc = ouro(
+            "verify-resume",
+            "--updates",
+            "2",
+            "--resume-at",
+            "1",
+            "--work-dir",
+            str(mount / "vr"),
+            "--model",
+            str(tmp_path / "hf"),
+            "--data",
+            str(tmp_path / "train.jsonl"),
+            cwd=tmp_path,
+        )
         if proc.returncode == 0:
             pytest.fail("verify-resume ran on a 1 MiB disk")
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -66,11 +105,40 @@ def test_background_saves_keep_a_resume_bit_identical(tmp_path):
     """`--async-save` with a save after every update: each checkpoint is written while the next
     update runs, and the fresh-process resume still repeats the continuous run bit for bit."""
     make_checkpoint(tmp_path)
-    opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
-            "--prompts-per-update", "2", "--group-size", "3", "--max-response-len", "6", "--depths", "2", "4",
-            "--reward-function", REWARD, "--async-save", "--save-interval", "1"]
-    proc = ouro("verify-resume", "--updates", "3", "--resume-at", "2", "--work-dir", str(tmp_path / "vr"), *opts,
-                "--json", cwd=tmp_path)
+    opts = [
+        "--model",
+        str(tmp_path / "hf"),
+        "--data",
+        str(tmp_path / "train.jsonl"),
+        "--eval-data",
+        "",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--depths",
+        "2",
+        "4",
+        "--reward-function",
+        REWARD,
+        "--async-save",
+        "--save-interval",
+        "1",
+    ]
+    proc = ouro(
+        "verify-resume",
+        "--updates",
+        "3",
+        "--resume-at",
+        "2",
+        "--work-dir",
+        str(tmp_path / "vr"),
+        *opts,
+        "--json",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["identical"]
@@ -91,15 +159,51 @@ def test_mini_batches_and_filtered_refills_resume_bit_identically(tmp_path):
     from .tiny_checkpoint import BINARY_REWARD
 
     make_checkpoint(tmp_path)
-    opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
-            "--prompts-per-update", "3", "--group-size", "3", "--max-response-len", "6", "--depths", "2", "3", "4",
-            "--reward-function", BINARY_REWARD, "--mini-batches", "2", "--filter-groups", "--max-refill", "4",
-            "--warmup-steps", "2", "--is-correction", "tis", "--clip-ratio-c", "3", "--advantage", "rloo",
-            "--overlong", "soft", "--loop-weighting", "progressive", "--exit-threshold", "0.9",
-            "--offload-optimizer", "on"]
+    opts = [
+        "--model",
+        str(tmp_path / "hf"),
+        "--data",
+        str(tmp_path / "train.jsonl"),
+        "--eval-data",
+        "",
+        "--prompts-per-update",
+        "3",
+        "--group-size",
+        "3",
+        "--max-response-len",
+        "6",
+        "--depths",
+        "2",
+        "3",
+        "4",
+        "--reward-function",
+        BINARY_REWARD,
+        "--mini-batches",
+        "2",
+        "--filter-groups",
+        "--max-refill",
+        "4",
+        "--warmup-steps",
+        "2",
+        "--is-correction",
+        "tis",
+        "--clip-ratio-c",
+        "3",
+        "--advantage",
+        "rloo",
+        "--overlong",
+        "soft",
+        "--loop-weighting",
+        "progressive",
+        "--exit-threshold",
+        "0.9",
+        "--offload-optimizer",
+        "on",
+    ]
     work = tmp_path / "vr"
-    proc = ouro("verify-resume", "--updates", "4", "--resume-at", "2", "--work-dir", str(work), *opts, "--json",
-                cwd=tmp_path)
+    proc = ouro(
+        "verify-resume", "--updates", "4", "--resume-at", "2", "--work-dir", str(work), *opts, "--json", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["identical"]
@@ -109,8 +213,11 @@ def test_mini_batches_and_filtered_refills_resume_bit_identically(tmp_path):
     assert names["rollouts"]["compared"] == 3 * sum(m["prompts_drawn"] for m in lines) > 4 * 9  # group size 3
     # the warmup of 2 updates is 4 optimizer steps: LR 0, 1/4, 1/2, 3/4 of --lr, then --lr
     assert [lr for m in lines for lr in m["train_lrs"]][:5] == pytest.approx([0.0, 2.5e-5, 5e-5, 7.5e-5, 1e-4])
-    for flag, key in ((["--mini-batches", "1"], "mini_batches"), (["--epochs", "2"], "epochs"),
-                      (["--loop-weighting", "uniform"], "loop_weighting")):
+    for flag, key in (
+        (["--mini-batches", "1"], "mini_batches"),
+        (["--epochs", "2"], "epochs"),
+        (["--loop-weighting", "uniform"], "loop_weighting"),
+    ):
         refused = ouro("resume", str(work / "resumed"), "--updates", "5", *flag, cwd=tmp_path)
         assert refused.returncode == 2 and f"resume would change {key}:" in refused.stderr, refused.stderr
 
@@ -120,12 +227,32 @@ def test_a_cosine_schedule_resumes_bit_identically_over_the_horizon_it_started_w
     --updates) and kept by a resume to more updates. verify-resume's first leg, stopped at M,
     plans the reference's N, so the LRs, and with them every bit, agree."""
     make_checkpoint(tmp_path)
-    opts = ["--model", str(tmp_path / "hf"), "--data", str(tmp_path / "train.jsonl"), "--eval-data", "",
-            "--prompts-per-update", "2", "--group-size", "2", "--max-response-len", "4", "--depths", "2",
-            "--reward-function", REWARD, "--lr-schedule", "cosine", "--min-lr", "1e-5"]
+    opts = [
+        "--model",
+        str(tmp_path / "hf"),
+        "--data",
+        str(tmp_path / "train.jsonl"),
+        "--eval-data",
+        "",
+        "--prompts-per-update",
+        "2",
+        "--group-size",
+        "2",
+        "--max-response-len",
+        "4",
+        "--depths",
+        "2",
+        "--reward-function",
+        REWARD,
+        "--lr-schedule",
+        "cosine",
+        "--min-lr",
+        "1e-5",
+    ]
     work = tmp_path / "vr"
-    proc = ouro("verify-resume", "--updates", "3", "--resume-at", "1", "--work-dir", str(work), *opts, "--json",
-                cwd=tmp_path)
+    proc = ouro(
+        "verify-resume", "--updates", "3", "--resume-at", "1", "--work-dir", str(work), *opts, "--json", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["identical"]
     lrs = [json.loads(x)["train_lr"] for x in (work / "resumed" / "metrics.jsonl").read_text().splitlines()]

@@ -44,8 +44,9 @@ def make_checkpoint(root: Path, seed: int = 0, *, mixed_exits: bool = False) -> 
             gate.weight.copy_(torch.randn(gate.weight.shape, generator=torch.Generator().manual_seed(seed + 1)))
             gate.bias.fill_(-0.5)
     write_hf(hf, config, model.state_dict().items(), assets_from=assets)
-    rows = [{"prompt": f"{i % 7}+{i % 5}=?", "label": i % 7 + i % 5, "metadata": {"problem_id": f"p{i}"}}
-            for i in range(40)]
+    rows = [
+        {"prompt": f"{i % 7}+{i % 5}=?", "label": i % 7 + i % 5, "metadata": {"problem_id": f"p{i}"}} for i in range(40)
+    ]
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
     return hf

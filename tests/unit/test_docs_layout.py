@@ -64,8 +64,7 @@ def layout_problems(text: str, root: Path) -> list[str]:
             bases = [entry_dir, *(p for _, p in reversed(parents)), root]
             if not any((b / name.rstrip("/")).exists() for b in bases):
                 problems.append(
-                    f"the layout's description of {entry_dir.relative_to(root)} names {name}, "
-                    "which does not exist"
+                    f"the layout's description of {entry_dir.relative_to(root)} names {name}, which does not exist"
                 )
     package = root / "ouro_cli"
     for child in sorted(package.iterdir()):
@@ -126,9 +125,7 @@ def test_a_matching_layout_passes(tmp_path):
 def test_a_missing_path_and_an_unnamed_package_are_reported(tmp_path):
     root = _tree(tmp_path)
     (root / "ouro_cli" / "runs").mkdir()
-    text = LAYOUT.replace(
-        "      cli/          the command line\n", "      tools/        back-ends (gone.py)\n"
-    )
+    text = LAYOUT.replace("      cli/          the command line\n", "      tools/        back-ends (gone.py)\n")
     problems = layout_problems(text, root)
     assert "the layout names ouro_cli/tools, which does not exist" in problems
     assert any("names gone.py" in p for p in problems)

@@ -179,25 +179,39 @@ def test_the_spec_pages_exist_and_the_readme_links_them():
     assert "docs/README.md" in (REPO / "README.md").read_text()
 
 
-@pytest.mark.parametrize("prose, problem", [
-    ("see OURO.md §3", "OURO.md, which is not in the repository"),
-    ("see docs/model.md §5–6", "has no section [6]"),
-    ("why: docs/performance.md#no-such-area", "has no heading #no-such-area"),
-    ("see [the spec](../../docs/model.md#9-nowhere)", "has no heading #9-nowhere"),
-    ("the replay (`ouro_cli.model.replay`)", "no module or name 'replay'"),
-    ("`ouro_cli.engine.factory:no_such_factory`", "no module or name 'no_such_factory'"),
-    ("written by kernels/nowhere.py", "kernels/nowhere.py, which no file"),
-])
+@pytest.mark.parametrize(
+    "prose, problem",
+    [
+        ("see OURO.md §3", "OURO.md, which is not in the repository"),
+        ("see docs/model.md §5–6", "has no section [6]"),
+        ("why: docs/performance.md#no-such-area", "has no heading #no-such-area"),
+        ("see [the spec](../../docs/model.md#9-nowhere)", "has no heading #9-nowhere"),
+        ("the replay (`ouro_cli.model.replay`)", "no module or name 'replay'"),
+        ("`ouro_cli.engine.factory:no_such_factory`", "no module or name 'no_such_factory'"),
+        ("written by kernels/nowhere.py", "kernels/nowhere.py, which no file"),
+    ],
+)
 def test_a_dangling_citation_is_reported(prose, problem):
     """The checks bite: each kind of dangling citation is named."""
     problems = _citation_problems(REPO / "ouro_cli" / "engine" / "runner.py", prose)
     assert any(problem in p for p in problems), problems
 
 
-@pytest.mark.parametrize("prose", [
-    "docs/model.md §3", "(model.md §2–3)", "why: docs/performance.md#decode",
-    "[the spec](../../docs/model.md#3-execution-with-a-depth-budget)", "`ouro_cli.rl.publish`", "ouro_cli.engine.factory:default_factory",
-    "ouro_cli.rl.rewards.boxed_answer", "kernels/gemv.py", "kv_cache.py", "modeling_ouro.py", "*.py",
-])
+@pytest.mark.parametrize(
+    "prose",
+    [
+        "docs/model.md §3",
+        "(model.md §2–3)",
+        "why: docs/performance.md#decode",
+        "[the spec](../../docs/model.md#3-execution-with-a-depth-budget)",
+        "`ouro_cli.rl.publish`",
+        "ouro_cli.engine.factory:default_factory",
+        "ouro_cli.rl.rewards.boxed_answer",
+        "kernels/gemv.py",
+        "kv_cache.py",
+        "modeling_ouro.py",
+        "*.py",
+    ],
+)
 def test_a_good_citation_passes(prose):
     assert _citation_problems(REPO / "ouro_cli" / "engine" / "runner.py", prose) == []

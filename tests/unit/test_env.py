@@ -13,7 +13,9 @@ from ouro_cli.rl.options import EvalOptions, TrainOptions
 def test_every_variable_an_option_names_is_declared():
     named = {leaf.info.env for root in (TrainOptions, EvalOptions) for leaf in leaves(root).values() if leaf.info.env}
     assert len(named) >= 7 and named <= set(env.VARIABLES)
-    assert {n for n, v in env.VARIABLES.items() if v.test_only} == {n for n in env.VARIABLES if n.startswith("OURO_TEST_")}
+    assert {n for n, v in env.VARIABLES.items() if v.test_only} == {
+        n for n in env.VARIABLES if n.startswith("OURO_TEST_")
+    }
 
 
 def test_a_variable_reads_as_declared(monkeypatch):

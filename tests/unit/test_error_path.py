@@ -13,19 +13,32 @@ from ouro_cli.cli.common import describe_failure, rewrite_aliases, run_command
 from ouro_cli.errors import CheckFailed, Interrupted, ResourceError, UserError
 
 
-@pytest.mark.parametrize("err, code, line", [
-    (UserError("bad --updates"), 2, "bad --updates"),
-    (CheckFailed("runs differ"), 1, "runs differ"),
-    (ResourceError("out of device memory in the train step"), 1, "out of device memory in the train step"),
-    (Interrupted("stopped by SIGTERM", 15), 143, "stopped by SIGTERM"),
-    (OSError(errno.ENOSPC, "No space left on device", "/runs/x/metrics.jsonl"), 1,
-     "/runs/x/metrics.jsonl: No space left on device: the disk is full; free space or write elsewhere, then "
-     "run it again"),
-    (PermissionError(errno.EACCES, "Permission denied", "/runs/x"), 1,
-     "/runs/x: Permission denied: not allowed to write there; choose a writable directory"),
-    (ZeroDivisionError("division by zero"), 1, "ZeroDivisionError: division by zero (OURO_DEBUG=1 shows the traceback)"),
-    (RuntimeError("two\nlines"), 1, "RuntimeError: two lines (OURO_DEBUG=1 shows the traceback)"),
-])
+@pytest.mark.parametrize(
+    "err, code, line",
+    [
+        (UserError("bad --updates"), 2, "bad --updates"),
+        (CheckFailed("runs differ"), 1, "runs differ"),
+        (ResourceError("out of device memory in the train step"), 1, "out of device memory in the train step"),
+        (Interrupted("stopped by SIGTERM", 15), 143, "stopped by SIGTERM"),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/runs/x/metrics.jsonl"),
+            1,
+            "/runs/x/metrics.jsonl: No space left on device: the disk is full; free space or write elsewhere, then "
+            "run it again",
+        ),
+        (
+            PermissionError(errno.EACCES, "Permission denied", "/runs/x"),
+            1,
+            "/runs/x: Permission denied: not allowed to write there; choose a writable directory",
+        ),
+        (
+            ZeroDivisionError("division by zero"),
+            1,
+            "ZeroDivisionError: division by zero (OURO_DEBUG=1 shows the traceback)",
+        ),
+        (RuntimeError("two\nlines"), 1, "RuntimeError: two lines (OURO_DEBUG=1 shows the traceback)"),
+    ],
+)
 def test_every_failure_is_one_line_with_its_exit_code(err, code, line):
     assert describe_failure(err) == (line, code)
 
@@ -48,8 +61,11 @@ def _fails(capsys, monkeypatch, err, *, json_output=True, debug=False):
 def test_json_gets_one_document_for_an_unexpected_error(capsys, monkeypatch):
     code, out, err = _fails(capsys, monkeypatch, KeyError("problem_id"))
     assert code == 1
-    assert json.loads(out) == {"ok": False, "exit_code": 1,
-                               "error": "KeyError: 'problem_id' (OURO_DEBUG=1 shows the traceback)"}
+    assert json.loads(out) == {
+        "ok": False,
+        "exit_code": 1,
+        "error": "KeyError: 'problem_id' (OURO_DEBUG=1 shows the traceback)",
+    }
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
@@ -61,9 +77,17 @@ def test_ouro_debug_shows_the_traceback_and_keeps_the_exit_code(capsys, monkeypa
 
 def test_hidden_aliases_read_as_the_shown_names():
     aliases = {"--rollout-max-response-len": "--max-response-len"}
-    assert rewrite_aliases(["train", "--rollout-max-response-len", "2", "--rollout-max-response-len=3", "--",
-                            "--rollout-max-response-len"], aliases) == \
-        ["train", "--max-response-len", "2", "--max-response-len=3", "--", "--rollout-max-response-len"]
+    assert rewrite_aliases(
+        [
+            "train",
+            "--rollout-max-response-len",
+            "2",
+            "--rollout-max-response-len=3",
+            "--",
+            "--rollout-max-response-len",
+        ],
+        aliases,
+    ) == ["train", "--max-response-len", "2", "--max-response-len=3", "--", "--rollout-max-response-len"]
 
 
 def test_the_ouro_prefixed_spellings_are_unknown():
@@ -86,13 +110,15 @@ def test_the_error_path_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "from ouro_cli.cli.common import describe_failure\n"
-            "from ouro_cli.errors import Interrupted, UserError\n"
-            "for err in (Interrupted('stopped by SIGINT', 2), KeyboardInterrupt(), UserError('x'), ValueError('y'),\n"
-            "            OSError(28, 'No space left on device')):\n"
-            "    describe_failure(err)\n"
-            "print(sorted(m for m in ('torch', 'numpy', 'ouro_cli.model') if m in sys.modules))\n")
+    code = (
+        "import sys\n"
+        "from ouro_cli.cli.common import describe_failure\n"
+        "from ouro_cli.errors import Interrupted, UserError\n"
+        "for err in (Interrupted('stopped by SIGINT', 2), KeyboardInterrupt(), UserError('x'), ValueError('y'),\n"
+        "            OSError(28, 'No space left on device')):\n"
+        "    describe_failure(err)\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'ouro_cli.model') if m in sys.modules))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -119,11 +145,13 @@ def test_a_signal_before_any_command_is_one_line_and_its_exit_code(sig, code):
     import subprocess
     import sys
 
-    code_text = ("import os, signal\n"
-                 "from ouro_cli.cli import signals\n"
-                 "signals.install()\n"
-                 f"os.kill(os.getpid(), signal.{sig})\n"
-                 "import time; time.sleep(30)\n")
+    code_text = (
+        "import os, signal\n"
+        "from ouro_cli.cli import signals\n"
+        "signals.install()\n"
+        f"os.kill(os.getpid(), signal.{sig})\n"
+        "import time; time.sleep(30)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code_text, "--json"], capture_output=True, text=True, timeout=60)
     assert done.returncode == code
     assert done.stderr == f"error: stopped by {sig}\n"

@@ -29,8 +29,10 @@ def test_an_output_overlapping_an_input_is_refused_even_with_overwrite(tmp_path,
     with pytest.raises(UserError, match="overlaps the input") as err:
         outputs.check_output(tmp_path / out, overwrite=True, inputs=inputs)
     assert "\n" not in str(err.value)
-    with pytest.raises(UserError, match="overlaps the input"), outputs.staged_output(
-            tmp_path / out, overwrite=True, command="test", inputs=inputs):
+    with (
+        pytest.raises(UserError, match="overlaps the input"),
+        outputs.staged_output(tmp_path / out, overwrite=True, command="test", inputs=inputs),
+    ):
         pass
     assert (tmp_path / "model" / "config.json").is_file() and (tmp_path / "data.jsonl").is_file()
 
@@ -76,22 +78,40 @@ def run(tmp_path):
     run = tmp_path / "run"
     for name in ("rollouts", "checkpoint/iter_0000001", "logs"):
         (run / name).mkdir(parents=True)
-    for name in ("ouro-plan.json", "metrics.jsonl", "checkpoint/latest_checkpointed_iteration.txt",
-                 "checkpoint/iter_0000001/COMPLETE"):
+    for name in (
+        "ouro-plan.json",
+        "metrics.jsonl",
+        "checkpoint/latest_checkpointed_iteration.txt",
+        "checkpoint/iter_0000001/COMPLETE",
+    ):
         (run / name).write_text("1\n")
     return run
 
 
-@pytest.mark.parametrize("inside", ["rollouts", "rollouts/new", "checkpoint", "checkpoint/iter_0000001",
-                                    "checkpoint/iter_0000003", "checkpoint/latest_checkpointed_iteration.txt",
-                                    "metrics.jsonl", "ouro-plan.json", "logs/x", "COMPLETE"])
+@pytest.mark.parametrize(
+    "inside",
+    [
+        "rollouts",
+        "rollouts/new",
+        "checkpoint",
+        "checkpoint/iter_0000001",
+        "checkpoint/iter_0000003",
+        "checkpoint/latest_checkpointed_iteration.txt",
+        "metrics.jsonl",
+        "ouro-plan.json",
+        "logs/x",
+        "COMPLETE",
+    ],
+)
 def test_an_output_inside_a_run_s_own_files_is_refused_even_with_overwrite(run, inside):
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     with pytest.raises(UserError, match=rf"lies inside the run directory {run} \(\S+ is the run's own\)") as err:
         outputs.check_output(run / inside, overwrite=True)
     assert "\n" not in str(err.value)
-    with pytest.raises(UserError, match="lies inside the run directory"), outputs.staged_output(
-            run / inside, overwrite=True, command="test"):
+    with (
+        pytest.raises(UserError, match="lies inside the run directory"),
+        outputs.staged_output(run / inside, overwrite=True, command="test"),
+    ):
         pass
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # not even a lock file
 
@@ -138,8 +158,10 @@ def test_a_writer_that_went_round_the_guard_is_not_replaced(tmp_path):
 
 def test_a_file_output(tmp_path):
     out = tmp_path / "plot.png"
-    with outputs.claimed_output(out, overwrite=False, command="ouro plot", file=True) as output, \
-            output.staged() as staging:
+    with (
+        outputs.claimed_output(out, overwrite=False, command="ouro plot", file=True) as output,
+        output.staged() as staging,
+    ):
         assert staging.suffix == ".png" and staging.parent == tmp_path
         staging.write_text("png")
     assert out.read_text() == "png"

@@ -106,8 +106,12 @@ def environment_access(root: Path, package: str, reader: str) -> list[str]:
         if name == reader:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT and isinstance(node.value, ast.Name)
-                    and node.value.id == "os"):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ENVIRONMENT
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+            ):
                 problems.append(f"{name}:{node.lineno}: os.{node.attr}")
             elif isinstance(node, ast.ImportFrom) and node.module == "os":
                 problems += [f"{name}:{node.lineno}: os.{a.name}" for a in node.names if a.name in ENVIRONMENT]
@@ -184,11 +188,14 @@ def _write(root: Path, files: dict[str, str]) -> Path:
 
 # ---- the checkers look --------------------------------------------------------------------
 
+
 def test_the_checkers_find_what_they_look_for(tmp_path):
-    pkg = _write(tmp_path / "pkg", {
-        "__init__.py": "",
-        "engine/__init__.py": "",
-        "engine/engine.py": """
+    pkg = _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "",
+            "engine/__init__.py": "",
+            "engine/engine.py": """
             from typing import TYPE_CHECKING
             if TYPE_CHECKING:
                 from .speculative import Speculator
@@ -199,7 +206,7 @@ def test_the_checkers_find_what_they_look_for(tmp_path):
                 def generate(self):
                     return self._emit()
             """,
-        "engine/speculative.py": """
+            "engine/speculative.py": """
             class Speculator:
                 def step(self, eng):
                     from .engine import LLM
@@ -207,11 +214,11 @@ def test_the_checkers_find_what_they_look_for(tmp_path):
                     eng._own()
                 def _own(self): ...
             """,
-        "engine/frontend.py": """
+            "engine/frontend.py": """
             class Base:
                 def _hook(self): ...
             """,
-        "engine/sub.py": """
+            "engine/sub.py": """
             from .frontend import Base
             class Derived(Base):
                 def run(self):
@@ -219,7 +226,7 @@ def test_the_checkers_find_what_they_look_for(tmp_path):
                 def __init__(self):
                     self._mine = 0
             """,
-        "rl/loop.py": """
+            "rl/loop.py": """
             import os
             import torch
             from pkg.engine.engine import _helper
@@ -227,24 +234,28 @@ def test_the_checkers_find_what_they_look_for(tmp_path):
                 torch._foreach_copy_([], [])
                 return engine._state, os.environ.get("RANK"), os.path.join("a", "b")
             """,
-        "cli/app.py": """
+            "cli/app.py": """
             from os import getenv
             from . import verify
             """,
-        "cli/verify.py": """
+            "cli/verify.py": """
             def train_options():
                 from .app import app
             """,
-        "env.py": """
+            "env.py": """
             import os
             def rank():
                 return int(os.environ.get("RANK", "0"))
             """,
-    })
+        },
+    )
     problems = private_access_violations(pkg, "pkg")
     assert [p.split(" (")[0] for p in problems] == [
-        "pkg.engine.speculative:5: _emit", "pkg.engine.sub:5: _hook", "pkg.rl.loop:4: _helper",
-        "pkg.rl.loop:7: _state"], problems
+        "pkg.engine.speculative:5: _emit",
+        "pkg.engine.sub:5: _hook",
+        "pkg.rl.loop:4: _helper",
+        "pkg.rl.loop:7: _state",
+    ], problems
     graph = import_graph(pkg, "pkg")
     assert cycles(graph) == [["pkg.cli.app", "pkg.cli.verify"], ["pkg.engine.engine", "pkg.engine.speculative"]]
     assert graph["pkg.engine.sub"] == {"pkg.engine.frontend"}
@@ -253,6 +264,7 @@ def test_the_checkers_find_what_they_look_for(tmp_path):
 
 # ---- the package --------------------------------------------------------------------------
 
+
 def test_no_module_uses_another_modules_private_names():
     problems = private_access_violations(PACKAGE, "ouro_cli")
     assert problems == [], "\n".join(problems)
@@ -260,8 +272,10 @@ def test_no_module_uses_another_modules_private_names():
 
 def test_the_modules_import_each_other_without_a_cycle():
     graph = import_graph(PACKAGE, "ouro_cli")
-    assert len(graph) > 120 and graph["ouro_cli.engine.core"] >= {"ouro_cli.engine.runner",
-                                                                   "ouro_cli.engine.speculative"}
+    assert len(graph) > 120 and graph["ouro_cli.engine.core"] >= {
+        "ouro_cli.engine.runner",
+        "ouro_cli.engine.speculative",
+    }
     assert cycles(graph) == []
 
 
@@ -278,6 +292,7 @@ def test_the_plain_formulas_import_nothing_of_the_package():
 
 # ---- the engine ---------------------------------------------------------------------------
 
+
 def test_the_core_is_what_the_facade_the_speculator_and_the_decode_worker_drive():
     graph = import_graph(PACKAGE / "engine", "ouro_cli.engine")
     assert "ouro_cli.engine.core" in graph["ouro_cli.engine.engine"]
@@ -289,13 +304,19 @@ def test_the_core_is_what_the_facade_the_speculator_and_the_decode_worker_drive(
 
 # ---- the PD protocol ----------------------------------------------------------------------
 
+
 def _messages():
     from ouro_cli.engine.pd import protocol
 
     carried = {"WorkerCounters", "WorkerStats", "NewTokens", "Finished"}  # parts of messages
-    return protocol, [obj for name, obj in vars(protocol).items()
-                      if isinstance(obj, type) and dataclasses.is_dataclass(obj)
-                      and obj.__module__ == protocol.__name__ and name not in carried]
+    return protocol, [
+        obj
+        for name, obj in vars(protocol).items()
+        if isinstance(obj, type)
+        and dataclasses.is_dataclass(obj)
+        and obj.__module__ == protocol.__name__
+        and name not in carried
+    ]
 
 
 def test_every_pd_message_is_a_documented_frozen_dataclass():
@@ -313,9 +334,11 @@ def test_pd_messages_survive_the_pipe(i):
 
     protocol, _ = _messages()
     stats = protocol.WorkerStats(protocol.WorkerCounters(tokens=3), {"decode_tokens": 2})
-    msg = [protocol.Activate("7", 2, [1, 2], SamplingParams(max_tokens=4), 9),
-           protocol.Tokens([protocol.NewTokens("7", [5], [4], [-0.5])], [protocol.Finished("7", "stop")], stats),
-           protocol.Cancel()][i]
+    msg = [
+        protocol.Activate("7", 2, [1, 2], SamplingParams(max_tokens=4), 9),
+        protocol.Tokens([protocol.NewTokens("7", [5], [4], [-0.5])], [protocol.Finished("7", "stop")], stats),
+        protocol.Cancel(),
+    ][i]
     assert pickle.loads(pickle.dumps(msg)) == msg
 
 
@@ -323,7 +346,12 @@ def test_nothing_is_sent_over_a_pipe_as_a_tuple():
     problems = []
     for path in sorted((PACKAGE / "engine" / "pd").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "send"
-                    and node.args and isinstance(node.args[0], ast.Tuple)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "send"
+                and node.args
+                and isinstance(node.args[0], ast.Tuple)
+            ):
                 problems.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert problems == []

@@ -90,8 +90,10 @@ def test_tokenizer_config_is_chatml():
     cfg = json.loads((MODEL / "tokenizer_config.json").read_text())
     assert cfg["bos_token"] == cfg["eos_token"] == cfg["pad_token"] == "<|endoftext|>"
     jinja2 = pytest.importorskip("jinja2")
-    rendered = jinja2.Environment().from_string(cfg["chat_template"]).render(
-        messages=[{"role": "user", "content": "What is 7+5?"}], add_generation_prompt=True
+    rendered = (
+        jinja2.Environment()
+        .from_string(cfg["chat_template"])
+        .render(messages=[{"role": "user", "content": "What is 7+5?"}], add_generation_prompt=True)
     )
     assert rendered == CHATML.format(prompt="What is 7+5?")
 
@@ -123,8 +125,9 @@ def test_bundle_is_package_data_and_the_train_default():
 
     package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     package_dir = TINY.parent
-    shipped = {path for pattern in package_data["ouro_cli.bundled"] for path in package_dir.glob(pattern)
-               if path.is_file()}
+    shipped = {
+        path for pattern in package_data["ouro_cli.bundled"] for path in package_dir.glob(pattern) if path.is_file()
+    }
     files = {path for path in TINY.rglob("*") if path.is_file() and "__pycache__" not in path.parts}
     assert files and files <= shipped, f"not package data: {sorted(str(p) for p in files - shipped)}"
     assert BUNDLED == TINY

@@ -114,7 +114,7 @@ def test_views_into_one_flat_buffer_are_written(tmp_path):
     flat = torch.cat([t.flatten() for t in state.values()])
     views, offset = {}, 0
     for name, t in state.items():
-        views[name] = flat[offset:offset + t.numel()].view(t.shape)
+        views[name] = flat[offset : offset + t.numel()].view(t.shape)
         offset += t.numel()
     (tmp_path / "hf").mkdir()
     write_hf(tmp_path / "hf", config, views.items())
@@ -218,12 +218,17 @@ def test_a_run_without_a_checkpoint_and_a_link_loop_say_so(tmp_path):
     run.plan.write_text("{}")
     with pytest.raises(UserError) as err:
         read_checkpoint(run.root)
-    assert str(err.value) == (f"{run.root} is a run that has not saved a checkpoint yet; read it after its first "
-                              "save (--save-interval), or continue it with `ouro resume`")
+    assert str(err.value) == (
+        f"{run.root} is a run that has not saved a checkpoint yet; read it after its first "
+        "save (--save-interval), or continue it with `ouro resume`"
+    )
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     loop = f"{tmp_path / 'a'} is a symbolic link loop; point it at a real file or directory"
-    for read in (lambda: read_checkpoint(tmp_path / "a"), lambda: check_outside_inputs(tmp_path / "out", [tmp_path / "a"])):
+    for read in (
+        lambda: read_checkpoint(tmp_path / "a"),
+        lambda: check_outside_inputs(tmp_path / "out", [tmp_path / "a"]),
+    ):
         with pytest.raises(UserError) as err:
             read()
         assert str(err.value) == loop
@@ -231,7 +236,14 @@ def test_a_run_without_a_checkpoint_and_a_link_loop_say_so(tmp_path):
 
 @pytest.mark.parametrize(
     "text, size",
-    [("5GB", 5 * 10**9), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("1000", 1000), ("1.5kb", 1500), ("10 MiB", 10 * 2**20)],
+    [
+        ("5GB", 5 * 10**9),
+        ("500MB", 500 * 10**6),
+        ("2GiB", 2 * 2**30),
+        ("1000", 1000),
+        ("1.5kb", 1500),
+        ("10 MiB", 10 * 2**20),
+    ],
 )
 def test_parse_size(text, size):
     assert parse_size(text) == size

@@ -130,7 +130,9 @@ def test_megatron_checkpoint_with_wrong_shapes_or_missing_tensors(tmp_path):
     save_megatron(tmp_path / "ckpt", model.config, model.state_dict().items())
     wider = model.config.to_dict() | {"intermediate_size": 128}
     (tmp_path / "ckpt" / layout.HF_ASSETS / "config.json").write_text(json.dumps(wider))
-    with pytest.raises(CheckpointError, match=r"wrong shape: model.layers.0.mlp.gate_proj.weight \[96, 64\] \(expected \[128, 64\]\)"):
+    with pytest.raises(
+        CheckpointError, match=r"wrong shape: model.layers.0.mlp.gate_proj.weight \[96, 64\] \(expected \[128, 64\]\)"
+    ):
         read_checkpoint(tmp_path / "ckpt")
 
 

@@ -26,9 +26,18 @@ DEFAULT = re.compile(r"\[default: (.*)\]\s*$")
 
 def shown_defaults(command: str) -> dict[str, str]:
     """Flag -> the default its help row states (rows joined over wrapped lines)."""
-    env = {**os.environ, "COLUMNS": "1000", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", command, "--help"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "COLUMNS": "1000",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "ouro_cli.cli.app", command, "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = {}
     for line in proc.stdout.splitlines():
@@ -76,8 +85,11 @@ def test_the_trainer_defaults_are_the_jobs():
     assert TrainOptions().trainer == TrainerConfig()
     shown = shown_defaults("train")
     config = TrainerConfig()
-    assert (shown["--lr"], shown["--keep-last"], shown["--seed"]) == (str(config.lr), str(config.keep_last),
-                                                                      str(config.seed))
+    assert (shown["--lr"], shown["--keep-last"], shown["--seed"]) == (
+        str(config.lr),
+        str(config.keep_last),
+        str(config.seed),
+    )
 
 
 def test_resume_states_the_runs_value_for_what_it_takes():

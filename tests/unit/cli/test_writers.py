@@ -24,24 +24,45 @@ from ouro_cli.rl.options import BUNDLED, TrainOptions
 MODEL, EVAL = BUNDLED / "model", BUNDLED / "eval.jsonl"
 PATH_NAME = re.compile(r"(^|_)(out|dir|data|model|hf|ckpt|run|config|files?|path)(_|$)")
 
-INPUTS = {("train", "config"), ("train", "model"), ("train", "data"), ("train", "eval_data"), ("resume", "run_dir"),
-          ("resume", "eval_data"), ("eval", "model"), ("eval", "data"), ("export", "ckpt_or_run"),
-          ("convert hf-to-mcore", "hf_dir"), ("convert mcore-to-hf", "ckpt"), ("verify-resume", "compare"),
-          ("status", "run_dir"), ("plot", "run_dir"), ("compare", "run_a"), ("compare", "run_b"),
-          ("data check", "files"), ("data check", "model")}
+INPUTS = {
+    ("train", "config"),
+    ("train", "model"),
+    ("train", "data"),
+    ("train", "eval_data"),
+    ("resume", "run_dir"),
+    ("resume", "eval_data"),
+    ("eval", "model"),
+    ("eval", "data"),
+    ("export", "ckpt_or_run"),
+    ("convert hf-to-mcore", "hf_dir"),
+    ("convert mcore-to-hf", "ckpt"),
+    ("verify-resume", "compare"),
+    ("status", "run_dir"),
+    ("plot", "run_dir"),
+    ("compare", "run_a"),
+    ("compare", "run_b"),
+    ("data check", "files"),
+    ("data check", "model"),
+}
 
 # output -> (the command line, with {OUT} for the output; what the output is; whether it has --overwrite)
 OUTPUTS = {
     ("train", "run_dir"): (["train", "--updates", "1", "--run-dir", "{OUT}"], "dir", True),
-    ("train", "export_hf"): (["train", "--updates", "1", "--run-dir", "{TMP}/new-run", "--export-hf", "{OUT}"],
-                             "dir", True),
+    ("train", "export_hf"): (
+        ["train", "--updates", "1", "--run-dir", "{TMP}/new-run", "--export-hf", "{OUT}"],
+        "dir",
+        True,
+    ),
     ("resume", "export_hf"): (["resume", "{TMP}/other-run", "--updates", "1", "--export-hf", "{OUT}"], "dir", False),
     ("eval", "out"): (["eval", str(MODEL), "--data", str(EVAL), "--out", "{OUT}"], "dir", True),
     ("export", "out"): (["export", str(MODEL), "{OUT}"], "dir", True),
     ("convert hf-to-mcore", "out"): (["convert", "hf-to-mcore", str(MODEL), "{OUT}"], "dir", True),
     ("convert mcore-to-hf", "out"): (["convert", "mcore-to-hf", "{TMP}/mcore", "{OUT}"], "dir", True),
-    ("verify-resume", "work_dir"): (["verify-resume", "--updates", "2", "--resume-at", "1", "--work-dir", "{OUT}"],
-                                    "dir", False),
+    ("verify-resume", "work_dir"): (
+        ["verify-resume", "--updates", "2", "--resume-at", "1", "--work-dir", "{OUT}"],
+        "dir",
+        False,
+    ),
     ("plot", "out"): (["plot", "{TMP}/run", "--out", "{OUT}"], "file", True),
     ("probe-ucx", "out"): (["probe-ucx", "--out", "{OUT}"], "probe.json", True),  # a folder for probe.json
 }
@@ -59,11 +80,16 @@ def _names_a_path(name: str, annotation) -> bool:
 
 
 def test_every_path_option_is_an_input_or_a_guarded_output():
-    found = {(command, name) for command, callback in _commands(app)
-             for name, parameter in inspect.signature(callback).parameters.items()
-             if _names_a_path(name, parameter.annotation)}
-    assert found == INPUTS | set(OUTPUTS), ("classify each new path option here; an output goes through "
-                                            "ouro_cli/outputs.py and gets a command line in OUTPUTS")
+    found = {
+        (command, name)
+        for command, callback in _commands(app)
+        for name, parameter in inspect.signature(callback).parameters.items()
+        if _names_a_path(name, parameter.annotation)
+    }
+    assert found == INPUTS | set(OUTPUTS), (
+        "classify each new path option here; an output goes through "
+        "ouro_cli/outputs.py and gets a command line in OUTPUTS"
+    )
 
 
 @pytest.fixture(scope="module")

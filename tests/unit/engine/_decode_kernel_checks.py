@@ -46,7 +46,7 @@ def paged_context(b: int, hkv: int, d: int, lengths: list[int], width: int, dtyp
     valid = torch.zeros(b, width, dtype=torch.bool)
     used = 0
     for row, n in enumerate(lengths):
-        ctx[row, :n] = perm[used:used + n]
+        ctx[row, :n] = perm[used : used + n]
         valid[row, :n] = True
         used += n
     lengths_t = torch.tensor(lengths, dtype=torch.long)
@@ -59,7 +59,7 @@ def dense_reference(q, k_plane, v_plane, ctx, lengths) -> torch.Tensor:
     g = hq // k_plane.shape[0]
     out = torch.empty(b, hq, d, dtype=torch.float64)
     for row in range(b):
-        slots = ctx[row, :int(lengths[row])].cpu()
+        slots = ctx[row, : int(lengths[row])].cpu()
         for h in range(hq):
             k = k_plane[h // g].cpu().double()[slots]
             v = v_plane[h // g].cpu().double()[slots]
@@ -96,8 +96,9 @@ def check_batch_invariance(device="cpu", dtype=torch.float32) -> None:
     together = paged_decode_attention(q, k_plane, v_plane, ctx, lens)
     for row, n in enumerate(lengths):
         width = -(-n // 64) * 64
-        alone = paged_decode_attention(q[row:row + 1], k_plane, v_plane, ctx[row:row + 1, :width].contiguous(),
-                                       lens[row:row + 1])
+        alone = paged_decode_attention(
+            q[row : row + 1], k_plane, v_plane, ctx[row : row + 1, :width].contiguous(), lens[row : row + 1]
+        )
         assert torch.equal(alone[0], together[row]), f"row {row} (length {n}) changed with its batch-mates"
     # the same rows in another order and with padding rows after them
     order = [3, 1, 4, 0, 2]
@@ -106,7 +107,7 @@ def check_batch_invariance(device="cpu", dtype=torch.float32) -> None:
     ctx2 = torch.cat([ctx[order], ctx[:pad]])
     lens2 = torch.cat([lens[order], torch.ones(pad, dtype=lens.dtype, device=device)])
     shuffled = paged_decode_attention(q2, k_plane, v_plane, ctx2, lens2)
-    assert torch.equal(shuffled[:len(order)], together[order])
+    assert torch.equal(shuffled[: len(order)], together[order])
 
 
 def check_write_and_attend(device="cpu", dtype=torch.float32) -> None:
@@ -117,16 +118,24 @@ def check_write_and_attend(device="cpu", dtype=torch.float32) -> None:
 
     g = torch.Generator().manual_seed(3)
     b, hq, hkv, d, layers, loops = 6, 4, 2, 24, 2, 3
-    kv = PagedKVCache(num_layers=layers, num_loops=loops, num_blocks=16, block_size=4, num_kv_heads=hkv,
-                      head_dim=d, dtype=dtype, device=device)
+    kv = PagedKVCache(
+        num_layers=layers,
+        num_loops=loops,
+        num_blocks=16,
+        block_size=4,
+        num_kv_heads=hkv,
+        head_dim=d,
+        dtype=dtype,
+        device=device,
+    )
     perm = torch.randperm(16 * 4, generator=g)
     slots, others = perm[:b].to(device), perm[b:]
     active = torch.tensor([True, False, True, False, False, True], device=device)
     lengths = [1, 17, 33, 2, 40, 9]  # each row's new slot is its last position; the rest read-only slots
     ctx = torch.zeros(b, 48, dtype=torch.long)
     for row, n in enumerate(lengths):
-        ctx[row, :n - 1] = others[torch.randperm(len(others), generator=g)[:n - 1]]
-        ctx[row, n - 1:] = slots[row]
+        ctx[row, : n - 1] = others[torch.randperm(len(others), generator=g)[: n - 1]]
+        ctx[row, n - 1 :] = slots[row]
     ctx, lens = ctx.to(device), torch.tensor(lengths, device=device)
     q = torch.randn(b, hq, d, generator=g).to(device, dtype)
     k_new = torch.randn(b, hkv, d, generator=g).to(device, dtype)
@@ -144,8 +153,9 @@ def check_write_and_attend(device="cpu", dtype=torch.float32) -> None:
             ref_k[layer, plane].index_copy_(1, slots, k.transpose(0, 1))
             ref_v[layer, plane].index_copy_(1, slots, v.transpose(0, 1))
             prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
-            out = write_kv_and_attend(q, *kv.plane(layer, plane), *prev, slots, k_new, v_new, active, ctx, lens,
-                                      block=16)
+            out = write_kv_and_attend(
+                q, *kv.plane(layer, plane), *prev, slots, k_new, v_new, active, ctx, lens, block=16
+            )
             assert torch.equal(kv.k, ref_k) and torch.equal(kv.v, ref_v), (layer, plane)
             apart = paged_decode_attention(q, ref_k[layer, plane], ref_v[layer, plane], ctx, lens, block=16)
             assert torch.equal(out, apart), (layer, plane)
@@ -160,13 +170,18 @@ def check_engine(device="cpu") -> None:
     from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import max_replay_error
 
-    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
-              for s in range(3)]
+    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
     model = tiny_model(0).to(device)
     outs = {}
     for attention, gemv in (("torch", "cublas"), ("triton", "cublas"), ("triton", "triton")):
-        llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False,
-                  execution=ExecutionSettings(decode_attention=attention, decode_gemv=gemv))
+        llm = LLM(
+            model,
+            max_num_seqs=3,
+            kv_blocks=16,
+            block_size=4,
+            cuda_graphs=False,
+            execution=ExecutionSettings(decode_attention=attention, decode_gemv=gemv),
+        )
         try:
             assert llm.runner.attention == attention and (llm.runner.gemv is None) == (gemv == "cublas")
             outs[attention, gemv] = llm.generate(prompts(3, seed=1), params)
@@ -210,7 +225,7 @@ def _check_replay_forward(q, k, v, tol) -> None:
         # queries), and the other rows' first, middle and last
         for row, i in [(2, i) for i in range(s)] + [(r, i) for r in range(b - 1) for i in (0, 8, 15, 20)]:
             lo, n = int(start[row, i]), int(length[row, i])
-            planes = [x[row, lo:lo + n].transpose(0, 1).contiguous() for x in (k, v)]
+            planes = [x[row, lo : lo + n].transpose(0, 1).contiguous() for x in (k, v)]
             ctx = torch.arange(n + 5, device=q.device).clamp(max=n - 1)[None]  # another table width
             alone = paged_decode_attention(q[row, i][None], *planes, ctx, torch.tensor([n], device=q.device))
             assert torch.equal(alone[0], out[row, i]), (hq, row, i)
@@ -259,6 +274,7 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
 
     def at_rows(q, k, v, _mask=None):
         return sdpa_attention_at_rows(q, k, v, queries.slots, queries.mask, queries.slot_inverse)
+
     out = paged_replay_attention(*leaves, mask, at_rows, rows=queries.rows)
     assert (out.double() - at_rows(*ref_leaves).double()).abs().max() <= tol
     got = torch.autograd.grad(out, leaves, grad_out)
@@ -282,11 +298,16 @@ def check_replay_mode_engine(device="cpu") -> None:
     from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import max_replay_error
 
-    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
-              for s in range(3)]
+    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
     model = tiny_model(0).to(device)
-    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False,
-              execution=ExecutionSettings(decode_attention="triton"))
+    llm = LLM(
+        model,
+        max_num_seqs=3,
+        kv_blocks=16,
+        block_size=4,
+        cuda_graphs=False,
+        execution=ExecutionSettings(decode_attention="triton"),
+    )
     try:
         outs = llm.generate(prompts(3, seed=1), params)  # prefill runs the replay path too (sdpa here)
     finally:
@@ -311,10 +332,19 @@ def check_width_from_reach(device="cpu") -> None:
     model = tiny_model(0).to(device)
     runs = {}
     for max_tokens in (6, 16):
-        params = [SamplingParams(max_tokens=max_tokens, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
-                  for s in range(3)]
-        llm = LLM(model, max_num_seqs=3, kv_blocks=48, block_size=4, attn_chunk=8, cuda_graphs=False,
-                  execution=ExecutionSettings(decode_attention="triton"))
+        params = [
+            SamplingParams(max_tokens=max_tokens, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+            for s in range(3)
+        ]
+        llm = LLM(
+            model,
+            max_num_seqs=3,
+            kv_blocks=48,
+            block_size=4,
+            attn_chunk=8,
+            cuda_graphs=False,
+            execution=ExecutionSettings(decode_attention="triton"),
+        )
         widths, plain = [], llm.runner._inputs
 
         def spy(*args, plain=plain, widths=widths):
@@ -333,7 +363,10 @@ def check_width_from_reach(device="cpu") -> None:
     assert len({d for o in short for d in o.exit_depths[1:]}) >= 2
     for a, b in zip(short, long, strict=True):
         assert (a.output_token_ids, a.exit_depths, a.log_probs) == (
-            b.output_token_ids[:6], b.exit_depths[:6], b.log_probs[:6])
+            b.output_token_ids[:6],
+            b.exit_depths[:6],
+            b.log_probs[:6],
+        )
 
 
 def check_replay_tables_per_forward(device="cpu") -> None:
@@ -379,9 +412,11 @@ def check_bounds_checks_name_the_bad_index(device="cpu") -> None:
     os.environ["OURO_CHECK_KERNELS"] = "1"
     try:
         paged_decode_attention(q, k_plane, v_plane, ctx, lengths)  # good indices pass
-        cases = {"slot": (ctx.clone().index_fill_(1, torch.tensor([2]), k_plane.shape[1]), lengths, None),
-                 "positions": (ctx, lengths + 16, None),
-                 "program": (ctx, lengths, (torch.tensor([0, 2]), torch.tensor([2, 2])))}
+        cases = {
+            "slot": (ctx.clone().index_fill_(1, torch.tensor([2]), k_plane.shape[1]), lengths, None),
+            "positions": (ctx, lengths + 16, None),
+            "program": (ctx, lengths, (torch.tensor([0, 2]), torch.tensor([2, 2]))),
+        }
         for name, (table, length, blocks) in cases.items():
             try:
                 if blocks is None:
@@ -396,11 +431,17 @@ def check_bounds_checks_name_the_bad_index(device="cpu") -> None:
         del os.environ["OURO_CHECK_KERNELS"]
 
 
-CHECKS = {"attention": check_attention, "batch_invariance": check_batch_invariance,
-          "write_and_attend": check_write_and_attend, "engine": check_engine,
-          "replay_attention": check_replay_attention, "replay_mode_engine": check_replay_mode_engine,
-          "width_from_reach": check_width_from_reach, "replay_tables_per_forward": check_replay_tables_per_forward,
-          "bounds_checks": check_bounds_checks_name_the_bad_index}
+CHECKS = {
+    "attention": check_attention,
+    "batch_invariance": check_batch_invariance,
+    "write_and_attend": check_write_and_attend,
+    "engine": check_engine,
+    "replay_attention": check_replay_attention,
+    "replay_mode_engine": check_replay_mode_engine,
+    "width_from_reach": check_width_from_reach,
+    "replay_tables_per_forward": check_replay_tables_per_forward,
+    "bounds_checks": check_bounds_checks_name_the_bad_index,
+}
 
 if __name__ == "__main__":
     sys.exit(run_checks(CHECKS, sys.argv[1:]))

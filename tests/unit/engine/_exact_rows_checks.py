@@ -33,7 +33,7 @@ def _rms_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _ulps(dtype) -> float:
-    return {torch.float32: 4e-6, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}[dtype]
+    return {torch.float32: 4e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}[dtype]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype, what: str, scale: float = 1.0) -> None:
@@ -58,8 +58,9 @@ def check_reference(device="cpu", dtype=torch.float32, widths=WIDTHS, vocabs=VOC
         gate, up = _data(3, width, dtype, device, 200 + case, scale=3.0), _data(3, width, dtype, device, 300 + case)
         g = gate.double()
         silu = (g / (1 + torch.exp(-g))).to(dtype)
-        _close(exact_rows.silu_mul(gate, up), (silu.double() * up.double()).to(dtype), dtype, f"silu_mul {width}",
-               scale=8)
+        _close(
+            exact_rows.silu_mul(gate, up), (silu.double() * up.double()).to(dtype), dtype, f"silu_mul {width}", scale=8
+        )
     for case, vocab in enumerate(vocabs):
         logits = _data(4, vocab, torch.float32, device, 400 + case, scale=5.0)
         want = torch.log_softmax(logits.double(), dim=-1)
@@ -67,8 +68,7 @@ def check_reference(device="cpu", dtype=torch.float32, widths=WIDTHS, vocabs=VOC
         assert err < 1e-5, f"log_softmax {vocab}: max error {err}"
 
 
-def check_batch_invariance(device="cpu", dtype=torch.float32, width=256, vocab=5000,
-                           rows=(1, 2, 7, 40)) -> None:
+def check_batch_invariance(device="cpu", dtype=torch.float32, width=256, vocab=5000, rows=(1, 2, 7, 40)) -> None:
     """Row i's bits are the same alone, among the first rows of a batch of each size in `rows`,
     reversed, and (silu·up) at any offset of the flat tensor."""
     from ouro_cli.kernels import exact_rows
@@ -85,7 +85,7 @@ def check_batch_invariance(device="cpu", dtype=torch.float32, width=256, vocab=5
         "log_softmax": lambda a, b, c: exact_rows.log_softmax(c),
     }
     for name, op in ops.items():
-        alone = torch.cat([op(x[i:i + 1], h[i:i + 1], logits[i:i + 1]) for i in range(n)])
+        alone = torch.cat([op(x[i : i + 1], h[i : i + 1], logits[i : i + 1]) for i in range(n)])
         for m in rows:
             together = op(x[:m], h[:m], logits[:m])
             assert torch.equal(together, alone[:m]), f"{name}: rows changed with the batch of {m}"
@@ -128,8 +128,9 @@ def check_gradients(device="cpu", dtype=torch.float32, width=48) -> None:
                 assert torch.equal(a, b), f"{name}: gradient of argument {i} differs from the plain formula's"
             else:
                 rtol = 1e-5 if a.dtype == torch.float32 else 2e-2
-                torch.testing.assert_close(a, b, rtol=rtol, atol=rtol * float(b.abs().max()),
-                                           msg=f"{name}: gradient of argument {i}")
+                torch.testing.assert_close(
+                    a, b, rtol=rtol, atol=rtol * float(b.abs().max()), msg=f"{name}: gradient of argument {i}"
+                )
     with torch.no_grad():
         assert exact_rows.rms_norm(x.requires_grad_(True), w, EPS).grad_fn is None
 
@@ -193,15 +194,17 @@ def check_rotary(device="cpu", dtype=torch.float32, heads=(4, 2), head_dim=16, p
     assert not exact_rows.rotary_supported(torch.empty(1, 1, 1, 12))  # half of 12 is not a power of two
 
 
-CHECKS = {"reference_fp32": check_reference,
-          "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
-          "batch_invariance_fp32": check_batch_invariance,
-          "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
-          "gradients_fp32": check_gradients,
-          "gradients_bf16": lambda: check_gradients(dtype=torch.bfloat16),
-          "rotary_fp32": check_rotary,
-          "rotary_bf16": lambda: check_rotary(dtype=torch.bfloat16),
-          "rotary_gqa_odd_heads": lambda: check_rotary(heads=(3, 1), head_dim=8)}
+CHECKS = {
+    "reference_fp32": check_reference,
+    "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
+    "batch_invariance_fp32": check_batch_invariance,
+    "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
+    "gradients_fp32": check_gradients,
+    "gradients_bf16": lambda: check_gradients(dtype=torch.bfloat16),
+    "rotary_fp32": check_rotary,
+    "rotary_bf16": lambda: check_rotary(dtype=torch.bfloat16),
+    "rotary_gqa_odd_heads": lambda: check_rotary(heads=(3, 1), head_dim=8),
+}
 
 
 if __name__ == "__main__":

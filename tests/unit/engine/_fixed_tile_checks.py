@@ -29,20 +29,20 @@ def check_reference(device="cpu", dtype=torch.float32, shapes=SHAPES, rows=ROWS)
             assert_close_to_reference(fixed_tile_linear(x, w), x, w, f"N={n} K={k} M={m}")
 
 
-def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:3], rows=(2, 8, 64, 65, 130, 200)
-                           ) -> None:
+def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:3], rows=(2, 8, 64, 65, 130, 200)) -> None:
     """Row i's output is the same bits alone (M = 1), among the first rows of a batch of each
     size in `rows` (one tile, several, a partial last one) and with the rows reversed."""
     from ouro_cli.kernels.fixed_tile import fixed_tile_linear
 
     for case, (n, k) in enumerate(shapes):
         x, w = operands(max(rows), n, k, dtype, device, seed=10 + case)
-        alone = torch.cat([fixed_tile_linear(x[i:i + 1], w) for i in range(max(rows))])
+        alone = torch.cat([fixed_tile_linear(x[i : i + 1], w) for i in range(max(rows))])
         for m in rows:
             together = fixed_tile_linear(x[:m], w)
             assert torch.equal(together, alone[:m]), f"N={n} K={k} M={m}: rows changed with M"
-            assert torch.equal(fixed_tile_linear(x[:m].flip(0), w).flip(0), together), \
+            assert torch.equal(fixed_tile_linear(x[:m].flip(0), w).flip(0), together), (
                 f"N={n} K={k} M={m}: rows changed with order"
+            )
 
 
 def check_configs(device="cpu", dtype=torch.bfloat16, shapes=((130, 64), (40, 96)), rows=(1, 65, 600)) -> None:
@@ -59,23 +59,24 @@ def check_configs(device="cpu", dtype=torch.bfloat16, shapes=((130, 64), (40, 96
             base = fixed_tile.launch(x, w, fixed_tile.BASE)
             assert_close_to_reference(base, x, w, f"N={n} K={k} M={m}")
             for config in configs:
-                if device == "cpu" and config[0] * config[1] * fixed_tile.block_k(dtype) > 2 ** 20:
+                if device == "cpu" and config[0] * config[1] * fixed_tile.block_k(dtype) > 2**20:
                     continue  # the interpreter's dot as a sum holds BLOCK_M x BLOCK_K x BLOCK_N: its limit
                 assert torch.equal(fixed_tile.launch(x, w, config), base), f"{config} N={n} K={k} M={m}"
-    assert fixed_tile.config_for(10 ** 6, 10 ** 6, torch.float32, "cuda") == fixed_tile.BASE
-    assert fixed_tile.config_for(10 ** 6, 10 ** 6, torch.bfloat16, "cpu") == fixed_tile.BASE
+    assert fixed_tile.config_for(10**6, 10**6, torch.float32, "cuda") == fixed_tile.BASE
+    assert fixed_tile.config_for(10**6, 10**6, torch.bfloat16, "cpu") == fixed_tile.BASE
     assert fixed_tile.CONFIGS[-1][:2] == (None, None)  # every call has a config
     for index, (rows_up_to, columns_up_to, config) in enumerate(fixed_tile.CONFIGS):
         before = [(r, c) for r, c, _ in fixed_tile.CONFIGS[:index]]
-        m = rows_up_to or 10 ** 6  # the largest call the entry holds
-        n = columns_up_to or 10 ** 6
+        m = rows_up_to or 10**6  # the largest call the entry holds
+        n = columns_up_to or 10**6
         if any((r is None or m <= r) and (c is None or n <= c) for r, c in before):
             raise AssertionError(f"CONFIGS entry {index} is never reached at M={m}, N={n}")
         assert fixed_tile.config_for(m, n, torch.bfloat16, "cuda") == config, f"entry {index}"
 
 
-def check_fused_columns(device="cpu", dtype=torch.bfloat16, parts=((40, 96), (24, 96), (64, 96)),
-                        rows=(1, 65, 300)) -> None:
+def check_fused_columns(
+    device="cpu", dtype=torch.bfloat16, parts=((40, 96), (24, 96), (64, 96)), rows=(1, 65, 300)
+) -> None:
     """A weight stacked from parts ([q;k;v], [gate;up]: model/fusion.py, the engine's) gives each
     part's columns the bits that part alone gives: an output column is a function of its own
     weight row and the input row, whatever the matrix's width (the tile shape comes from the
@@ -95,8 +96,12 @@ def check_bad_input(device="cpu") -> None:
     from ouro_cli.kernels.fixed_tile import fixed_tile_linear
 
     x, w = operands(4, 32, 64, torch.float32, device)
-    for what, (xb, wb) in {"K mismatch": (x[:, :48], w), "dtype mismatch": (x.bfloat16(), w),
-                           "fp64": (x.double(), w.double()), "1-D x": (x[0], w)}.items():
+    for what, (xb, wb) in {
+        "K mismatch": (x[:, :48], w),
+        "dtype mismatch": (x.bfloat16(), w),
+        "fp64": (x.double(), w.double()),
+        "1-D x": (x[0], w),
+    }.items():
         try:
             fixed_tile_linear(xb, wb)
         except ValueError:
@@ -146,9 +151,11 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
             finally:
                 ouro.GATHER_BELOW = before
             assert share == 0.0 or min(ran) < depths.numel() or min(out.exit_depths[1:], default=4) == 4, ran
-            ref = logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r, device=device)[:, None]).squeeze(1)
-            assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double().cpu()), \
-                (share, out.exit_depths)
+            ref = logp[m - 1 : m - 1 + len(r)].gather(1, torch.tensor(r, device=device)[:, None]).squeeze(1)
+            assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double().cpu()), (
+                share,
+                out.exit_depths,
+            )
 
 
 def check_exact_engine_grouped(device="cpu", dtype=torch.bfloat16) -> None:
@@ -165,16 +172,18 @@ def check_exact_engine_grouped(device="cpu", dtype=torch.bfloat16) -> None:
         runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP = before
 
 
-CHECKS = {"reference_fp32": check_reference,
-          "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
-          "batch_invariance_fp32": check_batch_invariance,
-          "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
-          "bad_input": check_bad_input,
-          "configs": check_configs,
-          "fused_columns": check_fused_columns,
-          "exact_engine_fp32": check_exact_engine,
-          "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16),
-          "exact_engine_grouped_bf16": check_exact_engine_grouped}
+CHECKS = {
+    "reference_fp32": check_reference,
+    "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
+    "batch_invariance_fp32": check_batch_invariance,
+    "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
+    "bad_input": check_bad_input,
+    "configs": check_configs,
+    "fused_columns": check_fused_columns,
+    "exact_engine_fp32": check_exact_engine,
+    "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16),
+    "exact_engine_grouped_bf16": check_exact_engine_grouped,
+}
 
 
 if __name__ == "__main__":

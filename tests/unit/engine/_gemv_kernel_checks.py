@@ -46,7 +46,7 @@ def assert_close_to_reference(got: torch.Tensor, x: torch.Tensor, w: torch.Tenso
         err = (got.double() - ref).abs().max().item()
         assert err <= 1e-5, f"{what}: |kernel - fp64| = {err:.3g} > 1e-5"
     else:
-        ulp = 2.0 ** -7 if x.dtype == torch.bfloat16 else 2.0 ** -10
+        ulp = 2.0**-7 if x.dtype == torch.bfloat16 else 2.0**-10
         ref = ref.to(x.dtype).double()
         excess = ((got.double() - ref).abs() - (ulp * ref.abs() + 1e-3)).max().item()
         assert excess <= 0, f"{what}: kernel vs fp64 rounded to {x.dtype} beyond 1 ulp (by {excess:.3g})"
@@ -63,8 +63,9 @@ def check_reference(device="cpu", dtype=torch.float32, shapes=SHAPES, rows=ROWS,
                 assert_close_to_reference(small_m_linear(x, w, **config), x, w, f"N={n} K={k} M={m} {config}")
 
 
-def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:2], rows=(3, 8, 16, 40, 64),
-                           configs=CONFIGS) -> None:
+def check_batch_invariance(
+    device="cpu", dtype=torch.float32, shapes=SHAPES[:2], rows=(3, 8, 16, 40, 64), configs=CONFIGS
+) -> None:
     """Row i's output is the same bits alone (M = 1), among the first rows of the batch, in the
     whole batch of each size in `rows` (16-, 32- and two 32-row tiles), and with the rows reversed."""
     from ouro_cli.kernels.gemv import small_m_linear
@@ -72,7 +73,7 @@ def check_batch_invariance(device="cpu", dtype=torch.float32, shapes=SHAPES[:2],
     for case, (n, k) in enumerate(shapes):
         x, w = operands(max(rows), n, k, dtype, device, seed=10 + case)
         for config in configs:
-            alone = torch.cat([small_m_linear(x[i:i + 1], w, **config) for i in range(max(rows))])
+            alone = torch.cat([small_m_linear(x[i : i + 1], w, **config) for i in range(max(rows))])
             for m in rows:
                 together = small_m_linear(x[:m], w, **config)
                 assert torch.equal(together, alone[:m]), f"N={n} K={k} M={m} {config}: rows changed with M"
@@ -118,12 +119,14 @@ def check_auto_routing(device="cpu") -> None:
     assert gemv.stages_that_fit(32, 2, 64, 1024, 2, 4) == 2  # never fewer than 2
 
 
-CHECKS = {"reference_fp32": check_reference,
-          "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
-          "batch_invariance_fp32": check_batch_invariance,
-          "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
-          "bad_input": check_bad_input,
-          "auto_routing": check_auto_routing}
+CHECKS = {
+    "reference_fp32": check_reference,
+    "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
+    "batch_invariance_fp32": check_batch_invariance,
+    "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
+    "bad_input": check_bad_input,
+    "auto_routing": check_auto_routing,
+}
 
 
 if __name__ == "__main__":

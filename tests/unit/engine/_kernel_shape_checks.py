@@ -3,7 +3,8 @@ CPU tests (a small budget under the Triton interpreter, in a process of its own)
 tests (a larger one, and once under compute-sanitizer memcheck):
 
     TRITON_INTERPRET=1 PYTHONPATH=. python tests/unit/engine/_kernel_shape_checks.py [name ...]
-    OURO_SHAPE_EXAMPLES=200 PYTHONPATH=. compute-sanitizer --tool memcheck python tests/unit/engine/_kernel_shape_checks.py
+    OURO_SHAPE_EXAMPLES=200 PYTHONPATH=. compute-sanitizer --tool memcheck python
+    tests/unit/engine/_kernel_shape_checks.py
 
 Each check draws the shapes the kernels meet in real jobs, edges first: context lengths of 1
 to LONGEST (prompts up to 1,024 tokens on the GPU), lengths on a KV tile's boundary and one
@@ -33,9 +34,14 @@ TILE = 64  # decode_attention.BLOCK
 
 # On a GPU a bad access poisons the CUDA context, so every later example fails too: report the
 # first failing draw as drawn instead of shrinking it into a draw that did not fail by itself.
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck),
-                    phases=[Phase.explicit, Phase.generate] if CUDA else list(Phase))
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.generate] if CUDA else list(Phase),
+)
 VERBOSE = os.environ.get("OURO_SHAPE_VERBOSE") == "1"  # print each draw before it runs
 
 
@@ -64,9 +70,14 @@ def _attention_reference(q, k_plane, v_plane, ctx, lengths) -> torch.Tensor:
 
 
 @SETTINGS
-@given(lengths=st.lists(_length(), min_size=1, max_size=12), hkv=st.integers(1, 2), g=st.integers(1, 3),
-       d=st.sampled_from([16, 24, 64]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       seed=st.integers(0, 2**16))
+@given(
+    lengths=st.lists(_length(), min_size=1, max_size=12),
+    hkv=st.integers(1, 2),
+    g=st.integers(1, 3),
+    d=st.sampled_from([16, 24, 64]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
 def check_decode_attention(lengths, hkv, g, d, dtype, seed) -> None:
     """paged_decode_attention: every row equals the fp64 reference, and alone has its bits in
     the batch (the scratch-padded slot table wider than every row, as the engine builds it)."""
@@ -79,7 +90,7 @@ def check_decode_attention(lengths, hkv, g, d, dtype, seed) -> None:
     ctx = torch.full((b, width), used, dtype=torch.long)  # past its length a row points at the scratch slot
     perm, at = torch.randperm(used, generator=gen), 0
     for row, n in enumerate(lengths):
-        ctx[row, :n] = perm[at:at + n]
+        ctx[row, :n] = perm[at : at + n]
         at += n
     ctx, lens = ctx.to(DEVICE), torch.tensor(lengths, device=DEVICE)
     q = torch.randn(b, hkv * g, d, generator=gen).to(DEVICE, dtype)
@@ -88,13 +99,21 @@ def check_decode_attention(lengths, hkv, g, d, dtype, seed) -> None:
     err = (out.cpu().double() - _attention_reference(q, k_plane, v_plane, ctx, lens)).abs().max().item()
     assert err <= tol, f"lengths {lengths}: max error {err}"
     row = int(torch.randint(0, b, (1,), generator=gen))
-    alone = paged_decode_attention(q[row:row + 1], k_plane, v_plane, ctx[row:row + 1, :lengths[row]], lens[row:row + 1])
-    assert torch.equal(alone, out[row:row + 1]), f"row {row} of lengths {lengths} changed alone"
+    alone = paged_decode_attention(
+        q[row : row + 1], k_plane, v_plane, ctx[row : row + 1, : lengths[row]], lens[row : row + 1]
+    )
+    assert torch.equal(alone, out[row : row + 1]), f"row {row} of lengths {lengths} changed alone"
 
 
 @SETTINGS
-@given(b=st.integers(1, 4), s=_length(), hkv=st.integers(1, 2), g=st.integers(1, 2),
-       part=st.floats(0.05, 1.0), seed=st.integers(0, 2**16))
+@given(
+    b=st.integers(1, 4),
+    s=_length(),
+    hkv=st.integers(1, 2),
+    g=st.integers(1, 2),
+    part=st.floats(0.05, 1.0),
+    seed=st.integers(0, 2**16),
+)
 @example(b=4, s=1, hkv=1, g=1, part=1.0, seed=0)  # one position per row: its lengths are a broadcast view
 def check_replay_attention(b, s, hkv, g, part, seed) -> None:
     """The replay's attention through the blocked decode kernel (replay_attention.paged_forward):
@@ -107,8 +126,7 @@ def check_replay_attention(b, s, hkv, g, part, seed) -> None:
     if VERBOSE:
         print(f"replay_attention b={b} s={s} hkv={hkv} g={g} part={part} seed={seed}", flush=True)
     gen = _generator(seed)
-    q, k, v = (torch.randn(b, s, heads, 16, generator=gen).to(DEVICE)
-               for heads in (hkv * g, hkv, hkv))
+    q, k, v = (torch.randn(b, s, heads, 16, generator=gen).to(DEVICE) for heads in (hkv * g, hkv, hkv))
     try:
         out = paged_forward(q, k, v, None)
         err = (out.double() - sdpa_attention(q, k, v, None).double()).abs().max().item()
@@ -122,9 +140,13 @@ def check_replay_attention(b, s, hkv, g, part, seed) -> None:
 
 
 @SETTINGS
-@given(m=st.one_of(st.sampled_from([1, 63, 64, 65, 128, 129, 256, 257]), st.integers(1, ROWS)),
-       n=st.sampled_from([1, 24, 64, 130, 200]), k=st.sampled_from([16, 40, 64, 96, 200]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
+@given(
+    m=st.one_of(st.sampled_from([1, 63, 64, 65, 128, 129, 256, 257]), st.integers(1, ROWS)),
+    n=st.sampled_from([1, 24, 64, 130, 200]),
+    k=st.sampled_from([16, 40, 64, 96, 200]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
 def check_fixed_tile(m, n, k, dtype, seed) -> None:
     """fixed_tile_linear at any row count: the fp64 reference to a rounding, and a drawn row
     alone has its bits in the batch."""
@@ -135,12 +157,17 @@ def check_fixed_tile(m, n, k, dtype, seed) -> None:
     y = fixed_tile_linear(x, w)
     assert_close_to_reference(y, x, w, f"fixed tile {m}x{n}x{k}")
     row = seed % m
-    assert torch.equal(fixed_tile_linear(x[row:row + 1], w), y[row:row + 1]), f"row {row} of {m} changed alone"
+    assert torch.equal(fixed_tile_linear(x[row : row + 1], w), y[row : row + 1]), f"row {row} of {m} changed alone"
 
 
 @SETTINGS
-@given(m=st.integers(1, 64), n=st.sampled_from([8, 24, 130, 256]), k=st.sampled_from([16, 40, 128, 200]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
+@given(
+    m=st.integers(1, 64),
+    n=st.sampled_from([8, 24, 130, 256]),
+    k=st.sampled_from([16, 40, 128, 200]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
 def check_gemv(m, n, k, dtype, seed) -> None:
     """small_m_linear (the decode step's small-batch matmul) at 1 to 64 rows: the reference."""
     from ouro_cli.kernels.gemv import small_m_linear
@@ -151,9 +178,13 @@ def check_gemv(m, n, k, dtype, seed) -> None:
 
 
 @SETTINGS
-@given(rows=st.integers(1, ROWS), width=st.sampled_from([8, 48, 100, 256, 2048]),
-       vocab=st.sampled_from([11, 4096, 4097, 50000 if CUDA else 5000]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
+@given(
+    rows=st.integers(1, ROWS),
+    width=st.sampled_from([8, 48, 100, 256, 2048]),
+    vocab=st.sampled_from([11, 4096, 4097, 50000 if CUDA else 5000]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
 def check_row_kernels(rows, width, vocab, dtype, seed) -> None:
     """exact_rows' norms, silu·up, log-softmax and RoPE at any row count: a drawn row alone has
     its bits in the batch, and the norm and log-softmax equal their fp64 references."""
@@ -164,16 +195,21 @@ def check_row_kernels(rows, width, vocab, dtype, seed) -> None:
     w, w2 = (_data(1, width, dtype, DEVICE, seed + i)[0] for i in (2, 3))
     logits = _data(min(rows, 64), vocab, torch.float32, DEVICE, seed + 4, 5.0)
     r = seed % rows
-    outputs = {"rms": (exact_rows.rms_norm, (x, w, 1e-6)),
-               "add_then_norm": (exact_rows.add_rms_norm_then_norm, (h, x, w, w2, 1e-6)),
-               "silu_mul": (exact_rows.silu_mul, (h, x)),
-               "log_softmax": (exact_rows.log_softmax, (logits,))}
+    outputs = {
+        "rms": (exact_rows.rms_norm, (x, w, 1e-6)),
+        "add_then_norm": (exact_rows.add_rms_norm_then_norm, (h, x, w, w2, 1e-6)),
+        "silu_mul": (exact_rows.silu_mul, (h, x)),
+        "log_softmax": (exact_rows.log_softmax, (logits,)),
+    }
     for name, (fn, args) in outputs.items():
-        full, alone = fn(*args), fn(*(a[r % a.shape[0]:r % a.shape[0] + 1] if torch.is_tensor(a) and a.dim() == 2
-                                      else a for a in args))
-        for f, a in zip(full if isinstance(full, tuple) else (full,), alone if isinstance(alone, tuple) else (alone,),
-                        strict=True):
-            assert torch.equal(f[r % f.shape[0]:r % f.shape[0] + 1], a), f"{name}: row {r} of {rows} changed alone"
+        full, alone = (
+            fn(*args),
+            fn(*(a[r % a.shape[0] : r % a.shape[0] + 1] if torch.is_tensor(a) and a.dim() == 2 else a for a in args)),
+        )
+        for f, a in zip(
+            full if isinstance(full, tuple) else (full,), alone if isinstance(alone, tuple) else (alone,), strict=True
+        ):
+            assert torch.equal(f[r % f.shape[0] : r % f.shape[0] + 1], a), f"{name}: row {r} of {rows} changed alone"
     _close(exact_rows.rms_norm(x, w, 1e-6), _rms_reference(x, w), dtype, f"rms_norm {rows}x{width}", scale=4)
     err = (exact_rows.log_softmax(logits).double() - torch.log_softmax(logits.double(), -1)).abs().max().item()
     assert err < 1e-5, f"log_softmax {vocab}: max error {err}"
@@ -183,25 +219,33 @@ def check_row_kernels(rows, width, vocab, dtype, seed) -> None:
     cos, sin = (f(angle).to(DEVICE, dtype)[:, None, :] for f in (torch.cos, torch.sin))
     if exact_rows.rotary_supported(q):
         full = exact_rows.rotary(q, kk, cos, sin)
-        alone = exact_rows.rotary(q[r:r + 1], kk[r:r + 1], cos[r:r + 1], sin[r:r + 1])
-        assert all(torch.equal(f[r:r + 1], a) for f, a in zip(full, alone, strict=True)), f"rotary row {r}"
+        alone = exact_rows.rotary(q[r : r + 1], kk[r : r + 1], cos[r : r + 1], sin[r : r + 1])
+        assert all(torch.equal(f[r : r + 1], a) for f, a in zip(full, alone, strict=True)), f"rotary row {r}"
 
 
 @SETTINGS
-@given(b=st.integers(1, 64), n=st.one_of(st.sampled_from([1, 1023, 1024, 1025]), st.integers(1, 60000)),
-       seed=st.integers(0, 2**62))
+@given(
+    b=st.integers(1, 64),
+    n=st.one_of(st.sampled_from([1, 1023, 1024, 1025]), st.integers(1, 60000)),
+    seed=st.integers(0, 2**62),
+)
 def check_uniform(b, n, seed) -> None:
     """The sampling uniforms' kernel: the torch reference's bits at any batch and vocabulary."""
     from ouro_cli.engine.request_rng import torch_uniform
     from ouro_cli.kernels.uniform import uniform
 
-    keys = torch.randint(-2**62, 2**62, (b,), generator=_generator(seed % 2**31), dtype=torch.long).to(DEVICE)
+    keys = torch.randint(-(2**62), 2**62, (b,), generator=_generator(seed % 2**31), dtype=torch.long).to(DEVICE)
     assert torch.equal(uniform(keys, n), torch_uniform(keys, n)), f"B {b} n {n}"
 
 
-CHECKS = {"decode_attention": check_decode_attention, "replay_attention": check_replay_attention,
-          "fixed_tile": check_fixed_tile, "gemv": check_gemv, "row_kernels": check_row_kernels,
-          "uniform": check_uniform}
+CHECKS = {
+    "decode_attention": check_decode_attention,
+    "replay_attention": check_replay_attention,
+    "fixed_tile": check_fixed_tile,
+    "gemv": check_gemv,
+    "row_kernels": check_row_kernels,
+    "uniform": check_uniform,
+}
 
 if __name__ == "__main__":
     sys.exit(run_checks(CHECKS, sys.argv[1:]))

@@ -51,7 +51,7 @@ def check_rows_alone(device="cpu") -> None:
     k = keys(device)
     batch = uniform(k, 2000)
     for row in range(len(SEEDS)):
-        assert torch.equal(uniform(k[row:row + 1], 2000)[0], batch[row]), row
+        assert torch.equal(uniform(k[row : row + 1], 2000)[0], batch[row]), row
 
 
 def check_bad_input(device="cpu") -> None:

@@ -21,8 +21,19 @@ T = 4
 
 
 def threshold_params(mode: str, n: int = 6) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=12 + i % 3, temperature=0.9, seed=40 + i, logprobs=0, exit_threshold=0.5,
-                           exit_mode=mode, min_loops=1 + i % 2, ignore_eos=True) for i in range(n)]
+    return [
+        SamplingParams(
+            max_tokens=12 + i % 3,
+            temperature=0.9,
+            seed=40 + i,
+            logprobs=0,
+            exit_threshold=0.5,
+            exit_mode=mode,
+            min_loops=1 + i % 2,
+            ignore_eos=True,
+        )
+        for i in range(n)
+    ]
 
 
 def generate(model, params, **options):
@@ -74,12 +85,14 @@ def test_the_exit_flag_is_read_after_the_next_loop_is_queued(model, monkeypatch)
     reads = [i for i, e in enumerate(events) if e == "read"]
     assert reads, "the async path never read an exit flag"
     for i in reads:  # record (after loop t) -> loop t + 1 queued -> read
-        assert events[i - 2:i] == ["record", "loop"], events[i - 3:i + 1]
+        assert events[i - 2 : i] == ["record", "loop"], events[i - 3 : i + 1]
 
 
 def test_fixed_budgets_and_traces_are_unchanged(model):
-    params = [SamplingParams(max_tokens=10, seed=1, logprobs=0, max_loops=3, ignore_eos=True),
-              SamplingParams(max_tokens=10, seed=2, logprobs=0, exit_mode="trace", exit_trace=(2, 1, 4), ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=10, seed=1, logprobs=0, max_loops=3, ignore_eos=True),
+        SamplingParams(max_tokens=10, seed=2, logprobs=0, exit_mode="trace", exit_trace=(2, 1, 4), ignore_eos=True),
+    ]
     sync, _ = generate(model, params)
     asyn, _ = generate(model, params, async_scheduling=True)
     assert_same(sync, asyn, logprob_tol=0.0)

@@ -40,7 +40,12 @@ def test_factory_loader(model):
     assert load_factory(DEFAULT_FACTORY) is load_factory("ouro_cli.engine.factory.default_factory")
     engine = make_engine_from_path(DEFAULT_FACTORY, model, max_num_seqs=1, kv_blocks=8, block_size=4)
     assert isinstance(engine, LLM)
-    for bad in ("nodots", "ouro_cli.engine.factory:missing", "no_such_module_xyz:f", "ouro_cli.engine.factory:DEFAULT_FACTORY"):
+    for bad in (
+        "nodots",
+        "ouro_cli.engine.factory:missing",
+        "no_such_module_xyz:f",
+        "ouro_cli.engine.factory:DEFAULT_FACTORY",
+    ):
         with pytest.raises(UserError):
             make_engine_from_path(bad, model)
     with pytest.raises(UserError, match="contract"):
@@ -51,11 +56,23 @@ def not_an_engine(model, **options):
     return object()
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_k=0), dict(logprobs=5),
-    dict(logprobs_mode="scaled"), dict(exit_mode="later"), dict(exit_mode="trace"), dict(exit_threshold=0),
-    dict(min_loops=0), dict(min_loops=3, max_loops=2), dict(seed=-1),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(max_tokens=0),
+        dict(temperature=-1),
+        dict(top_p=0),
+        dict(top_k=0),
+        dict(logprobs=5),
+        dict(logprobs_mode="scaled"),
+        dict(exit_mode="later"),
+        dict(exit_mode="trace"),
+        dict(exit_threshold=0),
+        dict(min_loops=0),
+        dict(min_loops=3, max_loops=2),
+        dict(seed=-1),
+    ],
+)
 def test_invalid_sampling_params(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
@@ -63,7 +80,10 @@ def test_invalid_sampling_params(kwargs):
 
 def test_params_checked_against_the_model(make_engine, model):
     engine = make_engine(model, max_num_seqs=2, kv_blocks=16, block_size=4)
-    for params in (SamplingParams(max_loops=5), SamplingParams(min_loops=4, max_loops=None, exit_trace=(9,), exit_mode="trace")):
+    for params in (
+        SamplingParams(max_loops=5),
+        SamplingParams(min_loops=4, max_loops=None, exit_trace=(9,), exit_mode="trace"),
+    ):
         with pytest.raises(ValueError):
             engine.generate([[1, 2]], params)
     with pytest.raises(ValueError):
@@ -87,7 +107,7 @@ def test_stop_tokens_eos_and_lengths(make_engine):
     first = free.output_token_ids.index(stop)
     (stopped,) = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop]))
     assert stopped.finish_reason == "stop"
-    assert stopped.output_token_ids == free.output_token_ids[:first + 1]  # the stop token is kept
+    assert stopped.output_token_ids == free.output_token_ids[: first + 1]  # the stop token is kept
     assert len(stopped.exit_depths) == first + 1
     (one,) = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=1))
     assert one.finish_reason in ("length", "stop") and one.exit_depths == [4]
@@ -114,8 +134,9 @@ def test_processed_and_raw_logprobs_with_top_k_top_p(make_engine, model):
     Checked against an fp64 recomputation written here from the replayed logits."""
     engine = make_engine(model, max_num_seqs=4, kv_blocks=64, block_size=4)
     common = dict(max_tokens=10, logprobs=0, exit_threshold=0.5, ignore_eos=True, temperature=0.7, top_k=8, top_p=0.8)
-    proc, raw = engine.generate([prompts(1)[0]] * 2, [SamplingParams(seed=3, **common),
-                                                       SamplingParams(seed=3, logprobs_mode="raw", **common)])
+    proc, raw = engine.generate(
+        [prompts(1)[0]] * 2, [SamplingParams(seed=3, **common), SamplingParams(seed=3, logprobs_mode="raw", **common)]
+    )
     assert proc.output_token_ids == raw.output_token_ids and proc.exit_depths == raw.exit_depths
     logits = _reference_logits(model, proc)
     for j, tok in enumerate(proc.output_token_ids):
@@ -134,8 +155,9 @@ def test_processed_and_raw_logprobs_with_top_k_top_p(make_engine, model):
 
 def test_greedy(make_engine, model):
     engine = make_engine(model, max_num_seqs=2, kv_blocks=64, block_size=4)
-    (out,) = engine.generate([[9, 8, 7, 6]], SamplingParams(max_tokens=8, temperature=0.0, logprobs=0, max_loops=2,
-                                                             ignore_eos=True))
+    (out,) = engine.generate(
+        [[9, 8, 7, 6]], SamplingParams(max_tokens=8, temperature=0.0, logprobs=0, max_loops=2, ignore_eos=True)
+    )
     logits = _reference_logits(model, out)
     assert out.output_token_ids == logits.argmax(-1).tolist()
     assert out.log_probs == [0.0] * 8  # the sampled distribution is a point mass
@@ -160,6 +182,7 @@ def test_checkpoint_path_with_tokenizer_json(tmp_path, model):
     if not hasattr(checkpoint, "read_checkpoint"):
         pytest.skip("ouro_cli.checkpoint.read_checkpoint is not available yet")
     from safetensors.torch import save_file
+
     tokenizers = pytest.importorskip("tokenizers")
 
     model.config.save(tmp_path)
@@ -169,7 +192,9 @@ def test_checkpoint_path_with_tokenizer_json(tmp_path, model):
     tok.save(str(tmp_path / "tokenizer.json"))
     engine = LLM(str(tmp_path), dtype=torch.float32, max_num_seqs=1, kv_blocks=16, block_size=4)
     (a,) = engine.generate(["w5 w6"], SamplingParams(max_tokens=4, seed=0, logprobs=0))
-    (b,) = LLM(model, max_num_seqs=1, kv_blocks=16, block_size=4).generate([[5, 6]], SamplingParams(max_tokens=4, seed=0, logprobs=0))
+    (b,) = LLM(model, max_num_seqs=1, kv_blocks=16, block_size=4).generate(
+        [[5, 6]], SamplingParams(max_tokens=4, seed=0, logprobs=0)
+    )
     assert a.output_token_ids == b.output_token_ids and a.text is not None
 
 

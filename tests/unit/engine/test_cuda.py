@@ -17,8 +17,10 @@ from .test_replay import max_replay_error
 
 pytestmark = pytest.mark.gpu
 
-PARAMS = [SamplingParams(max_tokens=12, seed=s, logprobs=0, exit_threshold=0.5, exit_mode=m, ignore_eos=True)
-          for s, m in enumerate(["immediate", "delayed", "immediate", "delayed", "immediate"])]
+PARAMS = [
+    SamplingParams(max_tokens=12, seed=s, logprobs=0, exit_threshold=0.5, exit_mode=m, ignore_eos=True)
+    for s, m in enumerate(["immediate", "delayed", "immediate", "delayed", "immediate"])
+]
 
 
 def _generate(model, n, graphs, params=PARAMS):
@@ -72,13 +74,15 @@ def test_cuda_prefill_graph_gives_the_eager_bits():
     try:
         llm.core.restore_memory()  # the cache, if the engine holds none yet
         graphed = runner.prefill(item)
-        cached = kv.k[..., 8:8 + len(tokens), :].clone(), kv.v[..., 8:8 + len(tokens), :].clone()
+        cached = kv.k[..., 8 : 8 + len(tokens), :].clone(), kv.v[..., 8 : 8 + len(tokens), :].clone()
         kv.k.zero_(), kv.v.zero_()
         graphs, runner.graphs = runner.graphs, None  # graphs off: the eager prefill at the same width
         eager = runner.prefill(item)
         runner.graphs = graphs
         assert torch.equal(graphed, eager)
-        assert torch.equal(cached[0], kv.k[..., 8:8 + len(tokens), :]) and torch.equal(cached[1], kv.v[..., 8:8 + len(tokens), :])
+        assert torch.equal(cached[0], kv.k[..., 8 : 8 + len(tokens), :]) and torch.equal(
+            cached[1], kv.v[..., 8 : 8 + len(tokens), :]
+        )
         assert llm.work_counters()["prefill_steps_graphed"] == 1
     finally:
         llm.close()
@@ -92,8 +96,9 @@ def test_cuda_prefill_groups_give_a_prompt_its_bits_alone(monkeypatch, dtype):
     monkeypatch.setattr(runner_module, "MAX_PREFILL_GROUP_FP32", runner_module.MAX_PREFILL_GROUP)
     model = tiny_model(0).to("cuda", dtype)
     t = model.num_loops
-    items = [PrefillItem(p, [t] * len(p), list(range(16 * i, 16 * i + len(p))))
-             for i, p in enumerate(prompts(6, seed=2))]
+    items = [
+        PrefillItem(p, [t] * len(p), list(range(16 * i, 16 * i + len(p)))) for i, p in enumerate(prompts(6, seed=2))
+    ]
     used = 16 * len(items)
     results = []
     for graphs in (True, False):

@@ -21,8 +21,17 @@ from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
-CHECKS = ["attention", "batch_invariance", "write_and_attend", "engine", "replay_attention", "replay_mode_engine",
-          "width_from_reach", "replay_tables_per_forward", "bounds_checks"]
+CHECKS = [
+    "attention",
+    "batch_invariance",
+    "write_and_attend",
+    "engine",
+    "replay_attention",
+    "replay_mode_engine",
+    "width_from_reach",
+    "replay_tables_per_forward",
+    "bounds_checks",
+]
 
 
 report, test_decode_kernels_under_the_interpreter = interpreted_tests("_decode_kernel_checks.py", CHECKS)

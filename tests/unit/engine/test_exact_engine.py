@@ -23,8 +23,10 @@ T = 4
 
 def _generate(model, execution, max_num_seqs=4, n=6):
     llm = LLM(model, max_num_seqs=max_num_seqs, kv_blocks=64, block_size=4, execution=execution)
-    params = [SamplingParams(max_tokens=14, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5,
-                             ignore_eos=True) for s in range(n)]
+    params = [
+        SamplingParams(max_tokens=14, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+        for s in range(n)
+    ]
     try:
         return llm.generate(prompts(n, seed=1), params)
     finally:
@@ -37,7 +39,7 @@ def _replay(model, out) -> torch.Tensor:
     depths = torch.tensor([[T] * m + out.exit_depths[1:] + [T]])
     with torch.no_grad(), executing(model.execution):
         logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
-    return logp[m - 1:m - 1 + len(r)].gather(1, torch.tensor(r)[:, None]).squeeze(1)
+    return logp[m - 1 : m - 1 + len(r)].gather(1, torch.tensor(r)[:, None]).squeeze(1)
 
 
 def _max_mismatch(model, outs) -> float:
@@ -62,12 +64,21 @@ def test_default_mode_in_bf16_is_not_exact():
 
 
 def test_exact_chooses_its_kernels_and_is_recorded():
-    assert EXACT.effective("cpu") == {"compile": "off", "compile_layers": "off", "decode_attention": "exact",
-                                      "decode_gemv": "exact", "replay_attention": "exact", "exact": "on"}
+    assert EXACT.effective("cpu") == {
+        "compile": "off",
+        "compile_layers": "off",
+        "decode_attention": "exact",
+        "decode_gemv": "exact",
+        "replay_attention": "exact",
+        "exact": "on",
+    }
     assert not ExecutionSettings(exact=True, compile="auto").compiles("cuda")
     assert ExecutionSettings().effective("cpu")["exact"] == "off"
-    for kwargs, named in ((dict(decode_gemv="triton"), "--decode-gemv"), (dict(replay_attention="paged"),
-                          "--replay-attention"), (dict(compile="always"), "--compile always")):
+    for kwargs, named in (
+        (dict(decode_gemv="triton"), "--decode-gemv"),
+        (dict(replay_attention="paged"), "--replay-attention"),
+        (dict(compile="always"), "--compile always"),
+    ):
         with pytest.raises(SettingError, match=f"--exact chooses its kernels itself .*drop {named}"):
             ExecutionSettings(exact=True, **kwargs)
     ExecutionSettings(exact=True, compile="off", compile_layers="off").check("cpu")
@@ -82,8 +93,18 @@ def test_pd_workers_compute_in_exact_mode_too():
     model = tiny_model(0).to(torch.bfloat16)
     params = [SamplingParams(max_tokens=8, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
     batch = prompts(3, seed=2)
-    pd = make_pd_engine(tiny_model(0).to(torch.bfloat16), [0], [1], timeout=60, device="cpu", max_num_seqs=1,
-                        kv_blocks=64, block_size=4, transport="shm", execution=EXACT)
+    pd = make_pd_engine(
+        tiny_model(0).to(torch.bfloat16),
+        [0],
+        [1],
+        timeout=60,
+        device="cpu",
+        max_num_seqs=1,
+        kv_blocks=64,
+        block_size=4,
+        transport="shm",
+        execution=EXACT,
+    )
     try:
         got = pd.generate(batch, params)
     finally:
@@ -108,8 +129,10 @@ def test_exact_true_is_the_exact_settings_in_the_engine_and_the_trainer():
     llm = LLM(model, max_num_seqs=4, kv_blocks=64, block_size=4, exact=True)
     try:
         assert llm.model.execution == EXACT
-        params = [SamplingParams(max_tokens=14, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5,
-                                 ignore_eos=True) for s in range(6)]
+        params = [
+            SamplingParams(max_tokens=14, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+            for s in range(6)
+        ]
         outs = llm.generate(prompts(6, seed=1), params)
     finally:
         llm.close()

@@ -17,8 +17,17 @@ from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
-CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_invariance_bf16", "gradients_fp32",
-          "gradients_bf16", "rotary_fp32", "rotary_bf16", "rotary_gqa_odd_heads"]
+CHECKS = [
+    "reference_fp32",
+    "reference_bf16",
+    "batch_invariance_fp32",
+    "batch_invariance_bf16",
+    "gradients_fp32",
+    "gradients_bf16",
+    "rotary_fp32",
+    "rotary_bf16",
+    "rotary_gqa_odd_heads",
+]
 
 
 report, test_exact_row_kernels_under_the_interpreter = interpreted_tests("_exact_rows_checks.py", CHECKS)

@@ -20,9 +20,18 @@ from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
-CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_invariance_bf16", "bad_input", "configs",
-          "fused_columns",
-          "exact_engine_fp32", "exact_engine_bf16", "exact_engine_grouped_bf16"]
+CHECKS = [
+    "reference_fp32",
+    "reference_bf16",
+    "batch_invariance_fp32",
+    "batch_invariance_bf16",
+    "bad_input",
+    "configs",
+    "fused_columns",
+    "exact_engine_fp32",
+    "exact_engine_bf16",
+    "exact_engine_grouped_bf16",
+]
 
 
 report, test_fixed_tile_kernel_under_the_interpreter = interpreted_tests("_fixed_tile_checks.py", CHECKS)

@@ -19,8 +19,14 @@ from ._interpreted import interpreted_tests
 
 pytest.importorskip("triton")
 
-CHECKS = ["reference_fp32", "reference_bf16", "batch_invariance_fp32", "batch_invariance_bf16", "bad_input",
-          "auto_routing"]
+CHECKS = [
+    "reference_fp32",
+    "reference_bf16",
+    "batch_invariance_fp32",
+    "batch_invariance_bf16",
+    "bad_input",
+    "auto_routing",
+]
 
 
 report, test_gemv_kernel_under_the_interpreter = interpreted_tests("_gemv_kernel_checks.py", CHECKS)

@@ -24,8 +24,16 @@ T = 4
 
 
 def cache(num_blocks: int = 10) -> PagedKVCache:
-    return PagedKVCache(num_layers=2, num_loops=T, num_blocks=num_blocks, block_size=4, num_kv_heads=2, head_dim=8,
-                        dtype=torch.float32, device="cpu")
+    return PagedKVCache(
+        num_layers=2,
+        num_loops=T,
+        num_blocks=num_blocks,
+        block_size=4,
+        num_kv_heads=2,
+        head_dim=8,
+        dtype=torch.float32,
+        device="cpu",
+    )
 
 
 def test_views_share_one_buffer_and_scale_with_planes():
@@ -89,8 +97,12 @@ def test_budget_view_with_exits_and_preemption_matches_replay(model, k):
     the replay."""
     llm = LLM(model, max_num_seqs=6, kv_blocks=12, block_size=4)
     try:
-        params = [SamplingParams(max_tokens=16, temperature=1.0, seed=s, logprobs=0, max_loops=k, exit_threshold=0.5,
-                                 ignore_eos=True) for s in range(6)]
+        params = [
+            SamplingParams(
+                max_tokens=16, temperature=1.0, seed=s, logprobs=0, max_loops=k, exit_threshold=0.5, ignore_eos=True
+            )
+            for s in range(6)
+        ]
         outs = llm.generate(prompts(6, seed=4), params)
         assert llm.kv.planes == k and llm.kv.k.shape[1] == k
         assert llm.work_counters()["preemptions"] > 0, "the cache should be too small to hold every sequence"

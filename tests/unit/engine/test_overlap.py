@@ -16,8 +16,10 @@ STOPS = tuple(range(0, 96, 9))  # ~1 token in 9 of the tiny vocabulary: most req
 
 
 def run(model, n: int, *, overlap: bool, stops: bool = True, **options):
-    params = [dataclasses.replace(p, stop_token_ids=STOPS if stops and i % 3 else (), max_tokens=p.max_tokens + 6)
-              for i, p in enumerate(params_mix(n))]
+    params = [
+        dataclasses.replace(p, stop_token_ids=STOPS if stops and i % 3 else (), max_tokens=p.max_tokens + 6)
+        for i, p in enumerate(params_mix(n))
+    ]
     llm = LLM(model, overlap=overlap, **{"max_num_seqs": 8, "kv_blocks": 128, "block_size": 4, **options})
     try:
         return llm.generate(prompts(n, seed=3), params), llm.work_counters()

@@ -44,8 +44,17 @@ def test_sampler_follows_the_processed_distribution(temperature, top_k, top_p):
 def test_sampler_rows_use_only_their_own_stream():
     logits = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
     together = sample(processed_logprobs(logits, _batch(3, seed=10)), _batch(3, seed=10))
-    alone = [int(sample(processed_logprobs(logits[i:i + 1], b := SamplingBatch([1.0], [-1], [1.0],
-             [RequestRng(10 + i)], torch.device("cpu"))), b)) for i in range(3)]
+    alone = [
+        int(
+            sample(
+                processed_logprobs(
+                    logits[i : i + 1], b := SamplingBatch([1.0], [-1], [1.0], [RequestRng(10 + i)], torch.device("cpu"))
+                ),
+                b,
+            )
+        )
+        for i in range(3)
+    ]
     assert together.tolist() == alone
 
 
@@ -56,8 +65,9 @@ def test_request_rng_is_a_pure_function_of_seed_and_draw():
     assert RequestRng(8).next_key() not in keys
     u = uniform(keys, 5000, "cpu")
     # the vectorized int64 hash equals the pure-Python one (wrap-around, logical shifts)
-    assert [float(u[i, j]) for i in range(3) for j in (0, 1, 4999)] == \
-        [reference_uniform(k, j) for k in keys for j in (0, 1, 4999)]
+    assert [float(u[i, j]) for i in range(3) for j in (0, 1, 4999)] == [
+        reference_uniform(k, j) for k in keys for j in (0, 1, 4999)
+    ]
     assert 0 < float(u.min()) and float(u.max()) < 1
     # uniform on (0, 1): mean 1/2, variance 1/12, deciles near 1/10 each, draws uncorrelated
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
@@ -91,8 +101,16 @@ def test_allocator():
 
 
 def test_slots_and_last_exited_copy():
-    kv = PagedKVCache(num_layers=2, num_loops=4, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=2,
-                      dtype=torch.float32, device="cpu")
+    kv = PagedKVCache(
+        num_layers=2,
+        num_loops=4,
+        num_blocks=4,
+        block_size=2,
+        num_kv_heads=1,
+        head_dim=2,
+        dtype=torch.float32,
+        device="cpu",
+    )
     assert kv.slots([3, 1], 0, 4) == [6, 7, 2, 3]
     slots, valid = kv.slot_table(torch.tensor([[3, 1]]), torch.tensor([3]), width=4)
     assert slots.tolist() == [[6, 7, 2, kv.scratch_slot]] and valid.tolist() == [[True, True, True, False]]
@@ -108,8 +126,14 @@ def test_slots_and_last_exited_copy():
 
 def _seq(i, prompt_len, max_tokens):
     p = SamplingParams(max_tokens=max_tokens).resolved(4, 0)
-    return Sequence(index=i, request_id=str(i), prompt=[1] * prompt_len, params=p, rng=RequestRng(0),
-                    max_kv_tokens=prompt_len + max_tokens - 1)
+    return Sequence(
+        index=i,
+        request_id=str(i),
+        prompt=[1] * prompt_len,
+        params=p,
+        rng=RequestRng(0),
+        max_kv_tokens=prompt_len + max_tokens - 1,
+    )
 
 
 def test_scheduler_preempts_the_youngest_and_requeues_in_order():
@@ -146,8 +170,10 @@ def test_identical_prompts_share_one_prefill_bit_for_bit():
     model = tiny_model(0)
     p, q = prompts(2, seed=3)
     batch = [p, p, q, p, q]
-    params = [SamplingParams(max_tokens=8, seed=s, temperature=1.0, logprobs=0, exit_threshold=0.5, ignore_eos=True)
-              for s in range(len(batch))]
+    params = [
+        SamplingParams(max_tokens=8, seed=s, temperature=1.0, logprobs=0, exit_threshold=0.5, ignore_eos=True)
+        for s in range(len(batch))
+    ]
     runs = {}
     for n in (1, 5):
         llm = LLM(model, max_num_seqs=n, kv_blocks=64, block_size=4)

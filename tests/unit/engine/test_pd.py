@@ -51,7 +51,7 @@ def _publish(engine, version: int, model) -> None:
     engine.start_weight_update(version)
     items = [(n, p.detach().clone()) for n, p in model.named_parameters()]
     for i in range(0, len(items), 5):
-        engine.update_weights(items[i:i + 5])
+        engine.update_weights(items[i : i + 5])
     engine.finish_weight_update()
 
 
@@ -141,8 +141,9 @@ def _generate_in_thread(engine: PDEngine, max_tokens: int) -> tuple[threading.Th
 
     def body():
         try:
-            result["outs"] = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=max_tokens, seed=0,
-                                                                          ignore_eos=True))
+            result["outs"] = engine.generate(
+                [[1, 2, 3]], SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
+            )
         except Exception as err:  # noqa: BLE001
             result["error"], result["at"] = err, time.monotonic()
 
@@ -206,8 +207,17 @@ def test_pd_on_one_gpu_matches_the_local_engine(transport):
     ps, params = prompts(3, seed=7), _params()[:4]
     ps.append(ps[0])
     expected = LLM(tiny_model(0), device="cuda", max_num_seqs=1, kv_blocks=64, block_size=4).generate(ps, params)
-    with make_pd_engine(tiny_model(0), [0], [0], device="cuda", timeout=120, max_num_seqs=1, kv_blocks=64,
-                        block_size=4, transport=transport) as engine:
+    with make_pd_engine(
+        tiny_model(0),
+        [0],
+        [0],
+        device="cuda",
+        timeout=120,
+        max_num_seqs=1,
+        kv_blocks=64,
+        block_size=4,
+        transport=transport,
+    ) as engine:
         assert engine.devices() == {"cuda:0"} and engine.transport == transport
         for a, b in zip(engine.generate(ps, params), expected, strict=True):
             _same(a, b)

@@ -89,7 +89,9 @@ def test_a_prompt_prefills_to_the_same_bits_alone_or_in_a_group(buckets_on_cpu, 
     llm = LLM(model, max_num_seqs=8, kv_blocks=64, block_size=4)
     prefiller, kv = llm.core.runner, llm.core.kv
     t = model.num_loops
-    items = [PrefillItem(p, [t] * len(p), list(range(16 * i, 16 * i + len(p)))) for i, p in enumerate(prompts(6, seed=2))]
+    items = [
+        PrefillItem(p, [t] * len(p), list(range(16 * i, 16 * i + len(p)))) for i, p in enumerate(prompts(6, seed=2))
+    ]
     used = 16 * len(items)
     try:
         together = prefiller.prefill_many(items)

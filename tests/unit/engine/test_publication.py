@@ -30,7 +30,7 @@ def setup(make_engine):
 
 def chunks(weights: dict[str, torch.Tensor], size: int = 7, prefix: str = ""):
     items = [(prefix + name, t.detach().clone()) for name, t in weights.items()]
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def publish(engine, version, weights, **kw):
@@ -114,9 +114,11 @@ def test_bad_chunks_are_rejected_before_any_copy(setup, bad):
         engine.update_weights([good])
         chunk = [("model.embed_tokens.weight", new["model.embed_tokens.weight"].detach().clone()), good]
     else:
-        wrong = {"unknown": ("model.layers.0.self_attn.q_bias", torch.zeros(3)),
-                 "duplicate": good,
-                 "shape": ("lm_head.weight", torch.zeros(2, 2))}[bad]
+        wrong = {
+            "unknown": ("model.layers.0.self_attn.q_bias", torch.zeros(3)),
+            "duplicate": good,
+            "shape": ("lm_head.weight", torch.zeros(2, 2)),
+        }[bad]
         chunk = [good, wrong]
     before = snapshot(model)
     with pytest.raises(EngineError):

@@ -14,13 +14,20 @@ from .conftest import tiny_model
 
 def test_copy_into_matches_per_tensor_copy_and_keeps_storage():
     g = torch.Generator().manual_seed(0)
-    dsts = [torch.zeros(3, 4), torch.zeros(4, 3), torch.zeros(5, dtype=torch.bfloat16), torch.zeros(2, 2),
-            torch.zeros(7, dtype=torch.float64)]
-    srcs = [torch.randn(3, 4, generator=g),
-            torch.randn(3, 4, generator=g).t(),                     # non-contiguous source
-            torch.randn(5, generator=g),                            # fp32 into bf16
-            torch.randn(2, 2, generator=g, dtype=torch.float64),    # fp64 into fp32
-            torch.randn(7, generator=g, dtype=torch.float64)]       # a group of one
+    dsts = [
+        torch.zeros(3, 4),
+        torch.zeros(4, 3),
+        torch.zeros(5, dtype=torch.bfloat16),
+        torch.zeros(2, 2),
+        torch.zeros(7, dtype=torch.float64),
+    ]
+    srcs = [
+        torch.randn(3, 4, generator=g),
+        torch.randn(3, 4, generator=g).t(),  # non-contiguous source
+        torch.randn(5, generator=g),  # fp32 into bf16
+        torch.randn(2, 2, generator=g, dtype=torch.float64),  # fp64 into fp32
+        torch.randn(7, generator=g, dtype=torch.float64),
+    ]  # a group of one
     expected = [d.clone().copy_(s) for d, s in zip(dsts, srcs, strict=True)]
     ptrs = [d.data_ptr() for d in dsts]
     copy_into(dsts, srcs)

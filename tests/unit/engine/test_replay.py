@@ -61,8 +61,19 @@ def test_fixed_budget_matches_replay(make_engine, model, k):
 
 @pytest.mark.parametrize("mode,min_loops", [("immediate", 1), ("immediate", 2), ("delayed", 1)])
 def test_threshold_exits_match_replay(make_engine, model, mode, min_loops):
-    params = [SamplingParams(max_tokens=14, temperature=1.0, seed=s, logprobs=0, exit_threshold=0.5,
-                             exit_mode=mode, min_loops=min_loops, ignore_eos=True) for s in range(6)]
+    params = [
+        SamplingParams(
+            max_tokens=14,
+            temperature=1.0,
+            seed=s,
+            logprobs=0,
+            exit_threshold=0.5,
+            exit_mode=mode,
+            min_loops=min_loops,
+            ignore_eos=True,
+        )
+        for s in range(6)
+    ]
     outs = run(make_engine, model, params, n=6)
     depths = {d for o in outs for d in o.exit_depths[1:]}
     assert len(depths) >= 3, f"the gate should produce mixed exits, got depths {depths}"
@@ -75,8 +86,9 @@ def test_threshold_exits_match_replay(make_engine, model, mode, min_loops):
 
 def test_trace_policy_replays_given_depths(make_engine, model):
     trace = (3, 1, 4, 2, 2, 1, 3, 4, 1)
-    params = SamplingParams(max_tokens=12, seed=3, logprobs=0, exit_mode="trace", exit_trace=trace, max_loops=3,
-                            ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=12, seed=3, logprobs=0, exit_mode="trace", exit_trace=trace, max_loops=3, ignore_eos=True
+    )
     outs = run(make_engine, model, params, n=3)
     for out in outs:
         assert tuple(out.exit_depths[1:10]) == trace
@@ -85,10 +97,17 @@ def test_trace_policy_replays_given_depths(make_engine, model):
 
 
 def test_mixed_policies_in_one_batch(make_engine, model):
-    kinds = [dict(max_loops=2), dict(exit_threshold=0.5), dict(exit_threshold=0.4, exit_mode="delayed"),
-             dict(max_loops=1), dict(exit_threshold=0.6, min_loops=2, max_loops=3)]
-    params = [SamplingParams(max_tokens=10 + i, temperature=0.7 + 0.1 * i, seed=i, logprobs=0, ignore_eos=True, **kw)
-              for i, kw in enumerate(kinds)]
+    kinds = [
+        dict(max_loops=2),
+        dict(exit_threshold=0.5),
+        dict(exit_threshold=0.4, exit_mode="delayed"),
+        dict(max_loops=1),
+        dict(exit_threshold=0.6, min_loops=2, max_loops=3),
+    ]
+    params = [
+        SamplingParams(max_tokens=10 + i, temperature=0.7 + 0.1 * i, seed=i, logprobs=0, ignore_eos=True, **kw)
+        for i, kw in enumerate(kinds)
+    ]
     outs = run(make_engine, model, params, n=len(params))
     for out, p in zip(outs, params, strict=True):
         assert max_replay_error(model, [out], p.temperature) <= TOL
@@ -99,8 +118,7 @@ def test_exit_depths_follow_the_gate(make_engine, model):
     with the CDF computed from the replayed hidden states of that token."""
     tau = 0.5
     for mode in ("immediate", "delayed"):
-        params = SamplingParams(max_tokens=10, seed=11, logprobs=0, exit_threshold=tau, exit_mode=mode,
-                                ignore_eos=True)
+        params = SamplingParams(max_tokens=10, seed=11, logprobs=0, exit_threshold=tau, exit_mode=mode, ignore_eos=True)
         (out,) = run(make_engine, model, params, n=1)
         m, r = len(out.prompt_token_ids), out.output_token_ids
         for j in range(1, len(r)):

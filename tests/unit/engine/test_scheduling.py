@@ -14,10 +14,17 @@ from .test_replay import max_replay_error
 
 
 def params_mix(n: int) -> list[SamplingParams]:
-    modes = [dict(exit_threshold=0.5), dict(max_loops=3), dict(exit_threshold=0.45, exit_mode="delayed"),
-             dict(max_loops=2, top_k=20), dict(exit_threshold=0.5, top_p=0.9)]
-    return [SamplingParams(max_tokens=8 + 2 * (i % 4), seed=100 + i, logprobs=0, ignore_eos=True, **modes[i % len(modes)])
-            for i in range(n)]
+    modes = [
+        dict(exit_threshold=0.5),
+        dict(max_loops=3),
+        dict(exit_threshold=0.45, exit_mode="delayed"),
+        dict(max_loops=2, top_k=20),
+        dict(exit_threshold=0.5, top_p=0.9),
+    ]
+    return [
+        SamplingParams(max_tokens=8 + 2 * (i % 4), seed=100 + i, logprobs=0, ignore_eos=True, **modes[i % len(modes)])
+        for i in range(n)
+    ]
 
 
 def generate(make_engine, model, *, max_num_seqs=4, kv_blocks=128, block_size=4, n=7, **options):

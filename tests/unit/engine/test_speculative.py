@@ -40,6 +40,7 @@ def small_vocab_model():
 def target_marginals(model) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact marginals of out[1] and out[2] under full-depth sampling at TEMP (fp64 sums of the
     dense model's probabilities: p(a) p(b|a) p(c|a,b) over every a, b)."""
+
     def probs(seqs: list[list[int]]) -> torch.Tensor:
         with torch.no_grad():
             logits = model(torch.tensor(seqs))[:, -1].double()
@@ -63,15 +64,18 @@ def chi_square_p(counts: torch.Tensor, expected_p: torch.Tensor) -> float:
     obs, exp = obs[keep], exp[keep]
     stat = float(((obs - exp) ** 2 / exp).sum())
     df = len(obs) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 def speculative_marginal_p_values(model) -> tuple[float, float]:
     llm = LLM(model, max_num_seqs=256, kv_blocks=512, block_size=4)
     try:
-        params = [SamplingParams(max_tokens=4, temperature=TEMP, seed=s, ignore_eos=True, speculative_tokens=3)
-                  for s in range(SAMPLES)]
+        params = [
+            SamplingParams(max_tokens=4, temperature=TEMP, seed=s, ignore_eos=True, speculative_tokens=3)
+            for s in range(SAMPLES)
+        ]
         outs = llm.generate([PROMPT] * SAMPLES, params)
         counters = llm.work_counters()
     finally:
@@ -96,8 +100,18 @@ def test_a_wrong_acceptance_rule_is_caught(small_vocab_model, monkeypatch):
 
 
 def spec_params(n: int, **kw) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=10 + i % 5, temperature=0.7 + 0.1 * (i % 4), seed=50 + i, logprobs=0,
-                           ignore_eos=True, speculative_tokens=1 + i % 4, **kw) for i in range(n)]
+    return [
+        SamplingParams(
+            max_tokens=10 + i % 5,
+            temperature=0.7 + 0.1 * (i % 4),
+            seed=50 + i,
+            logprobs=0,
+            ignore_eos=True,
+            speculative_tokens=1 + i % 4,
+            **kw,
+        )
+        for i in range(n)
+    ]
 
 
 def generate(model, params, *, n_prompts=None, max_num_seqs=4, kv_blocks=128, **options):
@@ -122,8 +136,9 @@ def test_the_cache_holds_full_depth_kv_after_speculation(model):
     every plane must hold what a dense full-depth forward of the same tokens produces."""
     llm = LLM(model, max_num_seqs=1, kv_blocks=16, block_size=4)  # one sequence: slots 0, 1, 2, ... in order
     try:
-        (out,) = llm.generate(prompts(1, seed=9), SamplingParams(max_tokens=16, seed=3, ignore_eos=True,
-                                                                  speculative_tokens=3))
+        (out,) = llm.generate(
+            prompts(1, seed=9), SamplingParams(max_tokens=16, seed=3, ignore_eos=True, speculative_tokens=3)
+        )
         tokens = out.prompt_token_ids + out.output_token_ids[:-1]  # what the cache holds when it finishes
         ref: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         with torch.no_grad():
@@ -138,8 +153,12 @@ def test_the_cache_holds_full_depth_kv_after_speculation(model):
 
 
 def test_draft_loops_and_raw_logprobs(model):
-    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=s, logprobs=0, ignore_eos=True,
-                             speculative_tokens=3, draft_loops=d) for s, d in enumerate((1, 3))]
+    params = [
+        SamplingParams(
+            max_tokens=12, temperature=1.0, seed=s, logprobs=0, ignore_eos=True, speculative_tokens=3, draft_loops=d
+        )
+        for s, d in enumerate((1, 3))
+    ]
     outs, _ = generate(model, params)
     assert max_replay_error(model, outs, 1.0) <= 1e-5
     raw = [dataclasses.replace(p, logprobs_mode="raw", temperature=0.7) for p in params]
@@ -172,8 +191,10 @@ def test_every_row_is_counted(model):
 
 
 def test_greedy_speculation_is_greedy_target_decoding(model):
-    spec = [SamplingParams(max_tokens=12, temperature=0.0, seed=s, logprobs=0, ignore_eos=True, speculative_tokens=3)
-            for s in range(4)]
+    spec = [
+        SamplingParams(max_tokens=12, temperature=0.0, seed=s, logprobs=0, ignore_eos=True, speculative_tokens=3)
+        for s in range(4)
+    ]
     plain = [SamplingParams(max_tokens=12, temperature=0.0, seed=s, logprobs=0, ignore_eos=True) for s in range(4)]
     a, _ = generate(model, spec)
     b, _ = generate(model, plain)
@@ -194,12 +215,15 @@ def test_a_stop_token_ends_the_step(model):
         assert max_replay_error(model, [out], p.temperature) <= 1e-5
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(exit_threshold=0.5), "exit_threshold=1"),
-    (dict(exit_mode="delayed"), "exit_mode='immediate'"),
-    (dict(speculative_tokens=-1), "speculative_tokens must be >= 0"),
-    (dict(draft_loops=0), "draft_loops >= 1"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(exit_threshold=0.5), "exit_threshold=1"),
+        (dict(exit_mode="delayed"), "exit_mode='immediate'"),
+        (dict(speculative_tokens=-1), "speculative_tokens must be >= 0"),
+        (dict(draft_loops=0), "draft_loops >= 1"),
+    ],
+)
 def test_incompatible_params_fail_clearly(bad, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**{"speculative_tokens": 3, **bad})

@@ -26,6 +26,7 @@ def record_compiles(monkeypatch) -> list[str]:
 
 def forbid_compiles(monkeypatch) -> None:
     """Make any compilation of a pointwise function an AssertionError naming it."""
+
     def refuse(fn, dynamic=None):
         raise AssertionError(f"{fn.__name__} was compiled")
 

@@ -23,7 +23,9 @@ def _rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
     out = x.clone()
     for i in range(half):
         # docs/model.md §2: the angles and cos/sin are computed in fp32, whatever the model dtype.
-        inv_freq = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(theta, dtype=torch.float32) ** torch.tensor(2 * i / d, dtype=torch.float32)
+        inv_freq = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(theta, dtype=torch.float32) ** torch.tensor(
+            2 * i / d, dtype=torch.float32
+        )
         angle = torch.tensor(float(pos), dtype=torch.float32) * inv_freq
         c, s = float(torch.cos(angle)), float(torch.sin(angle))
         out[i] = x[i] * c - x[i + half] * s
@@ -57,7 +59,10 @@ def reference_logits(state: dict[str, torch.Tensor], cfg, tokens: list[int], dep
                 for head in range(hq):
                     g = head // (hq // hkv)
                     qh = _rope(q[head], j, theta)
-                    scores = torch.tensor([float(qh @ keys[(t, layer_i)][i][g]) / math.sqrt(dh) for i in range(j + 1)], dtype=torch.float64)
+                    scores = torch.tensor(
+                        [float(qh @ keys[(t, layer_i)][i][g]) / math.sqrt(dh) for i in range(j + 1)],
+                        dtype=torch.float64,
+                    )
                     probs = torch.softmax(scores, dim=0)
                     heads.append(sum(probs[i] * values[(t, layer_i)][i][g] for i in range(j + 1)))
                 attn = w[p + "self_attn.o_proj.weight"] @ torch.cat(heads)

@@ -28,9 +28,15 @@ def test_padding_either_side_matches_single_sequences(model64):
         pad = torch.zeros(2, dtype=torch.long)
         ids_b = torch.cat([pad, b]) if left else torch.cat([b, pad])
         dep_b = torch.cat([pad + 1, db]) if left else torch.cat([db, pad + 1])
-        mask_b = torch.cat([pad, torch.ones(4, dtype=torch.long)]) if left else torch.cat([torch.ones(4, dtype=torch.long), pad])
+        mask_b = (
+            torch.cat([pad, torch.ones(4, dtype=torch.long)])
+            if left
+            else torch.cat([torch.ones(4, dtype=torch.long), pad])
+        )
         ids = torch.stack([a, ids_b])
-        out = model64(ids, depths=torch.stack([da, dep_b]), attention_mask=torch.stack([torch.ones(6, dtype=torch.long), mask_b]))
+        out = model64(
+            ids, depths=torch.stack([da, dep_b]), attention_mask=torch.stack([torch.ones(6, dtype=torch.long), mask_b])
+        )
         assert torch.allclose(out[0], solo_a, atol=1e-12, rtol=0)
         got_b = out[1, 2:] if left else out[1, :4]
         assert torch.allclose(got_b, solo_b, atol=1e-12, rtol=0)

@@ -80,8 +80,16 @@ def test_eager_block_keeps_layers_uncompiled(monkeypatch):
         model(torch.randint(3, 100, (1, 8)))
 
 
-@pytest.mark.parametrize("mode,replay,on", [("auto", "sdpa", True), ("auto", "paged", False), ("on", "sdpa", True),
-                                            ("off", "sdpa", False), ("off", "paged", False)])
+@pytest.mark.parametrize(
+    "mode,replay,on",
+    [
+        ("auto", "sdpa", True),
+        ("auto", "paged", False),
+        ("on", "sdpa", True),
+        ("off", "sdpa", False),
+        ("off", "paged", False),
+    ],
+)
 def test_modes(mode, replay, on):
     assert ExecutionSettings(compile_layers=mode, replay_attention=replay).layer_regions is on
 
@@ -98,7 +106,8 @@ def test_masked_forward_runs_on_an_aligned_width_where_the_regions_compile(monke
     """Where the layer regions compile, a padded or packed forward runs on a width that is a
     multiple of 8 (padding columns, masked out), and its logits are the eager ones at every
     real position: on CUDA a region guards on the attention bias's row alignment, and an
-    unaligned micro-batch after an aligned one compiled both regions again (docs/performance.md#train). Eager, nothing is padded."""
+    unaligned micro-batch after an aligned one compiled both regions again (docs/performance.md#train). Eager, nothing
+    is padded."""
     from ouro_cli.model import ouro
 
     widths = []

@@ -31,7 +31,7 @@ def _rows(m: int, k: int, dtype, seed: int = 0) -> torch.Tensor:
 def _assert_rows_invariant(fn, x: torch.Tensor, what: str) -> None:
     """fn's row i is the same bits alone, in every prefix of x, in reverse and in a shuffled
     order (other places in the tiles, other tails)."""
-    alone = torch.cat([fn(x[i:i + 1]) for i in range(x.shape[0])])
+    alone = torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
     for m in ROW_COUNTS:
         if m <= x.shape[0]:
             assert torch.equal(fn(x[:m]), alone[:m]), f"{what}: rows changed at {m} rows"
@@ -82,7 +82,7 @@ def test_row_functions_are_batch_invariant_and_right(dtype):
 
 def _assert_close(got: torch.Tensor, ref: torch.Tensor, dtype) -> None:
     """Within a few roundings of `dtype` of the fp64 value (relative, absolute near 0)."""
-    rtol = 1e-5 if dtype == torch.float32 else 2 ** -6
+    rtol = 1e-5 if dtype == torch.float32 else 2**-6
     excess = ((got.double() - ref).abs() - rtol * (ref.abs() + 1)).max().item()
     assert excess <= 0, excess
 
@@ -102,17 +102,19 @@ def test_gradients_are_right_in_fp64():
     ids = torch.zeros(2, 4, dtype=torch.long)
     mask = SequenceLayout.build(ids, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])).mask
     for m in (None, mask):
-        torch.autograd.gradcheck(lambda a, b, c, m=m: exact.dense_attention(a, b, c, m, sdpa_attention), (q, k, val),
-                                 fast_mode=True)
+        torch.autograd.gradcheck(
+            lambda a, b, c, m=m: exact.dense_attention(a, b, c, m, sdpa_attention), (q, k, val), fast_mode=True
+        )
 
 
 # ---- attention: decode over the paged cache == replay in the whole sequence ---------------
+
 
 def _paged_cache(k: torch.Tensor, v: torch.Tensor, seed: int = 0):
     """k/v [B, S, Hkv, D] scattered to random slots of a plane [Hkv, slots, D] that holds junk
     (NaN) elsewhere -> (k_plane, v_plane, slot table [B, S])."""
     b, s, hkv, d = k.shape
-    slots = torch.randperm(b * s + 50, generator=torch.Generator().manual_seed(seed))[:b * s].view(b, s)
+    slots = torch.randperm(b * s + 50, generator=torch.Generator().manual_seed(seed))[: b * s].view(b, s)
     k_plane = torch.full((hkv, b * s + 50, d), float("nan"), dtype=k.dtype)
     v_plane = k_plane.clone()
     k_plane[:, slots.reshape(-1)] = k.reshape(b * s, hkv, d).transpose(0, 1)
@@ -138,8 +140,9 @@ def test_decode_attention_has_the_bits_of_the_replay(dtype, s):
         valid = torch.arange(width)[None, :] <= i
         out = exact.paged_attention(q[:, i], k_plane, v_plane, table, valid.expand(b, width))
         assert torch.equal(out, replay[:, i]), f"query {i}: decode differs from the replay"
-        alone = exact.paged_attention(q[:1, i], k_plane, v_plane, table[:1, :64 * (i // 64 + 1)],
-                                      valid[:, :64 * (i // 64 + 1)])
+        alone = exact.paged_attention(
+            q[:1, i], k_plane, v_plane, table[:1, : 64 * (i // 64 + 1)], valid[:, : 64 * (i // 64 + 1)]
+        )
         assert torch.equal(alone, replay[:1, i]), f"query {i}: decode alone differs"
 
 
@@ -156,7 +159,7 @@ def test_replay_attention_is_the_same_padded_packed_or_alone(dtype):
     out = exact.dense_forward(*packed, layout.mask)[0]
     start = 0
     for n, ref in zip(lengths, alone, strict=True):
-        assert torch.equal(out[start:start + n], ref)
+        assert torch.equal(out[start : start + n], ref)
         start += n
     width = 75  # padded rows, left and right
     for left in (False, True):
@@ -172,11 +175,12 @@ def test_replay_attention_is_the_same_padded_packed_or_alone(dtype):
         layout = SequenceLayout.build(mask, attention_mask=mask)
         out = exact.dense_forward(*batch, layout.mask)
         for i, (n, ref) in enumerate(zip(lengths, alone, strict=True)):
-            got = out[i, width - n:] if left else out[i, :n]
+            got = out[i, width - n :] if left else out[i, :n]
             assert torch.equal(got, ref), f"row {i} (left={left})"
 
 
 # ---- the model --------------------------------------------------------------------------
+
 
 def _model(dtype, exact_mode: bool = True):
     model = build(tiny_config(), dtype=dtype, seed=4, std=0.1)
@@ -201,13 +205,14 @@ def test_model_logits_are_bitwise_the_same_alone_padded_and_packed(dtype):
         mask = torch.stack([F.pad(torch.ones(len(i), dtype=torch.long), (0, width - len(i))) for i, _ in seqs])
         padded = model(ids, depths=dep, attention_mask=mask)
         docs = torch.cat([torch.full((len(i),), j) for j, (i, _) in enumerate(seqs)])[None]
-        packed = model(torch.cat([i for i, _ in seqs])[None], depths=torch.cat([d for _, d in seqs])[None],
-                       document_ids=docs)[0]
+        packed = model(
+            torch.cat([i for i, _ in seqs])[None], depths=torch.cat([d for _, d in seqs])[None], document_ids=docs
+        )[0]
     start = 0
     for j, ref in enumerate(alone):
         n = ref.shape[0]
         assert torch.equal(padded[j, :n], ref), f"sequence {j} padded"
-        assert torch.equal(packed[start:start + n], ref), f"sequence {j} packed"
+        assert torch.equal(packed[start : start + n], ref), f"sequence {j} packed"
         start += n
     default = _model(dtype, exact_mode=False)
     with torch.no_grad():

@@ -15,7 +15,9 @@ SEQ = 7
 
 @pytest.fixture(scope="module")
 def cfg():
-    return tiny_config(vocab_size=48, hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2)
+    return tiny_config(
+        vocab_size=48, hidden_size=32, intermediate_size=40, num_attention_heads=4, num_key_value_heads=2
+    )
 
 
 @pytest.fixture(scope="module")

@@ -56,8 +56,11 @@ def test_stacked_weights_multiply_as_one_matrix_with_a_gradient_each():
     # tests/unit/engine/_fixed_tile_checks.py check_fused_columns)
     g = torch.Generator().manual_seed(1)
     x, ws = torch.randn(7, 16, generator=g), [torch.randn(n, 16, generator=g) for n in (8, 4)]
-    torch.autograd.gradcheck(lambda a, b, c: exact.linear(a, (b, c)),
-                             (x.double().requires_grad_(), *(w.double().requires_grad_() for w in ws)), fast_mode=True)
+    torch.autograd.gradcheck(
+        lambda a, b, c: exact.linear(a, (b, c)),
+        (x.double().requires_grad_(), *(w.double().requires_grad_() for w in ws)),
+        fast_mode=True,
+    )
 
 
 def test_project_keeps_one_product_per_weight_on_cpu():

@@ -46,9 +46,15 @@ def run(model, recompute=False):
     ids, depths, valid, docs = (x.to(device) for x in batch())
     model.zero_grad(set_to_none=True)
     states, planes = {}, {}
-    logits = model(ids, depths, attention_mask=valid, document_ids=docs, recompute=recompute,
-                   state_sink=lambda t, h: states.__setitem__(t, h.detach()),
-                   kv_sink=lambda t, i, k, v: planes.__setitem__((t, i), (k.detach(), v.detach())))
+    logits = model(
+        ids,
+        depths,
+        attention_mask=valid,
+        document_ids=docs,
+        recompute=recompute,
+        state_sink=lambda t, h: states.__setitem__(t, h.detach()),
+        kv_sink=lambda t, i, k, v: planes.__setitem__((t, i), (k.detach(), v.detach())),
+    )
     weight = torch.randn(logits.shape, generator=torch.Generator().manual_seed(1)).to(device)
     (logits * weight * valid[..., None]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -69,8 +75,11 @@ def test_gathered_loops_equal_the_dense_replay(gather_below, recompute):
         assert sum(ouro.positions_per_loop(depths, valid)) < T * depths.numel()  # it does gather
         logits, grads, states, planes = run(model, recompute)
         torch.testing.assert_close(logits[real], want_logits[real], rtol=1e-5, atol=1e-6)
-        assert grads.keys() == want_grads.keys() == {n for n, _ in model.named_parameters()} - {
-            "model.early_exit_gate.weight", "model.early_exit_gate.bias"}
+        assert (
+            grads.keys()
+            == want_grads.keys()
+            == {n for n, _ in model.named_parameters()} - {"model.early_exit_gate.weight", "model.early_exit_gate.bias"}
+        )
         for name, grad in grads.items():
             torch.testing.assert_close(grad, want_grads[name], rtol=1e-5, atol=1e-6, msg=name)
         assert planes.keys() == want_planes.keys()
@@ -82,8 +91,9 @@ def test_gathered_loops_equal_the_dense_replay(gather_below, recompute):
             torch.testing.assert_close(h[real], want_states[t][real], rtol=1e-5, atol=1e-6)
         for t in range(2, T + 1):  # a position past its depth holds the exit state of its own last loop
             h, done = states[t], real & (depths < t)
-            last = torch.stack([states[int(d)][b, i] for b, i, d in
-                                zip(*done.nonzero(as_tuple=True), depths[done], strict=True)])
+            last = torch.stack(
+                [states[int(d)][b, i] for b, i, d in zip(*done.nonzero(as_tuple=True), depths[done], strict=True)]
+            )
             assert torch.equal(h[done], last)
 
 

@@ -56,7 +56,7 @@ def test_eager_block_never_compiles(monkeypatch):
             pointwise.rms_norm(x, w, 1e-6)
         except AssertionError:
             return
-    raise AssertionError("outside the eager block, compile=\"always\" must compile")
+    raise AssertionError('outside the eager block, compile="always" must compile')
 
 
 def test_settings_come_from_the_block_never_the_environment(monkeypatch):
@@ -79,8 +79,11 @@ def test_compiled_bf16_keeps_eager_roundings():
     w1, w2 = ((torch.rand(256, generator=g) + 0.5).bfloat16() for _ in range(2))
     q, k = (torch.randn(2, 5, 4, 32, generator=g).bfloat16() for _ in range(2))
     cos, sin = (torch.randn(2, 5, 32, generator=g).bfloat16() for _ in range(2))
-    for fn, args in [(formulas.add_rms_norm_then_norm, (h, x, w1, w2, 1e-6)), (formulas.rotary, (q, k, cos, sin)),
-                     (formulas.silu_mul, (h, x))]:
+    for fn, args in [
+        (formulas.add_rms_norm_then_norm, (h, x, w1, w2, 1e-6)),
+        (formulas.rotary, (q, k, cos, sin)),
+        (formulas.silu_mul, (h, x)),
+    ]:
         eager, compiled = fn(*args), compiling.compiled(fn)(*args)
         eager, compiled = (e if isinstance(e, tuple) else (e,) for e in (eager, compiled))
         for a, b in zip(eager, compiled, strict=True):

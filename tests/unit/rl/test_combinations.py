@@ -40,8 +40,10 @@ SPELLINGS = {
 def test_every_pair_is_tested_or_refused(capsys):
     counts = table.counts()
     with capsys.disabled():
-        print(f"\noption pairs: {counts['tested']} tested, {counts['refused']} refused, "
-              f"{counts['untested']} untested (of {counts['pairs']})")
+        print(
+            f"\noption pairs: {counts['tested']} tested, {counts['refused']} refused, "
+            f"{counts['untested']} untested (of {counts['pairs']})"
+        )
     assert counts["untested"] == 0
     assert counts["tested"] + counts["refused"] == counts["pairs"] == len(table.OPTIONS) * (len(table.OPTIONS) - 1) // 2
     for a, b in table.REFUSED:
@@ -71,7 +73,7 @@ def _test_source(node: str) -> str:
     for other in tests.values():
         if other.name != name:
             start = min([other.lineno, *(d.lineno for d in other.decorator_list)])
-            lines[start - 1:other.end_lineno] = [""] * (other.end_lineno - start + 1)
+            lines[start - 1 : other.end_lineno] = [""] * (other.end_lineno - start + 1)
     return "\n".join(lines)
 
 
@@ -112,4 +114,6 @@ def test_every_other_pair_passes_validation(monkeypatch):
 
 
 def test_the_doc_holds_the_generated_table():
-    assert table.documented() == table.markdown(), "docs/grpo.md §7 is stale: python -m ouro_cli.rl.combinations --write"
+    assert table.documented() == table.markdown(), (
+        "docs/grpo.md §7 is stale: python -m ouro_cli.rl.combinations --write"
+    )

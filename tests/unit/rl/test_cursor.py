@@ -30,7 +30,9 @@ def reference_order(seed: int, epoch: int, size: int) -> list[int]:
     return sorted(range(size), key=lambda i: (keys[i], i))
 
 
-@pytest.mark.parametrize("seed,epoch,size", [(0, 0, 1), (0, 0, 10), (1, 0, 10), (1, 1, 10), (2**64 - 1, 7, 33), (1234, 3, 1000)])
+@pytest.mark.parametrize(
+    "seed,epoch,size", [(0, 0, 1), (0, 0, 10), (1, 0, 10), (1, 1, 10), (2**64 - 1, 7, 33), (1234, 3, 1000)]
+)
 def test_order_matches_reference(seed, epoch, size):
     order = epoch_order(seed, epoch, size).tolist()
     assert order == reference_order(seed, epoch, size)
@@ -98,8 +100,17 @@ def test_load_rejects_other_seed_or_size():
         DataCursor(10, 1).load_state_dict({"seed": 1, "size": 10, "epoch": 0, "offset": 10})
 
 
-@pytest.mark.parametrize("kwargs", [dict(size=0, seed=0), dict(size=3, seed=-1), dict(size=3, seed=2**64),
-                                    dict(size=3, seed=0, offset=3), dict(size=3, seed=0, epoch=-1), dict(size=3, seed=1.0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(size=0, seed=0),
+        dict(size=3, seed=-1),
+        dict(size=3, seed=2**64),
+        dict(size=3, seed=0, offset=3),
+        dict(size=3, seed=0, epoch=-1),
+        dict(size=3, seed=1.0),
+    ],
+)
 def test_bad_construction(kwargs):
     with pytest.raises(ValueError):
         DataCursor(**kwargs)

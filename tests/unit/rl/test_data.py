@@ -21,8 +21,11 @@ GOOD = {"prompt": "What is 2+3?", "label": 5, "metadata": {"problem_id": "p0"}}
 
 
 def test_good_rows(tmp_path):
-    chat = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}],
-            "label": "2", "extra": "ignored"}
+    chat = {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}],
+        "label": "2",
+        "extra": "ignored",
+    }
     path = write(tmp_path, [GOOD, "", chat, {"prompt": "x", "label": [1, 2], "metadata": {"problem_id": 7}}])
     rows = load_dataset(path)
     assert [r.index for r in rows] == [0, 1, 2]
@@ -40,7 +43,7 @@ def test_sha256_is_of_the_bytes(tmp_path):
 
 BAD = [
     ('{"prompt": "x", "label": 1', "bad JSON"),
-    ('[1, 2]', "expected a JSON object, got a array"),
+    ("[1, 2]", "expected a JSON object, got a array"),
     ({"label": 1}, 'missing "prompt"'),
     ({"prompt": "x"}, 'missing "label"'),
     ({"prompt": "x", "label": None}, '"label" is null'),
@@ -55,8 +58,8 @@ BAD = [
     ({"prompt": [{"role": "user", "content": " "}], "label": 1}, "every message content is blank"),
     ({"prompt": 5, "label": 1}, '"prompt" is a number'),
     ({"prompt": "x", "label": 1, "metadata": []}, '"metadata" is a array'),
-    ({"prompt": "x", "label": 1, "metadata": {"problem_id": 1.5}}, "problem_id\" is a number"),
-    ({"prompt": "x", "label": 1, "metadata": {"problem_id": True}}, "problem_id\" is a boolean"),
+    ({"prompt": "x", "label": 1, "metadata": {"problem_id": 1.5}}, 'problem_id" is a number'),
+    ({"prompt": "x", "label": 1, "metadata": {"problem_id": True}}, 'problem_id" is a boolean'),
 ]
 
 
@@ -104,5 +107,11 @@ def test_missing_empty_and_not_utf8(tmp_path):
 
 def test_bom_and_crlf_are_accepted(tmp_path):
     path = tmp_path / "win.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\r\n" + json.dumps({"prompt": "b", "label": 1}).encode() + b"\r\n")
+    path.write_bytes(
+        b"\xef\xbb\xbf"
+        + json.dumps(GOOD).encode()
+        + b"\r\n"
+        + json.dumps({"prompt": "b", "label": 1}).encode()
+        + b"\r\n"
+    )
     assert [r.problem_id for r in load_dataset(path)] == ["p0", 1]

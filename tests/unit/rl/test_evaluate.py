@@ -24,15 +24,18 @@ from ouro_cli.rl.rollout import RolloutSampling, generate_groups, request_seed
 T = 4
 
 
-@pytest.mark.parametrize("n, c, k, expected", [
-    (4, 1, 2, 0.5),      # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    (5, 2, 2, 0.7),      # 1 - C(3,2)/C(5,2) = 1 - 3/10
-    (6, 1, 3, 0.5),      # 1 - C(5,3)/C(6,3) = 1 - 10/20
-    (8, 3, 4, 13 / 14),  # 1 - C(5,4)/C(8,4) = 1 - 5/70
-    (10, 0, 5, 0.0),     # nothing passed
-    (3, 2, 2, 1.0),      # n - c < k: every pair holds a pass
-    (4, 4, 1, 1.0),
-])
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (6, 1, 3, 0.5),  # 1 - C(5,3)/C(6,3) = 1 - 10/20
+        (8, 3, 4, 13 / 14),  # 1 - C(5,4)/C(8,4) = 1 - 5/70
+        (10, 0, 5, 0.0),  # nothing passed
+        (3, 2, 2, 1.0),  # n - c < k: every pair holds a pass
+        (4, 4, 1, 1.0),
+    ],
+)
 def test_pass_at_k_by_hand(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-15)
 
@@ -61,8 +64,15 @@ def test_pass_at_k_refuses_impossible_counts(n, c, k):
 
 
 def test_pass_ks_are_powers_of_two_up_to_n():
-    assert [pass_ks(n) for n in (1, 2, 3, 4, 6, 8, 17)] == [[1], [1, 2], [1, 2], [1, 2, 4], [1, 2, 4],
-                                                            [1, 2, 4, 8], [1, 2, 4, 8, 16]]
+    assert [pass_ks(n) for n in (1, 2, 3, 4, 6, 8, 17)] == [
+        [1],
+        [1, 2],
+        [1, 2],
+        [1, 2, 4],
+        [1, 2, 4],
+        [1, 2, 4, 8],
+        [1, 2, 4, 8, 16],
+    ]
 
 
 def test_sample_zero_keeps_the_one_sample_seed():
@@ -86,16 +96,31 @@ class SeedEngine:
         outputs = []
         for i, p in enumerate(params):
             n = 1 + p.seed % 3
-            outputs.append(SimpleNamespace(
-                request_id=str(i), output_token_ids=[p.seed % 2] * n, exit_depths=[T] + [p.max_loops] * (n - 1),
-                log_probs=[-0.5] * n, finish_reason="length" if n == 3 else "stop", weight_version=0,
-                sampling_params=p))
+            outputs.append(
+                SimpleNamespace(
+                    request_id=str(i),
+                    output_token_ids=[p.seed % 2] * n,
+                    exit_depths=[T] + [p.max_loops] * (n - 1),
+                    log_probs=[-0.5] * n,
+                    finish_reason="length" if n == 3 else "stop",
+                    weight_version=0,
+                    sampling_params=p,
+                )
+            )
         return outputs
 
 
 ROWS = [Row(index=i, line=i + 1, prompt=f"q{i}", label=None, problem_id=f"p{i}") for i in range(5)]
-SAMPLING = RolloutSampling(num_loops=T, seed=1234, temperature=1.0, max_tokens=3, exit_threshold=1.0, min_loops=1,
-                           stop_token_ids=(0,), decode=lambda ids: "yes" if ids[0] else "no")
+SAMPLING = RolloutSampling(
+    num_loops=T,
+    seed=1234,
+    temperature=1.0,
+    max_tokens=3,
+    exit_threshold=1.0,
+    min_loops=1,
+    stop_token_ids=(0,),
+    decode=lambda ids: "yes" if ids[0] else "no",
+)
 
 
 def reward(text, label, metadata):
@@ -104,8 +129,9 @@ def reward(text, label, metadata):
 
 def _evaluate(samples, responses=None):
     engine = SeedEngine()
-    results = evaluate(engine, ROWS, [[1, 2]] * len(ROWS), SAMPLING, ks=[2, 4], reward_fn=reward, samples=samples,
-                       responses=responses)
+    results = evaluate(
+        engine, ROWS, [[1, 2]] * len(ROWS), SAMPLING, ks=[2, 4], reward_fn=reward, samples=samples, responses=responses
+    )
     return results, engine.seen
 
 
@@ -113,14 +139,21 @@ def test_one_sample_sends_the_one_sample_requests_and_reports_the_same_fields():
     results, seen = _evaluate(1)
     engine, today = SeedEngine(), []
     for k in (2, 4):  # the one-sample evaluation as it always ran, written out
-        drawn = generate_groups(engine, ROWS, [[1, 2]] * len(ROWS), SAMPLING, group_size=1, k=k, update=0,
-                                purpose="eval")
+        drawn = generate_groups(
+            engine, ROWS, [[1, 2]] * len(ROWS), SAMPLING, group_size=1, k=k, update=0, purpose="eval"
+        )
         rewards = [reward(s.text, None, {}) for s in drawn]
         depths = [d for s in drawn for d in s.exit_depths[1:]]
-        today.append({"k": k, "prompts": len(drawn), "accuracy": sum(rewards) / len(rewards),
-                      "mean_exit_depth": sum(depths) / len(depths),
-                      "mean_tokens": sum(len(s.response_ids) for s in drawn) / len(drawn),
-                      "truncated": sum(s.finish_reason == "length" for s in drawn)})
+        today.append(
+            {
+                "k": k,
+                "prompts": len(drawn),
+                "accuracy": sum(rewards) / len(rewards),
+                "mean_exit_depth": sum(depths) / len(depths),
+                "mean_tokens": sum(len(s.response_ids) for s in drawn) / len(drawn),
+                "truncated": sum(s.finish_reason == "length" for s in drawn),
+            }
+        )
     assert seen == engine.seen
     assert results == today
 
@@ -132,7 +165,8 @@ def test_n_samples_are_seeded_per_prompt_and_sample_and_summarised():
     assert [p.max_loops for p in seen] == [2] * 20 + [4] * 20
     assert len(responses) == 2 * 5 * 4
     assert [(r["k"], r["problem_id"], r["sample"]) for r in responses] == [
-        (k, f"p{i}", s) for k in (2, 4) for i in range(5) for s in range(4)]
+        (k, f"p{i}", s) for k in (2, 4) for i in range(5) for s in range(4)
+    ]
     for result in results:
         mine = [r for r in responses if r["k"] == result["k"]]
         passed = [sum(r["reward"] > 0 for r in mine if r["problem_id"] == f"p{i}") for i in range(5)]
@@ -159,8 +193,14 @@ def test_eval_samples_may_change_on_resume_and_must_be_positive():
     from ouro_cli.rl.options import TrainOptions
 
     def contract(options):
-        return plans.build_contract(options, data_sha256="d" * 64, model_config={"x": 1}, tokenizer_sha256=None,
-                                    template={"name": "chatml"}, num_loops=T)
+        return plans.build_contract(
+            options,
+            data_sha256="d" * 64,
+            model_config={"x": 1},
+            tokenizer_sha256=None,
+            template={"name": "chatml"},
+            num_loops=T,
+        )
 
     saved = contract(TrainOptions())
     assert "eval_samples" not in saved
@@ -178,10 +218,18 @@ def test_a_reward_that_is_not_a_number_is_one_line_naming_the_function_and_probl
         return np.array([1.0, 2.0])
 
     with pytest.raises(CheckFailed) as err:
-        evaluate(SeedEngine(), ROWS, [[1, 2]] * len(ROWS), SAMPLING, ks=[2], reward_fn=array_reward,
-                 where="evaluation at update 0")
+        evaluate(
+            SeedEngine(),
+            ROWS,
+            [[1, 2]] * len(ROWS),
+            SAMPLING,
+            ks=[2],
+            reward_fn=array_reward,
+            where="evaluation at update 0",
+        )
     assert str(err.value) == (
         "evaluation at update 0, K=2: reward function tests.unit.rl.test_evaluate."
         "test_a_reward_that_is_not_a_number_is_one_line_naming_the_function_and_problem.<locals>.array_reward "
         "returned array([1., 2.]) (ndarray), not a number for problem_id 'p0'; a reward must be a finite real "
-        "number (bool, int or float)")
+        "number (bool, int or float)"
+    )

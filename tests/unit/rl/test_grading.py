@@ -41,8 +41,10 @@ def test_a_call_past_the_timeout_stops_at_once_and_names_the_function(fn):
     with pytest.raises(CheckFailed) as err:
         Grader(fn, "my.rewards.slow", timeout=0.2)("x", 1, {}, problem_id="p7", where="update 3")
     assert time.monotonic() - start < 5
-    assert str(err.value) == ("update 3: reward function my.rewards.slow took more than --reward-timeout 0.2 s for "
-                              "problem_id 'p7'; make it faster, or raise --reward-timeout")
+    assert str(err.value) == (
+        "update 3: reward function my.rewards.slow took more than --reward-timeout 0.2 s for "
+        "problem_id 'p7'; make it faster, or raise --reward-timeout"
+    )
     assert signal.getsignal(SIGNAL) is handler
 
 
@@ -56,16 +58,21 @@ def test_a_time_limit_exception_is_not_an_exception():
     assert issubclass(RewardTimeout, BaseException) and not issubclass(RewardTimeout, Exception)
 
 
-@pytest.mark.parametrize("value, shown", [
-    ("1", "returned '1' (str), not a number"),
-    (complex(1, 0), "returned (1+0j) (complex), not a number"),
-    (float("inf"), "returned inf"),
-])
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        ("1", "returned '1' (str), not a number"),
+        (complex(1, 0), "returned (1+0j) (complex), not a number"),
+        (float("inf"), "returned inf"),
+    ],
+)
 def test_a_value_that_is_not_a_finite_real_number_is_one_line(value, shown):
     with pytest.raises(CheckFailed) as err:
         Grader(lambda r, label, m: value, "my.rewards.odd")("x", 1, {}, problem_id=4, where="evaluation, K=2")
-    assert str(err.value) == (f"evaluation, K=2: reward function my.rewards.odd {shown} for problem_id 4; "
-                              "a reward must be a finite real number (bool, int or float)")
+    assert str(err.value) == (
+        f"evaluation, K=2: reward function my.rewards.odd {shown} for problem_id 4; "
+        "a reward must be a finite real number (bool, int or float)"
+    )
 
 
 def test_numpy_real_scalars_are_floats():

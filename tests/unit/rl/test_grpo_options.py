@@ -66,12 +66,19 @@ def options(**values):
 def test_the_lr_schedule_counts_optimizer_steps():
     from ouro_cli.rl.loop import _trainer_config
 
-    sizing = SimpleNamespace(max_tokens_per_micro_batch=1024, recompute=False, offload_optimizer=False, token_cost=None,
-                             prompt_heads=False, deep_parts_first=True)
+    sizing = SimpleNamespace(
+        max_tokens_per_micro_batch=1024,
+        recompute=False,
+        offload_optimizer=False,
+        token_cost=None,
+        prompt_heads=False,
+        deep_parts_first=True,
+    )
     plain = _trainer_config(options(updates=10, lr_schedule="cosine", warmup_steps=2), sizing)
     assert (plain.warmup_steps, plain.decay_steps, plain.aggregation) == (2, 10, "token_mean")
-    config = _trainer_config(options(updates=10, lr_schedule="cosine", warmup_steps=2, mini_batches=2, epochs=3),
-                             sizing)
+    config = _trainer_config(
+        options(updates=10, lr_schedule="cosine", warmup_steps=2, mini_batches=2, epochs=3), sizing
+    )
     assert (config.warmup_steps, config.decay_steps) == (12, 60)  # --warmup-steps counts updates
     constant = _trainer_config(options(updates=10, warmup_steps=1, mini_batches=4), sizing)
     assert (constant.warmup_steps, constant.decay_steps) == (4, None)
@@ -82,15 +89,32 @@ def test_the_lr_schedule_counts_optimizer_steps():
 
 
 def contract(**values):
-    return plans.build_contract(options(**values), data_sha256="d" * 64, model_config={"x": 1},
-                                tokenizer_sha256=None, template={"name": "chatml"}, num_loops=4)
+    return plans.build_contract(
+        options(**values),
+        data_sha256="d" * 64,
+        model_config={"x": 1},
+        tokenizer_sha256=None,
+        template={"name": "chatml"},
+        num_loops=4,
+    )
 
 
 BASE = dict(filter_groups=True, max_refill=8, overlong="soft", overlong_buffer=4)
-CHANGES = [("mini_batches", 2), ("epochs", 2), ("filter_groups", False), ("max_refill", 3), ("overlong", "mask"),
-           ("overlong_buffer", 6), ("advantage", "rloo"), ("loop_weighting", "exit-pdf"),
-           ("loop_weight_alpha", 2.0), ("aggregation", "constant_length"), ("is_correction", "tis"),
-           ("clip_ratio_c", 3.0), ("log_ratio_bound", 10.0)]
+CHANGES = [
+    ("mini_batches", 2),
+    ("epochs", 2),
+    ("filter_groups", False),
+    ("max_refill", 3),
+    ("overlong", "mask"),
+    ("overlong_buffer", 6),
+    ("advantage", "rloo"),
+    ("loop_weighting", "exit-pdf"),
+    ("loop_weight_alpha", 2.0),
+    ("aggregation", "constant_length"),
+    ("is_correction", "tis"),
+    ("clip_ratio_c", 3.0),
+    ("log_ratio_bound", 10.0),
+]
 
 
 @pytest.mark.parametrize("key, value", CHANGES)
@@ -101,18 +125,21 @@ def test_every_option_is_in_the_contract_and_a_resume_may_not_change_it(key, val
         plans.check_same_contract(saved, contract(**{**BASE, key: value}), allow_scheduler=False)
 
 
-@pytest.mark.parametrize("values, message", [
-    (dict(mini_batches=0), "--mini-batches must be at least 1"),
-    (dict(epochs=0), "--epochs must be at least 1"),
-    (dict(prompts_per_update=4, mini_batches=5), "--mini-batches 5 is more than the 4 prompts"),
-    (dict(max_refill=4), "--max-refill is the budget of --filter-groups"),
-    (dict(filter_groups=True, max_refill=-1), "--max-refill must be at least 0"),
-    (dict(overlong_buffer=4), "--overlong-buffer is the penalty buffer of --overlong soft"),
-    (dict(overlong="soft", overlong_buffer=100, max_response_len=48), "--overlong-buffer 100 is more than"),
-    (dict(advantage="ppo"), "--advantage must be one of grpo, dr-grpo, rloo"),
-    (dict(overlong="clip"), "--overlong must be one of none, mask, soft"),
-    (dict(loop_weighting="last"), "--loop-weighting must be one of exit, uniform, progressive, exit-pdf"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(mini_batches=0), "--mini-batches must be at least 1"),
+        (dict(epochs=0), "--epochs must be at least 1"),
+        (dict(prompts_per_update=4, mini_batches=5), "--mini-batches 5 is more than the 4 prompts"),
+        (dict(max_refill=4), "--max-refill is the budget of --filter-groups"),
+        (dict(filter_groups=True, max_refill=-1), "--max-refill must be at least 0"),
+        (dict(overlong_buffer=4), "--overlong-buffer is the penalty buffer of --overlong soft"),
+        (dict(overlong="soft", overlong_buffer=100, max_response_len=48), "--overlong-buffer 100 is more than"),
+        (dict(advantage="ppo"), "--advantage must be one of grpo, dr-grpo, rloo"),
+        (dict(overlong="clip"), "--overlong must be one of none, mask, soft"),
+        (dict(loop_weighting="last"), "--loop-weighting must be one of exit, uniform, progressive, exit-pdf"),
+    ],
+)
 def test_bad_values_are_one_line_naming_the_flag(values, message):
     with pytest.raises(UserError, match=message):
         build(TrainOptions, values, check=False).validate()

@@ -32,13 +32,21 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path):
 
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
     run = tmp_path / "run"
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         from ouro_cli.rl.lock import RunLock
         RunLock({str(run)!r}, "ouro train").acquire()
         print("held", flush=True)
         time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().strip() == "held"
     assert read_lock(run).pid == child.pid
     with pytest.raises(RunLocked, match=f"pid {child.pid}"):

@@ -2,7 +2,8 @@
 
 `deepscaler_cases.jsonl` holds (rule, response, label, expected) cases. Each expected
 value is what DeepScaleR's grader decides (its `RewardMathFn` as `rllm` keeps it, over
-`agentica-project/deepscaler:deepscaler/rewards/math_utils/utils.py`): derived by reading that code, and confirmed by running it in a
+`agentica-project/deepscaler:deepscaler/rewards/math_utils/utils.py`): derived by reading that code, and confirmed by
+running it in a
 scratch environment outside this repository (sympy 1.14, pylatexenc 2.10 and 2.11 gave
 the same decisions). `rule` names the rule of `math_grader.py` that a case exercises;
 both correct and incorrect outcomes are there for every rule, including the ones where
@@ -36,10 +37,35 @@ from ouro_cli.rl.rewards.math_grader import (
 
 CORPUS = [json.loads(line) for line in (Path(__file__).parent / "deepscaler_cases.jsonl").read_text().splitlines()]
 RULES = {
-    "think-gate", "last-box", "label-number", "label-boxed", "label-list", "hendrycks-text", "hendrycks-give-up",
-    "frac-forms", "sqrt-forms", "unreduced-fraction", "integer-strict", "decimal", "leading-zero", "sign",
-    "spacing", "units", "degrees", "percent", "money", "thousands", "equation-lhs", "tuple", "interval", "set",
-    "symbolic", "constants", "mixed-number", "matrix", "latex-misc",
+    "think-gate",
+    "last-box",
+    "label-number",
+    "label-boxed",
+    "label-list",
+    "hendrycks-text",
+    "hendrycks-give-up",
+    "frac-forms",
+    "sqrt-forms",
+    "unreduced-fraction",
+    "integer-strict",
+    "decimal",
+    "leading-zero",
+    "sign",
+    "spacing",
+    "units",
+    "degrees",
+    "percent",
+    "money",
+    "thousands",
+    "equation-lhs",
+    "tuple",
+    "interval",
+    "set",
+    "symbolic",
+    "constants",
+    "mixed-number",
+    "matrix",
+    "latex-misc",
 }
 
 
@@ -96,17 +122,21 @@ def test_bad_labels_are_refused(label):
 
 # ---- where this grader departs from DeepScaleR on purpose: it will not hang ----------
 
-@pytest.mark.parametrize("given,truth", [
-    ("x+9**9**9", "x"),            # DeepScaleR evaluates 9^387420489
-    ("x+(9**9)!", "x"),            # a factorial of a power
-    ("x+99999!", "x"),             # a factorial of a large literal
-    ("x+[1]*10**10", "x"),         # a list of 10^10 elements
-    ("x+(1,)*10**9", "x"),         # a tuple of 10^9
-    ("eye(10**5)", "0.5"),         # a 10^10-entry matrix
-    ("ff(10**6,10**6)", "x"),      # a million-term product
-    ("0.5*(1).__eq__(1)", "0.5"),  # attribute access
-    ("(0.5)or(1)", "0.5"),         # a keyword: more than arithmetic
-])
+
+@pytest.mark.parametrize(
+    "given,truth",
+    [
+        ("x+9**9**9", "x"),  # DeepScaleR evaluates 9^387420489
+        ("x+(9**9)!", "x"),  # a factorial of a power
+        ("x+99999!", "x"),  # a factorial of a large literal
+        ("x+[1]*10**10", "x"),  # a list of 10^10 elements
+        ("x+(1,)*10**9", "x"),  # a tuple of 10^9
+        ("eye(10**5)", "0.5"),  # a 10^10-entry matrix
+        ("ff(10**6,10**6)", "x"),  # a million-term product
+        ("0.5*(1).__eq__(1)", "0.5"),  # attribute access
+        ("(0.5)or(1)", "0.5"),  # a keyword: more than arithmetic
+    ],
+)
 def test_dangerous_answers_are_refused_quickly(given, truth):
     # DeepScaleR's own rules would hand each of these to sympy's parse_expr (Python's eval).
     assert math_grader._sympy_may_try(f"({sympy_normalize(truth)})-({sympy_normalize(given)})")
@@ -156,7 +186,9 @@ def test_time_budget_interrupts_a_slow_step():
 def test_works_off_the_main_thread():
     grade_answer.cache_clear()
     results = []
-    worker = threading.Thread(target=lambda: results.append(math_answer(box("\\frac{1}{\\sqrt{3}}"), "\\frac{\\sqrt3}{3}")))
+    worker = threading.Thread(
+        target=lambda: results.append(math_answer(box("\\frac{1}{\\sqrt{3}}"), "\\frac{\\sqrt3}{3}"))
+    )
     worker.start()
     worker.join(30)
     assert results == [1.0]

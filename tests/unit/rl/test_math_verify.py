@@ -15,8 +15,10 @@ import pytest
 from ouro_cli.errors import UserError
 from ouro_cli.rl.rewards import math_answer, math_verify_answer, math_verify_grader
 
-needs_math_verify = pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
-                                       reason="math-verify is not installed (pip install 'ouro-cli[math]')")
+needs_math_verify = pytest.mark.skipif(
+    importlib.util.find_spec("math_verify") is None,
+    reason="math-verify is not installed (pip install 'ouro-cli[math]')",
+)
 
 
 def box(answer: str) -> str:
@@ -24,18 +26,21 @@ def box(answer: str) -> str:
 
 
 @needs_math_verify
-@pytest.mark.parametrize("response,label,expected", [
-    (box("\\frac{1}{2}"), "0.5", 1.0),
-    (box("\\frac{2}{4}"), "\\frac{1}{2}", 1.0),  # math_answer: 0 (unreduced)
-    (box("2^2"), "4", 1.0),                      # math_answer: 0 (an integer must be one)
-    (box("(1,2]"), "(1,2]", 1.0),
-    (box("(1,2)"), "(1,2]", 0.0),
-    (box("3"), 4, 0.0),
-    (box("7"), ["\\boxed{3}", 7], 1.0),
-    ("The answer is $\\boxed{5}$.", 5, 1.0),     # no think tags: read whole (math_answer: 0)
-    ("<think>\nso \\boxed{5}", 5, 0.0),          # cut off while thinking
-    ("<think>\\boxed{5}</think>I do not know.", 5, 0.0),
-])
+@pytest.mark.parametrize(
+    "response,label,expected",
+    [
+        (box("\\frac{1}{2}"), "0.5", 1.0),
+        (box("\\frac{2}{4}"), "\\frac{1}{2}", 1.0),  # math_answer: 0 (unreduced)
+        (box("2^2"), "4", 1.0),  # math_answer: 0 (an integer must be one)
+        (box("(1,2]"), "(1,2]", 1.0),
+        (box("(1,2)"), "(1,2]", 0.0),
+        (box("3"), 4, 0.0),
+        (box("7"), ["\\boxed{3}", 7], 1.0),
+        ("The answer is $\\boxed{5}$.", 5, 1.0),  # no think tags: read whole (math_answer: 0)
+        ("<think>\nso \\boxed{5}", 5, 0.0),  # cut off while thinking
+        ("<think>\\boxed{5}</think>I do not know.", 5, 0.0),
+    ],
+)
 def test_math_verify_answer(response, label, expected):
     assert math_verify_answer(response, label) == expected
 
@@ -67,7 +72,9 @@ def test_missing_package_is_one_line(monkeypatch):
     try:
         with pytest.raises(UserError) as info:
             math_verify_answer.check_label("1")
-        assert str(info.value) == ("math_verify_answer needs the math-verify package: "
-                                   "pip install 'ouro-cli[math]' (or pip install math-verify)")
+        assert str(info.value) == (
+            "math_verify_answer needs the math-verify package: "
+            "pip install 'ouro-cli[math]' (or pip install math-verify)"
+        )
     finally:
         math_verify_grader._math_verify.cache_clear()

@@ -8,21 +8,25 @@ from ouro_cli.errors import UserError
 from ouro_cli.rl.options import TrainOptions, read_toml, resolve
 
 
-@pytest.mark.parametrize("line, named", [
-    ('updates = "ten"', "updates must be an integer, got 'ten' (str)"),
-    ("updates = true", "updates must be an integer, got True (bool)"),
-    ("lr = \"1e-4\"", "lr must be a number, got '1e-4' (str)"),
-    ("depths = [2, \"3\"]", "depths must be a list of integers"),
-    ("depths = 3", "depths must be a list of integers, got 3 (int)"),
-    ("state_digest = 1", "state_digest must be true or false, got 1 (int)"),
-    ("recompute = 1", "recompute must be a string, got 1 (int)"),
-    ("keep_last = 1.5", "keep_last must be an integer, got 1.5 (float)"),
-    ("eval-data = 7", "eval_data must be a string, got 7 (int)"),
-])
+@pytest.mark.parametrize(
+    "line, named",
+    [
+        ('updates = "ten"', "updates must be an integer, got 'ten' (str)"),
+        ("updates = true", "updates must be an integer, got True (bool)"),
+        ('lr = "1e-4"', "lr must be a number, got '1e-4' (str)"),
+        ('depths = [2, "3"]', "depths must be a list of integers"),
+        ("depths = 3", "depths must be a list of integers, got 3 (int)"),
+        ("state_digest = 1", "state_digest must be true or false, got 1 (int)"),
+        ("recompute = 1", "recompute must be a string, got 1 (int)"),
+        ("keep_last = 1.5", "keep_last must be an integer, got 1.5 (float)"),
+        ("eval-data = 7", "eval_data must be a string, got 7 (int)"),
+    ],
+)
 def test_a_value_of_the_wrong_type_is_named(tmp_path, line, named):
     (tmp_path / "c.toml").write_text(line + "\n")
-    with pytest.raises(UserError, match="^--config .*c.toml: " + named.replace("(", r"\(").replace(")", r"\)")
-                       .replace("[", r"\[")):
+    with pytest.raises(
+        UserError, match="^--config .*c.toml: " + named.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
         read_toml(tmp_path / "c.toml")
 
 
@@ -35,8 +39,9 @@ def test_an_integer_is_a_number_and_flags_still_override(tmp_path):
 
 @pytest.mark.parametrize("size", [0, 1])
 def test_group_size_zero_and_one_get_the_same_rule(size):
-    with pytest.raises(UserError, match=f"^--group-size must be at least 2: GRPO normalises rewards within a group, "
-                                        f"got {size}$"):
+    with pytest.raises(
+        UserError, match=f"^--group-size must be at least 2: GRPO normalises rewards within a group, got {size}$"
+    ):
         TrainOptions(group_size=size).validate()
 
 
@@ -51,8 +56,9 @@ def test_toml_takes_flat_keys_and_the_trees_sections(tmp_path):
     reach the same options; a section's heading must hold that section's options."""
     (tmp_path / "flat.toml").write_text("lr = 0.5\nmax_num_seqs = 3\ntemperature = 0.7\n")
     (tmp_path / "headings.toml").write_text("[optimizer]\nlr = 0.5\n[rollouts]\nmax-num-seqs = 3\ntemperature = 0.7\n")
-    (tmp_path / "nested.toml").write_text("[trainer]\nlr = 0.5\n[engine]\nmax_num_seqs = 3\n[sampling]\n"
-                                          "temperature = 0.7\n")
+    (tmp_path / "nested.toml").write_text(
+        "[trainer]\nlr = 0.5\n[engine]\nmax_num_seqs = 3\n[sampling]\ntemperature = 0.7\n"
+    )
     (tmp_path / "dotted.toml").write_text("trainer.lr = 0.5\nengine.max_num_seqs = 3\nsampling.temperature = 0.7\n")
     for name in ("flat", "headings", "nested", "dotted"):
         options = resolve({}, str(tmp_path / f"{name}.toml"))
@@ -72,12 +78,15 @@ def test_a_recorded_plan_reads_back_into_the_tree():
         TrainOptions.from_dict({**options.to_dict(), "test_break_resume": False})
 
 
-@pytest.mark.parametrize("text, places", [
-    ("[trainer]\nlr = 1e-4\n[optimizer]\nlr = 2e-4\n", "at [trainer] and at [optimizer]"),
-    ("lr = 1e-4\n[trainer]\nlr = 2e-4\n", "at the top level and at [trainer]"),
-    ("[rollouts]\nmax_response_len = 8\nmax-response-len = 9\n", "at [rollouts] and at [rollouts]"),
-    ("trainer.lr = 1e-4\n[x.trainer]\nlr = 2e-4\n", "at [trainer] and at [x.trainer]"),
-])
+@pytest.mark.parametrize(
+    "text, places",
+    [
+        ("[trainer]\nlr = 1e-4\n[optimizer]\nlr = 2e-4\n", "at [trainer] and at [optimizer]"),
+        ("lr = 1e-4\n[trainer]\nlr = 2e-4\n", "at the top level and at [trainer]"),
+        ("[rollouts]\nmax_response_len = 8\nmax-response-len = 9\n", "at [rollouts] and at [rollouts]"),
+        ("trainer.lr = 1e-4\n[x.trainer]\nlr = 2e-4\n", "at [trainer] and at [x.trainer]"),
+    ],
+)
 def test_an_option_set_twice_is_refused(tmp_path, text, places):
     (tmp_path / "twice.toml").write_text(text)
     name = "max_response_len" if "response" in text else "lr"

@@ -21,12 +21,19 @@ def test_a_phase_records_its_time_and_no_peak_on_cpu():
 def test_out_of_memory_is_one_line_naming_phase_size_and_option():
     metrics: dict = {}
     with pytest.raises(ResourceError) as err:
-        with phase(metrics, "train", torch.device("cpu"), "update 3, 256 samples in micro-batches of up to 12032 "
-                   "tokens, recompute off", "--max-tokens-per-micro-batch or --gpu-memory-utilization"):
+        with phase(
+            metrics,
+            "train",
+            torch.device("cpu"),
+            "update 3, 256 samples in micro-batches of up to 12032 tokens, recompute off",
+            "--max-tokens-per-micro-batch or --gpu-memory-utilization",
+        ):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (a 60-line report)")
-    assert str(err.value) == ("out of host memory in the train phase (update 3, 256 samples in micro-batches of up "
-                              "to 12032 tokens, recompute off); lower --max-tokens-per-micro-batch or "
-                              "--gpu-memory-utilization")
+    assert str(err.value) == (
+        "out of host memory in the train phase (update 3, 256 samples in micro-batches of up "
+        "to 12032 tokens, recompute off); lower --max-tokens-per-micro-batch or "
+        "--gpu-memory-utilization"
+    )
     assert ResourceError.exit_code == 1 and "train_s" in metrics  # timed even when it fails
 
 

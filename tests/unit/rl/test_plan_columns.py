@@ -12,18 +12,36 @@ from ouro_cli.rl.options import TrainOptions, resolve
 
 
 def contract(**options):
-    return plans.build_contract(TrainOptions.from_dict(options), data_sha256="d" * 64, model_config={"x": 1},
-                                tokenizer_sha256=None, template={"name": "chatml"}, num_loops=4)
+    return plans.build_contract(
+        TrainOptions.from_dict(options),
+        data_sha256="d" * 64,
+        model_config={"x": 1},
+        tokenizer_sha256=None,
+        template={"name": "chatml"},
+        num_loops=4,
+    )
 
 
 def test_the_mapping_of_data_is_in_the_contract_and_a_change_is_named():
-    saved = contract(prompt_key="problem", label_key="reward_model.ground_truth", id_key="extra_info.index",
-                     label_parser="gsm8k")
-    assert (saved["prompt_key"], saved["label_key"], saved["id_key"], saved["label_parser"]) == \
-        ("problem", "reward_model.ground_truth", "extra_info.index", "gsm8k")
+    saved = contract(
+        prompt_key="problem", label_key="reward_model.ground_truth", id_key="extra_info.index", label_parser="gsm8k"
+    )
+    assert (saved["prompt_key"], saved["label_key"], saved["id_key"], saved["label_parser"]) == (
+        "problem",
+        "reward_model.ground_truth",
+        "extra_info.index",
+        "gsm8k",
+    )
     for change in ({"prompt_key": "question"}, {"label_key": "answer"}, {"id_key": "uid"}, {"label_parser": "none"}):
-        new = contract(**{"prompt_key": "problem", "label_key": "reward_model.ground_truth",
-                          "id_key": "extra_info.index", "label_parser": "gsm8k", **change})
+        new = contract(
+            **{
+                "prompt_key": "problem",
+                "label_key": "reward_model.ground_truth",
+                "id_key": "extra_info.index",
+                "label_parser": "gsm8k",
+                **change,
+            }
+        )
         (key,) = change
         with pytest.raises(UserError, match=f"^resume would change {key}: "):
             plans.check_same_contract(saved, new, allow_scheduler=False)
@@ -31,9 +49,13 @@ def test_the_mapping_of_data_is_in_the_contract_and_a_change_is_named():
 
 def test_the_mapping_of_eval_data_is_free():
     saved = contract()
-    plans.check_same_contract(saved, contract(eval_prompt_key="problem", eval_label_key="answer",
-                                              eval_id_key="unique_id", eval_label_parser="gsm8k"),
-                              allow_scheduler=False)
+    plans.check_same_contract(
+        saved,
+        contract(
+            eval_prompt_key="problem", eval_label_key="answer", eval_id_key="unique_id", eval_label_parser="gsm8k"
+        ),
+        allow_scheduler=False,
+    )
 
 
 def test_a_plan_without_the_mapping_is_refused_naming_it():
@@ -47,8 +69,15 @@ def test_a_plan_without_the_mapping_is_refused_naming_it():
 def test_options_defaults_are_the_loaders_and_eval_inherits_from_data():
     options = TrainOptions()
     assert columns_for(options) == Columns() == columns_for(options, held_out=True)
-    options = TrainOptions.from_dict(dict(prompt_key="problem", label_key="answer", label_parser="gsm8k",
-                                          eval_label_key="solution", eval_label_parser="none"))
+    options = TrainOptions.from_dict(
+        dict(
+            prompt_key="problem",
+            label_key="answer",
+            label_parser="gsm8k",
+            eval_label_key="solution",
+            eval_label_parser="none",
+        )
+    )
     assert columns_for(options) == Columns("problem", "answer", Columns.id, "gsm8k")
     assert columns_for(options, held_out=True) == Columns("problem", "solution", Columns.id, "none")
 
@@ -60,5 +89,8 @@ def test_mapping_options_are_validated_and_come_from_toml(tmp_path):
         TrainOptions.from_dict({"eval_id_key": ""})
     (tmp_path / "c.toml").write_text('[data]\nprompt-key = "question"\nlabel_key = "answer"\nlabel_parser = "gsm8k"\n')
     options = resolve({"label_key": "final"}, str(tmp_path / "c.toml"))
-    assert (options.columns.prompt_key, options.columns.label_key, options.columns.label_parser) == \
-        ("question", "final", "gsm8k")
+    assert (options.columns.prompt_key, options.columns.label_key, options.columns.label_parser) == (
+        "question",
+        "final",
+        "gsm8k",
+    )

@@ -12,9 +12,14 @@ from ouro_cli.rl.options import TrainOptions
 
 
 def contract(**options):
-    return plans.build_contract(build(TrainOptions, {"device": "cpu", **options}), data_sha256="d" * 64,
-                                model_config={"x": 1}, tokenizer_sha256=None, template={"name": "chatml"},
-                                num_loops=4)
+    return plans.build_contract(
+        build(TrainOptions, {"device": "cpu", **options}),
+        data_sha256="d" * 64,
+        model_config={"x": 1},
+        tokenizer_sha256=None,
+        template={"name": "chatml"},
+        num_loops=4,
+    )
 
 
 def test_exact_is_recorded_and_a_change_is_refused_naming_it():
@@ -22,8 +27,11 @@ def test_exact_is_recorded_and_a_change_is_refused_naming_it():
     assert plain["execution"]["exact"] == "off" and exact["execution"]["exact"] == "on"
     assert exact["execution"]["replay_attention"] == "exact"
     plans.check_same_contract(exact, contract(exact=True), allow_scheduler=False)
-    with pytest.raises(UserError, match=r"^resume would change execution.exact: the run has 'off', this invocation "
-                                        r"'on' \(set by --exact; resume with the run's\)"):
+    with pytest.raises(
+        UserError,
+        match=r"^resume would change execution.exact: the run has 'off', this invocation "
+        r"'on' \(set by --exact; resume with the run's\)",
+    ):
         plans.check_same_contract(plain, exact, allow_scheduler=False)
 
 

@@ -44,18 +44,35 @@ class EchoEngine:
 
     def generate(self, prompts, params):
         self.seen.extend(params)
-        return [SimpleNamespace(request_id=str(i), output_token_ids=[7, 8], exit_depths=[T, p.max_loops],
-                                log_probs=[-0.5, -0.25], finish_reason="length", weight_version=1,
-                                sampling_params=p)
-                for i, p in enumerate(params)]
+        return [
+            SimpleNamespace(
+                request_id=str(i),
+                output_token_ids=[7, 8],
+                exit_depths=[T, p.max_loops],
+                log_probs=[-0.5, -0.25],
+                finish_reason="length",
+                weight_version=1,
+                sampling_params=p,
+            )
+            for i, p in enumerate(params)
+        ]
 
 
 def _groups(rows, positions=None):
     engine = EchoEngine()
-    sampling = RolloutSampling(num_loops=T, seed=1234, temperature=1.0, max_tokens=2, exit_threshold=1.0, min_loops=1,
-                               stop_token_ids=(0,), decode=lambda ids: "")
-    samples = generate_groups(engine, rows, [[1, 2]] * len(rows), sampling, group_size=2, k=2, update=3,
-                              positions=positions)
+    sampling = RolloutSampling(
+        num_loops=T,
+        seed=1234,
+        temperature=1.0,
+        max_tokens=2,
+        exit_threshold=1.0,
+        min_loops=1,
+        stop_token_ids=(0,),
+        decode=lambda ids: "",
+    )
+    samples = generate_groups(
+        engine, rows, [[1, 2]] * len(rows), sampling, group_size=2, k=2, update=3, positions=positions
+    )
     return [(s.row.problem_id, s.group, s.seed) for s in samples]
 
 

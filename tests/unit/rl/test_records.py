@@ -48,8 +48,7 @@ def test_rows_after_the_checkpoint_are_dropped_and_a_torn_last_line_is_tolerated
     _logged(run, range(4))
     with open(run.metrics, "a") as f:
         f.write('{"update": 4, "k"')  # a writer killed mid-line
-    evaluations = [{"update": 0, "when": "start"}, {"update": 2, "when": "interval"},
-                   {"update": 4, "when": "interval"}]
+    evaluations = [{"update": 0, "when": "start"}, {"update": 2, "when": "interval"}, {"update": 4, "when": "interval"}]
     run.evaluations.write_text("".join(json.dumps(e) + "\n" for e in evaluations))
     run.responses.write_text("".join(json.dumps({**e, "sample": i}) + "\n" for e in evaluations for i in range(2)))
     notes = []
@@ -62,11 +61,15 @@ def test_rows_after_the_checkpoint_are_dropped_and_a_torn_last_line_is_tolerated
     assert any("cut short" in n for n in notes) and any("2 update(s) after the checkpoint" in n for n in notes)
 
 
-@pytest.mark.parametrize("damage, named", [
-    (lambda run: _drop_line(run, 1), "has no line for them"),
-    (lambda run: _logged(run, [1]), "logs more than once"),
-    (lambda run: run.rollout_file(0).unlink(), "rollouts/ has no file for"),
-], ids=["missing-row", "duplicate-row", "missing-rollouts"])
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda run: _drop_line(run, 1), "has no line for them"),
+        (lambda run: _logged(run, [1]), "logs more than once"),
+        (lambda run: run.rollout_file(0).unlink(), "rollouts/ has no file for"),
+    ],
+    ids=["missing-row", "duplicate-row", "missing-rollouts"],
+)
 def test_a_gap_below_the_checkpoint_is_refused(run, damage, named):
     _iteration(run, 3)
     _logged(run, range(3))
@@ -127,7 +130,9 @@ def test_removing_the_iteration_an_error_names_resumes_from_the_one_before(run):
     notes = []
     records.repair_tracker(run, notes.append)
     assert layout.read_tracker(run.checkpoint) == 2
-    assert notes == ["checkpoint: the tracker named iter_0000004, which is gone or incomplete; it now names "
-                     "iter_0000002, the newest complete iteration"]
+    assert notes == [
+        "checkpoint: the tracker named iter_0000004, which is gone or incomplete; it now names "
+        "iter_0000002, the newest complete iteration"
+    ]
     shutil.rmtree(run.checkpoint / "iter_0000002")  # the last one too: the run starts again
     assert not run.has_checkpoint() and records.resume_point(run, 6) is None

@@ -19,15 +19,22 @@ from ouro_cli.rl.rewards import (
 )
 
 
-@pytest.mark.parametrize("path,fn", [
-    ("ouro_cli.rl.rewards.boxed_answer", boxed_answer),
-    ("ouro_cli.rl.rewards.boxed:boxed_answer", boxed_answer),
-    ("ouro_cli.rl.rewards.math_answer", math_answer),
-    (DEFAULT_REWARD, math_answer),
-    pytest.param("ouro_cli.rl.rewards.math_verify_answer", math_verify_answer,
-                 marks=pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
-                                          reason="math-verify is not installed (the math extra)")),
-])
+@pytest.mark.parametrize(
+    "path,fn",
+    [
+        ("ouro_cli.rl.rewards.boxed_answer", boxed_answer),
+        ("ouro_cli.rl.rewards.boxed:boxed_answer", boxed_answer),
+        ("ouro_cli.rl.rewards.math_answer", math_answer),
+        (DEFAULT_REWARD, math_answer),
+        pytest.param(
+            "ouro_cli.rl.rewards.math_verify_answer",
+            math_verify_answer,
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("math_verify") is None, reason="math-verify is not installed (the math extra)"
+            ),
+        ),
+    ],
+)
 def test_shipped_rewards_load(path, fn):
     reward = load_reward(path)
     assert reward.__wrapped__ is fn
@@ -69,20 +76,23 @@ def test_metadata_reaches_a_reward_that_takes_it(plugin_dir):
     assert load_reward("myrewards.keyword_only")("text", 1, {}) == 1.0  # metadata is positional only
 
 
-@pytest.mark.parametrize("path,message", [
-    ("nonexistent_pkg_xyz.reward", "'nonexistent_pkg_xyz.reward': no module named 'nonexistent_pkg_xyz'"),
-    ("ouro_cli.rl.rewards.no_such_reward", "'ouro_cli.rl.rewards' has no attribute 'no_such_reward'"),
-    ("ouro_cli.rl.nope.reward", "'ouro_cli.rl' has no attribute 'nope'"),
-    ("myrewards.CONSTANT", "is not callable (it is a int)"),
-    ("myrewards.one_arg", "cannot be called as f(response, label) or f(response, label, metadata)"),
-    ("myrewards.four", "its signature is (response, label, metadata, extra)"),
-    ("myrewards.Scorer.nothing", "'myrewards.Scorer' has no attribute 'nothing'"),
-    ("broken_plugin.reward", "importing 'broken_plugin' failed: No module named 'a_module_that_is_not_there'"),
-    ("raising_plugin.reward", "importing 'raising_plugin' failed: RuntimeError: boom"),
-    ("math_answer", "is not a dotted path"),
-    ("a..b", "is not a dotted path"),
-    ("", "must be a dotted path"),
-])
+@pytest.mark.parametrize(
+    "path,message",
+    [
+        ("nonexistent_pkg_xyz.reward", "'nonexistent_pkg_xyz.reward': no module named 'nonexistent_pkg_xyz'"),
+        ("ouro_cli.rl.rewards.no_such_reward", "'ouro_cli.rl.rewards' has no attribute 'no_such_reward'"),
+        ("ouro_cli.rl.nope.reward", "'ouro_cli.rl' has no attribute 'nope'"),
+        ("myrewards.CONSTANT", "is not callable (it is a int)"),
+        ("myrewards.one_arg", "cannot be called as f(response, label) or f(response, label, metadata)"),
+        ("myrewards.four", "its signature is (response, label, metadata, extra)"),
+        ("myrewards.Scorer.nothing", "'myrewards.Scorer' has no attribute 'nothing'"),
+        ("broken_plugin.reward", "importing 'broken_plugin' failed: No module named 'a_module_that_is_not_there'"),
+        ("raising_plugin.reward", "importing 'raising_plugin' failed: RuntimeError: boom"),
+        ("math_answer", "is not a dotted path"),
+        ("a..b", "is not a dotted path"),
+        ("", "must be a dotted path"),
+    ],
+)
 def test_bad_paths(plugin_dir, path, message):
     with pytest.raises(UserError) as info:
         load_reward(path)
@@ -98,14 +108,17 @@ def test_check_labels():
     check_labels(lambda r, label: 0.0, "custom.fn", [("d.jsonl:1", object())])  # no check_label: nothing to do
 
 
-@pytest.mark.parametrize("value, problem", [
-    (None, "returned None (NoneType), not a number"),
-    ("1.0", "returned '1.0' (str), not a number"),
-    (float("nan"), "returned nan"),
-    (float("-inf"), "returned -inf"),
-    ([1.0], "returned [1.0] (list), not a number"),
-    (complex(1, 0), "returned (1+0j) (complex), not a number"),
-])
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        (None, "returned None (NoneType), not a number"),
+        ("1.0", "returned '1.0' (str), not a number"),
+        (float("nan"), "returned nan"),
+        (float("-inf"), "returned -inf"),
+        ([1.0], "returned [1.0] (list), not a number"),
+        (complex(1, 0), "returned (1+0j) (complex), not a number"),
+    ],
+)
 def test_a_reward_must_be_a_finite_real_number(value, problem):
     from ouro_cli.rl.rewards import reward_problem
 

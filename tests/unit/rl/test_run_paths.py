@@ -22,7 +22,10 @@ def test_relative_paths_are_recorded_absolute_and_a_resume_elsewhere_keeps_them(
     monkeypatch.chdir(started)
     options = resolve({"data": "train.jsonl", "eval_data": "ev.jsonl", "export_hf": "out/hf"}, None)
     assert (options.data, options.eval_data, options.export_hf) == (
-        str(started / "train.jsonl"), str(started / "ev.jsonl"), str(started / "out" / "hf"))
+        str(started / "train.jsonl"),
+        str(started / "ev.jsonl"),
+        str(started / "out" / "hf"),
+    )
     assert options.given_paths == {"data": "train.jsonl", "eval_data": "ev.jsonl", "export_hf": "out/hf"}
     plan = plans.new_plan(options, {}, {})
 
@@ -35,10 +38,15 @@ def test_relative_paths_are_recorded_absolute_and_a_resume_elsewhere_keeps_them(
     (started / "ev.jsonl").unlink()
     with pytest.raises(UserError) as err:
         _check_present(plans.resume_options(plan, {}, updates=3, run_dir="run"))
-    assert str(err.value) == (f"the held-out set --eval-data {started / 'ev.jsonl'} (given as ev.jsonl) does not "
-                              "exist; it is not part of the run's contract: pass --eval-data with another held-out "
-                              "file, or --eval-data '' to evaluate nothing")
+    assert str(err.value) == (
+        f"the held-out set --eval-data {started / 'ev.jsonl'} (given as ev.jsonl) does not "
+        "exist; it is not part of the run's contract: pass --eval-data with another held-out "
+        "file, or --eval-data '' to evaluate nothing"
+    )
     (started / "train.jsonl").unlink()
-    with pytest.raises(UserError, match=rf"the training data --data {started / 'train.jsonl'} \(given as "
-                                        r"train.jsonl\) does not exist"):
+    with pytest.raises(
+        UserError,
+        match=rf"the training data --data {started / 'train.jsonl'} \(given as "
+        r"train.jsonl\) does not exist",
+    ):
         _check_present(plans.resume_options(plan, {"eval_data": ""}, updates=3, run_dir="run"))

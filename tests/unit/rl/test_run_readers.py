@@ -39,8 +39,9 @@ def test_status_leaves_out_cut_lines_and_names_a_damaged_trainer_state(run):
     assert (s["updates_done"], s["updates_total"]) == (2, 4)
     assert s["last_reward_per_k"] == {"2": {"update": 0, "reward_mean": 0.0}, "3": {"update": 1, "reward_mean": 0.25}}
     assert s["accuracy_per_k"] == {"2": {"update": 0, "when": "start", "accuracy": 0.5}}
-    assert s["notes"] == [f"{path}: dropped a last line cut short by an interrupted write"
-                          for path in (run.metrics, run.evaluations)]
+    assert s["notes"] == [
+        f"{path}: dropped a last line cut short by an interrupted write" for path in (run.metrics, run.evaluations)
+    ]
     state = run.checkpoint / "iter_0000002" / "trainer_state.json"
     assert s["checkpoint"]["problem"].startswith(f"{state} is damaged (JSONDecodeError: ")
 
@@ -53,7 +54,9 @@ def test_plot_leaves_out_cut_lines(run):
 
 
 def test_a_damaged_line_that_is_not_the_last_names_the_file_and_line(run):
-    run.metrics.write_text('{"update": 0, "k": 2, "rew\n' + json.dumps({"update": 1, "k": 3, "reward_mean": 0.0}) + "\n")
+    run.metrics.write_text(
+        '{"update": 0, "k": 2, "rew\n' + json.dumps({"update": 1, "k": 3, "reward_mean": 0.0}) + "\n"
+    )
     for read in (lambda: run_status(run.root), lambda: plot_run(run.metrics, run.evaluations, run.plot)):
         with pytest.raises(UserError) as err:
             read()

@@ -27,13 +27,16 @@ def test_schedule_cycles():
     assert [depth_for_update([4], u) for u in range(3)] == [4, 4, 4]
 
 
-@pytest.mark.parametrize("depths,message", [
-    ([], "at least one"),
-    ([0], r"K=0 is outside 1\.\.4"),
-    ([2, 5], r"K=5 is outside 1\.\.4 .*total_ut_steps=4"),
-    ([2.5], "not an integer"),
-    ([True], "not an integer"),
-])
+@pytest.mark.parametrize(
+    "depths,message",
+    [
+        ([], "at least one"),
+        ([0], r"K=0 is outside 1\.\.4"),
+        ([2, 5], r"K=5 is outside 1\.\.4 .*total_ut_steps=4"),
+        ([2.5], "not an integer"),
+        ([True], "not an integer"),
+    ],
+)
 def test_bad_depths(depths, message):
     with pytest.raises(UserError, match=message):
         validate_depths(depths, total_loops=4)
@@ -74,19 +77,43 @@ def settings(**changes):
 def test_hash_is_sha256_of_canonical_json():
     s = settings()
     assert set(s) == set(EXECUTION_KEYS)
-    expected = hashlib.sha256(json.dumps(
-        {"async_scheduling": False, "exit_mode": "immediate", "exit_threshold": 1, "logprobs_mode": "processed",
-         "max_loops": 3, "min_loops": 1, "prefill_depth": 4, "speculative_tokens": 0, "temperature": 1,
-         "top_k": -1, "top_p": 1}, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
+    expected = hashlib.sha256(
+        json.dumps(
+            {
+                "async_scheduling": False,
+                "exit_mode": "immediate",
+                "exit_threshold": 1,
+                "logprobs_mode": "processed",
+                "max_loops": 3,
+                "min_loops": 1,
+                "prefill_depth": 4,
+                "speculative_tokens": 0,
+                "temperature": 1,
+                "top_k": -1,
+                "top_p": 1,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
     assert config_hash(s) == expected
     assert config_hash(dict(reversed(list(s.items())))) == expected  # key order does not matter
     assert config_hash({**s, "temperature": 1}) == config_hash({**s, "temperature": 1.0})
 
 
-@pytest.mark.parametrize("change", [
-    dict(max_loops=2), dict(min_loops=2), dict(exit_threshold=0.9), dict(exit_mode="delayed"),
-    dict(temperature=0.7), dict(top_p=0.95), dict(top_k=50), dict(logprobs_mode="raw"),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(max_loops=2),
+        dict(min_loops=2),
+        dict(exit_threshold=0.9),
+        dict(exit_mode="delayed"),
+        dict(temperature=0.7),
+        dict(top_p=0.95),
+        dict(top_k=50),
+        dict(logprobs_mode="raw"),
+    ],
+)
 def test_every_setting_changes_the_hash(change):
     assert config_hash(settings(**change)) != config_hash(settings())
 
@@ -117,11 +144,15 @@ def test_group_ok():
     validate_group([sample() for _ in range(4)])
 
 
-@pytest.mark.parametrize("field,what", [("prompt_id", "prompt ids"), ("k", "Ks"), ("weight_version", "policy versions"),
-                                        ("config_hash", "config hashs")])
+@pytest.mark.parametrize(
+    "field,what",
+    [("prompt_id", "prompt ids"), ("k", "Ks"), ("weight_version", "policy versions"), ("config_hash", "config hashs")],
+)
 def test_group_mismatch_names_the_field(field, what):
     group = [sample(), sample(), sample(**{field: "other"}), sample()]
-    with pytest.raises(GroupMismatch, match=rf"mixes {what}: sample 0 has .*, sample 2 has 'other' \(2 distinct values in 4 samples\)"):
+    with pytest.raises(
+        GroupMismatch, match=rf"mixes {what}: sample 0 has .*, sample 2 has 'other' \(2 distinct values in 4 samples\)"
+    ):
         validate_group(group)
 
 

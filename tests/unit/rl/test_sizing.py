@@ -19,8 +19,16 @@ def ouro_14b() -> OuroConfig:
 
 
 def plan(**kw):
-    args = dict(utilization=0.9, dtype=BF16, block_size=16, seq_tokens=640, sequences_needed=256,
-                tokens_per_update=256 * 640, planes=4, engine_releases_memory=True)
+    args = dict(
+        utilization=0.9,
+        dtype=BF16,
+        block_size=16,
+        seq_tokens=640,
+        sequences_needed=256,
+        tokens_per_update=256 * 640,
+        planes=4,
+        engine_releases_memory=True,
+    )
     args.update(kw)
     return size_run(ouro_14b(), kw.pop("memory", H200), **{k: v for k, v in args.items() if k != "memory"})
 
@@ -40,11 +48,18 @@ def test_kv_bytes_per_token_follow_the_planes():
 def test_resident_parts_by_hand():
     total, trainable = sizing.parameter_counts(ouro_14b())
     parts = sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False)
-    assert parts == {"trainer_weights": 2 * total, "gradients": 4 * trainable, "optimizer": 12 * trainable,
-                     "engine_weights": 2 * total, "runtime": sizing.CUDA_RUNTIME_RESERVE}
+    assert parts == {
+        "trainer_weights": 2 * total,
+        "gradients": 4 * trainable,
+        "optimizer": 12 * trainable,
+        "engine_weights": 2 * total,
+        "runtime": sizing.CUDA_RUNTIME_RESERVE,
+    }
     assert sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=True)["optimizer"] == 0
-    assert sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False,
-                                 optimizer_shards=4)["optimizer"] == 3 * trainable
+    assert (
+        sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False, optimizer_shards=4)["optimizer"]
+        == 3 * trainable
+    )
 
 
 def test_kv_takes_what_is_left_when_the_rollout_does_not_fit():
@@ -83,8 +98,9 @@ def test_offload_auto_moves_the_optimizer_off_the_gpu_only_when_the_rollout_does
     # a resumed run passes its recorded cache: the same decision
     assert plan(offload_optimizer="auto", kv_blocks=auto.kv_blocks).offload_optimizer
     small = plan(offload_optimizer="auto", sequences_needed=32, tokens_per_update=32 * 640)
-    assert not plan(offload_optimizer="auto", kv_blocks=small.kv_blocks, sequences_needed=32,
-                    tokens_per_update=32 * 640).offload_optimizer
+    assert not plan(
+        offload_optimizer="auto", kv_blocks=small.kv_blocks, sequences_needed=32, tokens_per_update=32 * 640
+    ).offload_optimizer
     with pytest.raises(UserError, match="--offload-optimizer must be auto, on or off"):
         plan(offload_optimizer="sometimes")
 
@@ -101,11 +117,18 @@ def test_offload_auto_keeps_the_state_on_the_gpu_for_the_calls_that_fit_beside_i
     off = sizing.activation_bytes_per_token(c, BF16, False, 640)
     room = auto.budget_bytes - auto.resident_bytes - grads - state
     assert auto.max_tokens_per_micro_batch == room // off // 128 * 128
-    call = {k: sizing.call_kv_bytes(c, BF16, block_size=16, planes=k, sequences=256, seq_tokens=640,
-                                    kv_blocks=auto.kv_blocks) for k in (2, 3, 4)}
+    call = {
+        k: sizing.call_kv_bytes(
+            c, BF16, block_size=16, planes=k, sequences=256, seq_tokens=640, kv_blocks=auto.kv_blocks
+        )
+        for k in (2, 3, 4)
+    }
     # 641 tokens: 41 blocks each, and the scratch block; more than the cache holds, so the call takes it all
-    assert (256 * 41 + 1) * 16 * 768 * 2**10 == sizing.call_kv_bytes(
-        c, BF16, block_size=16, planes=4, sequences=256, seq_tokens=640, kv_blocks=None) > call[4]
+    assert (
+        (256 * 41 + 1) * 16 * 768 * 2**10
+        == sizing.call_kv_bytes(c, BF16, block_size=16, planes=4, sequences=256, seq_tokens=640, kv_blocks=None)
+        > call[4]
+    )
     assert call[4] == (auto.kv_blocks + 1) * 16 * 768 * 2**10
     assert auto.state_fits(call[2]) and auto.state_fits(call[3]) and not auto.state_fits(call[4])
     # "on" keeps it on the host between steps; an engine that keeps its cache: the same
@@ -170,7 +193,9 @@ def test_a_budget_sized_here_counts_full_depth_positions_by_the_activation_model
 
 def test_one_line_errors_name_the_numbers():
     small = DeviceMemory("cuda", total=32 * GIB, free=32 * GIB)
-    with pytest.raises(ResourceError, match=r"does not fit: .* GiB, more than --gpu-memory-utilization 0.9 of 32.0 GiB"):
+    with pytest.raises(
+        ResourceError, match=r"does not fit: .* GiB, more than --gpu-memory-utilization 0.9 of 32.0 GiB"
+    ):
         plan(memory=small)
     with pytest.raises(ResourceError, match=r"not even one sequence fits .* 768 KiB per token at 4 planes"):
         plan(memory=DeviceMemory("cuda", total=48 * GIB, free=48 * GIB), seq_tokens=65536)
@@ -194,8 +219,18 @@ def test_cpu_uses_host_memory():
     host = DeviceMemory("cpu", total=24 * GIB, free=20 * GIB)
     from ouro_cli.model import tiny_config
 
-    s = size_run(tiny_config(), host, utilization=0.9, dtype=torch.float32, block_size=16, seq_tokens=80,
-                 sequences_needed=128, tokens_per_update=128 * 80, planes=4, engine_releases_memory=True)
+    s = size_run(
+        tiny_config(),
+        host,
+        utilization=0.9,
+        dtype=torch.float32,
+        block_size=16,
+        seq_tokens=80,
+        sequences_needed=128,
+        tokens_per_update=128 * 80,
+        planes=4,
+        engine_releases_memory=True,
+    )
     assert s.kv_blocks == 128 * 5 and s.max_num_seqs == 128 and not s.recompute
     assert s.budget_bytes == int(0.9 * 20 * GIB)  # host memory is shared: what is available, in whole GiB
     sizing.check_fits(s, DeviceMemory("cpu", total=24 * GIB, free=int(2.5 * GIB)), used_now=0)  # no device to share
@@ -213,11 +248,16 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
             self.on_host = True
 
     auto = plan(offload_optimizer="auto")
-    session = SimpleNamespace(trainer=SimpleNamespace(offload=Offload(), config=SimpleNamespace(torch_dtype=BF16),
-                                                     device=torch.device("cpu")),
-                              sizing=auto, config=ouro_14b(), seq_tokens=640,
-                              sampling=SimpleNamespace(speculative_tokens=0),
-                              options=SimpleNamespace(engine=SimpleNamespace(block_size=16)))
+    session = SimpleNamespace(
+        trainer=SimpleNamespace(
+            offload=Offload(), config=SimpleNamespace(torch_dtype=BF16), device=torch.device("cpu")
+        ),
+        sizing=auto,
+        config=ouro_14b(),
+        seq_tokens=640,
+        sampling=SimpleNamespace(speculative_tokens=0),
+        options=SimpleNamespace(engine=SimpleNamespace(block_size=16)),
+    )
     for k in (2, 3):
         room_for_call(session, k, 256)
         assert not session.trainer.offload.on_host
@@ -241,12 +281,21 @@ def test_call_kv_bytes_is_what_a_released_engine_allocates_at_most(draft):
     try:
         llm.release_memory()
         prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [3] * 11]
-        params = SamplingParams(max_tokens=9, seed=1, max_loops=None if draft else 2, ignore_eos=True,
-                                speculative_tokens=draft)
+        params = SamplingParams(
+            max_tokens=9, seed=1, max_loops=None if draft else 2, ignore_eos=True, speculative_tokens=draft
+        )
         llm.generate(prompts, params)
         planes = config.num_loops if draft else 2
-        bound = sizing.call_kv_bytes(config, torch.float32, block_size=4, planes=planes, sequences=3,
-                                     seq_tokens=11 + 9, kv_blocks=400, draft_tokens=draft)
+        bound = sizing.call_kv_bytes(
+            config,
+            torch.float32,
+            block_size=4,
+            planes=planes,
+            sequences=3,
+            seq_tokens=11 + 9,
+            kv_blocks=400,
+            draft_tokens=draft,
+        )
         assert llm.kv.planes == planes and 0 < llm.kv.nbytes <= bound
     finally:
         llm.close()
@@ -263,10 +312,17 @@ def test_a_plan_without_how_it_cut_its_micro_batches_is_refused_naming_it():
     assert s.prompt_heads and s.deep_parts_first and s.token_cost is not None
     entry = plans.sizing_entry(s)
     old = {k: v for k, v in entry.items() if k not in ("token_cost", "prompt_heads", "deep_parts_first")}
-    base = plans.build_contract(build(TrainOptions, {"device": "cpu"}), data_sha256="d" * 64, model_config={"x": 1},
-                                tokenizer_sha256=None, template={"name": "chatml"}, num_loops=4)
-    plans.check_same_contract({**base, "sizing": entry}, {**base, "sizing": plans.sizing_entry(plan())},
-                              allow_scheduler=False)
+    base = plans.build_contract(
+        build(TrainOptions, {"device": "cpu"}),
+        data_sha256="d" * 64,
+        model_config={"x": 1},
+        tokenizer_sha256=None,
+        template={"name": "chatml"},
+        num_loops=4,
+    )
+    plans.check_same_contract(
+        {**base, "sizing": entry}, {**base, "sizing": plans.sizing_entry(plan())}, allow_scheduler=False
+    )
     with pytest.raises(UserError, match="^resume would change sizing.deep_parts_first: the run has None"):
         plans.check_same_contract({**base, "sizing": old}, {**base, "sizing": entry}, allow_scheduler=False)
 

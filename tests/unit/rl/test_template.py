@@ -15,9 +15,7 @@ def test_default_is_chatml_and_renders_strings_and_messages():
     t = get_template()
     assert t.render("What is 2+3?") == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
     assert t.render(MESSAGES) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n"
-        "<|im_start|>user\nWhat is 2+3?<|im_end|>\n"
-        "<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
     )
 
 
@@ -56,13 +54,19 @@ class JinjaTokenizer:
         import jinja2
 
         assert tokenize is False
-        return jinja2.Environment().from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt)
+        return (
+            jinja2.Environment()
+            .from_string(self.chat_template)
+            .render(messages=messages, add_generation_prompt=add_generation_prompt)
+        )
 
 
 def test_tokenizer_template():
     pytest.importorskip("jinja2")
-    custom = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+    custom = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
     t = get_template("tokenizer", JinjaTokenizer(custom))
     assert t.render("hi") == "[user] hi\n[assistant] "
     assert t.plan_entry()["text"] == custom
@@ -91,8 +95,10 @@ def test_a_role_the_template_does_not_know_is_refused_naming_the_row():
     wizard = [{"role": "system", "content": "Be brief."}, {"role": "wizard", "content": "2+3?"}]
     with pytest.raises(UserError) as err:
         get_template("chatml").check([("data.jsonl:3", MESSAGES), ("data.jsonl:4", wizard)])
-    assert str(err.value) == ("data.jsonl:4: message 1 has the role 'wizard', which the chatml prompt template does "
-                              "not know; use one of system, user, assistant")
+    assert str(err.value) == (
+        "data.jsonl:4: message 1 has the role 'wizard', which the chatml prompt template does "
+        "not know; use one of system, user, assistant"
+    )
 
 
 def test_a_tokenizer_template_knows_chatmls_roles_and_those_it_names():

@@ -26,8 +26,16 @@ def main(out: Path):
         dist.init_process_group("gloo")  # shared by both trainers below
     reference = build(tiny_config(), seed=21)
     for name, distributed_optimizer in (("plain", False), ("distopt", True)):
-        config = TrainerConfig(device="cpu", lr=2e-3, adam_eps=1e-6, clip_grad=0.3, micro_batch_size=2, pack_length=14, weight_decay=0.01,
-                               use_distributed_optimizer=distributed_optimizer)
+        config = TrainerConfig(
+            device="cpu",
+            lr=2e-3,
+            adam_eps=1e-6,
+            clip_grad=0.3,
+            micro_batch_size=2,
+            pack_length=14,
+            weight_decay=0.01,
+            use_distributed_optimizer=distributed_optimizer,
+        )
         trainer = Trainer(build(tiny_config(), seed=21), config)
         rank, world = trainer.context.rank, trainer.context.world_size
         metrics = []
@@ -36,7 +44,7 @@ def main(out: Path):
             # contiguous shares of it.
             batch = make_samples(reference, GLOBAL_BATCH, seed=100 + step)
             share = GLOBAL_BATCH // world
-            metrics.append(trainer.train_step(batch[rank * share:(rank + 1) * share]))
+            metrics.append(trainer.train_step(batch[rank * share : (rank + 1) * share]))
         if rank == 0:
             params = {k: v.clone() for k, v in trainer.module.state_dict().items()}
             torch.save({"params": params, "metrics": metrics}, out / f"{name}_world{world}.pt")

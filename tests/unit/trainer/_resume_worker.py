@@ -1,7 +1,8 @@
 """Subprocess worker for test_checkpoint_resume.py (one process per phase, Megatron is slow to import).
 
     python _resume_worker.py first  OUT   # continuous N-step runs; M-step runs that save; a save killed before commit
-    python _resume_worker.py resume OUT   # fresh process: load, continue to N; load the checkpoint whose next save was killed
+    python _resume_worker.py resume OUT   # fresh process: load, continue to N; load the checkpoint whose next save was
+    killed
 
 Each update's samples are drawn from the global Python / NumPy / torch RNGs (as a data
 loader would), so a resume is bitwise equal only if the RNG states come back too.
@@ -14,15 +15,30 @@ import sys
 from pathlib import Path
 
 N_STEPS, SAVE_AT = 4, 2
-VARIANTS = {"fp32": {}, "distopt": {"use_distributed_optimizer": True},
-            "bf16": {"params_dtype": "bf16"}}  # bf16 params, fp32 main weights in the optimizer
+VARIANTS = {
+    "fp32": {},
+    "distopt": {"use_distributed_optimizer": True},
+    "bf16": {"params_dtype": "bf16"},
+}  # bf16 params, fp32 main weights in the optimizer
 
 
 def config(**overrides):
     from ouro_cli.trainer import TrainerConfig
 
-    base = dict(device="cpu", lr=3e-3, min_lr=3e-4, lr_schedule="cosine", warmup_steps=1, decay_steps=6, weight_decay=0.01,
-                clip_grad=0.5, micro_batch_size=3, pack_length=16, keep_last=1, seed=7)
+    base = dict(
+        device="cpu",
+        lr=3e-3,
+        min_lr=3e-4,
+        lr_schedule="cosine",
+        warmup_steps=1,
+        decay_steps=6,
+        weight_decay=0.01,
+        clip_grad=0.5,
+        micro_batch_size=3,
+        pack_length=16,
+        keep_last=1,
+        seed=7,
+    )
     return TrainerConfig(**(base | overrides))
 
 
@@ -83,8 +99,12 @@ def first(out: Path):
         dump(trainer, out / "fault_iter1.pt")
         trainer.train_step(batch(trainer, 1))
         (out / "about_to_kill").touch()
-        trainer.save(out / "fault", iteration=2, extra={"next_step": 2},
-                     before_commit=lambda staging: os.kill(os.getpid(), signal.SIGKILL))
+        trainer.save(
+            out / "fault",
+            iteration=2,
+            extra={"next_step": 2},
+            before_commit=lambda staging: os.kill(os.getpid(), signal.SIGKILL),
+        )
     raise SystemExit("unreachable: the save above kills this process")
 
 
@@ -116,8 +136,11 @@ def resume(out: Path):
         dump(trainer, out / "fault_loaded.pt")
         keys = sorted(dist_checkpointing.load_tensors_metadata(str(layout.latest_iteration_dir(out / "fp32"))))
         names = sorted(trainer.module.state_dict())
-    (out / "resume.json").write_text(json.dumps({"fault_extra": extra, "checkpoint_keys": keys, "model_names": names,
-                                                    "model_reads_back": model_reads_back}))
+    (out / "resume.json").write_text(
+        json.dumps(
+            {"fault_extra": extra, "checkpoint_keys": keys, "model_names": names, "model_reads_back": model_reads_back}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -19,12 +19,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def run_worker(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{HERE}", OMP_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{HERE}", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     # Output goes to a file, not a pipe: an orphaned helper would keep a pipe open.
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(args, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(args, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=timeout)
         finally:

@@ -13,8 +13,16 @@ import random
 import torch
 
 
-def make_samples(model, n: int, seed: int, *, temperature: float = 1.0, noise: float = 0.4,
-                 max_prompt: int = 7, max_response: int = 7):
+def make_samples(
+    model,
+    n: int,
+    seed: int,
+    *,
+    temperature: float = 1.0,
+    noise: float = 0.4,
+    max_prompt: int = 7,
+    max_response: int = 7,
+):
     from ouro_cli.trainer.batching import Sample
 
     g = random.Random(seed)
@@ -29,7 +37,7 @@ def make_samples(model, n: int, seed: int, *, temperature: float = 1.0, noise: f
         depths = torch.tensor([[T] * m + exits[1:] + [T]])
         with torch.no_grad():
             logits = model(torch.tensor([prompt + response]), depths).float()
-        logp = torch.log_softmax(logits[0, m - 1: m + k - 1] / temperature, -1)
+        logp = torch.log_softmax(logits[0, m - 1 : m + k - 1] / temperature, -1)
         lp = logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
         rollout = [float(x) + g.uniform(-noise, noise) for x in lp]
         out.append(Sample(prompt, response, exits, rollout, g.uniform(-1.5, 1.5), temperature))

@@ -91,8 +91,7 @@ def test_micro_batches_by_count_and_by_token_budget():
     assert plan_micro_batches(mixed, max_tokens=20, pack_length=10) == [[[0, 1], [2]], [[3]]]
     assert plan_micro_batches(mixed + [sample(1, 1)], max_tokens=20, pack_length=10) == [[[0, 1], [2]], [[3, 4]]]
     # the count limit and the budget together
-    assert plan_micro_batches(five, micro_batch_size=3, max_tokens=100, pack_length=10) == [[[0, 1], [2]],
-                                                                                           [[3, 4]]]
+    assert plan_micro_batches(five, micro_batch_size=3, max_tokens=100, pack_length=10) == [[[0, 1], [2]], [[3, 4]]]
 
 
 def test_sample_checks():
@@ -142,10 +141,21 @@ def test_token_logprobs_use_temperature_and_entropy_is_finite():
     assert torch.isfinite(entropy(logp)).all()
 
 
-@pytest.mark.parametrize("bad", [dict(tensor_parallel=2), dict(pipeline_parallel=2), dict(context_parallel=2),
-                                 dict(eps_low=1.0), dict(lr_schedule="cosine", warmup_steps=4, decay_steps=3),
-                                 dict(micro_batch_size=0), dict(aggregation="sum"), dict(clip_ratio_c=1.0),
-                                 dict(log_ratio_bound=0.0), dict(log_ratio_bound=math.inf)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(tensor_parallel=2),
+        dict(pipeline_parallel=2),
+        dict(context_parallel=2),
+        dict(eps_low=1.0),
+        dict(lr_schedule="cosine", warmup_steps=4, decay_steps=3),
+        dict(micro_batch_size=0),
+        dict(aggregation="sum"),
+        dict(clip_ratio_c=1.0),
+        dict(log_ratio_bound=0.0),
+        dict(log_ratio_bound=math.inf),
+    ],
+)
 def test_config_rejects_what_it_cannot_run(bad):
     with pytest.raises(UserError):
         TrainerConfig(**bad)
@@ -184,7 +194,8 @@ def test_a_token_cost_budget_packs_shallow_batches_denser_and_bounds_what_the_re
     assert [len(mb) for mb in plain] == [4, 4, 4]
     # a batch whose every position runs all loops groups as the plain count does
     assert plan_micro_batches(deep, max_tokens=64, cost=cost, num_loops=T, gathers=gathers) == plan_micro_batches(
-        deep, max_tokens=64)
+        deep, max_tokens=64
+    )
     weighted = plan_micro_batches(shallow, max_tokens=64, cost=cost, num_loops=T, gathers=gathers)
     if not gathers:  # loops 3-4 run on every position there: no saving
         assert weighted == plain
@@ -202,11 +213,14 @@ def test_a_token_cost_budget_packs_shallow_batches_denser_and_bounds_what_the_re
         assert ran == [total, total, 3 * len(rows), 3 * len(rows)]  # only the deep positions run loops 3-4
 
 
-@pytest.mark.parametrize(("pack", "depths", "budget"), [
-    (True, [1, 2, 2, 3, 4], 200),  # mixed exits
-    (True, [4, 4, 4, 4, 3], 120),  # nearly full depth: loops around the gather share
-    (False, [1, 2, 2, 3, 4], 120),
-])
+@pytest.mark.parametrize(
+    ("pack", "depths", "budget"),
+    [
+        (True, [1, 2, 2, 3, 4], 200),  # mixed exits
+        (True, [4, 4, 4, 4, 3], 120),  # nearly full depth: loops around the gather share
+        (False, [1, 2, 2, 3, 4], 120),
+    ],
+)
 def test_a_token_cost_budget_holds_for_the_tensors_the_replay_runs(pack, depths, budget):
     """Mixed lengths and exit depths, packed rows or padded ones: every micro-batch the planner
     closes costs, by the loops the replay really runs on its tensor, at most the budget (a
@@ -220,10 +234,12 @@ def test_a_token_cost_budget_holds_for_the_tensors_the_replay_runs(pack, depths,
         samples = []
         for _ in range(60):
             m, n = rng.randint(1, 6), rng.randint(2, 20)
-            samples.append(Sample(list(range(1, m + 1)), [5] * n, [rng.choice(depths) for _ in range(n)],
-                                  [-1.0] * n, 1.0))
-        plan = plan_micro_batches(samples, max_tokens=budget, pack=pack, pack_length=26 if pack else None, cost=cost,
-                                  num_loops=T)
+            samples.append(
+                Sample(list(range(1, m + 1)), [5] * n, [rng.choice(depths) for _ in range(n)], [-1.0] * n, 1.0)
+            )
+        plan = plan_micro_batches(
+            samples, max_tokens=budget, pack=pack, pack_length=26 if pack else None, cost=cost, num_loops=T
+        )
         assert sorted(i for rows in plan for row in rows for i in row) == list(range(60))
         w = loss_weights(samples, "token_mean", global_tokens=1, global_samples=1)
         for rows in plan:

@@ -15,8 +15,17 @@ pytest.importorskip("megatron.core")
 def snapshot():
     import megatron.core.tensor_parallel.random as mrandom
 
-    names = ["current_device", "synchronize", "get_rng_state", "set_rng_state", "manual_seed",
-             "current_stream", "Stream", "default_generators", "device_count"]
+    names = [
+        "current_device",
+        "synchronize",
+        "get_rng_state",
+        "set_rng_state",
+        "manual_seed",
+        "current_stream",
+        "Stream",
+        "default_generators",
+        "device_count",
+    ]
     state = {f"cuda.{n}": getattr(torch.cuda, n, None) for n in names}
     state |= {f"cuda.random.{n}": getattr(torch.cuda.random, n) for n in ("get_rng_state", "set_rng_state")}
     state |= {f"mrandom.{n}": getattr(mrandom, n) for n in ("_get_cuda_rng_state", "_set_cuda_rng_state")}

@@ -46,5 +46,7 @@ def test_two_ranks_match_one_process(results, optimizer):
     from ouro_cli.model import build, tiny_config
 
     initial = build(tiny_config(), seed=21).state_dict()
-    assert (two["params"]["model.layers.0.mlp.up_proj.weight"] - initial["model.layers.0.mlp.up_proj.weight"]).abs().max() > 1e-4
+    assert (
+        two["params"]["model.layers.0.mlp.up_proj.weight"] - initial["model.layers.0.mlp.up_proj.weight"]
+    ).abs().max() > 1e-4
     assert torch.equal(two["params"]["model.early_exit_gate.weight"], initial["model.early_exit_gate.weight"])  # frozen

@@ -40,8 +40,12 @@ def test_cuda_step_matches_cpu_and_checkpoints(tmp_path):
         gpu.train_step(samples)
         gpu.save(tmp_path / "ckpt", iteration=2, extra={"next": 2})
         saved = {k: v.clone() for k, v in gpu.module.state_dict().items()}
-        saved_main = [p.detach().clone() for opt in torch_optimizers(gpu.optimizer)
-                      for group in opt.param_groups for p in group["params"]]
+        saved_main = [
+            p.detach().clone()
+            for opt in torch_optimizers(gpu.optimizer)
+            for group in opt.param_groups
+            for p in group["params"]
+        ]
     with Trainer(build(tiny_config(), seed=4), config) as fresh:
         assert fresh.load(tmp_path / "ckpt") == {"next": 2}
         assert fresh.steps_taken == 2

@@ -50,8 +50,11 @@ def reference_loss_and_grads(model, samples, eps_low=0.2, eps_high=0.28):
             term = -torch.minimum(ratio * a, clipped * a)
             total = total + term / total_tokens
     total.backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()
-             if not name.startswith("model.early_exit_gate")}
+    grads = {
+        name: p.grad.detach().clone()
+        for name, p in model.named_parameters()
+        if not name.startswith("model.early_exit_gate")
+    }
     return float(total.detach()), grads
 
 
@@ -115,8 +118,9 @@ def test_grad_norm_schedule_frozen_gate_and_publication(base_model, samples):
 
     _, ref_grads = reference_loss_and_grads(base_model, samples)
     ref_norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in ref_grads.values()))
-    config = TrainerConfig(device="cpu", lr=1e-2, min_lr=1e-3, lr_schedule="cosine", warmup_steps=2,
-                           decay_steps=5, clip_grad=0.5)
+    config = TrainerConfig(
+        device="cpu", lr=1e-2, min_lr=1e-3, lr_schedule="cosine", warmup_steps=2, decay_steps=5, clip_grad=0.5
+    )
     gate_before = base_model.model.early_exit_gate.weight.detach().clone()
     with Trainer(copy.deepcopy(base_model), config) as trainer:
         lrs, norms = [], []
@@ -159,7 +163,9 @@ def test_a_non_finite_gradient_skips_the_optimizer_step(base_model, samples, dty
             assert torch.equal(tensor, before[name]), name
         metrics = trainer.train_step(samples)
         assert metrics["step_applied"] and math.isfinite(metrics["grad_norm"]) and trainer.steps_taken == 1
-        assert not torch.equal(dict(trainer.named_weights_for_publication())["lm_head.weight"], before["lm_head.weight"])
+        assert not torch.equal(
+            dict(trainer.named_weights_for_publication())["lm_head.weight"], before["lm_head.weight"]
+        )
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -182,10 +188,19 @@ def test_offloaded_optimizer_trains_bit_for_bit(base_model, samples, dtype):
                         trainer.offload.to_host()
             assert (trainer.offload is not None) == offload and (not offload or keep or trainer.offload.on_host)
             weights = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
-            state = [t.clone() for opt in torch_optimizers(trainer.optimizer) for s in opt.state.values()
-                     for t in s.values() if isinstance(t, torch.Tensor)]
-            mains = [p.detach().clone() for opt in torch_optimizers(trainer.optimizer) for g in opt.param_groups
-                     for p in g["params"]]
+            state = [
+                t.clone()
+                for opt in torch_optimizers(trainer.optimizer)
+                for s in opt.state.values()
+                for t in s.values()
+                if isinstance(t, torch.Tensor)
+            ]
+            mains = [
+                p.detach().clone()
+                for opt in torch_optimizers(trainer.optimizer)
+                for g in opt.param_groups
+                for p in g["params"]
+            ]
         return weights, state, mains
 
     (w0, s0, m0) = run(False)
@@ -214,10 +229,19 @@ def test_released_gradients_free_their_buffer_and_train_bit_for_bit(base_model, 
                     assert trainer.gradients() == {}
                     assert all(b.grad_data.untyped_storage().nbytes() == 0 for b in trainer.ddp.buffers)
             weights = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
-            state = [t.clone() for opt in torch_optimizers(trainer.optimizer) for s in opt.state.values()
-                     for t in s.values() if isinstance(t, torch.Tensor)]
-            mains = [p.detach().clone() for opt in torch_optimizers(trainer.optimizer) for g in opt.param_groups
-                     for p in g["params"]]
+            state = [
+                t.clone()
+                for opt in torch_optimizers(trainer.optimizer)
+                for s in opt.state.values()
+                for t in s.values()
+                if isinstance(t, torch.Tensor)
+            ]
+            mains = [
+                p.detach().clone()
+                for opt in torch_optimizers(trainer.optimizer)
+                for g in opt.param_groups
+                for p in g["params"]
+            ]
             trainer.forward_backward(samples)  # allocated again: the gradients are there
             assert not trainer.gradients_released and trainer.gradients()
             assert all(b.grad_data.untyped_storage().nbytes() > 0 for b in trainer.ddp.buffers)

@@ -1,7 +1,8 @@
 """A train step brings values back from the device once for its statistics (and, with loop
 weighting, once more for the per-loop sums), never per micro-batch: on CUDA each such read (`.item()`,
 `int(t)`, `.tolist()`, `nonzero`, ...) waits for the device to drain its queue and leaves it
-idle while the host catches up (docs/performance.md#train). Counted on CPU with a TorchFunctionMode, by the ouro_cli function
+idle while the host catches up (docs/performance.md#train). Counted on CPU with a TorchFunctionMode, by the ouro_cli
+function
 that asked; reads of the micro-batches' host copies (building and counting them,
 trainer/batching.py; counting their depths for the forward's loop plan, LoopCounts.of) do not
 wait for a device and are left out. The forward's own read of its depths is counted: a step
@@ -21,8 +22,21 @@ from ouro_cli.model import build, ouro, tiny_config
 
 pytest.importorskip("megatron.core")
 
-READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy", "equal",
-         "unique", "any", "all"}
+READS = {
+    "item",
+    "tolist",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "nonzero",
+    "cpu",
+    "numpy",
+    "equal",
+    "unique",
+    "any",
+    "all",
+}
 
 
 class HostReads(TorchFunctionMode):
@@ -55,8 +69,9 @@ def test_a_step_reads_the_device_once_for_its_statistics(monkeypatch, weighting)
     monkeypatch.setattr(ouro, "GATHER_BELOW", 1.01)  # every loop that not all positions run gathers
     model = build(tiny_config(), seed=3)
     samples = make_samples(model, 8, seed=5)
-    trainer = Trainer(model, TrainerConfig(device="cpu", max_tokens_per_micro_batch=32, prompt_heads=False,
-                                           loop_weighting=weighting))
+    trainer = Trainer(
+        model, TrainerConfig(device="cpu", max_tokens_per_micro_batch=32, prompt_heads=False, loop_weighting=weighting)
+    )
     try:
         reads = HostReads()
         with reads:
@@ -65,8 +80,10 @@ def test_a_step_reads_the_device_once_for_its_statistics(monkeypatch, weighting)
         trainer.close()
     n = metrics["micro_batches"]
     assert n >= 3 and metrics["layer_tokens_executed"] < n * 32 * 4 * model.config.num_hidden_layers  # gathered
-    expected = {"trainer/step.py:_reduce": 1,  # the statistics, with the per-depth mismatch
-                "trainer/trainer.py:_global_counts": 1}
+    expected = {
+        "trainer/step.py:_reduce": 1,  # the statistics, with the per-depth mismatch
+        "trainer/trainer.py:_global_counts": 1,
+    }
     if weighting != "exit":
         expected |= {"trainer/step.py:_reduce_loops": 1}
     assert dict(reads.sites) == expected, dict(reads.sites)
@@ -90,8 +107,9 @@ def test_a_forward_reads_its_depths_once():
     assert dict(reads.sites) == {"model/ouro.py:read": 1}
     counted = HostReads()  # the counts made by the caller from host copies: no read, the same bits
     with torch.no_grad(), counted:
-        again = model(ids, depths, attention_mask=mask,
-                      depth_counts=ouro.LoopCounts.of(depths, mask, model.config.num_loops))
+        again = model(
+            ids, depths, attention_mask=mask, depth_counts=ouro.LoopCounts.of(depths, mask, model.config.num_loops)
+        )
     assert dict(counted.sites) == {} and torch.equal(again, out)
     with pytest.raises(ValueError, match="depths must lie in 1..4"):
         model(ids, depths + 1, attention_mask=mask)

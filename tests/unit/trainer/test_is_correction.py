@@ -95,7 +95,16 @@ def test_is_bounds_takes_two_numbers_after_one_flag():
     from ouro_cli.cli.common import expand_multi_value_options
 
     assert expand_multi_value_options(["train", "--is-bounds", "0.5", "2", "--depths", "2", "3"]) == [
-        "train", "--is-bounds", "0.5", "--is-bounds", "2", "--depths", "2", "--depths", "3"]
+        "train",
+        "--is-bounds",
+        "0.5",
+        "--is-bounds",
+        "2",
+        "--depths",
+        "2",
+        "--depths",
+        "3",
+    ]
 
 
 @pytest.fixture(scope="module")

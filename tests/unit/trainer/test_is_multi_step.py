@@ -67,15 +67,18 @@ def step_by_hand(policy, batch, first, mode, bounds, c):
                 capped += ratio > c
                 term = min(term, -c * a)
             loss += weight * term / tokens
-            clipped += (a > 0 and ratio > 1 + EPS_HIGH) or (a < 0 and (ratio < 1 - EPS_LOW or
-                                                                      (c is not None and ratio > c)))
+            clipped += (a > 0 and ratio > 1 + EPS_HIGH) or (
+                a < 0 and (ratio < 1 - EPS_LOW or (c is not None and ratio > c))
+            )
             largest = max(largest, ratio)
     return loss, clipped, largest, tokens, capped
 
 
-@pytest.mark.parametrize("mode, bounds, c, loops", [("tis", (0.5, 1.5), None, "exit"),
-                                                   ("mis", (0.7, 1.4), 1.1, "uniform")],
-                         ids=["tis", "mis-dual-clip-uniform"])
+@pytest.mark.parametrize(
+    "mode, bounds, c, loops",
+    [("tis", (0.5, 1.5), None, "exit"), ("mis", (0.7, 1.4), 1.1, "uniform")],
+    ids=["tis", "mis-dual-clip-uniform"],
+)
 def test_two_mini_batches_two_epochs_by_hand(base_model, samples, mode, bounds, c, loops):
     """Loop weighting changes the gradient, not the loss's value (docs/grpo.md §5): the hand
     computation holds under it too."""
@@ -83,8 +86,9 @@ def test_two_mini_batches_two_epochs_by_hand(base_model, samples, mode, bounds, 
 
     a, b = samples[:3], samples[3:]
     first = {id(s): logprobs_by_hand(base_model, s) for s in samples}
-    config = TrainerConfig(device="cpu", lr=1e-2, is_correction=mode, is_bounds=list(bounds), clip_ratio_c=c,
-                           loop_weighting=loops)
+    config = TrainerConfig(
+        device="cpu", lr=1e-2, is_correction=mode, is_bounds=list(bounds), clip_ratio_c=c, loop_weighting=loops
+    )
     steps = []
     with Trainer(copy.deepcopy(base_model), config) as trainer:
         forward_backward = trainer.forward_backward
@@ -129,7 +133,8 @@ def test_one_step_takes_its_reference_from_its_own_forward(base_model, samples, 
             given = trainer.with_first_logprobs(samples)
             for s, g in zip(samples, given, strict=True):
                 assert s.first_logprobs is None and g.first_logprobs == pytest.approx(
-                    logprobs_by_hand(base_model, s), abs=1e-5)
+                    logprobs_by_hand(base_model, s), abs=1e-5
+                )
             with_first = trainer.train_step(given)
             given_params = [p.detach().clone() for p in trainer.module.parameters()]
         assert all(torch.equal(x, y) for x, y in zip(alone_params, given_params, strict=True)), options

@@ -89,7 +89,7 @@ def per_loop_reference(model, s):
         last = {}
         logits = model(ids, depths.clamp(max=t), state_sink=lambda loop, h, last=last: last.update(h=h))[0]
         with torch.no_grad():
-            lam[:, t - 1] = torch.sigmoid(model.model.early_exit_gate(last["h"][0, m - 1:m + n - 1]).double())[:, 0]
+            lam[:, t - 1] = torch.sigmoid(model.model.early_exit_gate(last["h"][0, m - 1 : m + n - 1]).double())[:, 0]
         column = []
         for j in range(n):
             row = logits[m - 1 + j].double() / s.temperature
@@ -107,7 +107,7 @@ def reference_weights(scheme, ran, lam, alpha, T):
         if scheme == "uniform":
             raw = [1.0] * d
         elif scheme == "progressive":
-            raw = [t ** alpha for t in range(1, d + 1)]
+            raw = [t**alpha for t in range(1, d + 1)]
         else:
             raw, survive = [], 1.0
             for t in range(1, d + 1):
@@ -136,8 +136,11 @@ def reference(model, samples, scheme, alpha=1.0, eps_low=0.2, eps_high=0.28):
                 score = sum(omega[j, t] * lp[j, t] for t in range(d))
                 objective = objective - a * ratio * score / total_tokens
     objective.backward()
-    grads = {name: p.grad.detach().float().clone() for name, p in model.named_parameters()
-             if not name.startswith("model.early_exit_gate")}
+    grads = {
+        name: p.grad.detach().float().clone()
+        for name, p in model.named_parameters()
+        if not name.startswith("model.early_exit_gate")
+    }
     return loss_value, grads
 
 
@@ -147,8 +150,9 @@ def trainer_run(model, samples, **options):
 
 @pytest.mark.parametrize("scheme, alpha", [("uniform", 1.0), ("progressive", 1.5), ("exit-pdf", 1.0)])
 def test_loop_weighted_gradient_equals_the_reference(base_model, samples, scheme, alpha):
-    metrics, grads = trainer_run(base_model, samples, loop_weighting=scheme, loop_weight_alpha=alpha,
-                                 micro_batch_size=3, pack_length=16)
+    metrics, grads = trainer_run(
+        base_model, samples, loop_weighting=scheme, loop_weight_alpha=alpha, micro_batch_size=3, pack_length=16
+    )
     ref_loss, ref_grads = reference(base_model, samples, scheme, alpha)
     assert metrics["loss"] == pytest.approx(ref_loss, abs=1e-6)  # the loss value is the exit loop's
     assert 0 < metrics["clip_fraction"] < 1
@@ -172,8 +176,9 @@ def test_per_loop_logprobs_are_reported_and_exit_weighting_adds_no_work(base_mod
             expected_sum[t] += float(lp[:, t][ran[:, t]].sum())
             expected_count[t] += int(ran[:, t].sum())
     assert metrics["loop_tokens"] == expected_count
-    assert metrics["loop_logprob_mean"] == pytest.approx([a / n for a, n in zip(expected_sum, expected_count,
-                                                                                strict=True)], abs=1e-5)
+    assert metrics["loop_logprob_mean"] == pytest.approx(
+        [a / n for a, n in zip(expected_sum, expected_count, strict=True)], abs=1e-5
+    )
     # loop weighting "exit": the replay gets no state sink and no per-loop figure is reported
     trainer = Trainer(copy.deepcopy(base_model), TrainerConfig(device="cpu"))
     seen = []

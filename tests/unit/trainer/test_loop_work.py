@@ -37,8 +37,15 @@ def k2_samples(n: int = 12, seed: int = 0) -> list[Sample]:
     out = []
     for _ in range(n):
         m, k = g.randint(16, 64), g.randint(32, 128)
-        out.append(Sample([g.randrange(3, 96) for _ in range(m)], [g.randrange(3, 96) for _ in range(k)],
-                          [T] + [2] * (k - 1), [-1.0] * k, g.uniform(-1, 1)))
+        out.append(
+            Sample(
+                [g.randrange(3, 96) for _ in range(m)],
+                [g.randrange(3, 96) for _ in range(k)],
+                [T] + [2] * (k - 1),
+                [-1.0] * k,
+                g.uniform(-1, 1),
+            )
+        )
     return out
 
 
@@ -50,8 +57,9 @@ def threshold_samples() -> list[Sample]:
 
     llm = LLM(tiny_model(0), max_num_seqs=8, kv_blocks=256, block_size=4, cuda_graphs=False)
     try:
-        params = [SamplingParams(max_tokens=40, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
-                  for s in range(8)]
+        params = [
+            SamplingParams(max_tokens=40, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(8)
+        ]
         outs = llm.generate(prompts(8, seed=2, lo=8, hi=24), params)
     finally:
         llm.close()
@@ -81,7 +89,9 @@ def test_the_trainer_reports_the_work_it_ran(threshold_samples):
     from ouro_cli.model import build, tiny_config
     from ouro_cli.trainer import Trainer, TrainerConfig
 
-    trainer = Trainer(build(tiny_config(vocab_size=96), seed=0), TrainerConfig(device="cpu", max_tokens_per_micro_batch=128))
+    trainer = Trainer(
+        build(tiny_config(vocab_size=96), seed=0), TrainerConfig(device="cpu", max_tokens_per_micro_batch=128)
+    )
     try:
         metrics = trainer.forward_backward(threshold_samples)
         assert all(torch.isfinite(g).all() for g in trainer.gradients().values())

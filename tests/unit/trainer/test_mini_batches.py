@@ -18,16 +18,39 @@ from ouro_cli.trainer.step import combine_steps
 
 def test_combine_steps_by_hand():
     def step(loss, norm, lr, tokens, clip, epoch=0, mismatch=0.0):
-        return {"loss": loss, "grad_norm": norm, "lr": lr, "step_applied": True, "epoch": epoch,
-                "response_tokens": tokens, "samples": 2, "tokens": tokens + 4, "padded_tokens": tokens + 6,
-                "clip_fraction": clip, "ratio_mean": 1.0 + clip, "entropy": 2.0, "ratio_max": 1.0 + 2 * clip,
-                "micro_batch_tokens_max": tokens, "micro_batches": 1, "layer_tokens_executed": 10,
-                "logprob_mismatch_mean": mismatch, "logprob_mismatch_max": 2 * mismatch, "forward_backward_s": 0.5,
-                "logprob_mismatch_mean_by_depth": {"2": mismatch}, "logprob_mismatch_max_by_depth": {"2": 2 * mismatch},
-                "is_weight_mean": 1.0 - clip, "is_weight_max": 1.0 + clip, "is_masked_fraction": clip / 2}
+        return {
+            "loss": loss,
+            "grad_norm": norm,
+            "lr": lr,
+            "step_applied": True,
+            "epoch": epoch,
+            "response_tokens": tokens,
+            "samples": 2,
+            "tokens": tokens + 4,
+            "padded_tokens": tokens + 6,
+            "clip_fraction": clip,
+            "ratio_mean": 1.0 + clip,
+            "entropy": 2.0,
+            "ratio_max": 1.0 + 2 * clip,
+            "micro_batch_tokens_max": tokens,
+            "micro_batches": 1,
+            "layer_tokens_executed": 10,
+            "logprob_mismatch_mean": mismatch,
+            "logprob_mismatch_max": 2 * mismatch,
+            "forward_backward_s": 0.5,
+            "logprob_mismatch_mean_by_depth": {"2": mismatch},
+            "logprob_mismatch_max_by_depth": {"2": 2 * mismatch},
+            "is_weight_mean": 1.0 - clip,
+            "is_weight_max": 1.0 + clip,
+            "is_masked_fraction": clip / 2,
+        }
 
-    steps = [step(1.0, 2.0, 0.1, 10, 0.0, mismatch=1e-7), None, step(3.0, 1.0, 0.2, 30, 0.4, mismatch=0.5),
-             step(2.0, 5.0, 0.3, 10, 0.2, epoch=1, mismatch=0.9)]
+    steps = [
+        step(1.0, 2.0, 0.1, 10, 0.0, mismatch=1e-7),
+        None,
+        step(3.0, 1.0, 0.2, 30, 0.4, mismatch=0.5),
+        step(2.0, 5.0, 0.3, 10, 0.2, epoch=1, mismatch=0.9),
+    ]
     out = combine_steps(steps)
     assert (out["optimizer_steps"], out["empty_mini_batches"]) == (3, 1)
     assert out["loss"] == 2.0 and out["step_losses"] == [1.0, 3.0, 2.0]
@@ -40,8 +63,9 @@ def test_combine_steps_by_hand():
     assert out["layer_tokens_executed"] == 30 and out["micro_batches"] == 3 and out["forward_backward_s"] == 1.5
     assert out["clip_fraction"] == pytest.approx((0 * 10 + 0.4 * 30 + 0.2 * 10) / 50)
     assert out["ratio_max"] == pytest.approx(1.8) and out["micro_batch_tokens_max"] == 30
-    assert math.isnan(combine_steps([step(1.0, 9.0, 0.1, 10, 0.0), step(1.0, float("nan"), 0.1, 10, 0.0)])
-                      ["grad_norm"])  # a non-finite norm wins over any finite one
+    assert math.isnan(
+        combine_steps([step(1.0, 9.0, 0.1, 10, 0.0), step(1.0, float("nan"), 0.1, 10, 0.0)])["grad_norm"]
+    )  # a non-finite norm wins over any finite one
     nothing = combine_steps([None, None])
     assert nothing["optimizer_steps"] == 0 and nothing["loss"] is None and nothing["step_losses"] == []
 
@@ -51,8 +75,10 @@ def test_constant_length_weights_by_hand():
 
     samples = [Sample([1], [2, 3, 4], [4, 4, 4], [-1.0] * 3, 1.0), Sample([1], [5], [4], [-1.0], -1.0)]
     # Dr. GRPO: every token 1 / (samples · L) over the global batch (here 4 samples, L = 8)
-    assert loss_weights(samples, "constant_length", global_tokens=9, global_samples=4, length=8) == \
-        [[1 / 32] * 3, [1 / 32]]
+    assert loss_weights(samples, "constant_length", global_tokens=9, global_samples=4, length=8) == [
+        [1 / 32] * 3,
+        [1 / 32],
+    ]
     with pytest.raises(ValueError, match="length budget"):
         loss_weights(samples, "constant_length", global_tokens=9, global_samples=4)
 

@@ -102,9 +102,27 @@ def test_ouro_train_on_a_full_disk_exits_1_with_one_line():
 
     with tmpfs("4m") as mount:
         run = mount / "run"
-        done = subprocess.run([sys.executable, "-m", "ouro_cli.cli.app", "train", "--updates", "1", "--eval-prompts", "4",
-                               "--prompts-per-update", "2", "--group-size", "2", "--run-dir", str(run)],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ouro_cli.cli.app",
+                "train",
+                "--updates",
+                "1",
+                "--eval-prompts",
+                "4",
+                "--prompts-per-update",
+                "2",
+                "--group-size",
+                "2",
+                "--run-dir",
+                str(run),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 1, done.stderr[-3000:]
         assert len(errors) == 1 and "not enough disk space to save checkpoint iter_0000001" in errors[0], done.stderr
