@@ -125,6 +125,7 @@ def run_cell(
         prompts, group, tokens = 4, 4, min(tokens, 64)
     if mode == "spec":
         depths = [4]
+    began = time.perf_counter()  # --timeout covers the model's build too, so an outer limit can be set from it
     checkpoint = work / f"model-{model}{'-stops' if response.endswith('v') else ''}"
     if not (checkpoint / "config.json").exists():
         shutil.rmtree(checkpoint, ignore_errors=True)
@@ -166,7 +167,7 @@ def run_cell(
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
     print(f"== {cell} ({model}): {prompts} x {group} x {tokens}, depths {depths}, {updates} updates", flush=True)
     start = time.perf_counter()
-    code, out = run_in_own_group(cmd, env, work, timeout)
+    code, out = run_in_own_group(cmd, env, work, max(1.0, timeout - (start - began)))
     (work / f"run-{cell}.log").write_text(out)
     for line in out.splitlines():
         if line.startswith(("memory:", "error:")):
@@ -220,7 +221,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2)
     parser.add_argument("--prompts", type=int, help="prompts per update (default 32 at r512, 8 at r4096)")
     parser.add_argument("--depths", type=int, nargs="+", default=[4])
-    parser.add_argument("--timeout", type=float, default=540, help="seconds per cell")
+    parser.add_argument("--timeout", type=float, default=540, help="seconds per cell, its model build included")
     parser.add_argument("--work", default="/tmp/ouro-shapes")
     parser.add_argument("--out", help="write the results as JSON")
     parser.add_argument("--train-args", default="", help="further ouro train flags for every cell")
