@@ -196,13 +196,21 @@ def build(root: type[T], values: Mapping[str, Any], *, where: str = "option", ch
     nested: dict[str, Any] = {}
     for name, value in values.items():
         leaf = table[name]
-        if leaf.type is float and isinstance(value, int) and not isinstance(value, bool):
+        if _takes_float(leaf.type) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         node = nested
         for part in leaf.path[:-1]:
             node = node.setdefault(part, {})
         node[leaf.path[-1]] = value
     return _construct(root, nested)
+
+
+def _takes_float(expected: Any) -> bool:
+    """A float option, or one that is a float or a word (`float | Literal["auto"]`)."""
+    if get_origin(expected) in (Union, UnionType):
+        args = get_args(expected)
+        return float in args and int not in args
+    return expected is float
 
 
 def _construct(cls: type[T], values: dict[str, Any]) -> T:
@@ -298,6 +306,8 @@ def _wanted(expected: Any) -> str:
 
 
 def _describe(expected: Any) -> str:
+    if get_origin(expected) is Literal and len(get_args(expected)) == 1:
+        return get_args(expected)[0]
     if get_origin(expected) is list:
         return f"a list of {_describe(get_args(expected)[0]).removeprefix('an ').removeprefix('a ')}s"
     if get_origin(expected) is Literal:

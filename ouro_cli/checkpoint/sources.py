@@ -64,6 +64,15 @@ def megatron_root(path: Path) -> Path | None:
     return None
 
 
+def assets_dir(path: str | Path) -> Path:
+    """Where the checkpoint at `path` keeps its config.json and tokenizer: a Megatron checkpoint's
+    (or a run directory's) `hf_assets/`, else `path` itself. Nothing is validated or read: what
+    needs a model's shapes and not its weights (`ouro train --dry-run`, the `auto` options)
+    reads them from here."""
+    root = megatron_root(Path(path))
+    return Path(path) if root is None else root / layout.HF_ASSETS
+
+
 def open_checkpoint(path: str | Path) -> CheckpointSource:
     """The validated checkpoint at `path`, or a UserError saying what `path` is missing."""
     path = Path(path)

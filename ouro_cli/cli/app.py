@@ -14,6 +14,7 @@ import typer  # noqa: E402
 from ouro_cli import env  # noqa: E402
 
 from . import compare, convert, data, eval, export, probe_ucx, status, train, verify_resume  # noqa: E402
+from .commands import Command, Group  # noqa: E402
 from .common import DEBUG_ENV  # noqa: E402
 
 EPILOG = """Examples:
@@ -39,7 +40,8 @@ EPILOG = """Examples:
 
 app = typer.Typer(
     name="ouro",
-    help="On-policy RL (GRPO) for Ouro looped language models: convert, train, resume, export, eval, data, compare.",
+    help="On-policy RL (GRPO) for Ouro looped language models: train, resume, eval, data, export, convert, compare.",
+    cls=Group,
     epilog=EPILOG,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -60,21 +62,24 @@ def _global_options(
         env.put(DEBUG_ENV, "1")  # also seen by the processes a command starts (verify-resume)
 
 
-app.add_typer(convert.app, name="convert")
+app.command(name="train", epilog=train.TRAIN_EPILOG, cls=Command)(train.train)
+app.command(name="resume", epilog=train.RESUME_EPILOG, cls=Command)(train.resume)
+app.command(name="eval", epilog=eval.EPILOG, cls=Command)(eval.eval_command)
 app.add_typer(data.app, name="data")
-app.command(name="export", epilog=export.EPILOG)(export.export)
-app.command(name="train", epilog=train.TRAIN_EPILOG)(train.train)
-app.command(name="resume", epilog=train.RESUME_EPILOG)(train.resume)
-app.command(name="eval", epilog=eval.EPILOG)(eval.eval_command)
+app.command(name="status", epilog=status.STATUS_EPILOG, cls=Command)(status.status)
+app.command(name="plot", epilog=status.PLOT_EPILOG, cls=Command)(status.plot)
+app.command(name="export", epilog=export.EPILOG, cls=Command)(export.export)
+app.add_typer(convert.app, name="convert")
+app.command(name="compare", epilog=compare.EPILOG, cls=Command)(compare.compare)
 app.command(
     name="verify-resume",
     epilog=verify_resume.EPILOG,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    cls=Command,
 )(verify_resume.verify_resume)
-app.command(name="status", epilog=status.STATUS_EPILOG)(status.status)
-app.command(name="plot", epilog=status.PLOT_EPILOG)(status.plot)
-app.command(name="compare", epilog=compare.EPILOG)(compare.compare)
-app.command(name="probe-ucx", epilog=probe_ucx.EPILOG, context_settings={"allow_extra_args": True})(probe_ucx.probe_ucx)
+app.command(name="probe-ucx", epilog=probe_ucx.EPILOG, context_settings={"allow_extra_args": True}, cls=Command)(
+    probe_ucx.probe_ucx
+)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from .commands import Command
 from .common import JSON_OPTION, OVERWRITE_OPTION, console, run_command
 
 GROUP_EPILOG = """Examples:
@@ -103,7 +104,7 @@ def report(result: dict[str, Any], json_output: bool) -> None:
         )
 
 
-@app.command("hf-to-mcore", epilog=HF_TO_MCORE_EPILOG)
+@app.command("hf-to-mcore", epilog=HF_TO_MCORE_EPILOG, cls=Command)
 def hf_to_mcore(
     hf_dir: Annotated[
         Path,
@@ -153,7 +154,7 @@ def hf_to_mcore(
     run_command(body, json_output=json_output)
 
 
-@app.command("mcore-to-hf", epilog=MCORE_TO_HF_EPILOG)
+@app.command("mcore-to-hf", epilog=MCORE_TO_HF_EPILOG, cls=Command)
 def mcore_to_hf(
     ckpt: Annotated[
         Path,

@@ -22,9 +22,10 @@ from typing import Annotated, Any
 
 import typer
 
+from ouro_cli import defaults
 from ouro_cli.rl.data import Columns
-from ouro_cli.rl.options import SamplingOptions
 
+from .commands import Command
 from .common import JSON_OPTION, console, rich_escape, run_command
 
 GROUP_EPILOG = """Examples:
@@ -61,7 +62,7 @@ PERCENTILES = (50, 90, 99)
 SHOWN_DUPLICATES = 5
 
 
-@app.command("check", epilog=CHECK_EPILOG)
+@app.command("check", epilog=CHECK_EPILOG, cls=Command)
 def check(
     files: Annotated[
         list[str],
@@ -115,13 +116,15 @@ def check(
         ),
     ] = "chatml",
     max_response_len: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--max-response-len",
-            help="With --model: refuse a prompt that leaves no room for this many response tokens, as training does.",
+            help="With --model: refuse a prompt that leaves no room for this many response tokens, as training does. "
+            f"\\[default: auto, as ouro train's: {defaults.help_for('max_response_len').removeprefix('auto: ')}]",
             rich_help_panel=P_LEN,
+            show_default=False,
         ),
-    ] = SamplingOptions.max_response_len,
+    ] = None,
     reward_function: Annotated[
         str | None,
         typer.Option(
@@ -142,7 +145,10 @@ def check(
             {"--prompt-key": prompt_key, "--label-key": label_key, "--id-key": id_key, "--label-parser": label_parser}
         )
         columns = Columns(prompt_key, label_key, id_key, label_parser)
-        measure = _measure(model, prompt_template, max_response_len)
+        response_len = max_response_len
+        if response_len is None and model is not None:  # auto, as ouro train's (ouro_cli/defaults.py)
+            response_len = defaults.recipe_for(model).max_response_len
+        measure = _measure(model, prompt_template, response_len or 0)
         if reward_function is not None:
             from ouro_cli.rl.rewards import load_reward
 

@@ -44,6 +44,8 @@ def _eval(json_output: bool, **flags: Any) -> None:
         given = {k: (v or None) if isinstance(v, list) else v for k, v in flags.items()}
         values = {**from_environment(EvalOptions), **{k: v for k, v in given.items() if v is not None}}
         options = tree.build(EvalOptions, values, check=False).validate()
+        for choice in options.chosen:
+            console.print(escape(choice.note), soft_wrap=True)
         result = run_eval(options, log=lambda line: console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True))
         _table(result["evaluations"])
         console.print(f"evaluations: {result['out']}/evaluations.jsonl ({result.pop('seconds'):.1f}s)")

@@ -23,15 +23,46 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import typer
 
 from ouro_cli.config import P_DATA, P_ENGINE, P_EXEC, P_GRPO, P_OPT, P_RUN, Leaf
+from ouro_cli.defaults import AUTO
 
 from .common import JSON_OPTION, hidden_alias
 
 PANEL_ORDER = (P_DATA, P_GRPO, P_OPT, P_ENGINE, P_EXEC, P_RUN)
 
 
+class NumberOrAuto:
+    """Parses a number of one type, or the word `auto` (an option whose default follows the
+    model, ouro_cli/defaults.py)."""
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+
+    def __call__(self, value: Any) -> Any:
+        if value == AUTO or (isinstance(value, self.kind) and not isinstance(value, bool)):
+            return value
+        try:
+            return self.kind(value)
+        except (TypeError, ValueError):
+            wanted = "an integer" if self.kind is int else "a number"
+            raise typer.BadParameter(f"{value!r} is not {wanted} or auto") from None
+
+
+def auto_number(annotation: Any) -> type | None:
+    """int or float for an option typed `int | Literal["auto"]` or `float | Literal["auto"]`."""
+    if get_origin(annotation) not in (Union, UnionType):
+        return None
+    args = get_args(annotation)
+    numbers = [t for t in args if t in (int, float)]
+    autos = [t for t in args if get_origin(t) is Literal and get_args(t) == (AUTO,)]
+    return numbers[0] if len(numbers) == 1 and autos and len(args) == 2 else None
+
+
 def cli_type(annotation: Any) -> Any:
     """The type Typer parses an option as: a Literal is a string (its values are checked by the
-    config, with the config's message), `X | None` stays optional."""
+    config, with the config's message), `X | None` stays optional, a number or auto is a string
+    that `NumberOrAuto` converts."""
+    if auto_number(annotation) is not None:
+        return str
     origin = get_origin(annotation)
     if origin is Literal:
         return str
@@ -58,12 +89,14 @@ def parameter(
         text = f"{text} Or set {leaf.info.env}."  # the environment stands in for it (ouro_cli/settings.py)
     if not required:
         text = f"{text} \\[default: {leaf.shown_default if default is None else default}]"
+    number = auto_number(leaf.type)
     info = typer.Option(
         leaf.flag,
         help=text,
         rich_help_panel=leaf.info.panel if panels else None,
         show_default=False,
-        metavar=leaf.info.metavar,
+        metavar=leaf.info.metavar or (f"<{number.__name__}|auto>" if number else None),
+        parser=NumberOrAuto(number) if number else None,
     )
     if required:
         return inspect.Parameter(

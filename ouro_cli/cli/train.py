@@ -27,8 +27,10 @@ TRAIN_EPILOG = """Examples:
 
   ouro train --depths 2 3 4                       # bundled tiny model and data, 80 updates
 
-  ouro train --model ./Ouro-1.4B --data train.jsonl --run-dir runs/grpo-1 --depths 2 3 4 --updates 200 \\
-      --prompts-per-update 64 --group-size 8 --max-response-len 2048 --reward-function ouro_cli.rl.rewards.math_answer
+  ouro train --model ./Ouro-1.4B-Thinking --data train.jsonl --run-dir runs/grpo-1 --updates 200 \\
+      --prompts-per-update 64 --lr 1e-6 --max-response-len 2048 --reward-function ouro_cli.rl.rewards.math_answer
+
+  ouro train --config examples/ouro-1.4b/recipe.toml --dry-run   # data, options and memory plan; no weights read
 
   ouro train --model ./Ouro-1.4B --data deepscaler.parquet \\
       --label-key reward_model.ground_truth --id-key extra_info.index \\
@@ -47,7 +49,7 @@ RESUME_EPILOG = """Examples:
 """
 
 
-def _train(config: Path | None, json_output: bool, **flags: Any) -> None:
+def _train(config: Path | None, dry: bool, json_output: bool, **flags: Any) -> None:
     """Run GRPO on an Ouro model: rollouts at per-update depth budgets, Megatron-core updates."""
     params = {"config": config, **flags}
 
@@ -55,6 +57,10 @@ def _train(config: Path | None, json_output: bool, **flags: Any) -> None:
         from ouro_cli.rl.run_dir import RunDir
 
         options = resolve_params(params)
+        for choice in options.chosen:
+            console.print(escape(choice.note), soft_wrap=True)
+        if dry:
+            return _dry_run(options, json_output)
         if options.run_dir is None:
             options.run_dir = f"runs/ouro-{time.strftime('%Y%m%d-%H%M%S')}"
         run = RunDir(Path(options.run_dir))
@@ -82,7 +88,7 @@ def resolve_params(params: dict[str, Any]):
     flags = {
         k: (list(v) or None) if isinstance(v, list | tuple) else v
         for k, v in params.items()
-        if k not in ("config", "json_output")
+        if k not in ("config", "dry", "json_output")
     }
     return resolve(flags, str(config) if config else None)
 
@@ -114,6 +120,66 @@ def _resume(run_dir: Path, updates: int, override_opt_param_scheduler: bool, jso
     run_command(_quiet(body), json_output=json_output)
 
 
+DRY_RUN = inspect.Parameter(
+    "dry",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=False,
+    annotation=Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Check the data, resolve every option and size the memory plan from the model's config and "
+            "this device, print them and exit; no weights are read, nothing is written. \\[default: off]",
+            show_default=False,
+        ),
+    ],
+)
+
+
+def _dry_run(options, json_output: bool) -> dict[str, Any]:
+    """`ouro train --dry-run` (rl/dry_run.py): the report on stdout (with --json, its document); a
+    run that would not fit the device fails after the report, as the run would (exit 1)."""
+    from ouro_cli.rl.dry_run import dry_run
+
+    report = dry_run(options)
+    if not json_output:
+        typer.echo(_dry_run_text(report))
+    if report.memory_error is not None:  # the run would stop there: so does its dry run (exit 1)
+        report.memory_error.result = report.document()
+        raise report.memory_error
+    return report.document()
+
+
+def _dry_run_text(report) -> str:
+    from ouro_cli.config import leaves, render
+    from ouro_cli.rl.options import TrainOptions
+
+    options, data, model = report.options, report.data, report.model
+    lines = ["options, by TOML key (flags over --config over the defaults; auto resolved):"]
+    values = options.to_dict()
+    for leaf in by_panel(leaves(TrainOptions).values()):
+        value = values[leaf.name]
+        lines.append(f"  {leaf.name} = {leaf.shown_default if value is None else render(value)}")
+    lines += [
+        f"data: {data['rows']} training rows, {data['eval_rows']} held-out rows; reward {data['reward_function']}; "
+        f"template {data['prompt_template']}; longest prompt {data['longest_prompt_tokens']} tokens + "
+        f"--max-response-len {options.sampling.max_response_len} = {data['seq_tokens']} tokens per sequence",
+        f"model: {model['path']}: {_count(model['parameters'])} parameters, {model['layers']} layers x "
+        f"{model['loops']} loops, hidden {model['hidden_size']}, vocab {model['vocab_size']}, {model['dtype']} "
+        "(its config.json and tokenizer read; no weights)",
+        report.memory_line,
+    ]
+    return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    """A parameter count as people say it: 1.37B, 115.6k."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.{2 if unit == 'B' else 1}f}{unit}"
+    return str(n)
+
+
 def _train_command():
     from ouro_cli import config as tree
     from ouro_cli.rl.options import TrainOptions
@@ -133,7 +199,7 @@ def _train_command():
         ],
     )
     flags = [p for leaf in by_panel(tree.leaves(TrainOptions).values()) for p in parameters(leaf)]
-    return with_options(_train, flags, head=[config], tail=[json_parameter()])
+    return with_options(_train, flags, head=[config], tail=[DRY_RUN, json_parameter()])
 
 
 # What `ouro resume` accepts besides --updates: the options a run may change (plan.FREE_KEYS and,
@@ -286,15 +352,20 @@ def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: b
             on_update=on_update,
             command=command,
         )
-    _print_evaluations(summary)
+    _print_evaluations(summary, run)
     console.print(f"run directory: {summary['run_dir']}")
     return summary
 
 
-def _print_evaluations(summary: dict[str, Any]) -> None:
+def _print_evaluations(summary: dict[str, Any], run) -> None:
+    """The held-out accuracy per K at the end, beside the run's start evaluation: this command's,
+    or for a resumed run the one its first command wrote to evaluations.jsonl."""
     from rich.table import Table
 
-    before = {e["k"]: e for e in summary["evaluations_before"]}
+    from ouro_cli.rl.metrics import read_jsonl
+
+    started = summary["evaluations_before"] or [e for e in read_jsonl(run.evaluations) if e.get("when") == "start"]
+    before = {e["k"]: e for e in started}
     after = summary["evaluations_after"]
     if not after:
         return

@@ -12,6 +12,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+# A key of config.json that says "the `auto` options take the bundled task's values for me"
+# (ouro_cli/defaults.py): the bundled tiny model carries it, as does every model built from
+# `tiny_config`; it travels in `extra` through conversion, training and export.
+DEFAULTS_KEY, TINY_DEFAULTS = "ouro_defaults", "tiny"
+
 
 class ConfigError(ValueError):
     """A config.json that is not an Ouro model config we can run."""
@@ -121,7 +126,8 @@ class OuroConfig:
 
 
 def tiny_config(**overrides: Any) -> OuroConfig:
-    """A few-layer Ouro for tests and demos (T = 4 loops, GQA on)."""
+    """A few-layer Ouro for tests and demos (T = 4 loops, GQA on), marked as one whose `auto`
+    options take the bundled task's values (DEFAULTS_KEY)."""
     base = dict(
         vocab_size=128,
         hidden_size=64,
@@ -138,6 +144,7 @@ def tiny_config(**overrides: Any) -> OuroConfig:
                 "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM",
             },
             "torch_dtype": "float32",
+            DEFAULTS_KEY: TINY_DEFAULTS,
         },
     )
     base.update(overrides)

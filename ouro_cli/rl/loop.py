@@ -137,8 +137,9 @@ def _check_present(options: TrainOptions) -> None:
         )
 
 
-def _check_inputs(options: TrainOptions):
-    """Everything that can be wrong with the inputs, found before any model loads."""
+def check_inputs(options: TrainOptions):
+    """Everything that can be wrong with the inputs, found before any model loads: (training
+    rows, held-out rows, grader, prompt template or None for the model's own)."""
     _check_present(options)
     rows = load_dataset(options.data, columns_for(options))
     eval_rows = load_dataset(options.eval_data, columns_for(options, held_out=True)) if options.eval_data else []
@@ -235,9 +236,32 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
     from ouro_cli.mcore.process import launched_ranks
     from ouro_cli.trainer.setup import join_world
 
-    t, e = options.trainer, options.engine
-    device = torch.device("cuda", env.local_rank()) if t.resolved_device == "cuda" else torch.device("cpu")
     world = launched_ranks()
+    join_world(options.trainer.resolved_device)  # the trainer built after this takes the group over
+    memory = _agreed(DeviceMemory.of(run_device(options)))
+    return memory_plan(options, config, memory, seq_tokens=seq_tokens, eval_rows=eval_rows, saved=saved, world=world)
+
+
+def run_device(options: TrainOptions) -> torch.device:
+    """The device this rank's trainer and engine use."""
+    if options.trainer.resolved_device == "cuda":
+        return torch.device("cuda", env.local_rank())
+    return torch.device("cpu")
+
+
+def memory_plan(
+    options: TrainOptions,
+    config,
+    memory: DeviceMemory,
+    *,
+    seq_tokens: int,
+    eval_rows: int,
+    saved: dict[str, Any] | None,
+    world: int,
+) -> RunSizing:
+    """The memory plan of a run of `world` ranks on a device with `memory`, from the model's
+    shapes and the options alone (`ouro train --dry-run` sizes a run with it too)."""
+    t, e = options.trainer, options.engine
     local_samples = -(-options.prompts_per_update // world) * options.group_size
     recorded = (saved or {}).get("contract", {}).get("sizing") or {}
     given = t.max_tokens_per_micro_batch
@@ -248,10 +272,9 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
             "to the memory plan"
         )
     planes = config.num_loops if e.speculative_tokens else max(options.depths + options.eval_depths)
-    join_world(t.resolved_device)  # the trainer built after this takes the group over
     return size_run(
         config,
-        _agreed(DeviceMemory.of(device)),
+        memory,
         utilization=options.gpu_memory_utilization,
         dtype=t.torch_dtype,
         block_size=e.block_size,
@@ -310,27 +333,9 @@ def _in_use(device: torch.device) -> int:
     return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
 
 
-def setup(
-    options: TrainOptions,
-    run: RunDir,
-    *,
-    resume: bool,
-    override_scheduler: bool = False,
-    log: Callable[[str], None] = lambda s: None,
-) -> Session:
-    rows, eval_rows, reward_fn, template = _check_inputs(options)  # before anything heavy is imported
-
-    from ouro_cli.checkpoint import open_checkpoint
-    from ouro_cli.engine.tokenizer import TextCodec
-    from ouro_cli.model import from_state_dict
-    from ouro_cli.trainer import Trainer
-    from ouro_cli.trainer.setup import leave_world
-
-    log(f"data: {len(rows)} training rows, {len(eval_rows)} held-out rows; reward {options.task.reward_function}")
-
-    source_path = run.checkpoint if resume else Path(options.model)
-    source = open_checkpoint(source_path)
-    config = source.config
+def check_model(options: TrainOptions, config) -> int:
+    """The options against the model's config (depths, loops, positions); returns the token limit
+    of a prompt + response."""
     num_loops = config.num_loops
     validate_depths(options.depths, num_loops)
     validate_depths(options.eval_depths, num_loops, flag="--eval-depths")
@@ -345,15 +350,54 @@ def setup(
             f"--max-position-embeddings {options.max_position_embeddings} does not match the model's "
             f"{config.max_position_embeddings}"
         )
-    limit = min(options.seq_length or config.max_position_embeddings, config.max_position_embeddings)
-    codec = TextCodec.from_dir(source.assets_dir)
+    return min(options.seq_length or config.max_position_embeddings, config.max_position_embeddings)
+
+
+def encode_prompts(
+    options: TrainOptions, path: Path, assets: Path, template, rows: list[Row], eval_rows: list[Row], limit: int
+):
+    """(codec, template, training prompt ids, held-out prompt ids) with the tokenizer in `assets`
+    (the checkpoint at `path`'s); `template` None is the model's own chat template. A prompt
+    that leaves no room for --max-response-len tokens under `limit` is an error naming its row."""
+    from ouro_cli.engine.tokenizer import TextCodec
+
+    codec = TextCodec.from_dir(assets)
     if codec is None:
-        raise UserError(f"{source.path} has no tokenizer.json; ouro train needs the model's tokenizer")
+        raise UserError(f"{path} has no tokenizer.json; ouro train needs the model's tokenizer")
     if template is None:  # the checkpoint's chat template (never AutoTokenizer: it asks about remote code)
-        template = template_for_checkpoint("tokenizer", source.assets_dir)
+        template = template_for_checkpoint("tokenizer", assets)
     response_len = options.sampling.max_response_len
     prompt_ids = tokenize_prompts(codec, template, rows, limit, response_len, options.data)
     eval_prompt_ids = tokenize_prompts(codec, template, eval_rows, limit, response_len, options.eval_data or "")
+    return codec, template, prompt_ids, eval_prompt_ids
+
+
+def setup(
+    options: TrainOptions,
+    run: RunDir,
+    *,
+    resume: bool,
+    override_scheduler: bool = False,
+    log: Callable[[str], None] = lambda s: None,
+) -> Session:
+    rows, eval_rows, reward_fn, template = check_inputs(options)  # before anything heavy is imported
+
+    from ouro_cli.checkpoint import open_checkpoint
+    from ouro_cli.model import from_state_dict
+    from ouro_cli.trainer import Trainer
+    from ouro_cli.trainer.setup import leave_world
+
+    log(f"data: {len(rows)} training rows, {len(eval_rows)} held-out rows; reward {options.task.reward_function}")
+
+    source_path = run.checkpoint if resume else Path(options.model)
+    source = open_checkpoint(source_path)
+    config = source.config
+    num_loops = config.num_loops
+    limit = check_model(options, config)
+    codec, template, prompt_ids, eval_prompt_ids = encode_prompts(
+        options, source.path, source.assets_dir, template, rows, eval_rows, limit
+    )
+    response_len = options.sampling.max_response_len
 
     if not resume and options.lr_decay_updates is None:  # the schedule's length is fixed when the run starts
         options = dataclasses.replace(options, lr_decay_updates=options.updates)

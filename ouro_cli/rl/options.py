@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ouro_cli import config as tree
+from ouro_cli import defaults
 from ouro_cli.config import P_DATA, P_ENGINE, P_GRPO, P_OPT, P_RUN, option, section
+from ouro_cli.defaults import AUTO, Auto, Choice, choose
 from ouro_cli.errors import UserError
 from ouro_cli.rl.data import Columns, check_mapping
 from ouro_cli.settings import ExecutionSettings, from_environment
@@ -78,8 +80,11 @@ class SamplingOptions:
     """How a response is sampled, in rollouts and in evaluations."""
 
     temperature: float = option(1.0, help="Sampling temperature.", panel=P_GRPO)
-    max_response_len: int = option(
-        48, help="Tokens per response.", panel=P_GRPO, aliases=("--rollout-max-response-len",)
+    max_response_len: int | Auto = option(
+        AUTO,
+        help=f"Tokens per response; {defaults.help_for('max_response_len')}",
+        panel=P_GRPO,
+        aliases=("--rollout-max-response-len",),
     )
     exit_threshold: float = option(
         1.0, help="Native early exit at CDF >= threshold (1 = exactly K loops).", panel=P_GRPO
@@ -89,7 +94,8 @@ class SamplingOptions:
     def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise UserError("--temperature must be > 0 (GRPO samples; processed logprobs need T > 0)")
-        tree.at_least(1, max_response_len=self.max_response_len, min_loops=self.min_loops)
+        length = None if self.max_response_len == AUTO else self.max_response_len
+        tree.at_least(1, max_response_len=length, min_loops=self.min_loops)
         if not 0 < self.exit_threshold <= 1:
             raise UserError("--exit-threshold must lie in (0, 1]")
 
@@ -166,7 +172,10 @@ class EngineOptions:
     )
     block_size: int = option(16, help="Tokens per KV block.", panel=P_ENGINE)
     cuda_graphs: bool = option(
-        False, help="Require CUDA-graph decode steps (on by default on CUDA; an error without a GPU).", panel=P_ENGINE
+        False,
+        help="Make CUDA-graph decoding a requirement: a run that cannot capture them fails. A GPU run "
+        "decodes with CUDA graphs either way; off only does not insist.",
+        panel=P_ENGINE,
     )
     async_scheduling: bool = option(
         False, help="Queue each decode loop before reading the last exit signal (forces delayed exits).", panel=P_ENGINE
@@ -311,9 +320,16 @@ class TrainOptions:
     save_interval: int = option(
         20, help="Checkpoint every N updates (0: only at the end), and always at the end.", panel=P_RUN
     )
-    eval_data: str | None = option(str(BUNDLED / "eval.jsonl"), help="Held-out JSONL.", panel=P_RUN, shown="bundled")
+    eval_data: str | None = option(
+        str(BUNDLED / "eval.jsonl"),
+        help="Held-out data: JSONL, Parquet, or a datasets save_to_disk directory ('' for none).",
+        panel=P_RUN,
+        shown="bundled",
+    )
     eval_columns: EvalColumnOptions = section(EvalColumnOptions)
-    eval_prompts: int = option(200, help="Held-out prompts per evaluation.", panel=P_RUN)
+    eval_prompts: int | Auto = option(
+        AUTO, help=f"Held-out prompts per evaluation; {defaults.help_for('eval_prompts')}", panel=P_RUN
+    )
     eval_interval: int = option(0, help="Evaluate every N updates (always at start and end).", panel=P_RUN)
     eval_depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="K values evaluated.", panel=P_RUN)
     eval_samples: int = option(1, help="Samples per held-out prompt and K (avg@N and pass@k).", panel=P_RUN)
@@ -344,6 +360,11 @@ class TrainOptions:
     # not an option: the path options as the user gave them, where `absolute` changed them (kept in
     # the plan, so that a resume can show the original of a file that went missing)
     given_paths: dict[str, str] = field(default_factory=dict)
+    # not an option: what each option left at `auto` resolved to, for the command to say
+    chosen: list[Choice] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.resolve_auto()
 
     def absolute(self) -> TrainOptions:
         """These options with each relative path option (PATH_OPTIONS) made absolute against the
@@ -361,6 +382,15 @@ class TrainOptions:
         """A path option as recorded, and as first given when that differs."""
         value, given = getattr(self, name), self.given_paths.get(name)
         return f"{value} (given as {given})" if given and given != value else str(value)
+
+    def resolve_auto(self) -> None:
+        """Each option left at `auto` becomes its value for this model (ouro_cli/defaults.py),
+        noted in `chosen`: options are built resolved, so what they record is a value."""
+        recipe = defaults.recipe_for(self.model)
+        t, s = self.trainer, self.sampling
+        t.lr = choose("--lr", t.lr, "lr", recipe, self.chosen)
+        s.max_response_len = choose("--max-response-len", s.max_response_len, "max_response_len", recipe, self.chosen)
+        self.eval_prompts = choose("--eval-prompts", self.eval_prompts, "eval_prompts", recipe, self.chosen)
 
     def validate(self) -> TrainOptions:
         """The rules of the job as a whole (each section checked itself when it was built)."""
@@ -487,7 +517,7 @@ class EvalOptions:
     depths: list[int] = option(
         factory=lambda: list(DEFAULT_DEPTHS), help="Decode budgets K to evaluate: --depths 2 3 4."
     )
-    prompts: int = option(64, help="Evaluate the first N prompts.")
+    prompts: int | Auto = option(AUTO, help=f"Evaluate the first N prompts; {defaults.help_for('prompts')}")
     samples: int = option(1, help="Samples per prompt and K: avg@N, and pass@k for k = 1, 2, 4, ... <= N.")
     task: TaskOptions = section(TaskOptions)
     sampling: SamplingOptions = section(SamplingOptions)
@@ -499,6 +529,14 @@ class EvalOptions:
     execution: ExecutionSettings = section(ExecutionSettings)
     out: str | None = option(None, help="Output directory (outside every input).", shown="evals/ouro-eval-<timestamp>")
     overwrite: bool = option(False, help="Replace a non-empty output directory (never an input).")
+    # not an option: what each option left at `auto` resolved to (TrainOptions.chosen)
+    chosen: list[Choice] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """`auto` options resolved for the model (TrainOptions.resolve_auto)."""
+        recipe, s = defaults.recipe_for(self.model), self.sampling
+        self.prompts = choose("--prompts", self.prompts, "prompts", recipe, self.chosen)
+        s.max_response_len = choose("--max-response-len", s.max_response_len, "max_response_len", recipe, self.chosen)
 
     def validate(self) -> EvalOptions:
         self.task.resolve_reward(self.data)

@@ -5,9 +5,11 @@ declared with `option` are the ones a run may set, the others belong to the Pyth
 
 Defaults follow docs/architecture.md §3: clipped policy gradient with ε_low 0.2 / ε_high 0.28,
 token-mean aggregation, the exit loop's log-probability (docs/grpo.md), Adam, gradient
-clipping at 1.0, constant LR 1e-4 (tuned for the bundled tiny model). The parameter dtype defaults to bf16 on CUDA
-(fp32 main weights in the
-optimizer) and fp32 on CPU, where bf16 buys nothing and exactness tests need fp32.
+clipping at 1.0, a constant LR. The LR defaults to `auto`, which the job resolves from the
+model (ouro_cli/defaults.py) before it builds the trainer; a trainer given `auto` by itself
+uses the bundled tiny model's 1e-4 (`learning_rate`). The parameter dtype defaults to bf16
+on CUDA (fp32 main weights in the optimizer) and fp32 on CPU, where bf16 buys nothing and
+exactness tests need fp32.
 Importing this module does not import torch (`ouro --help` builds its flags from it).
 """
 
@@ -17,7 +19,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from ouro_cli import defaults
 from ouro_cli.config import P_ENGINE, P_GRPO, P_OPT, P_RUN, option
+from ouro_cli.defaults import AUTO, Auto
 from ouro_cli.errors import UserError
 
 DTYPES = ("fp32", "bf16")
@@ -43,9 +47,13 @@ class TrainerConfig:
     deterministic: bool = True  # CUDA: deterministic kernels in forward/backward (determinism.py)
 
     # ---- optimizer and schedule ---------------------------------------------------
-    lr: float = option(1e-4, help="Learning rate (the default suits the bundled tiny model).", panel=P_OPT)
+    lr: float | Auto = option(AUTO, help=f"Learning rate; {defaults.help_for('lr')}", panel=P_OPT)
     lr_schedule: Literal["constant", "cosine"] = option("constant", help="constant or cosine.", panel=P_OPT)
-    warmup_steps: int = option(0, help="LR warmup updates.", panel=P_OPT)
+    warmup_steps: int = option(
+        0,
+        help="LR warmup, counted in updates (each is --mini-batches x --epochs optimizer steps).",
+        panel=P_OPT,
+    )
     min_lr: float = option(0.0, help="Cosine: the LR it decays to.", panel=P_OPT)
     decay_steps: int | None = None  # cosine: steps from the start to min_lr (incl. warmup); the job: its updates
     weight_decay: float = 0.0
@@ -232,8 +240,8 @@ class TrainerConfig:
             f"micro_batch_token_cost needs 0 < loop <= 1 and 0 <= idle <= 1, got {cost}",
         )
         need(self.pack_length is None or self.pack_length >= 2, "pack_length must be >= 2 tokens")
-        need(self.lr > 0, "--lr must be > 0")
-        need(0 <= self.min_lr <= self.lr, "--min-lr must lie in [0, lr]")
+        need(self.lr == AUTO or self.lr > 0, f"--lr must be > 0 or auto, got {self.lr!r}")
+        need(0 <= self.min_lr <= self.learning_rate, "--min-lr must lie in [0, lr]")
         need(
             self.lr_schedule in ("constant", "cosine"),
             f"--lr-schedule must be constant or cosine, got {self.lr_schedule!r}",
@@ -246,6 +254,11 @@ class TrainerConfig:
         need(self.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping)")
         need(self.keep_last is None or self.keep_last >= 1, "--keep-last must be at least 1")
         return self
+
+    @property
+    def learning_rate(self) -> float:
+        """The LR as a number: `auto` is the bundled tiny model's here (the job resolves it first)."""
+        return defaults.TINY.lr if self.lr == AUTO else self.lr
 
     @property
     def resolved_aggregation(self) -> str:

@@ -29,7 +29,7 @@ def build_optimizer(config: TrainerConfig, ddp_model) -> MegatronOptimizer:
     dtype = config.torch_dtype
     optimizer_config = OptimizerConfig(
         optimizer="adam",
-        lr=config.lr,
+        lr=config.learning_rate,
         min_lr=config.min_lr,
         weight_decay=config.weight_decay,
         adam_beta1=config.adam_beta1,
@@ -58,7 +58,7 @@ def build_scheduler(config: TrainerConfig, optimizer: MegatronOptimizer) -> Opti
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0,
-        max_lr=config.lr,
+        max_lr=config.learning_rate,
         min_lr=config.min_lr,
         lr_warmup_steps=config.warmup_steps,
         lr_decay_steps=decay_steps,

@@ -13,7 +13,7 @@ from ouro_cli.rl.options import TrainOptions, read_toml, resolve
     [
         ('updates = "ten"', "updates must be an integer, got 'ten' (str)"),
         ("updates = true", "updates must be an integer, got True (bool)"),
-        ('lr = "1e-4"', "lr must be a number, got '1e-4' (str)"),
+        ('lr = "1e-4"', "lr must be a number or auto, got '1e-4' (str)"),
         ('depths = [2, "3"]', "depths must be a list of integers"),
         ("depths = 3", "depths must be a list of integers, got 3 (int)"),
         ("state_digest = 1", "state_digest must be true or false, got 1 (int)"),
