@@ -1,7 +1,11 @@
-"""What every command shares: the stderr console, JSON output, and the one error path.
+"""What every command shares: the consoles, JSON output, and the one error path.
 
-Human output and progress go to stderr; `--json` prints one JSON document on stdout, in
-every case (an error included: `{"ok": false, "error": ..., "exit_code": ...}`).
+As git, pip and vLLM do: a report that is the command's product (`ouro status`, `ouro data
+check`, a run's summary table) goes to stdout (`report_console`), so `> file` and `| grep`
+capture it; logs, progress and errors go to stderr (`console`). `--json` prints one JSON
+document on stdout, in every case (an error included: `{"ok": false, "error": ..., "exit_code":
+...}`), and the report then goes to stderr. Off a terminal, lines are never wrapped (a log
+keeps one line per message); tables still fit the console's width.
 
 Every exception that reaches a command becomes one line saying what went wrong and what
 to do (`describe_failure`), never a traceback. Exit codes: 0 success; 1 a check failed
@@ -35,7 +39,16 @@ from ouro_cli.errors import (
 )
 from ouro_cli.testing import faults
 
-console = Console(stderr=True, highlight=False)
+
+class _Console(Console):
+    """A Rich console that never wraps a line it prints to anything but a terminal."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **options: Any) -> None:
+        super().print(*objects, soft_wrap=not self.is_terminal if soft_wrap is None else soft_wrap, **options)
+
+
+console = _Console(stderr=True, highlight=False)
+_stdout = _Console(highlight=False)
 DEBUG_ENV = "OURO_DEBUG"
 
 
@@ -45,6 +58,15 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     model package imports it (signals.py)."""
     config = sys.modules.get("ouro_cli.model.config")
     return (UserError, config.ConfigError) if config is not None else (UserError,)
+
+
+def report_console(json_output: bool) -> Console:
+    """Where a command prints its human report: stdout, or stderr when stdout carries `--json`'s
+    document. Quiet wherever the log console is (the ranks other than 0 of a torchrun job)."""
+    if json_output:
+        return console
+    _stdout.quiet = console.quiet
+    return _stdout
 
 
 def emit_json(document: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import JSON_OPTION, console, run_command
+from .common import JSON_OPTION, console, report_console, run_command
 
 EPILOG = """Examples:
 
@@ -82,7 +82,7 @@ def compare(
             max_update_diff=max_update_diff,
         )
         doc = report(run_a, run_b, chosen)
-        console.print(format_report(doc), markup=False, highlight=False, soft_wrap=True)
+        report_console(json_output).print(format_report(doc), markup=False, highlight=False, soft_wrap=True)
         if not doc["ok"]:
             failed = ", ".join(k for k, ok in doc["checks"].items() if not ok)
             err = CheckFailed(f"{run_b} is beyond tolerance of {run_a}: {failed}")

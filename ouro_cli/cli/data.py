@@ -26,7 +26,7 @@ from ouro_cli import defaults
 from ouro_cli.rl.data import Columns
 
 from .commands import Command
-from .common import JSON_OPTION, console, rich_escape, run_command
+from .common import JSON_OPTION, report_console, rich_escape, run_command
 
 GROUP_EPILOG = """Examples:
 
@@ -155,7 +155,7 @@ def check(
             load_reward(reward_function)  # a bad path is one line, before any file is read
         reports = [_check_file(path, columns, measure, reward_function) for path in files]
         for report in reports:
-            _print(report)
+            _print(report, report_console(json_output))  # the command's product: stdout
         result = {
             "files": reports,
             "columns": {
@@ -287,9 +287,9 @@ def _check_file(path: str, columns: Columns, measure: _Measure, reward_function:
     return report
 
 
-def _print(report: dict[str, Any]) -> None:
+def _print(report: dict[str, Any], out) -> None:
     def say(text: str) -> None:
-        console.print(text, soft_wrap=True)  # a line per fact, as a log keeps it
+        out.print(text, soft_wrap=True)  # a line per fact, as a log keeps it
 
     path = rich_escape(report["path"])
     if "format" not in report:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from .common import console, run_command
+from .common import console, report_console, run_command
 from .options import json_parameter, parameters, with_options
 
 EPILOG = """Examples:
@@ -47,9 +47,10 @@ def _eval(json_output: bool, **flags: Any) -> None:
         for choice in options.chosen:
             console.print(escape(choice.note), soft_wrap=True)
         result = run_eval(options, log=lambda line: console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True))
-        _table(result["evaluations"])
-        console.print(f"evaluations: {result['out']}/evaluations.jsonl ({result.pop('seconds'):.1f}s)")
-        console.print(f"responses: {result['responses']}")
+        out = report_console(json_output)  # the command's product: stdout
+        _table(result["evaluations"], out)
+        out.print(f"evaluations: {result['out']}/evaluations.jsonl ({result.pop('seconds'):.1f}s)")
+        out.print(f"responses: {result['responses']}")
         return result
 
     from ouro_cli.warnings_log import quiet
@@ -68,7 +69,7 @@ def _command():
 eval_command = _command()
 
 
-def _table(results: list[dict[str, Any]]) -> None:
+def _table(results: list[dict[str, Any]], out) -> None:
     """One row per K. With N samples per prompt the accuracy column is avg@N, and a second
     table gives pass@k per K (a table of its own, so that pass@1 … pass@64 fit 80 columns)."""
     from rich.table import Table
@@ -94,7 +95,7 @@ def _table(results: list[dict[str, Any]]) -> None:
             f"{r['mean_tokens']:.1f}",
             str(r["truncated"]),
         )
-    console.print(table)
+    out.print(table)
     if samples == 1:
         return
     passes = [key for key in results[0] if key.startswith("pass@")]
@@ -103,4 +104,4 @@ def _table(results: list[dict[str, Any]]) -> None:
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(str(r["k"]), *(f"{r[key]:.3f}" for key in passes))
-    console.print(table)
+    out.print(table)

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import JSON_OPTION, console, run_command
+from .common import JSON_OPTION, console, report_console, run_command
 
 OVERWRITE = typer.Option("--overwrite", help="Replace an existing probe.json. \\[default: off]", show_default=False)
 
@@ -78,7 +78,7 @@ def probe_ucx(
             staging.write_text(json.dumps(document, indent=2) + "\n")
         path = output.path
         document["probe_json"] = str(path)
-        _print(document)
+        _print(document, report_console(json_output))  # the command's product: stdout
         if document["recommended"] is None:
             err = CheckFailed(f"no UCX setting delivered the bytes (details in {path})")
             err.result = document
@@ -88,7 +88,7 @@ def probe_ucx(
     run_command(body, json_output=json_output)
 
 
-def _print(document: dict[str, Any]) -> None:
+def _print(document: dict[str, Any], out) -> None:
     from rich.table import Table
 
     table = Table(
@@ -108,7 +108,7 @@ def _print(document: dict[str, Any]) -> None:
             f"{r['gbps']:.2f}" if r["gbps"] else "-",
             (r["error"] or "")[:80],
         )
-    console.print(table)
+    out.print(table)
     rec = document["recommended"]
     if rec:
-        console.print(f"recommended: [bold]{rec['label']}[/] ({rec['gbps']:.2f} GB/s) — apply with: {rec['apply']}")
+        out.print(f"recommended: [bold]{rec['label']}[/] ({rec['gbps']:.2f} GB/s) — apply with: {rec['apply']}")

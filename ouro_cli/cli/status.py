@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import JSON_OPTION, console, rich_escape, run_command
+from .common import JSON_OPTION, console, report_console, rich_escape, run_command
 
 STATUS_EPILOG = """Examples:
 
@@ -38,6 +38,7 @@ def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTI
         from ouro_cli.rl.status import run_status
 
         s = run_status(run_dir)
+        out = report_console(json_output)  # the report is the command's product: stdout
         state = (
             "[green]complete[/]"
             if s["complete"]
@@ -46,8 +47,8 @@ def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTI
             else "stopped (not complete; `ouro resume` continues it)"
         )
         ckpt = s["checkpoint"]
-        console.print(f"[bold]{s['run_dir']}[/]: {state}")
-        console.print(
+        out.print(f"[bold]{rich_escape(s['run_dir'])}[/]: {state}")
+        out.print(
             f"updates {s['updates_done']} of {s['updates_total']}; latest checkpoint: "
             + (
                 f"{ckpt.get('path', ckpt.get('problem'))} (continues at update {ckpt.get('next_update')})"
@@ -55,9 +56,9 @@ def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTI
                 else "none yet"
             )
         )
-        console.print(f"plan {s['plan_sha256'][:12]}")
+        out.print(f"plan {s['plan_sha256'][:12]}")
         for note in s["notes"]:
-            _note(note)
+            _note(note)  # about reading the files (a cut last line): a log line
         table = Table()
         for col in ("K", "last training reward", "held-out accuracy"):
             table.add_column(col, justify="right")
@@ -68,7 +69,7 @@ def status(run_dir: Annotated[Path, RUN_ARGUMENT], json_output: bool = JSON_OPTI
                 f"{r['reward_mean']:.3f} (update {r['update']})" if r else "-",
                 f"{a['accuracy']:.3f} (update {a['update']}, {a['when']})" if a else "-",
             )
-        console.print(table)
+        out.print(table)
         return s
 
     run_command(body, json_output=json_output)

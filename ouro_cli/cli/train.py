@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from ouro_cli.config import P_DATA, P_OPT
 
-from .common import console, hidden_alias, is_main_rank, run_command
+from .common import console, hidden_alias, is_main_rank, report_console, run_command
 from .options import by_panel, json_parameter, parameters, with_options
 
 TRAIN_EPILOG = """Examples:
@@ -49,7 +49,23 @@ RESUME_EPILOG = """Examples:
 """
 
 
-def _train(config: Path | None, dry: bool, json_output: bool, **flags: Any) -> None:
+def _verbose_parameter() -> inspect.Parameter:
+    return inspect.Parameter(
+        "verbose",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[
+            bool,
+            typer.Option(
+                "--verbose",
+                help="Also log the execution plan's hash and the weight versions. \\[default: off]",
+                show_default=False,
+            ),
+        ],
+    )
+
+
+def _train(config: Path | None, dry: bool, json_output: bool, verbose: bool, **flags: Any) -> None:
     """Run GRPO on an Ouro model: rollouts at per-update depth budgets, Megatron-core updates."""
     params = {"config": config, **flags}
 
@@ -72,7 +88,13 @@ def _train(config: Path | None, dry: bool, json_output: bool, **flags: Any) -> N
             if is_main_rank():  # under torchrun the other ranks are the same job
                 prepare_run_dir(run, options.overwrite, log=_note)
             return _run(
-                options, run, resume=False, override_scheduler=False, json_output=json_output, command="ouro train"
+                options,
+                run,
+                resume=False,
+                override_scheduler=False,
+                json_output=json_output,
+                verbose=verbose,
+                command="ouro train",
             )
 
     run_command(_quiet(body), json_output=json_output)
@@ -88,12 +110,14 @@ def resolve_params(params: dict[str, Any]):
     flags = {
         k: (list(v) or None) if isinstance(v, list | tuple) else v
         for k, v in params.items()
-        if k not in ("config", "dry", "json_output")
+        if k not in ("config", "dry", "json_output", "verbose")
     }
     return resolve(flags, str(config) if config else None)
 
 
-def _resume(run_dir: Path, updates: int, override_opt_param_scheduler: bool, json_output: bool, **flags: Any) -> None:
+def _resume(
+    run_dir: Path, updates: int, override_opt_param_scheduler: bool, json_output: bool, verbose: bool, **flags: Any
+) -> None:
     """Continue a run from its latest checkpoint, holding it to its plan (ouro-plan.json)."""
     given = {k: (v or None) if isinstance(v, list) else v for k, v in flags.items()}
 
@@ -114,6 +138,7 @@ def _resume(run_dir: Path, updates: int, override_opt_param_scheduler: bool, jso
                 resume=True,
                 override_scheduler=override_opt_param_scheduler,
                 json_output=json_output,
+                verbose=verbose,
                 command="ouro resume",
             )
 
@@ -199,7 +224,7 @@ def _train_command():
         ],
     )
     flags = [p for leaf in by_panel(tree.leaves(TrainOptions).values()) for p in parameters(leaf)]
-    return with_options(_train, flags, head=[config], tail=[DRY_RUN, json_parameter()])
+    return with_options(_train, flags, head=[config], tail=[DRY_RUN, json_parameter(), _verbose_parameter()])
 
 
 # What `ouro resume` accepts besides --updates: the options a run may change (plan.FREE_KEYS and,
@@ -278,7 +303,7 @@ def _resume_command():
             else "Must equal the run's (checked)."
         )
         flags.extend(parameters(leaf, help=help, default="the run's"))
-    return with_options(_resume, flags, head=head, tail=[json_parameter()])
+    return with_options(_resume, flags, head=head, tail=[json_parameter(), _verbose_parameter()])
 
 
 train = _train_command()
@@ -296,7 +321,9 @@ def _note(message: str) -> None:
     console.print(f"[dim]{escape(message)}[/]")
 
 
-def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: bool, command: str) -> dict[str, Any]:
+def _run(
+    options, run, *, resume: bool, override_scheduler: bool, json_output: bool, verbose: bool, command: str
+) -> dict[str, Any]:
     from ouro_cli.warnings_log import attach_active
 
     main_rank = is_main_rank()
@@ -313,51 +340,27 @@ def _run(options, run, *, resume: bool, override_scheduler: bool, json_output: b
     attach_active(run.warnings_log, ready=working, keep=main_rank)
     if not main_rank:  # under torchrun, rank 0 speaks for the job
         console.quiet = True
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from ouro_cli.rl.loop import train as train_loop
 
-    columns = (
-        TextColumn("[bold]GRPO[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
-        task = progress.add_task("setting up", total=options.updates)
+    from .progress import TrainDisplay
 
-        def on_update(record: dict[str, Any]) -> None:
-            # an update that compiled (the first at each K, or a new kind of micro-batch) says
-            # how much of its time that was, so a slow update is not mistaken for a slow run
-            compiling = record.get("compile_s", 0.0)
-            note = f" ({compiling:.1f}s compiling)" if compiling >= 0.5 else ""
-            progress.update(
-                task,
-                completed=record["update"] + 1,
-                description=f"K={record['k']} reward={record['reward_mean']:.3f} step={record['step_s']:.1f}s{note}",
-            )
-            if not console.is_terminal:
-                console.print(
-                    f"update {record['update']}: K={record['k']} v{record['weight_version']} "
-                    f"reward={record['reward_mean']:.3f} step={record['step_s']:.2f}s{note}"
-                )
-
+    with TrainDisplay(console, options.updates, verbose=verbose) as display:
         summary = train_loop(
             options,
             run,
             resume=resume,
             override_scheduler=override_scheduler,
             log=_note,
-            on_update=on_update,
+            progress=display,
             command=command,
         )
-    _print_evaluations(summary, run)
-    console.print(f"run directory: {summary['run_dir']}")
+    report = report_console(json_output)
+    _print_evaluations(summary, run, report)
+    report.print(f"run directory: {summary['run_dir']}")
     return summary
 
 
-def _print_evaluations(summary: dict[str, Any], run) -> None:
+def _print_evaluations(summary: dict[str, Any], run, report) -> None:
     """The held-out accuracy per K at the end, beside the run's start evaluation: this command's,
     or for a resumed run the one its first command wrote to evaluations.jsonl."""
     from rich.table import Table
@@ -381,4 +384,4 @@ def _print_evaluations(summary: dict[str, Any], run) -> None:
             f"{e['mean_exit_depth']:.2f}",
             f"{e['mean_tokens']:.1f}",
         )
-    console.print(table)
+    report.print(table)

@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from ouro_cli.errors import CheckFailed, UserError
 
-from .common import JSON_OPTION, console, run_command
+from .common import JSON_OPTION, console, report_console, run_command
 from .options import fold_negations
 from .train import resolve_params
 
@@ -94,13 +94,14 @@ def verify_resume(
                 work=Path(work_dir),
                 log=lambda m: console.print(f"[dim]{escape(m)}[/]"),
             )
-        _print(report)
+        out = report_console(json_output)  # the command's product: stdout
+        _print(report, out)
         result = {**report.to_dict(), "report": report.path}
         if not report.identical:
             err = CheckFailed(f"runs differ; first divergence: {report.first_divergence}")
             err.result = result
             raise err
-        console.print(f"[bold green]bit-identical[/] ({report.path})")
+        out.print(f"[bold green]bit-identical[/] ({report.path})")
         return result
 
     from ouro_cli.warnings_log import quiet
@@ -123,7 +124,7 @@ def _train_options(ctx: typer.Context, train_args: list[str]):
     return resolve_params(fold_negations(params))
 
 
-def _print(report) -> None:
+def _print(report, out) -> None:
     from rich.table import Table
 
     table = Table(title=f"{report.run_a}  vs  {report.run_b}")
@@ -131,6 +132,6 @@ def _print(report) -> None:
         table.add_column(col)
     for c in report.categories:
         table.add_row(c.name, str(c.compared), str(c.differing), "[green]identical[/]" if c.ok else "[red]DIFFERS[/]")
-    console.print(table)
+    out.print(table)
     if report.first_divergence:
-        console.print(f"first divergence: {report.first_divergence}")
+        out.print(f"first divergence: {report.first_divergence}")

@@ -198,6 +198,29 @@ class RolloutEngine(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class GenerateProgress:
+    """Where an engine's current `generate` call stands, for a display to read from another
+    thread: the calls begun so far, and of the current one its requests, those finished, the
+    tokens decoded and the most it may decode (the requests' max_tokens summed). The engine
+    only assigns these counters (once per call and per scheduler step); it never waits for a
+    reader."""
+
+    calls: int = 0
+    sequences: int = 0
+    finished: int = 0
+    tokens: int = 0
+    max_tokens: int = 0
+
+
+@runtime_checkable
+class ReportsProgress(Protocol):
+    """An engine whose `generate` keeps `generate_progress` current (`GenerateProgress`);
+    engines without it simply report nothing while they generate."""
+
+    generate_progress: GenerateProgress
+
+
 @runtime_checkable
 class ReleasesMemory(Protocol):
     """An engine that can hand its KV memory to a colocated trainer between rollouts.

@@ -34,6 +34,7 @@ from ouro_cli.testing.faults import simulated_device_limit
 
 from .contract import (
     EngineBusy,
+    GenerateProgress,
     Prompt,
     RequestOutput,
     RequestRejected,
@@ -114,6 +115,7 @@ class LLM(GenerationControl):
         self.control = Admission(core.publisher)
         self._next_request = 0
         self._kv_limit: int | None = None  # limit_kv_blocks
+        self.generate_progress = GenerateProgress()  # contract.ReportsProgress
 
     # ---- generation ------------------------------------------------------------------
 
@@ -136,6 +138,11 @@ class LLM(GenerationControl):
         sched = self.core.scheduler()
         for seq in seqs:
             sched.add(seq)
+        counters, progress = self.core.counters, self.generate_progress
+        first = counters.decode_tokens
+        progress.sequences, progress.finished, progress.tokens = len(seqs), 0, 0
+        progress.max_tokens = sum(seq.params.max_tokens for seq in seqs)
+        progress.calls += 1
         try:
             while sched.has_work():
                 if self.control.hold_at_step_boundary():
@@ -143,6 +150,8 @@ class LLM(GenerationControl):
                         seq.finish_reason = "abort"
                     return
                 self.core.step(sched, overlap=self.overlap, hold=self.control.pause_requested)
+                progress.finished = len(seqs) - len(sched.running) - len(sched.waiting)
+                progress.tokens = counters.decode_tokens - first
         finally:
             sched.drain()  # on any error, give every block back
 

@@ -61,6 +61,7 @@ from .metrics import (
 from .options import EngineOptions, TrainOptions
 from .phases import hand_back, phase
 from .plots import plot_run
+from .progress import RunProgress, Silent, Stage
 from .prompts import stop_tokens_for, tokenize_prompts
 from .publish import publish
 from .rewards import Grader, check_labels, load_reward
@@ -71,7 +72,6 @@ from .sizing import DeviceMemory, RunSizing, call_kv_bytes, check_fits, describe
 from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
 
-Progress = Callable[[dict[str, Any]], None]
 NO_SAVE = {
     "save_s": 0.0,
     "save_compile_s": 0.0,
@@ -108,6 +108,7 @@ class Session:
     unlogged_save: dict[str, Any] = field(default_factory=lambda: dict(NO_SAVE))
     # out-of-memory decisions of this rank's current update, not yet recorded (rl/recovery.py)
     new_decisions: list[dict[str, Any]] = field(default_factory=list)
+    progress: RunProgress = field(default_factory=Silent)  # what the user sees of it (rl/progress.py)
 
     @property
     def is_main(self) -> bool:
@@ -116,6 +117,13 @@ class Session:
     @property
     def eval_sampling(self) -> RolloutSampling:
         return dataclasses.replace(self.sampling, seed=self.options.seed)
+
+    @property
+    def generating(self) -> Any:
+        """The engine's count of its current generate call (contract.GenerateProgress), or None."""
+        from ouro_cli.engine.contract import ReportsProgress
+
+        return self.engine.generate_progress if isinstance(self.engine, ReportsProgress) else None
 
 
 # ---- setup ---------------------------------------------------------------------------
@@ -229,6 +237,11 @@ def _agreed(memory: DeviceMemory) -> DeviceMemory:
     return DeviceMemory(memory.kind, min(m.total for m in every), min(m.free for m in every))
 
 
+def _local_samples(options: TrainOptions, world: int) -> int:
+    """The most samples one of `world` ranks rolls out and trains in an update."""
+    return -(-options.prompts_per_update // world) * options.group_size
+
+
 def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved: dict[str, Any] | None) -> RunSizing:
     """The run's memory plan (rl/sizing.py), from memory figures every rank agrees on; a resumed
     run keeps the one its plan recorded."""
@@ -262,7 +275,7 @@ def memory_plan(
     """The memory plan of a run of `world` ranks on a device with `memory`, from the model's
     shapes and the options alone (`ouro train --dry-run` sizes a run with it too)."""
     t, e = options.trainer, options.engine
-    local_samples = -(-options.prompts_per_update // world) * options.group_size
+    local_samples = _local_samples(options, world)
     recorded = (saved or {}).get("contract", {}).get("sizing") or {}
     given = t.max_tokens_per_micro_batch
     if saved is None and given is not None and given < seq_tokens:  # the run would fail at its first long sample
@@ -379,7 +392,9 @@ def setup(
     resume: bool,
     override_scheduler: bool = False,
     log: Callable[[str], None] = lambda s: None,
+    progress: RunProgress | None = None,
 ) -> Session:
+    progress = progress or Silent()
     rows, eval_rows, reward_fn, template = check_inputs(options)  # before anything heavy is imported
 
     from ouro_cli.checkpoint import open_checkpoint
@@ -441,7 +456,10 @@ def setup(
     # the process group exists from here on (the trainer creates or joins it)
     contract_sha = plans.contract_hash(contract)
     agreed = _agree(contract_sha, "execution plan")
-    log(f"execution plan {contract_sha[:12]}: agreed by {agreed} rank(s)")
+    if agreed > 1:
+        log(f"execution plan {contract_sha[:12]}: the same on all {agreed} ranks")
+    else:
+        progress.detail(f"execution plan {contract_sha[:12]} (ouro-plan.json)")
     if options.prompts_per_update < agreed:
         raise UserError(
             f"--prompts-per-update {options.prompts_per_update} is less than the {agreed} data-parallel "
@@ -460,6 +478,7 @@ def setup(
     engine_model.execution = options.execution  # the engine computes with its model's settings
     del weights
     check_fits(sizing, DeviceMemory.of(trainer.device), _in_use(trainer.device))
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     log(
         describe(
             sizing,
@@ -469,10 +488,10 @@ def setup(
             seq_tokens=seq_tokens,
             dtype=trainer.config.torch_dtype,
             planes=sorted(set(options.depths) | set(options.eval_depths)),
+            tokens_per_update=_local_samples(options, world) * seq_tokens,
         )
     )
     engine = _make_engine(options.engine, engine_model, sizing, trainer.device, log)
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     sampling = RolloutSampling.of(
         options.sampling,
         num_loops=num_loops,
@@ -502,6 +521,7 @@ def setup(
         config=config,
         seq_tokens=seq_tokens,
         devices={str(trainer.device), *getattr(engine, "devices", set)()},
+        progress=progress,
     )
     if session.is_main and options.loggers:
         session.trackers = Trackers(options.loggers, run.warnings_log.parent, options.to_dict(), run.root.name)
@@ -522,10 +542,9 @@ def setup(
             "management: its CUDA graphs are captured again every update)"
         )
     )
-    log(
-        f"engine: {type(engine).__name__}, initial publication v{start_update + 1} in {stats['publish_s'] * 1e3:.1f} "
-        f"ms{where}"
-    )
+    log(f"engine: {type(engine).__name__}{where}")
+    published = f"{stats['publish_s'] * 1e3:.1f} ms"
+    progress.detail(f"weights published to the engine as version {start_update + 1} ({published})")
     hand_back(engine, trainer.device)  # the first call allocates the cache it needs (engine.kv_cache)
     return session
 
@@ -790,6 +809,7 @@ def save_stage(s: Session, next_update: int) -> float:
     the background while the next update runs; its commit (tracker, the plan beside it) comes
     at the next save or the end of the run (Trainer.save)."""
     start = time.perf_counter()
+    s.progress.stage(Stage("save", next_update))
     advanced = plans.advance(s.plan, next_update, s.cursor.state_dict(), s.options.updates)
     s.trainer.save(
         s.run.checkpoint,
@@ -806,6 +826,7 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     if not s.eval_rows:
         return []
     faults.point("evaluation")
+    s.progress.stage(Stage("evaluation", update, when=when, depths=tuple(s.options.eval_depths), counter=s.generating))
     n, samples = min(s.options.eval_prompts, len(s.eval_rows)), s.options.eval_samples
     with phase(
         {},
@@ -859,6 +880,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     lower = "--gpu-memory-utilization or --max-num-seqs" + (
         ", or pass --offload-optimizer on" if sizing.state_per_call else ""
     )
+    s.progress.stage(Stage("rollout", update, k, counter=s.generating))
     with phase(
         timing,
         "rollout",
@@ -871,6 +893,8 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     decided = record_decisions(s)
     faults.point("rollout")
     score_stage(s, update, samples)
+    if s.options.filter_groups:
+        s.progress.stage(Stage("refill", update, k, counter=s.generating))
     with phase(
         timing,
         "refill",
@@ -882,6 +906,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     decided += record_decisions(s)  # the refill rounds' (rollout_stage decides in them too)
     advantage_stage(s, samples)
     hand_back(s.engine, device)  # the trainer may use the KV cache's memory until the next rollout
+    s.progress.stage(Stage("train", update, k, counter=getattr(s.trainer, "step_progress", None)))
     with phase(
         timing,
         "train",
@@ -912,6 +937,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     identical = check_rank_params(update, [r["param_sha256"] for r in ranks])
     t_check = time.perf_counter()
     digest = state_digest(s.trainer) if s.options.state_digest else None
+    s.progress.stage(Stage("publish", update, k))
     with phase(timing, "publish", device, f"update {update}, weights to the engine", "--gpu-memory-utilization"):
         publish(s.engine, s.trainer.named_weights_for_publication(), version=update + 2)
     records = _gather(samples, update)
@@ -959,6 +985,9 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         run_records.write_update(s.run, update, records, record, durable=save_due)
         s.trackers.update(record)
         s.trackers.evaluations(update + 1, interval)  # after the update's line: trackers want steps in order
+    s.progress.updated(record)
+    if interval:
+        s.progress.evaluated(update + 1, "interval", interval)
     if save_due:
         with phase(s.unlogged_save, "save", device, f"checkpoint of update {update + 1}", "--gpu-memory-utilization"):
             save_stage(s, update + 1)
@@ -1074,11 +1103,12 @@ def train(
     resume: bool = False,
     override_scheduler: bool = False,
     log: Callable[[str], None] = lambda s: None,
-    on_update: Progress = lambda r: None,
+    progress: RunProgress | None = None,
     command: str = "ouro train",
 ) -> dict[str, Any]:
     """The whole job (the caller holds the run lock). A resume first checks the records against
-    the checkpoint (records.py); a resume of a run that never saved a checkpoint starts it again."""
+    the checkpoint (records.py); a resume of a run that never saved a checkpoint starts it again.
+    `progress` is told what the run does as it does it (rl/progress.py)."""
     continuing = resume
     start = run_records.resume_point(run, options.updates, log) if resume else None
     if resume and start is None:
@@ -1087,8 +1117,8 @@ def train(
     hint = f"ouro resume {run.root} --updates {options.updates}"
     state = f"its checkpoint is at update {start}" if start else "no checkpoint yet: the resume starts it again"
     with StopSignals(log, hint, at_once=f"before its first update ({state})") as stop:
-        session = setup(options, run, resume=resume, override_scheduler=override_scheduler, log=log)
-        return _train(session, stop, continuing=continuing, hint=hint, log=log, on_update=on_update, command=command)
+        session = setup(options, run, resume=resume, override_scheduler=override_scheduler, log=log, progress=progress)
+        return _train(session, stop, continuing=continuing, hint=hint, log=log, command=command)
 
 
 def _train(
@@ -1098,7 +1128,6 @@ def _train(
     continuing: bool,
     hint: str,
     log: Callable[[str], None],
-    on_update: Progress,
     command: str,
 ) -> dict[str, Any]:
     options, run = session.options, session.run
@@ -1117,20 +1146,24 @@ def _train(
                 plans.write_plan(run.plan, session.plan)  # the checkpoint's: a kill may have come before the copy
         evals_before = evaluate_stage(session, session.start_update, "start") if session.start_update == 0 else []
         session.trackers.evaluations(session.start_update, evals_before)
+        if evals_before:
+            session.progress.evaluated(session.start_update, "start", evals_before)
         stop.begin_updates()
         records = []
         for update in range(session.start_update, options.updates):
             _stop_if_asked(session, stop, update, hint)
             records.append(run_update(session, update))
-            on_update(records[-1])
         _stop_if_asked(session, stop, options.updates, hint)
         evals_after = evaluate_stage(session, options.updates, "end")
         session.trackers.evaluations(options.updates, evals_after)
+        if evals_after:
+            session.progress.evaluated(options.updates, "end", evals_after)
         waited = time.perf_counter()
         session.trainer.wait_for_save()  # a background save commits before the run can be complete
         session.unlogged_save["save_s"] += time.perf_counter() - waited
         if session.is_main:
             if options.export_hf:
+                session.progress.stage(Stage("export"))
                 export_stage(run, options, command, log)
             if plot_run(run.metrics, run.evaluations, run.plot) is None:
                 log(f"{run.plot.name} not written (matplotlib is not installed)")

@@ -438,15 +438,21 @@ def describe(
     seq_tokens: int,
     dtype: torch.dtype,
     planes: list[int],
+    tokens_per_update: int | None = None,
 ) -> str:
-    """One log line: the budget, and what it buys at each K the run decodes at."""
+    """One log line: the budget, and what it buys at each K the run decodes at. A micro-batch
+    limit above this rank's replay tokens of an update (`tokens_per_update`) is shown beside
+    them: the limit is what the memory allows, not what a step holds."""
     per_seq = math.ceil(seq_tokens / block_size) * block_size  # a sequence holds whole blocks
     per_k = ", ".join(f"{sizing.tokens_at(p, config, block_size) // per_seq} at K={p}" for p in planes)
+    limit = sizing.max_tokens_per_micro_batch
+    micro = f"micro-batches of up to {limit} tokens{' at full depth' if sizing.token_cost else ''}"
+    if tokens_per_update is not None and limit > tokens_per_update:
+        micro += f" (the memory's limit; an update has at most {tokens_per_update})"
     return (
         f"memory: {sizing.budget_bytes / GIB:.1f} GiB budget of {memory.total / GIB:.1f} GiB "
         f"({memory.kind}); resident {sizing.resident_bytes / GIB:.1f} GiB; KV cache {sizing.kv_bytes / GIB:.2f} GiB "
-        f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); micro-batches of up to "
-        f"{sizing.max_tokens_per_micro_batch} tokens{' at full depth' if sizing.token_cost else ''}, recompute "
+        f"= sequences of {seq_tokens} tokens: {per_k} (max_num_seqs {sizing.max_num_seqs}); {micro}, recompute "
         f"{'on' if sizing.recompute else 'off'}"
         + (
             "; optimizer state in host memory during the rollouts it does not fit beside"

@@ -28,6 +28,7 @@ import contextlib
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -64,6 +65,19 @@ _SUMS = (
 _MAXES = ("ratio_max", "mismatch_max", "micro_batches", "micro_batch_tokens_max", "is_weight_max")
 
 
+@dataclass
+class StepProgress:
+    """Where the trainer's current update stands, for a display to read from another thread:
+    step `step` of `steps` (Trainer.train_update's mini-batches × epochs), and of its
+    `micro_batches` micro-batches, `micro_batch` have queued their backward. The trainer only
+    assigns these counters; it never waits for a reader."""
+
+    step: int = 0
+    steps: int = 0
+    micro_batch: int = 0
+    micro_batches: int = 0
+
+
 def forward_backward(
     ddp_model,
     micro_batches: Sequence[MicroBatch],
@@ -73,12 +87,14 @@ def forward_backward(
     num_loops: int,
     model=None,
     whole: dict[str, int] | None = None,
+    progress: StepProgress | None = None,
 ) -> dict[str, float]:
     """Accumulate the gradients of all micro-batches into the grad buffers (no sync yet).
     `num_loops` (T) sizes the mismatch-by-depth statistics; `model` (the OuroForCausalLM)
     computes the per-loop log-probabilities of loop weighting. `whole` replaces the work
     counter's `layer_tokens_required` and `tokens` with those of the samples the micro-batches
-    were cut from, where their parts replay a prompt twice (batching.split_prompts)."""
+    were cut from, where their parts replay a prompt twice (batching.split_prompts).
+    `progress` counts the micro-batches as their backward is queued."""
     # Python numbers, or fp64 scalars on the device: the statistics are read back once, in
     # _reduce, not after every micro-batch (each read waits for the device to drain its queue)
     sums: dict = dict.fromkeys(_SUMS, 0.0)
@@ -91,6 +107,8 @@ def forward_backward(
     weighted_loops = model.num_loops if per_loop else 0
     loop_sums = torch.zeros(weighted_loops, dtype=torch.float64, device=device)
     loop_counts = torch.zeros(weighted_loops, dtype=torch.float64, device=device)
+    if progress is not None:
+        progress.micro_batch, progress.micro_batches = 0, len(micro_batches)
     for index, host_mb in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         # Only the last backward may launch gradient reduction (matters with overlap_grad_reduce).
@@ -161,6 +179,8 @@ def forward_backward(
             by_depth.add(mismatch, mb.depths[mb.score_rows, mb.score_cols])
         maxes["micro_batches"] = len(micro_batches)
         work.add_micro_batch(host_mb, num_layers, config.recomputes, device_type=device.type, counts=counts)
+        if progress is not None:
+            progress.micro_batch = index + 1
     sums.update(work.as_dict(), **(whole or {}))
     out = _reduce(sums, maxes, by_depth, device)
     if per_loop:

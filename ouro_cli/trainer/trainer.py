@@ -42,7 +42,7 @@ from .batching import (
     split_prompts,
 )
 from .config import TrainerConfig
-from .step import Stopwatch, combine_steps, forward_backward, optimizer_step, replay_logprobs
+from .step import StepProgress, Stopwatch, combine_steps, forward_backward, optimizer_step, replay_logprobs
 
 # runs a step's forward/backward attempt, perhaps again (Trainer.forward_backward); with the step's index
 Retry = Callable[[Callable[[], dict[str, float]]], dict[str, float]]
@@ -104,6 +104,7 @@ class Trainer:
         self.gradients_released = False  # release_gradients(): the grad buffer holds no memory
         self.loaded_iteration: int | None = None  # set by load()
         self._pending_save: tuple[checkpointing.PendingSave, Callable[[Path], None] | None] | None = None
+        self.step_progress = StepProgress()  # where train_update stands, for a display (step.StepProgress)
 
     # ---- one GRPO update ------------------------------------------------------------
 
@@ -148,7 +149,9 @@ class Trainer:
                     batch[:] = self.with_first_logprobs(batch)
 
         steps: list[dict[str, Any] | None] = []
+        self.step_progress.steps = epochs * len(batches)
         for index, (epoch, j) in enumerate(itertools.product(range(epochs), range(len(batches)))):
+            self.step_progress.step = index + 1
             if not taken[j]:
                 with self.megatron_context():
                     self.scheduler.step(increment=1)
@@ -240,6 +243,7 @@ class Trainer:
                     self.num_loops,
                     model=self.module.ouro,
                     whole=whole,
+                    progress=self.step_progress,
                 )
 
         metrics = retry(attempt) if retry is not None else attempt()

@@ -233,9 +233,9 @@ def test_data_check_reports_a_good_file(files):
     )
     assert (lengths["min"], lengths["p50"], lengths["max"]) == (counts[0], counts[15], counts[-1])
     human = ouro("data", "check", files / "train.parquet", *TRAIN_MAPPING, cwd=files)
-    assert human.returncode == 0 and human.stdout == ""
-    assert "train.parquet: parquet, 32 rows (32 valid)" in human.stderr
-    assert "prompt length in characters" in human.stderr and "ids: 32 from uid, all distinct" in human.stderr
+    assert human.returncode == 0 and human.stderr == ""  # the report is the command's product: stdout
+    assert "train.parquet: parquet, 32 rows (32 valid)" in human.stdout
+    assert "prompt length in characters" in human.stdout and "ids: 32 from uid, all distinct" in human.stdout
 
 
 def test_data_check_finds_bad_rows_and_duplicate_ids(files, tmp_path):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+from .harness import env_for
 from .test_train_cli import ouro
 
 # two samples per held-out prompt: status and plot read accuracy, which is then avg@2
@@ -86,8 +87,20 @@ def test_status_of_a_running_and_a_finished_run_and_plot(tmp_path):
     for when, e in [(e["when"], e) for e in map(json.loads, (run / "evaluations.jsonl").read_text().splitlines())]:
         mine = [r["reward"] for r in responses if r["when"] == when and r["k"] == e["k"]]
         assert sum(mine) / len(mine) == e["accuracy"]
-    human = ouro("status", str(run), cwd=tmp_path)
-    assert human.returncode == 0 and "complete" in human.stderr and "updates 3 of 3" in human.stderr
+    written = tmp_path / "status.txt"
+    with written.open("w") as f:  # `ouro status RUN > f`: the report is the command's product, on stdout
+        human = subprocess.run(
+            [sys.executable, "-m", "ouro_cli.cli.app", "status", str(run)],
+            cwd=tmp_path,
+            env=env_for(),
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    report = written.read_text()
+    assert human.returncode == 0 and human.stderr == "", human.stderr
+    assert "complete" in report and "updates 3 of 3" in report and "last training reward" in report
 
     picture = tmp_path / "again.png"
     drawn = ouro("plot", str(run), "--out", str(picture), cwd=tmp_path)

@@ -104,6 +104,13 @@ def test_resume_continues_and_export_loads(trained):
     root, run, _ = trained
     proc = ouro("resume", str(run), "--updates", "5", cwd=root)
     assert proc.returncode == 0, proc.stderr
+    # the summary is the command's product, on stdout; logs and progress on stderr, a line per
+    # update, never wrapped off a terminal
+    assert "held-out accuracy" in proc.stdout and f"run directory: {run}" in proc.stdout
+    logs = proc.stderr.splitlines()
+    assert [line.split("  ")[0] for line in logs if line.startswith("update ")] == ["update 4/5", "update 5/5"]
+    assert "held-out accuracy" not in proc.stderr and any(line.startswith("memory: ") for line in logs)
+    assert max(map(len, logs)) > 80 and not any(" v4 " in line for line in logs)
     metrics = _metrics(run)
     assert [m["update"] for m in metrics] == [0, 1, 2, 3, 4]
     assert [m["k"] for m in metrics] == [2, 3, 4, 2, 3]

@@ -112,6 +112,7 @@ def test_the_trainer_defaults_are_the_jobs():
 
 def test_resume_states_the_runs_value_for_what_it_takes():
     shown = shown_defaults("resume")
+    assert shown.pop("--verbose") == "off"  # what the command shows, not an option of the run
     del shown["--updates"], shown["--json"], shown["--help"], shown["--override-scheduler"]
     assert shown and set(shown.values()) == {"the run's"}
 

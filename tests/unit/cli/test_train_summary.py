@@ -21,6 +21,6 @@ def test_a_resumed_run_shows_its_start_evaluation_from_disk(tmp_path):
     run.evaluations.write_text("".join(json.dumps(x) + "\n" for x in lines))
     summary = {"evaluations_before": [], "evaluations_after": [_row(2, 0.5)]}  # what a resume returns
     with console.capture() as captured:
-        _print_evaluations(summary, run)
+        _print_evaluations(summary, run, console)
     row = next(line for line in captured.get().splitlines() if line.strip("│ ").startswith("2 "))
     assert "0.125" in row and "0.500" in row and "0.375" not in row

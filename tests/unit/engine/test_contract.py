@@ -261,3 +261,22 @@ def test_pause_holds_and_resume_continues(model, overlap):
     worker.join(timeout=30)
     (out,) = result["outs"]
     assert out.output_token_ids == expected.output_token_ids and out.finish_reason == "length"
+
+
+def test_generate_progress_counts_each_call(model):
+    """`generate_progress` (contract.ReportsProgress): per call, its requests, how many finished,
+    the tokens decoded after the prefill's first and the most the requests allow."""
+    from ouro_cli.engine.contract import GenerateProgress, ReportsProgress
+
+    engine = LLM(model, max_num_seqs=2, kv_blocks=64, block_size=4)  # 5 requests finish in waves
+    assert isinstance(engine, ReportsProgress) and engine.generate_progress == GenerateProgress()
+    for call, max_tokens in ((1, 7), (2, 3)):
+        outs = engine.generate(prompts(5, seed=4), SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True))
+        assert engine.generate_progress == GenerateProgress(
+            calls=call,
+            sequences=5,
+            finished=5,
+            tokens=sum(len(o.output_token_ids) - 1 for o in outs),
+            max_tokens=5 * max_tokens,
+        )
+    engine.close()
