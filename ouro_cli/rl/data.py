@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..bundled import TINY
 from ..errors import UserError
 from .data_formats import BadRecord, Source, data_sha256, open_source
 
@@ -139,13 +140,36 @@ def check_mapping(flags: dict[str, str | None]) -> None:
 def columns_for(options: Any, *, held_out: bool = False) -> Columns:
     """The mapping of a run's `--data` (`options.columns`, rl/options.py ColumnOptions), or
     (held_out) of its `--eval-data`, whose own flags (`--eval-prompt-key` ...,
-    `options.eval_columns`) default to those of `--data`."""
+    `options.eval_columns`) default to those of `--data`, except on the bundled held-out set,
+    whose fields are our schema's whatever `--data` is (`is_bundled_eval`)."""
     c = options.columns
     columns = Columns(c.prompt_key, c.label_key, c.id_key, c.label_parser)
     if not held_out:
         return columns
+    if is_bundled_eval(options.eval_data):
+        columns = Columns()
     e = options.eval_columns
     return columns.replace(e.eval_prompt_key, e.eval_label_key, e.eval_id_key, e.eval_label_parser)
+
+
+def is_bundled_eval(path: str | Path | None) -> bool:
+    """Whether `path` is the bundled held-out set (ouro_cli/bundled/tiny/eval.jsonl)."""
+    return bool(path) and Path(path).resolve() == (TINY / "eval.jsonl").resolve()
+
+
+def load_held_out(options: Any) -> list[Row]:
+    """The rows of a run's `--eval-data` (none without one); a bad row is a UserError that says
+    it is the held-out set and how to map it (its mapping defaults to `--data`'s)."""
+    if not options.eval_data:
+        return []
+    try:
+        return load_dataset(options.eval_data, columns_for(options, held_out=True))
+    except UserError as err:
+        raise UserError(
+            f"the held-out set --eval-data: {err}; it is read with --data's column mapping unless "
+            "--eval-prompt-key, --eval-label-key, --eval-id-key or --eval-label-parser says otherwise: "
+            "give those, or another --eval-data ('' for none)"
+        ) from None
 
 
 # ---- validating a row ----------------------------------------------------------------
@@ -331,6 +355,8 @@ __all__ = [
     "columns_for",
     "data_sha256",
     "gsm8k_label",
+    "is_bundled_eval",
     "load_dataset",
+    "load_held_out",
     "scan_dataset",
 ]

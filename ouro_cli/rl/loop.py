@@ -47,7 +47,7 @@ from . import records as run_records
 from . import recovery
 from .advantages import group_advantages, length_penalty, zero_variance
 from .cursor import DataCursor
-from .data import Row, columns_for, data_sha256, load_dataset
+from .data import Row, columns_for, data_sha256, load_dataset, load_held_out
 from .digest import params_sha256, state_digest
 from .evaluate import evaluate
 from .groups import first_groups, refill_size, split_groups
@@ -141,7 +141,7 @@ def _check_inputs(options: TrainOptions):
     """Everything that can be wrong with the inputs, found before any model loads."""
     _check_present(options)
     rows = load_dataset(options.data, columns_for(options))
-    eval_rows = load_dataset(options.eval_data, columns_for(options, held_out=True)) if options.eval_data else []
+    eval_rows = load_held_out(options)
     reward_fn = load_reward(options.task.reward_function)
     check_labels(
         reward_fn,
