@@ -289,6 +289,8 @@ class DataScan:
     errors: list[str] = field(default_factory=list)  # every problem: "name:N: what"
     bad_rows: list[str] = field(default_factory=list)  # the rows that failed validation
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # id -> line/row numbers sharing it
+    # bad rows without a label (missing or null): (line/row number, the row's id or None)
+    unlabeled: list[tuple[int, Any]] = field(default_factory=list)
     own_ids: int = 0  # valid rows with an id of their own (the others are named by their index)
     file_errors: list[str] = field(default_factory=list)  # problems of the source as a whole
 
@@ -316,6 +318,8 @@ def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
         except ValueError as exc:
             scan.bad_rows.append(f"{source.name}:{number}: {exc}")
             scan.errors.append(scan.bad_rows[-1])
+            if _lacks(value, columns.label):
+                scan.unlabeled.append((number, _own_id(value, columns.id)))
             continue
         scan.own_ids += own_id
         key = str(row.problem_id)
@@ -333,6 +337,26 @@ def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
         )
         scan.errors.append(scan.file_errors[-1])
     return scan
+
+
+def _lacks(obj: Any, key: str) -> bool:
+    """Whether a row (a JSON object) has no value, or null, at `key`."""
+    if not isinstance(obj, dict):
+        return False
+    try:
+        value = _lookup(obj, key)
+    except ValueError:  # a part of the path is not an object: no value there either
+        return True
+    return value is _MISSING or value is None
+
+
+def _own_id(obj: dict[str, Any], key: str) -> Any:
+    """A bad row's id when it has a string or integer one, else None."""
+    try:
+        value = _lookup(obj, key)
+    except ValueError:
+        return None
+    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
 
 def load_dataset(path: str | Path, columns: Columns = Columns()) -> list[Row]:

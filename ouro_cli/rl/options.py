@@ -65,12 +65,17 @@ class TaskOptions:
             raise UserError(f"--reward-timeout must be > 0 seconds, got {self.reward_timeout}")
 
     def resolve_reward(self, data: str) -> None:
-        """`auto` becomes the grader it stands for (what the plan records), given the data: the
-        bundled task's integer answers are graded by boxed_answer, any other data by the
-        DeepScaleR grader, which needs a `</think>` in the response (rewards/math_grader.py)."""
+        """`auto` becomes the grader it stands for (what the plan records), given the data
+        (`auto_reward`)."""
         if self.reward_function == AUTO_REWARD:
-            bundled = Path(data).resolve().parent == BUNDLED.resolve()
-            self.reward_function = BOXED_REWARD if bundled else MATH_REWARD
+            self.reward_function = auto_reward(data)
+
+
+def auto_reward(data: str) -> str:
+    """The grader `--reward-function auto` stands for on `data`: the bundled task's integer
+    answers are graded by boxed_answer, any other data by the DeepScaleR grader, which needs a
+    `</think>` in the response (rewards/math_grader.py)."""
+    return BOXED_REWARD if Path(data).resolve().parent == BUNDLED.resolve() else MATH_REWARD
 
 
 @dataclass
