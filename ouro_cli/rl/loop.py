@@ -103,7 +103,7 @@ class Session:
     world: int = 1
     devices: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.perf_counter)
-    trackers: Trackers = field(default_factory=lambda: Trackers([], Path("."), {}, ""))  # --logger (rank 0)
+    trackers: Trackers = field(default_factory=Trackers)  # --logger (rank 0)
     # the last save ran after its update's metrics line: the next line gets its figures
     unlogged_save: dict[str, Any] = field(default_factory=lambda: dict(NO_SAVE))
     # out-of-memory decisions of this rank's current update, not yet recorded (rl/recovery.py)
@@ -460,7 +460,7 @@ def setup(
         devices={str(trainer.device), *getattr(engine, "devices", set)()},
     )
     if session.is_main and options.loggers:
-        session.trackers = Trackers(options.loggers, run.warnings_log.parent, options.to_dict(), run.root.name)
+        session.trackers = Trackers.open(options, run, start_update=start_update, resume=resume)
     if session.is_main and not resume:
         from ouro_cli.checkpoint.megatron import write_hf_assets
 
