@@ -5,11 +5,12 @@ as training (`--prompt-key`, `--label-key`, `--id-key`, `--label-parser`; ouro_c
 and described: its format, how many rows, prompt-length percentiles (in tokens of the
 prompt as training renders it, with the template, when `--model` names the checkpoint
 whose tokenizer to use; in characters otherwise), where the ids come from and which are
-duplicated, and the first bad row. Prompts are validated as training validates them
-(rl/prompts.py): a chat role the template does not know, and with `--model` a prompt that
-leaves no room for `--max-response-len` tokens, is an error with training's line.
-`--reward-function` also runs the reward's label check, as training does before any
-model loads.
+duplicated, the first bad row and the rows without a label, and the first valid row as
+training sees it: its prompt rendered by the template and its label as parsed. Prompts are
+validated as training validates them (rl/prompts.py): a chat role the template does not
+know, and with `--model` a prompt that leaves no room for `--max-response-len` tokens, is an
+error with training's line. `--reward-function` also runs the reward's label check, as
+training does before any model loads (`auto`: the grader `ouro train` would pick for the file).
 
 Exit 0 when every file would load; 2 when any would not, with one error line naming the
 first problem. `--json` prints the report on stdout either way.
@@ -24,6 +25,7 @@ import typer
 
 from ouro_cli import defaults
 from ouro_cli.rl.data import Columns
+from ouro_cli.rl.options import AUTO_REWARD
 
 from .commands import Command
 from .common import JSON_OPTION, report_console, rich_escape, run_command
@@ -60,6 +62,7 @@ app = typer.Typer(
 P_MAP, P_LEN = "Column mapping", "Prompt lengths and labels"
 PERCENTILES = (50, 90, 99)
 SHOWN_DUPLICATES = 5
+SHOWN_UNLABELED = 5
 
 
 @app.command("check", epilog=CHECK_EPILOG, cls=Command)
@@ -129,7 +132,8 @@ def check(
         str | None,
         typer.Option(
             "--reward-function",
-            help="Also run this reward's label check on every row. \\[default: none]",
+            help="Also run this reward's label check on every row; auto: the grader ouro train picks for the "
+            "file. \\[default: none]",
             rich_help_panel=P_LEN,
         ),
     ] = None,
@@ -149,11 +153,11 @@ def check(
         if response_len is None and model is not None:  # auto, as ouro train's (ouro_cli/defaults.py)
             response_len = defaults.recipe_for(model).max_response_len
         measure = _measure(model, prompt_template, response_len or 0)
-        if reward_function is not None:
+        if reward_function not in (None, AUTO_REWARD):
             from ouro_cli.rl.rewards import load_reward
 
             load_reward(reward_function)  # a bad path is one line, before any file is read
-        reports = [_check_file(path, columns, measure, reward_function) for path in files]
+        reports = [_check_file(path, columns, measure, _reward_for(reward_function, path)) for path in files]
         for report in reports:
             _print(report, report_console(json_output))  # the command's product: stdout
         result = {
@@ -232,6 +236,15 @@ def _measure(model: str | None, prompt_template: str, max_response_len: int) -> 
     )
 
 
+def _reward_for(reward_function: str | None, path: str) -> str | None:
+    """The reward whose label check runs on the file at `path` (`auto`: as `ouro train` resolves it)."""
+    if reward_function != AUTO_REWARD:
+        return reward_function
+    from ouro_cli.rl.options import auto_reward
+
+    return auto_reward(path)
+
+
 def _check_file(path: str, columns: Columns, measure: _Measure, reward_function: str | None) -> dict[str, Any]:
     import numpy as np
 
@@ -269,6 +282,13 @@ def _check_file(path: str, columns: Columns, measure: _Measure, reward_function:
         "first_bad_row": scan.bad_rows[0] if scan.bad_rows else None,
         "ids": {"key": columns.id, "own": scan.own_ids, "row_index": len(scan.rows) - scan.own_ids},
         "duplicate_ids": [{"id": key, scan.source.unit + "s": numbers} for key, numbers in scan.duplicates.items()],
+        "unlabeled": {
+            "key": columns.label,
+            "rows": len(scan.unlabeled),
+            "first": [{scan.source.unit: n, "id": i} for n, i in scan.unlabeled[:SHOWN_UNLABELED]],
+        },
+        "reward_function": reward_function,
+        "example": _example(scan.rows, measure, scan.source.unit),
         "other_errors": others,
         "errors": len(errors),
         "ok": not errors,
@@ -285,6 +305,27 @@ def _check_file(path: str, columns: Columns, measure: _Measure, reward_function:
         if measure.limit is not None:
             report["prompt_length"]["model_limit"] = measure.limit
     return report
+
+
+def _example(rows: list[Any], measure: _Measure, unit: str) -> dict[str, Any] | None:
+    """The first valid row as training sees it: its prompt rendered by the template, its label
+    as parsed (None when no row is valid or the template cannot render it)."""
+    from ouro_cli.errors import UserError
+
+    if not rows:
+        return None
+    row = rows[0]
+    try:
+        prompt = measure.template.render(row.prompt)
+    except UserError:  # e.g. chat messages under `raw`: reported as an error already
+        return None
+    return {
+        unit: row.line,
+        "id": row.problem_id,
+        "template": measure.template.name,
+        "prompt": prompt,
+        "label": row.label,
+    }
 
 
 def _print(report: dict[str, Any], out) -> None:
@@ -317,5 +358,37 @@ def _print(report: dict[str, Any], out) -> None:
         say(f"  [red]bad rows: {report['bad_rows']}[/]; the first: {rich_escape(report['first_bad_row'])}")
     else:
         say("  bad rows: none")
+    if report["unlabeled"]["rows"]:
+        say(_unlabeled_line(report["unlabeled"]))
     for error in report["other_errors"]:
         say(f"  [red]{rich_escape(error)}[/]")
+    if report["example"]:
+        for line in _example_lines(report["example"]):
+            say(line)
+    if report["reward_function"]:
+        say(f"  labels checked by {rich_escape(report['reward_function'])}")
+
+
+def _unlabeled_line(unlabeled: dict[str, Any]) -> str:
+    """How many rows lack a label, and the first of them (line or row, and id when they have one)."""
+    unit = next(k for k in unlabeled["first"][0] if k != "id")
+    listed = ", ".join(
+        f"{unit} {r[unit]}" + (f" (id {r['id']!r})" if r["id"] is not None else "") for r in unlabeled["first"]
+    )
+    more = ", ..." if unlabeled["rows"] > len(unlabeled["first"]) else ""
+    key = rich_escape(unlabeled["key"])
+    return f'  [red]rows without a label "{key}": {unlabeled["rows"]}[/]; the first: {rich_escape(listed)}{more}'
+
+
+def _example_lines(example: dict[str, Any]) -> list[str]:
+    """The first valid row: where it is, its prompt as rendered (indented), its label as JSON."""
+    import json
+
+    unit = next(k for k in example if k not in ("id", "template", "prompt", "label"))
+    where = rich_escape(f"{unit} {example[unit]}, id {example['id']!r}")
+    label = json.dumps(example["label"], ensure_ascii=False, default=str)
+    return [
+        f"  first valid row ({where}) as the model gets it, {example['template']} template:",
+        rich_escape("\n".join("    " + line for line in example["prompt"].splitlines())),
+        f"  its label, as the reward gets it: {rich_escape(label)}",
+    ]

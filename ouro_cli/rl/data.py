@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..bundled import TINY
 from ..errors import UserError
 from .data_formats import BadRecord, Source, data_sha256, open_source
 
@@ -139,13 +140,36 @@ def check_mapping(flags: dict[str, str | None]) -> None:
 def columns_for(options: Any, *, held_out: bool = False) -> Columns:
     """The mapping of a run's `--data` (`options.columns`, rl/options.py ColumnOptions), or
     (held_out) of its `--eval-data`, whose own flags (`--eval-prompt-key` ...,
-    `options.eval_columns`) default to those of `--data`."""
+    `options.eval_columns`) default to those of `--data`, except on the bundled held-out set,
+    whose fields are our schema's whatever `--data` is (`is_bundled_eval`)."""
     c = options.columns
     columns = Columns(c.prompt_key, c.label_key, c.id_key, c.label_parser)
     if not held_out:
         return columns
+    if is_bundled_eval(options.eval_data):
+        columns = Columns()
     e = options.eval_columns
     return columns.replace(e.eval_prompt_key, e.eval_label_key, e.eval_id_key, e.eval_label_parser)
+
+
+def is_bundled_eval(path: str | Path | None) -> bool:
+    """Whether `path` is the bundled held-out set (ouro_cli/bundled/tiny/eval.jsonl)."""
+    return bool(path) and Path(path).resolve() == (TINY / "eval.jsonl").resolve()
+
+
+def load_held_out(options: Any) -> list[Row]:
+    """The rows of a run's `--eval-data` (none without one); a bad row is a UserError that says
+    it is the held-out set and how to map it (its mapping defaults to `--data`'s)."""
+    if not options.eval_data:
+        return []
+    try:
+        return load_dataset(options.eval_data, columns_for(options, held_out=True))
+    except UserError as err:
+        raise UserError(
+            f"the held-out set --eval-data: {err}; it is read with --data's column mapping unless "
+            "--eval-prompt-key, --eval-label-key, --eval-id-key or --eval-label-parser says otherwise: "
+            "give those, or another --eval-data ('' for none)"
+        ) from None
 
 
 # ---- validating a row ----------------------------------------------------------------
@@ -265,6 +289,8 @@ class DataScan:
     errors: list[str] = field(default_factory=list)  # every problem: "name:N: what"
     bad_rows: list[str] = field(default_factory=list)  # the rows that failed validation
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # id -> line/row numbers sharing it
+    # bad rows without a label (missing or null): (line/row number, the row's id or None)
+    unlabeled: list[tuple[int, Any]] = field(default_factory=list)
     own_ids: int = 0  # valid rows with an id of their own (the others are named by their index)
     file_errors: list[str] = field(default_factory=list)  # problems of the source as a whole
 
@@ -292,6 +318,8 @@ def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
         except ValueError as exc:
             scan.bad_rows.append(f"{source.name}:{number}: {exc}")
             scan.errors.append(scan.bad_rows[-1])
+            if _lacks(value, columns.label):
+                scan.unlabeled.append((number, _own_id(value, columns.id)))
             continue
         scan.own_ids += own_id
         key = str(row.problem_id)
@@ -309,6 +337,26 @@ def scan_dataset(path: str | Path, columns: Columns = Columns()) -> DataScan:
         )
         scan.errors.append(scan.file_errors[-1])
     return scan
+
+
+def _lacks(obj: Any, key: str) -> bool:
+    """Whether a row (a JSON object) has no value, or null, at `key`."""
+    if not isinstance(obj, dict):
+        return False
+    try:
+        value = _lookup(obj, key)
+    except ValueError:  # a part of the path is not an object: no value there either
+        return True
+    return value is _MISSING or value is None
+
+
+def _own_id(obj: dict[str, Any], key: str) -> Any:
+    """A bad row's id when it has a string or integer one, else None."""
+    try:
+        value = _lookup(obj, key)
+    except ValueError:
+        return None
+    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
 
 def load_dataset(path: str | Path, columns: Columns = Columns()) -> list[Row]:
@@ -331,6 +379,8 @@ __all__ = [
     "columns_for",
     "data_sha256",
     "gsm8k_label",
+    "is_bundled_eval",
     "load_dataset",
+    "load_held_out",
     "scan_dataset",
 ]

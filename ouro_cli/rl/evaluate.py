@@ -109,11 +109,13 @@ def evaluate(
 
 
 def response_record(sample: RolloutSample, index: int, reward: float) -> dict[str, Any]:
-    """One line of responses.jsonl: which prompt, K and sample, the text, its reward, and how
-    it ran (mean decode exit depth, None when only the prefill's token was produced)."""
+    """One line of responses.jsonl: which prompt (and its label), K and sample, the text, its
+    reward, and how it ran (mean decode exit depth, None when only the prefill's token was
+    produced)."""
     depths = sample.exit_depths[1:]
     return {
         "problem_id": sample.prompt_id,
+        "label": sample.row.label,
         "k": sample.k,
         "sample": index,
         "seed": sample.seed,

@@ -47,7 +47,7 @@ from . import records as run_records
 from . import recovery
 from .advantages import group_advantages, length_penalty, zero_variance
 from .cursor import DataCursor
-from .data import Row, columns_for, data_sha256, load_dataset
+from .data import Row, columns_for, data_sha256, load_dataset, load_held_out
 from .digest import params_sha256, state_digest
 from .evaluate import evaluate
 from .groups import first_groups, refill_size, split_groups
@@ -103,7 +103,7 @@ class Session:
     world: int = 1
     devices: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.perf_counter)
-    trackers: Trackers = field(default_factory=lambda: Trackers([], Path("."), {}, ""))  # --logger (rank 0)
+    trackers: Trackers = field(default_factory=Trackers)  # --logger (rank 0)
     # the last save ran after its update's metrics line: the next line gets its figures
     unlogged_save: dict[str, Any] = field(default_factory=lambda: dict(NO_SAVE))
     # out-of-memory decisions of this rank's current update, not yet recorded (rl/recovery.py)
@@ -150,7 +150,7 @@ def check_inputs(options: TrainOptions):
     rows, held-out rows, grader, prompt template or None for the model's own)."""
     _check_present(options)
     rows = load_dataset(options.data, columns_for(options))
-    eval_rows = load_dataset(options.eval_data, columns_for(options, held_out=True)) if options.eval_data else []
+    eval_rows = load_held_out(options)
     reward_fn = load_reward(options.task.reward_function)
     check_labels(
         reward_fn,
@@ -524,7 +524,7 @@ def setup(
         progress=progress,
     )
     if session.is_main and options.loggers:
-        session.trackers = Trackers(options.loggers, run.warnings_log.parent, options.to_dict(), run.root.name)
+        session.trackers = Trackers.open(options, run, start_update=start_update, resume=resume)
     if session.is_main and not resume:
         from ouro_cli.checkpoint.megatron import write_hf_assets
 

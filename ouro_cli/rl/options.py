@@ -67,12 +67,17 @@ class TaskOptions:
             raise UserError(f"--reward-timeout must be > 0 seconds, got {self.reward_timeout}")
 
     def resolve_reward(self, data: str) -> None:
-        """`auto` becomes the grader it stands for (what the plan records), given the data: the
-        bundled task's integer answers are graded by boxed_answer, any other data by the
-        DeepScaleR grader, which needs a `</think>` in the response (rewards/math_grader.py)."""
+        """`auto` becomes the grader it stands for (what the plan records), given the data
+        (`auto_reward`)."""
         if self.reward_function == AUTO_REWARD:
-            bundled = Path(data).resolve().parent == BUNDLED.resolve()
-            self.reward_function = BOXED_REWARD if bundled else MATH_REWARD
+            self.reward_function = auto_reward(data)
+
+
+def auto_reward(data: str) -> str:
+    """The grader `--reward-function auto` stands for on `data`: the bundled task's integer
+    answers are graded by boxed_answer, any other data by the DeepScaleR grader, which needs a
+    `</think>` in the response (rewards/math_grader.py)."""
+    return BOXED_REWARD if Path(data).resolve().parent == BUNDLED.resolve() else MATH_REWARD
 
 
 @dataclass
@@ -148,6 +153,32 @@ class EvalColumnOptions:
                 "--eval-label-parser": self.eval_label_parser,
             }
         )
+
+
+@dataclass
+class WandbOptions:
+    """Where `--logger wandb` files a run (rl/loggers.py); its run id is kept in RUN/logs/wandb_id."""
+
+    wandb_project: str | None = option(None, help="W&B project (--logger wandb).", panel=P_RUN, shown="ouro")
+    wandb_entity: str | None = option(
+        None, help="W&B entity: user or team (--logger wandb).", panel=P_RUN, shown="your W&B default"
+    )
+    wandb_name: str | None = option(
+        None, help="W&B run name (--logger wandb).", panel=P_RUN, shown="the run directory's name"
+    )
+    wandb_tags: list[str] = option(
+        factory=list,
+        flag="--wandb-tag",
+        aliases=("--wandb-tags",),
+        help="W&B run tag (--logger wandb); repeat for several.",
+        panel=P_RUN,
+    )
+
+    def given(self) -> list[str]:
+        """The flags of the options that are set."""
+        values = {"--wandb-project": self.wandb_project, "--wandb-entity": self.wandb_entity}
+        values.update({"--wandb-name": self.wandb_name, "--wandb-tag": self.wandb_tags})
+        return [flag for flag, value in values.items() if value]
 
 
 @dataclass
@@ -344,6 +375,7 @@ class TrainOptions:
         "repeat for both.",
         panel=P_RUN,
     )
+    wandb: WandbOptions = section(WandbOptions)
     state_digest: bool = option(False, help="Record a sha256 of model + optimizer state per update.", panel=P_RUN)
     save_on_interrupt: str = option(
         "auto",
@@ -419,6 +451,12 @@ class TrainOptions:
         from .loggers import check_loggers
 
         check_loggers(self.loggers)
+        if "wandb" not in self.loggers and (given := self.wandb.given()):
+            one = len(given) == 1
+            raise UserError(
+                f"{', '.join(given)} {'is' if one else 'are'} for --logger wandb; pass --logger wandb too, "
+                f"or drop {'it' if one else 'them'}"
+            )
         from ouro_cli.mcore.process import launched_ranks
 
         from .combinations import check

@@ -54,6 +54,10 @@ FREE_KEYS = {
     "async_save",
     "offload_optimizer",
     "loggers",  # where tensors live, what is logged
+    "wandb_project",
+    "wandb_entity",
+    "wandb_name",
+    "wandb_tags",  # where --logger wandb files the run
     "kv_transport",
     "pd_worker_threads",  # how PD workers move bytes; their host threads
     "eval_prompt_key",

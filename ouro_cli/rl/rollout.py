@@ -57,10 +57,12 @@ class RolloutSample:
         return self.row.problem_id
 
     def record(self, update: int) -> dict[str, Any]:
-        """What rollouts/update_N.jsonl keeps (logprobs as exact float reprs)."""
+        """What rollouts/update_N.jsonl keeps (logprobs as exact float reprs), with the row's
+        label as the reward got it (after --label-parser)."""
         return {
             "update": update,
             "problem_id": self.row.problem_id,
+            "label": self.row.label,
             "group": self.group,
             "k": self.k,
             "weight_version": self.weight_version,

@@ -11,6 +11,8 @@
       rollouts/update_000003.jsonl   every sample of an update: tokens, depths, logprobs, reward
       metrics.png            reward and mean exit depth per update (written at the end)
       logs/warnings.log      third-party warnings of every command run on it (ouro_cli/warnings_log.py)
+      logs/tensorboard/      --logger tensorboard's event files (loggers.py)
+      logs/wandb/, logs/wandb_id   --logger wandb's files, and its run id, which a resume continues
       hf/                    optional HF export (--export-hf)
       ouro.lock              held by the one process working in the run (lock.py)
       COMPLETE               the run reached its `--updates` and finished (artifacts.py)
@@ -75,6 +77,14 @@ class RunDir:
     @property
     def warnings_log(self) -> Path:
         return self.root / "logs" / "warnings.log"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "logs" / "tensorboard"
+
+    @property
+    def wandb_id(self) -> Path:
+        return self.root / "logs" / "wandb_id"
 
     @property
     def hf_export(self) -> Path:

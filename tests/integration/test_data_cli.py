@@ -209,11 +209,23 @@ def test_a_bad_parquet_row_stops_train_and_eval_before_any_model_loads(files, tm
 
 def test_data_check_reports_a_good_file(files):
     proc = ouro(
-        "data", "check", files / "train.parquet", *TRAIN_MAPPING, "--model", TINY / "model", "--json", cwd=files
+        *("data", "check", files / "train.parquet", *TRAIN_MAPPING, "--model", TINY / "model"),
+        *("--reward-function", "auto", "--json"),
+        cwd=files,
     )
     assert proc.returncode == 0, proc.stderr
     (report,) = json.loads(proc.stdout)["files"]
     assert (report["format"], report["rows"], report["valid_rows"], report["bad_rows"]) == ("parquet", 32, 32, 0)
+    first = bundled("train.jsonl", 1)[0]
+    assert report["reward_function"] == "ouro_cli.rl.rewards.math_answer"  # what train's auto picks off the bundle
+    assert report["example"] == {
+        "row": 1,
+        "id": first["metadata"]["problem_id"],
+        "template": "chatml",
+        "prompt": f"<|im_start|>user\n{first['prompt']}<|im_end|>\n<|im_start|>assistant\n",
+        "label": str(first["label"]),  # solution.final, as the reward gets it
+    }
+    assert report["unlabeled"] == {"key": "solution.final", "rows": 0, "first": []}
     assert report["ids"] == {"key": "uid", "own": 32, "row_index": 0}
     assert report["duplicate_ids"] == [] and report["ok"] and report["first_error"] is None
     lengths = report["prompt_length"]
@@ -236,6 +248,10 @@ def test_data_check_reports_a_good_file(files):
     assert human.returncode == 0 and human.stderr == ""  # the report is the command's product: stdout
     assert "train.parquet: parquet, 32 rows (32 valid)" in human.stdout
     assert "prompt length in characters" in human.stdout and "ids: 32 from uid, all distinct" in human.stdout
+    shown = f"first valid row (row 1, id {first['metadata']['problem_id']!r}) as the model gets it, chatml template:"
+    assert shown in human.stdout
+    assert f"    {first['prompt']}<|im_end|>\n" in human.stdout
+    assert f'its label, as the reward gets it: "{first["label"]}"' in human.stdout
 
 
 def test_data_check_finds_bad_rows_and_duplicate_ids(files, tmp_path):
@@ -255,6 +271,9 @@ def test_data_check_finds_bad_rows_and_duplicate_ids(files, tmp_path):
     assert report["duplicate_ids"] == [{"id": rows[0]["unique_id"], "rows": [1, 5]}]
     assert error_line(proc) == f"error: {first} (and 1 more bad row)"
     assert f"1 duplicated: '{rows[0]['unique_id']}' (rows 1, 5)" in proc.stderr
+    unlabeled = {"key": "answer", "rows": 1, "first": [{"row": 2, "id": rows[1]["unique_id"]}]}
+    assert report["unlabeled"] == unlabeled and good["unlabeled"]["rows"] == 0
+    assert f'rows without a label "answer": 1; the first: row 2 (id {rows[1]["unique_id"]!r})' in proc.stderr
 
 
 def test_data_check_of_gsm8k_answers_with_and_without_the_label_parser(tmp_path):

@@ -133,9 +133,12 @@ def test_four_samples_report_avg_and_pass_at_k(evals):
     assert [(r["k"], r["sample"]) for r in responses] == [
         (k, s) for k in DEPTHS for _ in range(PROMPTS) for s in range(4)
     ]
+    rows = [json.loads(line) for line in (TINY / "eval.jsonl").read_text().splitlines()]
+    labels = {r["metadata"]["problem_id"]: r["label"] for r in rows}
     for r in responses:
         assert set(r) == {
             "problem_id",
+            "label",
             "k",
             "sample",
             "seed",
@@ -145,6 +148,7 @@ def test_four_samples_report_avg_and_pass_at_k(evals):
             "tokens",
             "truncated",
         }
+        assert r["label"] == labels[r["problem_id"]]
         assert r["mean_exit_depth"] in (None, float(r["k"]))  # exit threshold 1: every decoded token runs K loops
     ones = _responses(evals[1][1])
     assert [r for r in responses if r["sample"] == 0] == ones  # sample 0 is the one-sample evaluation's

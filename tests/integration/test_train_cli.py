@@ -81,10 +81,13 @@ def test_train_runs_the_depth_schedule_with_versions(trained):
         assert set(m["exit_depth_histogram"]) == {str(m["k"])}
         assert m["logprob_mismatch_max"] < 1e-5  # engine vs trainer replay, fp32 CPU
         assert m["engine_decode_layer_tokens"] > 0 and m["train_layer_tokens_executed"] > 0
+    rows = [json.loads(x) for x in (root / "train.jsonl").read_text().splitlines()]
+    labels = {r["metadata"]["problem_id"]: r["label"] for r in rows}
     for update in range(3):
         records = [json.loads(x) for x in (run / "rollouts" / f"update_{update:06d}.jsonl").read_text().splitlines()]
         assert len(records) == 6
         assert all(r["exit_depths"][0] == T for r in records)
+        assert all(r["label"] == labels[r["problem_id"]] for r in records)  # the label the reward got
     plan = json.loads((run / "ouro-plan.json").read_text())
     assert plan["next_update"] == 3 and plan["contract"]["depths"] == [2, 3, 4]
     evals = [json.loads(x) for x in (run / "evaluations.jsonl").read_text().splitlines()]

@@ -115,3 +115,19 @@ def test_bom_and_crlf_are_accepted(tmp_path):
         + b"\r\n"
     )
     assert [r.problem_id for r in load_dataset(path)] == ["p0", 1]
+
+
+def test_a_scan_lists_the_rows_without_a_label_with_their_ids(tmp_path):
+    from ouro_cli.rl.data import Columns, scan_dataset
+
+    lines = [
+        GOOD,
+        {"prompt": "x", "metadata": {"problem_id": "p1"}},  # no label
+        {"prompt": "x", "label": None},  # null label, no id
+        {"prompt": "", "label": 3},  # bad for another reason: labelled
+        {"question": "x", "metadata": {"problem_id": 9}},  # no prompt and no label
+    ]
+    scan = scan_dataset(write(tmp_path, lines))
+    assert len(scan.bad_rows) == 4 and scan.unlabeled == [(2, "p1"), (3, None), (5, 9)]
+    nested = write(tmp_path, [{"prompt": "x", "reward_model": "flat"}], name="nested.jsonl")
+    assert scan_dataset(nested, Columns(label="reward_model.ground_truth")).unlabeled == [(1, None)]

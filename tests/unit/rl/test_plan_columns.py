@@ -71,6 +71,7 @@ def test_options_defaults_are_the_loaders_and_eval_inherits_from_data():
     assert columns_for(options) == Columns() == columns_for(options, held_out=True)
     options = TrainOptions.from_dict(
         dict(
+            eval_data="held_out.jsonl",  # an eval set of the user's (the bundled one keeps its own mapping)
             prompt_key="problem",
             label_key="answer",
             label_parser="gsm8k",
@@ -94,3 +95,41 @@ def test_mapping_options_are_validated_and_come_from_toml(tmp_path):
         "final",
         "gsm8k",
     )
+
+
+def test_the_bundled_held_out_set_keeps_its_own_mapping(tmp_path):
+    """`--data` with another layout leaves the bundled held-out set read through our schema; an
+    explicit eval mapping flag still applies to it."""
+    from ouro_cli.rl.data import is_bundled_eval, load_held_out
+    from ouro_cli.rl.options import BUNDLED
+
+    options = TrainOptions.from_dict({"label_key": "reward_model.ground_truth", "id_key": "extra_info.index"})
+    assert is_bundled_eval(options.eval_data)
+    assert columns_for(options, held_out=True) == Columns()
+    rows = load_held_out(options)
+    assert len(rows) == 200 and rows[0].label == 2 and rows[0].problem_id == "eval-000000"
+    options = TrainOptions.from_dict({"label_key": "answer", "eval_id_key": "uid"})
+    assert columns_for(options, held_out=True) == Columns(id="uid")
+    copied = tmp_path / "eval.jsonl"  # the same rows elsewhere are another held-out set
+    copied.write_bytes((BUNDLED / "eval.jsonl").read_bytes())
+    assert not is_bundled_eval(copied) and not is_bundled_eval("") and not is_bundled_eval(None)
+
+
+def test_a_bad_held_out_row_names_the_held_out_set_and_its_flags(tmp_path):
+    from ouro_cli.rl.data import load_held_out
+
+    held_out = tmp_path / "math500.jsonl"
+    held_out.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    options = TrainOptions.from_dict(
+        {"prompt_key": "problem", "label_key": "reward_model.ground_truth", "eval_data": str(held_out)}
+    )
+    with pytest.raises(UserError) as info:
+        load_held_out(options)
+    message = str(info.value)
+    assert message.startswith(f'the held-out set --eval-data: {held_out}:1: missing "reward_model.ground_truth"')
+    assert "--eval-label-key" in message and "another --eval-data" in message and "\n" not in message
+    options = TrainOptions.from_dict(
+        {"prompt_key": "problem", "label_key": "x", "eval_data": str(held_out), "eval_label_key": "answer"}
+    )
+    assert [r.label for r in load_held_out(options)] == ["2"]
+    assert load_held_out(TrainOptions.from_dict({"eval_data": ""})) == []
