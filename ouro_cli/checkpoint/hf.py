@@ -34,7 +34,7 @@ import torch
 
 from ouro_cli.model.config import OuroConfig
 
-from .assets import copy_assets
+from .assets import copy_assets, naming_present_code
 from .names import (
     CheckpointError,
     TensorSpec,
@@ -274,7 +274,8 @@ def write_hf(
     specs: dict[str, TensorSpec] | None = None,
     on_tensor: OnTensor | None = None,
 ) -> WriteSummary:
-    """Write an HF Ouro directory into the existing `out_dir`: weights, config.json, assets.
+    """Write an HF Ouro directory into the existing `out_dir`: weights, assets, config.json
+    (its `auto_map` naming only the remote code among the assets: `naming_present_code`).
 
     `specs` (every tensor to come, in the order the shards should follow) lets the
     writer plan all shards first and stream each tensor straight to disk; without it,
@@ -303,7 +304,7 @@ def write_hf(
     for k, final in enumerate(files):
         os.replace(out_dir / _partial_name(k), out_dir / final)
     assets = copy_assets(assets_from, out_dir)
-    config.save(out_dir)
+    naming_present_code(config, out_dir).save(out_dir)
     all_specs = [s for shard in shards for s in shard.values()]
     return WriteSummary(
         len(all_specs), sum(s.numel for s in all_specs), sum(s.nbytes for s in all_specs), files, assets

@@ -1,9 +1,11 @@
 """`ouro export CKPT_OR_RUN OUT`: the Hugging Face directory a training run or checkpoint stands for.
 
-The result loads with the original remote code: config.json (unknown keys kept), the
-tokenizer files and the `*.py` remote code come from the checkpoint's `hf_assets/`
-(copied there by `ouro convert hf-to-mcore` and by the trainer). A run directory is
-read through `RUN/checkpoint/`, at its latest complete iteration.
+The result loads in transformers after `import ouro_cli.hf` (our model code), and with the
+original remote code where the source had it: config.json (unknown keys kept; `auto_map`
+naming only the remote code that travelled), the tokenizer files and the `*.py` remote code
+come from the checkpoint's `hf_assets/` (copied there by `ouro convert hf-to-mcore` and by
+the trainer). A run directory is read through `RUN/checkpoint/`, at its latest complete
+iteration.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def export(
     overwrite: bool = OVERWRITE_OPTION,
     json_output: bool = JSON_OPTION,
 ) -> None:
-    """Export a run or checkpoint as a Hugging Face Ouro directory (loads with the original remote code)."""
+    """Export a run or checkpoint as a Hugging Face Ouro directory (transformers loads it: `import ouro_cli.hf`)."""
     write_hf_command(
         ckpt_or_run,
         out,
