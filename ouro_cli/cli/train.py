@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 
 from ouro_cli.config import P_DATA, P_OPT
+from ouro_cli.errors import UserError
 
 from .common import console, hidden_alias, is_main_rank, report_console, run_command
 from .options import by_panel, json_parameter, parameters, with_options
@@ -31,6 +32,8 @@ TRAIN_EPILOG = """Examples:
       --prompts-per-update 64 --lr 1e-6 --max-response-len 2048 --reward-function ouro_cli.rl.rewards.math_answer
 
   ouro train --config examples/ouro-1.4b/recipe.toml --dry-run   # data, options and memory plan; no weights read
+
+  ouro train --config examples/ouro-1.4b/recipe.toml --dry-run --dry-run-gpu 141   # the plan for an H200, from a laptop
 
   ouro train --model ./Ouro-1.4B --data deepscaler.parquet \\
       --label-key reward_model.ground_truth --id-key extra_info.index \\
@@ -65,7 +68,9 @@ def _verbose_parameter() -> inspect.Parameter:
     )
 
 
-def _train(config: Path | None, dry: bool, json_output: bool, verbose: bool, **flags: Any) -> None:
+def _train(
+    config: Path | None, dry: bool, dry_gpu: float | None, json_output: bool, verbose: bool, **flags: Any
+) -> None:
     """Run GRPO on an Ouro model: rollouts at per-update depth budgets, Megatron-core updates."""
     params = {"config": config, **flags}
 
@@ -75,8 +80,10 @@ def _train(config: Path | None, dry: bool, json_output: bool, verbose: bool, **f
         options = resolve_params(params)
         for choice in options.chosen:
             console.print(escape(choice.note), soft_wrap=True)
+        if dry_gpu is not None and not dry:
+            raise UserError("--dry-run-gpu sizes a dry run's plan: pass --dry-run with it")
         if dry:
-            return _dry_run(options, json_output)
+            return _dry_run(options, json_output, dry_gpu)
         if options.run_dir is None:
             options.run_dir = f"runs/ouro-{time.strftime('%Y%m%d-%H%M%S')}"
         run = RunDir(Path(options.run_dir))
@@ -110,7 +117,7 @@ def resolve_params(params: dict[str, Any]):
     flags = {
         k: (list(v) or None) if isinstance(v, list | tuple) else v
         for k, v in params.items()
-        if k not in ("config", "dry", "json_output", "verbose")
+        if k not in ("config", "dry", "dry_gpu", "json_output", "verbose")
     }
     return resolve(flags, str(config) if config else None)
 
@@ -159,14 +166,29 @@ DRY_RUN = inspect.Parameter(
         ),
     ],
 )
+DRY_RUN_GPU = inspect.Parameter(
+    "dry_gpu",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=None,
+    annotation=Annotated[
+        float | None,
+        typer.Option(
+            "--dry-run-gpu",
+            metavar="GIB",
+            help="With --dry-run: size the plan for a CUDA GPU of this many GiB, all free (141 for an H200), "
+            "instead of this machine's device. \\[default: this machine's device]",
+            show_default=False,
+        ),
+    ],
+)
 
 
-def _dry_run(options, json_output: bool) -> dict[str, Any]:
+def _dry_run(options, json_output: bool, gpu_gib: float | None) -> dict[str, Any]:
     """`ouro train --dry-run` (rl/dry_run.py): the report on stdout (with --json, its document); a
     run that would not fit the device fails after the report, as the run would (exit 1)."""
     from ouro_cli.rl.dry_run import dry_run
 
-    report = dry_run(options)
+    report = dry_run(options, gpu_gib)
     if not json_output:
         typer.echo(_dry_run_text(report))
     if report.memory_error is not None:  # the run would stop there: so does its dry run (exit 1)
@@ -224,7 +246,9 @@ def _train_command():
         ],
     )
     flags = [p for leaf in by_panel(tree.leaves(TrainOptions).values()) for p in parameters(leaf)]
-    return with_options(_train, flags, head=[config], tail=[DRY_RUN, json_parameter(), _verbose_parameter()])
+    return with_options(
+        _train, flags, head=[config], tail=[DRY_RUN, DRY_RUN_GPU, json_parameter(), _verbose_parameter()]
+    )
 
 
 # What `ouro resume` accepts besides --updates: the options a run may change (plan.FREE_KEYS and,

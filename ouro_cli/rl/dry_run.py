@@ -15,6 +15,7 @@ reason in place of the memory plan (`memory_error`).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,10 @@ class DryRun:
         }
 
 
-def dry_run(options: TrainOptions) -> DryRun:
+def dry_run(options: TrainOptions, gpu_gib: float | None = None) -> DryRun:
     """The report of a run of `options` (module docstring); a problem the run would meet before
-    its first rollout is raised as the run would raise it."""
+    its first rollout is raised as the run would raise it. `gpu_gib`: size the plan for a CUDA
+    GPU of that much memory, all of it free (the machine the run is meant for), not this one."""
     from ouro_cli.checkpoint.sources import assets_dir
     from ouro_cli.mcore.process import launched_ranks
     from ouro_cli.model.config import OuroConfig
@@ -66,8 +68,16 @@ def dry_run(options: TrainOptions) -> DryRun:
     )
     longest = max(map(len, prompt_ids + eval_prompt_ids))
     seq_tokens = longest + options.sampling.max_response_len
-    device = run_device(options)
-    memory = DeviceMemory.of(device)
+    if gpu_gib is None:
+        device = run_device(options)
+        memory = DeviceMemory.of(device)
+    else:
+        trainer = copy.copy(options.trainer)  # not replace(): its checks ask for a visible GPU
+        trainer.device = "cuda"
+        options = copy.copy(options)
+        options.trainer = trainer
+        device = f"cuda ({gpu_gib:g} GiB, --dry-run-gpu)"
+        memory = DeviceMemory("cuda", int(gpu_gib * 2**30), int(gpu_gib * 2**30))
     dtype = options.trainer.torch_dtype
     try:
         sizing = memory_plan(

@@ -103,6 +103,18 @@ def test_dry_run_reads_no_weights_and_reports_the_plan(shaped_1_4b):
     assert document["options"]["lr"] == 1e-6 and document["auto"] == {"--lr": 1e-6, "--eval-prompts": 500}
 
 
+def test_dry_run_sizes_the_plan_for_a_named_gpu_from_any_machine(shaped_1_4b):
+    from ouro_cli.rl.dry_run import dry_run
+
+    options = resolve({"model": str(shaped_1_4b)}, None)
+    h200 = dry_run(options, gpu_gib=141)
+    assert h200.memory_error is None and h200.memory["device"].startswith("cuda (141 GiB")
+    assert h200.memory["budget_bytes"] == int(0.9 * 141 * 2**30) and h200.memory["kv_blocks"] > 0
+    assert h200.model["dtype"] == "bfloat16" and "of 141.0 GiB (cuda)" in h200.memory_line
+    small = dry_run(options, gpu_gib=8)
+    assert small.memory_error is not None and "does not fit" in str(small.memory_error)
+
+
 def test_train_dry_run_on_the_command_line_writes_nothing(tmp_path):
     env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(
