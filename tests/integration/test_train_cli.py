@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,13 +56,29 @@ def small(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    """A three-update run (checkpoints at 2 and 3) that the tests below go on with; a copy of it
+    as it finished is under root/finished."""
     root = tmp_path_factory.mktemp("train")
     make_checkpoint(root)
     run = root / "run"
     proc = ouro(
-        "train", "--depths", "2", "3", "4", "--updates", "3", "--run-dir", str(run), *small(root), "--json", cwd=root
+        "train",
+        "--depths",
+        "2",
+        "3",
+        "4",
+        "--updates",
+        "3",
+        "--save-interval",
+        "2",
+        "--run-dir",
+        str(run),
+        *small(root),
+        "--json",
+        cwd=root,
     )
     assert proc.returncode == 0, proc.stderr
+    shutil.copytree(run, root / "finished")
     return root, run, json.loads(proc.stdout)
 
 
@@ -317,8 +334,6 @@ def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
         )
     assert (run / "ouro-plan.json").read_text() == before
 
-    import shutil
-
     old = tmp_path / "old"  # no execution settings in the plan
     shutil.copytree(run, old)
     for plan_file in [old / "ouro-plan.json", *old.glob("checkpoint/iter_*/ouro-plan.json")]:
@@ -341,36 +356,19 @@ def test_cuda_graphs_without_a_gpu_fail_clearly(tmp_path):
     assert proc.returncode == 2 and "--cuda-graphs" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_resume_after_a_crash_reruns_unsaved_updates_once(tmp_path):
+def test_resume_after_a_crash_reruns_unsaved_updates_once(trained, tmp_path):
     """A crash after update 2 was logged but before it was saved: resume continues from the
     checkpoint at 2, re-runs update 2 identically and logs every update exactly once."""
-    make_checkpoint(tmp_path)
+    root = trained[0]
     run = tmp_path / "run"
-    proc = ouro(
-        "train",
-        "--depths",
-        "2",
-        "3",
-        "4",
-        "--updates",
-        "3",
-        "--save-interval",
-        "2",
-        "--run-dir",
-        str(run),
-        *small(tmp_path),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
+    shutil.copytree(root / "finished", run)
     before = _metrics(run)
     rollout_2 = (run / "rollouts" / "update_000002.jsonl").read_text()
     # what a crash between logging update 2 and its save leaves behind
-    import shutil
-
     shutil.rmtree(run / "checkpoint" / "iter_0000003")
     (run / "checkpoint" / "latest_checkpointed_iteration.txt").write_text("2\n")
     (run / "COMPLETE").unlink()
-    proc = ouro("resume", str(run), "--updates", "4", cwd=tmp_path)
+    proc = ouro("resume", str(run), "--updates", "4", cwd=root)
     assert proc.returncode == 0, proc.stderr
     after = _metrics(run)
     assert [m["update"] for m in after] == [0, 1, 2, 3]

@@ -101,9 +101,12 @@ def test_verify_resume_checks_the_disk_before_it_starts(tmp_path):
         assert not (mount / "vr" / "reference").exists()
 
 
-def test_background_saves_keep_a_resume_bit_identical(tmp_path):
+def test_background_saves_and_a_cosine_schedule_resume_bit_identically(tmp_path):
     """`--async-save` with a save after every update: each checkpoint is written while the next
-    update runs, and the fresh-process resume still repeats the continuous run bit for bit."""
+    update runs, and the fresh-process resume still repeats the continuous run bit for bit. The
+    run's LR is a cosine that decays over --lr-decay-updates, fixed when the run starts (default:
+    its --updates) and kept by a resume to more updates: verify-resume's first leg, stopped at M,
+    plans the reference's N, so the LRs, and with them every bit, agree."""
     make_checkpoint(tmp_path)
     opts = [
         "--model",
@@ -126,24 +129,24 @@ def test_background_saves_keep_a_resume_bit_identical(tmp_path):
         "--async-save",
         "--save-interval",
         "1",
+        "--lr-schedule",
+        "cosine",
+        "--min-lr",
+        "1e-5",
     ]
+    work = tmp_path / "vr"
     proc = ouro(
-        "verify-resume",
-        "--updates",
-        "3",
-        "--resume-at",
-        "2",
-        "--work-dir",
-        str(tmp_path / "vr"),
-        *opts,
-        "--json",
-        cwd=tmp_path,
+        "verify-resume", "--updates", "3", "--resume-at", "1", "--work-dir", str(work), *opts, "--json", cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["identical"]
     names = {c["name"]: c for c in doc["categories"]}
     assert names["state hashes"]["compared"] == 3 and names["checkpoint tensors"]["compared"] > 20
+    lrs = [json.loads(x)["train_lr"] for x in (work / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert lrs[0] == 1e-4 and lrs[0] > lrs[1] > lrs[2] > 1e-5  # decaying over 3 updates, not over 1
+    plan = json.loads((work / "resumed" / "ouro-plan.json").read_text())
+    assert plan["options"]["lr_decay_updates"] == 3
 
 
 def test_mini_batches_and_filtered_refills_resume_bit_identically(tmp_path):
@@ -220,42 +223,3 @@ def test_mini_batches_and_filtered_refills_resume_bit_identically(tmp_path):
     ):
         refused = ouro("resume", str(work / "resumed"), "--updates", "5", *flag, cwd=tmp_path)
         assert refused.returncode == 2 and f"resume would change {key}:" in refused.stderr, refused.stderr
-
-
-def test_a_cosine_schedule_resumes_bit_identically_over_the_horizon_it_started_with(tmp_path):
-    """A cosine LR decays over --lr-decay-updates, fixed when the run starts (default: its
-    --updates) and kept by a resume to more updates. verify-resume's first leg, stopped at M,
-    plans the reference's N, so the LRs, and with them every bit, agree."""
-    make_checkpoint(tmp_path)
-    opts = [
-        "--model",
-        str(tmp_path / "hf"),
-        "--data",
-        str(tmp_path / "train.jsonl"),
-        "--eval-data",
-        "",
-        "--prompts-per-update",
-        "2",
-        "--group-size",
-        "2",
-        "--max-response-len",
-        "4",
-        "--depths",
-        "2",
-        "--reward-function",
-        REWARD,
-        "--lr-schedule",
-        "cosine",
-        "--min-lr",
-        "1e-5",
-    ]
-    work = tmp_path / "vr"
-    proc = ouro(
-        "verify-resume", "--updates", "3", "--resume-at", "1", "--work-dir", str(work), *opts, "--json", cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["identical"]
-    lrs = [json.loads(x)["train_lr"] for x in (work / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert lrs[0] == 1e-4 and lrs[0] > lrs[1] > lrs[2] > 1e-5  # decaying over 3 updates, not over 1
-    plan = json.loads((work / "resumed" / "ouro-plan.json").read_text())
-    assert plan["options"]["lr_decay_updates"] == 3

@@ -17,6 +17,9 @@ from tests.unit.engine._interpreted import run_checks
 # (N, K): N and K off the 64-wide tiles (40, 96, 130) and on them; one output column (the exit gate)
 SHAPES = [(40, 96), (64, 128), (130, 64), (1, 64)]
 ROWS = [1, 3, 64, 65, 130]
+# batch sizes under the interpreter, whose tile is BASE's 64 rows: one tile, one past it, several
+# with a partial last one (each row of the largest also runs alone: a launch per row)
+CPU_BATCHES = (2, 8, 64, 65, 130)
 
 
 def check_reference(device="cpu", dtype=torch.float32, shapes=SHAPES, rows=ROWS) -> None:
@@ -159,29 +162,32 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
 
 
 def check_exact_engine_grouped(device="cpu", dtype=torch.bfloat16) -> None:
-    """`check_exact_engine` with fresh prompts prefilled as on CUDA: at their bucket width, in
-    groups of rows filled up with rows of padding (runner.prefill_many; groups of 4 rows here,
-    where the interpreter would take minutes over CUDA's 32)."""
+    """`check_exact_engine` with fresh prompts prefilled both ways CUDA prefills them: the short
+    ones at their bucket width, in a group of rows filled up with a row of padding
+    (runner.prefill_many; groups of 3 rows here, where the interpreter would take minutes over
+    CUDA's 32), and the one past PREFILL_GRAPH_MAX (4 here) alone at its own width."""
     from ouro_cli.engine import runner
+    from tests.unit.engine.conftest import prompts
 
-    before = runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP
-    runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP = (device, "cuda"), 4
+    lengths = sorted(len(p) for p in prompts(3, seed=1, hi=6))  # check_exact_engine's prompts
+    assert lengths[1] <= 4 < lengths[2], lengths  # two share a group, one runs alone
+    before = runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP, runner.PREFILL_GRAPH_MAX
+    runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP, runner.PREFILL_GRAPH_MAX = (device, "cuda"), 3, 4
     try:
         check_exact_engine(device, dtype)
     finally:
-        runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP = before
+        runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP, runner.PREFILL_GRAPH_MAX = before
 
 
 CHECKS = {
     "reference_fp32": check_reference,
     "reference_bf16": lambda: check_reference(dtype=torch.bfloat16),
-    "batch_invariance_fp32": check_batch_invariance,
-    "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16),
+    "batch_invariance_fp32": lambda: check_batch_invariance(rows=CPU_BATCHES),
+    "batch_invariance_bf16": lambda: check_batch_invariance(dtype=torch.bfloat16, rows=CPU_BATCHES),
     "bad_input": check_bad_input,
     "configs": check_configs,
     "fused_columns": check_fused_columns,
     "exact_engine_fp32": check_exact_engine,
-    "exact_engine_bf16": lambda: check_exact_engine(dtype=torch.bfloat16),
     "exact_engine_grouped_bf16": check_exact_engine_grouped,
 }
 
