@@ -95,7 +95,7 @@ def parameter(
         help=text,
         rich_help_panel=leaf.info.panel if panels else None,
         show_default=False,
-        metavar=leaf.info.metavar or (f"<{number.__name__}|auto>" if number else None),
+        metavar=leaf.info.metavar or ({int: "<int|auto>", float: "<num|auto>"}[number] if number else None),
         parser=NumberOrAuto(number) if number else None,
     )
     if required:

@@ -134,7 +134,7 @@ def test_two_ranks_match_one_rank_and_ouro_compare_judges_the_pair(tmp_path):
     records[5]["response_ids"][0] += 1
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     proc = _compare(str(tmp_path / "one"), str(tmp_path / "tampered"))
-    assert proc.returncode == 1 and "rollout_tokens=FAIL" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "rollout_tokens=FAIL" in proc.stdout, proc.stdout + proc.stderr  # the report
     last = proc.stderr.strip().splitlines()[-1]  # the one error line names the checks that failed
     assert last.startswith("error: ") and f"tampered is beyond tolerance of {tmp_path / 'one'}: " in last
     assert "rollout_tokens" in last

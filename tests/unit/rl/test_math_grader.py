@@ -75,9 +75,9 @@ def box(answer: str) -> str:
 
 @pytest.mark.parametrize("case", CORPUS, ids=[f"{i}-{c['rule']}" for i, c in enumerate(CORPUS)])
 def test_agrees_with_deepscaler(case):
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: no pathological sympy case, whatever else runs
     assert math_answer(case["response"], case["label"]) == case["expected"], case
-    assert time.perf_counter() - start < 3.0
+    assert time.process_time() - start < 3.0
 
 
 def test_corpus_covers_every_rule_both_ways():
