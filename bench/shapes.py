@@ -8,7 +8,7 @@
 A cell is prompt length x response length x mode (x model). Each runs `ouro train` on
 defaults (no memory flags) in a subprocess, on a random Ouro checkpoint with a
 49,152-entry tokenizer (bench/e2e.py's), and prints per update the plan's budget beside the
-measured peak of each phase (rollout, refill, train, publish, save: `peak_memory_*_gib`, the
+measured peak of each phase (rollout, refill, train, publish, save: `peak_held_*_gib`, the
 device memory the process held at once, plus `memory_outside_gib`, the CUDA context), the
 update time and PASS where every phase stayed within the budget. Its last line is the cell's
 verdict; the exit status is 1 if any cell ran past its budget or failed.
@@ -191,22 +191,24 @@ def run_cell(
 
 def verdict(result: dict) -> tuple[bool, list[str]]:
     """(every phase of every update within the plan's budget, and the run finished; one line
-    per update). A phase is within it when the most its tensors took at once (the KV cache
-    included) plus the memory outside PyTorch (the CUDA context) is at most the budget; the
-    line also shows what the process held (its allocator's cached blocks too)."""
+    per update). A phase is within it when the most the process held from the device at once
+    (PyTorch's segments, cached blocks and CUDA-graph pools included, plus the KV cache) plus
+    the memory outside PyTorch (the CUDA context) is at most the budget; the line also shows
+    the most its tensors took, and what the graph pools held at the update's end."""
     lines, ok = [], result["returncode"] == 0 and bool(result["updates"])
     budget = result["budget_gib"] or 0.0
     for r in result["updates"]:
         outside = r.get("memory_outside_gib") or 0.0
         peaks = {p: (r.get(f"peak_memory_{p}_gib"), r.get(f"peak_held_{p}_gib")) for p in PHASES}
         peaks = {p: v for p, v in peaks.items() if v[0] is not None}
-        over = [p for p, (needed, _) in peaks.items() if needed + outside > budget]
+        over = [p for p, (_, held) in peaks.items() if held + outside > budget]
         ok = ok and not over
         tokens = sum(r.get("rank_response_tokens", [0]))
         lines.append(
             f"  update {r['update']} K={r['k']}: {r['step_s']:.1f} s (rollout {r['rollout_s']:.1f}, train "
             f"{r['train_s']:.1f}); {tokens} response tokens, {r.get('engine_preemptions', 0)} preempted; "
-            f"peak GiB (held) + {outside:.1f} outside, budget {budget:.1f}: "
+            f"peak GiB (held) + {outside:.1f} outside, graph pools {r.get('graph_pools_gib') or 0.0:.1f}, "
+            f"budget {budget:.1f}: "
             + ", ".join(f"{p} {n:.1f} ({h:.1f})" for p, (n, h) in peaks.items())
             + (f"  OVER in {', '.join(over)}" if over else "  ok")
         )

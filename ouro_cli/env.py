@@ -75,6 +75,12 @@ VARIABLES: dict[str, Variable] = {
     "CUBLAS_WORKSPACE_CONFIG": Variable(
         str, None, "cuBLAS's workspace: set, unless set, where deterministic kernels need it (trainer/determinism.py)"
     ),
+    "PYTORCH_CUDA_ALLOC_CONF": Variable(
+        str,
+        None,
+        "PyTorch's CUDA allocator settings: set, unless set, to expandable segments in a colocated run "
+        "(rl/allocator.py)",
+    ),
     "UCX_TLS": Variable(
         str, None, "the UCX transports NIXL may use: set in `ouro probe-ucx`'s processes, one setting each"
     ),

@@ -164,6 +164,9 @@ class ModelRunner:
         self._layouts: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()
         self._layout: tuple | None = None
         self.graph_pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        # every capture runs on this one stream: the pool's freed blocks are cached per stream,
+        # so one capture reuses what the captures before it freed (`capture`)
+        self.capture_stream = torch.cuda.Stream(kv.device) if use_graphs else None
 
     def drop_graphs(self) -> None:
         """Forget every captured step; steps are captured again on first use. Their memory pool
@@ -483,7 +486,7 @@ class CapturedDecodeStep:
             logits, depth, _ = runner._step(self.inputs, exits, allow_sync=False)
             return logits, depth
 
-        self.graph, (self.logits, self.depth) = capture(body, device, runner.graph_pool)
+        self.graph, (self.logits, self.depth) = capture(body, runner.graph_pool, runner.capture_stream)
 
     def run(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         self.inputs.ints.copy_(inputs.ints)
@@ -507,7 +510,7 @@ class CapturedPrefill:
         self.inputs[0] = 0
         self.last = torch.zeros(rows, dtype=torch.long, device=kv.device)
         self.graph, self.logits = capture(
-            lambda: runner._prefill_body(self.inputs, None, self.last), kv.device, runner.graph_pool
+            lambda: runner._prefill_body(self.inputs, None, self.last), runner.graph_pool, runner.capture_stream
         )
 
     def run(self, inputs: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
@@ -518,13 +521,17 @@ class CapturedPrefill:
         return self.logits.clone()
 
 
-def capture(body, device: torch.device, pool):
+def capture(body, pool, stream: torch.cuda.Stream):
     """Run `body` once to warm up, then capture it as a CUDA graph in `pool` -> (graph, its outputs).
 
-    Both run on a stream of the engine's own device: `torch.cuda.graph`'s default capture
-    stream is made on whichever device was current at its first use, which may not be ours."""
+    Both run on `stream`, the runner's one capture stream on the engine's own device
+    (`torch.cuda.graph`'s default capture stream is made on whichever device was current at its
+    first use, which may not be ours). The allocator caches a pool's freed blocks per stream:
+    captured on one stream, every graph of the pool reuses the memory that the captures before
+    it freed, and the pool holds one capture's transient memory beside the graphs' outputs,
+    not one per stream."""
+    device = stream.device
     with torch.cuda.device(device), attention.tables_kept() as tables:
-        stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             body()  # warm-up outside capture (lazy inits, autotuning, the replay attention's tables)

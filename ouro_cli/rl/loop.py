@@ -42,9 +42,9 @@ from ouro_cli.errors import CheckFailed, Interrupted, UserError, is_device_fault
 from ouro_cli.outputs import check_output, clear_dir, is_empty_dir
 from ouro_cli.testing import faults
 
+from . import allocator, recovery
 from . import plan as plans
 from . import records as run_records
-from . import recovery
 from .advantages import group_advantages, length_penalty, zero_variance
 from .cursor import DataCursor
 from .data import Row, columns_for, data_sha256, load_dataset, load_held_out
@@ -68,7 +68,7 @@ from .rewards import Grader, check_labels, load_reward
 from .rollout import RolloutCheckFailed, RolloutSample, RolloutSampling, generate_groups
 from .run_dir import RunDir
 from .schedule import depth_for_update, validate_depths, validate_min_loops
-from .sizing import DeviceMemory, RunSizing, call_kv_bytes, check_fits, describe, size_run
+from .sizing import CUDA_RUNTIME_RESERVE, DeviceMemory, RunSizing, call_kv_bytes, check_fits, describe, size_run
 from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
 
@@ -396,6 +396,7 @@ def setup(
 ) -> Session:
     progress = progress or Silent()
     rows, eval_rows, reward_fn, template = check_inputs(options)  # before anything heavy is imported
+    allocator.prepare(disaggregated=options.engine.disaggregated)  # before the run's first CUDA allocation
 
     from ouro_cli.checkpoint import open_checkpoint
     from ouro_cli.model import from_state_dict
@@ -478,6 +479,7 @@ def setup(
     engine_model.execution = options.execution  # the engine computes with its model's settings
     del weights
     check_fits(sizing, DeviceMemory.of(trainer.device), _in_use(trainer.device))
+    allocator.cap(trainer.device, sizing.budget_bytes, CUDA_RUNTIME_RESERVE)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     log(
         describe(

@@ -12,7 +12,8 @@ allocated bytes plus the KV cache's memory outside its allocator), `peak_held_tr
 most it held from the device at once: PyTorch's reserved segments, its cached blocks and
 CUDA-graph pools included, plus the KV cache; engine/kv_memory.py `peak_bytes`),
 `memory_outside_gib` (what the device has in use beyond that at the phase's end: the CUDA
-context, and any other process) and `train_alloc_retries` (allocations that made the
+context, and any other process), `graph_pools_gib` (what the CUDA-graph pools hold at its end,
+part of the held figure; rl/allocator.py) and `train_alloc_retries` (allocations that made the
 allocator free its cache and ask the device again: a phase near its memory limit) in
 `metrics`. The memory figures are CUDA's (None on CPU): the peak plus the memory outside is
 what the memory plan's budget must hold (rl/sizing.py). A GPU error (an illegal address, a
@@ -30,6 +31,8 @@ from typing import Any
 import torch
 
 from ouro_cli.errors import DeviceFault, ResourceError, device_fault_line, is_device_fault
+
+from . import allocator
 
 GIB = 2**30
 
@@ -66,7 +69,8 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
         metrics[f"peak_memory_{name}_gib"] = needed / GIB if cuda else None
         metrics[f"peak_held_{name}_gib"] = held / GIB if cuda else None
         if cuda:
-            metrics["memory_outside_gib"] = _outside_bytes(device) / GIB
+            metrics["memory_outside_gib"] = allocator.outside_bytes(device) / GIB
+            metrics["graph_pools_gib"] = allocator.graph_pool_bytes(_index(device)) / GIB
         metrics[f"{name}_alloc_retries"] = _alloc_retries(device) - retries if cuda else None
 
 
@@ -78,15 +82,6 @@ def _peak_bytes(device: torch.device) -> tuple[int, int]:
     from ouro_cli.engine import kv_memory
 
     return kv_memory.peak_bytes(_index(device))
-
-
-def _outside_bytes(device: torch.device) -> int:
-    """Device memory in use that neither PyTorch's allocator nor the KV cache holds."""
-    from ouro_cli.engine import kv_memory
-
-    free, total = torch.cuda.mem_get_info(device)
-    index = _index(device)
-    return max(0, total - free - torch.cuda.memory_reserved(index) - kv_memory.mapped_bytes(index))
 
 
 def _alloc_retries(device: torch.device) -> int:

@@ -3,7 +3,9 @@
 A run may fill `gpu_memory_utilization` × the device's memory (host memory on CPU).
 Part of it is resident the whole time: the trainer's weights, fp32 main weights and Adam
 moments (the optimizer state, unless it goes to the host: below), the engine's copy of
-the weights, and a runtime reserve (CUDA context, library workspaces, allocator slack).
+the weights, on CUDA the engine's CUDA-graph pool, and a runtime reserve (CUDA context,
+library workspaces, allocator slack). On CUDA the budget is also the allocator's cap
+(rl/allocator.py), so what the process holds, not only what its tensors take, stays within it.
 The rest is used in turns: during a rollout by the engine's paged KV cache, during a
 train step by the trainer's activations and its fp32 gradients, because the engine hands
 its cache back while the trainer steps (`engine.contract.ReleasesMemory`) and the trainer
@@ -70,6 +72,11 @@ LOGIT_FP32_COPIES = 5
 # Runtime reserve: CUDA context, cuBLAS/cuDNN workspaces, compiled-kernel scratch; and the
 # fraction of the budget left as allocator slack (fragmentation between the two phases).
 CUDA_RUNTIME_RESERVE = 3 * GIB
+# The engine's CUDA-graph memory pool (engine/runner.py `capture`): the captured steps' outputs
+# and one capture's transient memory, held for the whole run. An upper bound of the pools
+# bench/shapes.py measures (`graph_pools_gib`), which grow with the layers a step runs through.
+GRAPH_POOL_BASE = GIB
+GRAPH_POOL_PER_LAYER = 32 * 2**20
 CPU_RUNTIME_RESERVE = GIB // 2
 SLACK_FRACTION = 0.05
 # Below this many tokens per micro-batch the GEMMs stop filling the GPU: recompute then buys
@@ -151,6 +158,11 @@ def token_cost_shares(config: OuroConfig, recompute: bool, exact: bool = False) 
     return {"loop": loop / full, "idle": min(1.0, kv / per_call)}
 
 
+def graph_pool_bytes(config: OuroConfig) -> int:
+    """What the engine's CUDA-graph pool may hold (GRAPH_POOL_BASE's comment)."""
+    return GRAPH_POOL_BASE + GRAPH_POOL_PER_LAYER * config.num_hidden_layers
+
+
 def gradient_bytes(config: OuroConfig) -> int:
     """Megatron's fp32 grad buffer."""
     return parameter_counts(config)[1] * 4
@@ -176,6 +188,7 @@ def resident_bytes(
         "optimizer": 0 if offload_optimizer else optimizer,
         "engine_weights": total * dtype.itemsize,
         "runtime": CUDA_RUNTIME_RESERVE if kind == "cuda" else CPU_RUNTIME_RESERVE,
+        "engine_graphs": graph_pool_bytes(config) if kind == "cuda" else 0,
     }
 
 

@@ -113,7 +113,32 @@ def hog(device: Any, gib: float) -> None:
 
     if device is not None and torch.device(device).type == "cuda":
         size = int(gib * 2**30) if gib >= 0 else torch.cuda.mem_get_info(device)[0] + int(gib * 2**30)
-        _held.append(torch.empty(max(0, size), dtype=torch.uint8, device=device))
+        _held.append(_foreign_memory(torch.device(device), max(0, size)))
+
+
+def _foreign_memory(device: Any, size: int) -> Any:
+    """`size` bytes of `device` taken past PyTorch's allocator, as another process takes them, so
+    that the allocator's cap (rl/allocator.py) does not count them; through the allocator where
+    NVIDIA's cuda-bindings is missing. Freed when the returned object is dropped."""
+    import weakref
+
+    import torch
+
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        return torch.empty(size, dtype=torch.uint8, device=device)
+    with torch.cuda.device(device):
+        err, pointer = runtime.cudaMalloc(size)
+    if err != runtime.cudaError_t.cudaSuccess:
+        raise torch.OutOfMemoryError(f"the test's memory hog could not take {size / 2**30:.1f} GiB ({err})")
+
+    class Held:  # a handle whose finalizer frees the memory
+        pass
+
+    held = Held()
+    weakref.finalize(held, runtime.cudaFree, pointer)
+    return held
 
 
 def device_error(device: Any) -> None:

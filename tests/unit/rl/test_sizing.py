@@ -54,7 +54,10 @@ def test_resident_parts_by_hand():
         "optimizer": 12 * trainable,
         "engine_weights": 2 * total,
         "runtime": sizing.CUDA_RUNTIME_RESERVE,
+        "engine_graphs": sizing.GRAPH_POOL_BASE + 24 * sizing.GRAPH_POOL_PER_LAYER,
     }
+    cpu = sizing.resident_bytes(ouro_14b(), BF16, kind="cpu", offload_optimizer=False)
+    assert cpu["engine_graphs"] == 0 and cpu["runtime"] == sizing.CPU_RUNTIME_RESERVE
     assert sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=True)["optimizer"] == 0
     assert (
         sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False, optimizer_shards=4)["optimizer"]
@@ -107,7 +110,7 @@ def test_offload_auto_moves_the_optimizer_off_the_gpu_only_when_the_rollout_does
 
 def test_offload_auto_keeps_the_state_on_the_gpu_for_the_calls_that_fit_beside_it():
     # beside an engine that hands its cache back, auto's state leaves the device only for the
-    # calls whose cache needs its room: 256 x 640 tokens fit beside it at K = 2 and 3, not at 4
+    # calls whose cache needs its room: 240 x 640 tokens fit beside it at K = 2 and 3, not at 4
     auto = plan(offload_optimizer="auto")
     c, trainable = ouro_14b(), sizing.parameter_counts(ouro_14b())[1]
     state, grads = 12 * trainable, sizing.gradient_bytes(c)
@@ -119,14 +122,14 @@ def test_offload_auto_keeps_the_state_on_the_gpu_for_the_calls_that_fit_beside_i
     assert auto.max_tokens_per_micro_batch == room // off // 128 * 128
     call = {
         k: sizing.call_kv_bytes(
-            c, BF16, block_size=16, planes=k, sequences=256, seq_tokens=640, kv_blocks=auto.kv_blocks
+            c, BF16, block_size=16, planes=k, sequences=240, seq_tokens=640, kv_blocks=auto.kv_blocks
         )
         for k in (2, 3, 4)
     }
     # 641 tokens: 41 blocks each, and the scratch block; more than the cache holds, so the call takes it all
     assert (
-        (256 * 41 + 1) * 16 * 768 * 2**10
-        == sizing.call_kv_bytes(c, BF16, block_size=16, planes=4, sequences=256, seq_tokens=640, kv_blocks=None)
+        (240 * 41 + 1) * 16 * 768 * 2**10
+        == sizing.call_kv_bytes(c, BF16, block_size=16, planes=4, sequences=240, seq_tokens=640, kv_blocks=None)
         > call[4]
     )
     assert call[4] == (auto.kv_blocks + 1) * 16 * 768 * 2**10
@@ -259,9 +262,9 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
         options=SimpleNamespace(engine=SimpleNamespace(block_size=16)),
     )
     for k in (2, 3):
-        room_for_call(session, k, 256)
+        room_for_call(session, k, 240)
         assert not session.trainer.offload.on_host
-    room_for_call(session, 4, 256)
+    room_for_call(session, 4, 240)
     assert session.trainer.offload.on_host
     session.trainer.offload, session.sizing = Offload(), plan(offload_optimizer="on")  # "on": the trainer's business
     room_for_call(session, 4, 256)
