@@ -12,11 +12,15 @@ memory flags at all, on a random Ouro-1.4B with a full-size tokenizer.
     python bench/e2e.py --cases a --depths 2 --updates 2 --train-profile 1  # where a train step's time goes
 
 Cases (prompts x samples per prompt x response tokens, by default at `--depths 2 3 4`):
-  a  32 x 8 x 512     b  8 x 8 x 2,048     (--shape tiny: 4 x 4 x 64 and 2 x 4 x 256)
+  a  32 x 8 x 512     b  8 x 8 x 2,048     v  32 x 8 x 512, responses that stop at varied lengths
+  (--shape tiny: 4 x 4 x 64, 2 x 4 x 256 and 4 x 4 x 64)
+Prompts (`--prompts`): p100, drawn with a median of 100 tokens and a tail to 1,000, as math
+RL's are (bench/workloads.py); `--prompts arith` gives the short sums (about 18 tokens) of the
+earlier anchors in docs/performance.md, whose commands name it.
 
 It builds an HF directory (random bf16 weights at Ouro-1.4B shapes; a 49,152-entry
 word-level tokenizer whose every id decodes; the ChatML ids 0/1/2 as in Ouro) and a
-JSONL of arithmetic prompts, runs `python -m ouro_cli.cli.app train` in a subprocess,
+JSONL of prompts, runs `python -m ouro_cli.cli.app train` in a subprocess,
 and prints per update what `metrics.jsonl` recorded: rollout (and of it the prefill) /
 train / publish / save / compile seconds, CUDA-graph capture seconds, the host's waits for
 sampled tokens (a rollout much longer than its waits and captures was bound by the host's
@@ -30,8 +34,9 @@ beside the memory plan the run logged. A second table puts each phase beside its
 (bench/e2e_limits.py: the rollout's bytes roofline, the trainer's model FLOPs at 780
 TFLOP/s, the publication's copy) and sums them into the update's, then gives the steady
 state per K: the updates after each K's first, which compiles and captures CUDA graphs.
-A random model rarely samples a stop token, so responses run to the full length: the
-worst case of each shape. The run's checkpoint is deleted after
+A random model rarely samples a stop token, so responses in cases a and b run to the full
+length: the worst case of each shape; case v's stop at varied lengths, so sequences finish at
+different times and the scheduler admits new ones mid-wave. The run's checkpoint is deleted after
 each case (19 GB at 1.4B with Adam). `--out FILE` writes every figure as JSON.
 
 `--nproc N` runs each case again under `torchrun --nproc-per-node N` with the same global
@@ -62,11 +67,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import e2e_limits  # noqa: E402  (bench/e2e_limits.py: each phase at the hardware's limit)
+from workloads import prompt_lengths, with_varied_stops, write_prompts  # noqa: E402
 
 from ouro_cli.model.config import OuroConfig  # noqa: E402
 
-CASES = {"a": (32, 8, 512), "b": (8, 8, 2048)}
-TINY_CASES = {"a": (4, 4, 64), "b": (2, 4, 256)}  # --shape tiny: the same path, CPU-sized
+CASES = {"a": (32, 8, 512), "b": (8, 8, 2048), "v": (32, 8, 512)}
+TINY_CASES = {"a": (4, 4, 64), "b": (2, 4, 256), "v": (4, 4, 64)}  # --shape tiny: the same path, CPU-sized
+VARIED = ("v",)  # cases whose responses stop at varied lengths (workloads.with_varied_stops)
 VOCAB = 49152
 
 
@@ -122,7 +129,12 @@ def build_model(directory: Path, shape: str) -> None:
     full_size_tokenizer(directory)
 
 
-def write_data(path: Path, rows: int = 256) -> None:
+def write_data(path: Path, prompts: str, rows: int = 256) -> None:
+    """`rows` training prompts: `arith` short sums (about 18 tokens chat-rendered), else
+    workloads.py's prompt lengths (`p100`: median 100 tokens, tail to 1,000)."""
+    if prompts != "arith":
+        write_prompts(path, prompt_lengths(prompts, rows))
+        return
     g = random.Random(0)
     with open(path, "w") as f:
         for i in range(rows):
@@ -359,6 +371,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=["1.4b", "tiny"], default="1.4b")
     parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
+    parser.add_argument(
+        "--prompts",
+        default="p100",
+        help="prompt lengths: p100 (drawn, median 100 tokens, tail to 1,000), pN (N tokens each), or arith "
+        "(short sums, about 18 tokens)",
+    )
     parser.add_argument("--updates", type=int, default=3, help="updates per case (the K of --depths in turn)")
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 3, 4], help="the K the updates cycle through")
     parser.add_argument("--work", default="/tmp/ouro-e2e", help="scratch folder (model, data, runs)")
@@ -420,15 +438,16 @@ def main() -> None:
         shutil.rmtree(model, ignore_errors=True)
         build_model(model, args.shape)
         print(f"built {model} in {time.perf_counter() - start:.1f} s", flush=True)
-    write_data(data)
+    write_data(data, args.prompts)
     config = OuroConfig.from_file(model / "config.json")
     results, pairs = [], []
     for c in args.cases:
+        case_model = with_varied_stops(model, VOCAB) if c in VARIED else model
         one = run_case(
             c,
             args.shape,
             work,
-            model,
+            case_model,
             data,
             args.updates,
             args.timeout,
@@ -442,7 +461,7 @@ def main() -> None:
         if args.nproc > 1:
             for extra in [()] + ([("--dist-optimizer",)] if args.dist_optimizer else []):
                 many = run_case(
-                    c, args.shape, work, model, data, args.updates, args.timeout, args.nproc, base + extra, depths
+                    c, args.shape, work, case_model, data, args.updates, args.timeout, args.nproc, base + extra, depths
                 )
                 results.append(many)
                 pairs.append((one, many))
@@ -451,7 +470,7 @@ def main() -> None:
                 c,
                 args.shape,
                 work,
-                model,
+                case_model,
                 data,
                 args.updates,
                 args.timeout,

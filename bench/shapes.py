@@ -13,12 +13,10 @@ device memory the process held at once, plus `memory_outside_gib`, the CUDA cont
 update time and PASS where every phase stayed within the budget. Its last line is the cell's
 verdict; the exit status is 1 if any cell ran past its budget or failed.
 
-Prompt lengths: `p16`, `p1024` fixed; `p100` drawn per prompt from a log-normal with median
-100 tokens and a tail to 1,000 (the shape of MATH / DeepScaleR prompts). Responses: `rN`
-run to N tokens (the random model rarely stops), `rNv` stop at varied lengths: the config
-names 1/256 of the vocabulary as stop tokens, so a near-uniform random model stops after
-about 256 tokens on average, from a few tokens to N, and the scheduler admits new
-sequences mid-wave. Modes: `default`; `exact` (--exact); `async` (--exit-threshold 0.9
+Prompt lengths: `p16`, `p1024` fixed; `p100` drawn per prompt (median 100 tokens, tail to
+1,000; bench/workloads.py). Responses: `rN` run to N tokens (the random model rarely stops),
+`rNv` stop at varied lengths (bench/workloads.py `with_varied_stops`), so the scheduler admits
+new sequences mid-wave. Modes: `default`; `exact` (--exact); `async` (--exit-threshold 0.9
 --async-scheduling); `spec` (--speculative-tokens 3, at K = T).
 
 Cells run prompts x samples of 32 x 8 (r512) or 8 x 8 (r4096), or `--prompts` x 8;
@@ -29,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
 import shutil
 import sys
 import time
@@ -42,6 +38,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from e2e import VOCAB, full_size_tokenizer, run_in_own_group  # noqa: E402
+from workloads import prompt_lengths, with_varied_stops, write_prompts  # noqa: E402
 
 GIB = 2**30
 PROMPTS = ("p16", "p100", "p1024")
@@ -53,39 +50,15 @@ MODES = {
     "spec": ["--speculative-tokens", "3"],
 }
 PHASES = ("rollout", "refill", "train", "publish", "save")
-STOP_SHARE = 256  # rNv: one vocabulary entry in this many is a stop token
 
 
 def cells() -> list[str]:
     return [f"{p}-{r}-{m}" for p in PROMPTS for r in RESPONSES for m in MODES]
 
 
-def prompt_lengths(kind: str, n: int, seed: int = 0) -> list[int]:
-    """Prompt lengths in tokens: fixed, or drawn (median 100, tail to 1,000)."""
-    if kind != "p100":
-        return [int(kind[1:])] * n
-    g = random.Random(seed)
-    return [int(min(1000, max(20, g.lognormvariate(math.log(100), 0.7)))) for _ in range(n)]
-
-
-def write_data(path: Path, lengths: list[int]) -> None:
-    """One row per prompt of about n tokens once chat-rendered: n - 16 random digits (one token
-    each in the bench tokenizer) and a question."""
-    g = random.Random(1)
-    with open(path, "w") as f:
-        for i, n in enumerate(lengths):
-            digits = "".join(g.choice("0123456789") for _ in range(max(1, n - 16)))
-            f.write(
-                json.dumps(
-                    {"prompt": f"{digits} What is 1+{i % 9}?", "label": 1 + i % 9, "metadata": {"problem_id": i}}
-                )
-                + "\n"
-            )
-
-
-def build_model(directory: Path, model: str, varied_stops: bool) -> None:
-    """A random checkpoint (bench/convert.py's streamed writer for 1.4B and 2.6B), the bench
-    tokenizer, and with `varied_stops` 1/STOP_SHARE of the vocabulary as eos ids."""
+def build_model(directory: Path, model: str) -> None:
+    """A random checkpoint (bench/convert.py's streamed writer for 1.4B and 2.6B) with the bench
+    tokenizer and room for 8,192 positions."""
     if model == "tiny":
         import torch
 
@@ -102,8 +75,6 @@ def build_model(directory: Path, model: str, varied_stops: bool) -> None:
     full_size_tokenizer(directory)
     config_file = directory / "config.json"
     config = json.loads(config_file.read_text())
-    if varied_stops:
-        config["eos_token_id"] = list(range(100, VOCAB, STOP_SHARE))
     config["max_position_embeddings"] = max(config.get("max_position_embeddings", 0), 8192)
     config_file.write_text(json.dumps(config, indent=2))
 
@@ -126,12 +97,14 @@ def run_cell(
     if mode == "spec":
         depths = [4]
     began = time.perf_counter()  # --timeout covers the model's build too, so an outer limit can be set from it
-    checkpoint = work / f"model-{model}{'-stops' if response.endswith('v') else ''}"
+    checkpoint = work / f"model-{model}"
     if not (checkpoint / "config.json").exists():
         shutil.rmtree(checkpoint, ignore_errors=True)
-        build_model(checkpoint, model, response.endswith("v"))
+        build_model(checkpoint, model)
+    if response.endswith("v"):
+        checkpoint = with_varied_stops(checkpoint, VOCAB)
     data = work / f"{prompt}.jsonl"
-    write_data(data, prompt_lengths(prompt, prompts * max(updates, 1) * 2))
+    write_prompts(data, prompt_lengths(prompt, prompts * max(updates, 1) * 2))
     run = work / f"run-{cell}"
     shutil.rmtree(run, ignore_errors=True)
     cmd = [

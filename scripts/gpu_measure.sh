@@ -36,8 +36,8 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(e2e exact agree agree_grouped fixed_tile)
 for s in "${steps[@]}"; do
   case $s in
-    e2e) step e2e 330 python3 bench/e2e.py --cases a --updates 6 --timeout 300 --out "$out/e2e.json" ;;
-    exact) step exact 210 python3 bench/e2e.py --cases a --depths 2 --updates 2 --train-args=--exact --timeout 170 \
+    e2e) step e2e 330 python3 bench/e2e.py --prompts arith --cases a --updates 6 --timeout 300 --out "$out/e2e.json" ;;
+    exact) step exact 210 python3 bench/e2e.py --prompts arith --cases a --depths 2 --updates 2 --train-args=--exact --timeout 170 \
              --out "$out/exact.json" ;;
     agree) step agree 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 ;;
     agree_grouped) step agree_grouped 90 python3 bench/gpu_table.py --device cuda --sections agree --agree-dtypes fp32 \
@@ -45,7 +45,7 @@ for s in "${steps[@]}"; do
     fixed_tile) step fixed_tile 180 python3 bench/fixed_tile.py --sweep --rows 64 128 256 512 4096 16384 --repeats 5 ;;
     profile|exact_profile)
       extra=(); [ "$s" = exact_profile ] && extra=(--train-args=--exact)
-      step "$s" 330 python3 bench/e2e.py --cases a --depths 2 --updates 3 --train-profile 2 "${extra[@]}" \
+      step "$s" 330 python3 bench/e2e.py --prompts arith --cases a --depths 2 --updates 3 --train-profile 2 "${extra[@]}" \
         --timeout 300 --out "$out/$s.json" ;;
     *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile)"; exit 2 ;;
   esac

@@ -1,6 +1,7 @@
 """rl/allocator.py: the allocator settings a colocated run asks for, the cap it sets from the
 plan's budget, and the graph-pool figure read from the allocator's snapshot (CUDA calls
-replaced, so the arithmetic runs on CPU; tests/gpu/test_graph_pool_gpu.py runs the real ones)."""
+replaced, so the arithmetic runs on CPU; on a GPU every `ouro train` run records the real
+figure, `graph_pools_gib`, which bench/shapes.py prints)."""
 
 from __future__ import annotations
 
