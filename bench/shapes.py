@@ -49,7 +49,7 @@ MODES = {
     "async": ["--exit-threshold", "0.9", "--async-scheduling"],
     "spec": ["--speculative-tokens", "3"],
 }
-PHASES = ("rollout", "refill", "train", "publish", "save")
+PHASES = ("rollout", "refill", "train", "publish", "save", "evaluation")
 
 
 def cells() -> list[str]:

@@ -106,6 +106,8 @@ class Session:
     trackers: Trackers = field(default_factory=Trackers)  # --logger (rank 0)
     # the last save ran after its update's metrics line: the next line gets its figures
     unlogged_save: dict[str, Any] = field(default_factory=lambda: dict(NO_SAVE))
+    # the last held-out evaluation's phase figures (time, peaks), for the next metrics line
+    unlogged_evaluation: dict[str, Any] = field(default_factory=dict)
     # out-of-memory decisions of this rank's current update, not yet recorded (rl/recovery.py)
     new_decisions: list[dict[str, Any]] = field(default_factory=list)
     progress: RunProgress = field(default_factory=Silent)  # what the user sees of it (rl/progress.py)
@@ -830,14 +832,17 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
     faults.point("evaluation")
     s.progress.stage(Stage("evaluation", update, when=when, depths=tuple(s.options.eval_depths), counter=s.generating))
     n, samples = min(s.options.eval_prompts, len(s.eval_rows)), s.options.eval_samples
+    figures: dict[str, Any] = {}
     with phase(
-        {},
+        figures,
         "evaluation",
         s.trainer.device,
         f"{n} prompts{f' x {samples} samples' if samples > 1 else ''} at K = {s.options.eval_depths}",
         "--eval-prompts, --eval-samples or --max-num-seqs",
     ):
         results, responses = _evaluate(s, n, update)
+    # the start's and an interval's figures go in the next metrics line (the end's in none)
+    s.unlogged_evaluation = {"evaluation_when": when, **{k: v for k, v in figures.items() if "evaluation" in k}}
     if s.is_main:  # the responses first: an evaluations line is never there without its responses
         for r in responses:
             append_jsonl(s.run.responses, {"update": update, "when": when, **r})
@@ -951,6 +956,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     # the update's records are written before the save that includes it (records.py): its row
     # carries the previous save's figures
     save, s.unlogged_save = s.unlogged_save, dict(NO_SAVE)
+    evaluation, s.unlogged_evaluation = s.unlogged_evaluation, {}
     elapsed = time.perf_counter() - s.started
     engine_delta = counter_delta(dict(s.engine.work_counters()), counters_before)
     if engine_delta.get("spec_draft_tokens"):
@@ -976,6 +982,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         "logprob_mismatch_max_by_depth": train.get("logprob_mismatch_max_by_depth"),
         **timing,
         "compile_s": sum(v for key, v in timing.items() if key.endswith("_compile_s")),
+        **evaluation,
         **save,
         "step_s": time.perf_counter() - t0 + save["save_s"],
         "job_elapsed_s": elapsed,

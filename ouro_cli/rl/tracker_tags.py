@@ -11,7 +11,8 @@ stage instead of a hundred flat tags:
   engine-trainer log-probability mismatch (`train/logprob_mismatch_mean`, per K and per depth);
 - `timing/`: seconds and other durations (`timing/rollout_s`, `timing/train_forward_backward_s`,
   `timing/engine_prefill_us`, `timing/device_hours`);
-- `memory/`: peak and held device memory per phase, and allocation retries.
+- `memory/`: peak and held device memory per phase, the memory outside PyTorch, the CUDA-graph
+  pools, and allocation retries.
 
 A field keeps its metrics.jsonl name under its group, less the group's own prefix
 (`train_loss` -> `train/loss`, `reward_mean` -> `reward/mean`), so a tag leads back to its
@@ -48,7 +49,7 @@ NOT_LOGGED = frozenset(
 
 def group_of(field: str) -> str:
     """The group of a metrics field (module docstring)."""
-    if field.startswith("peak_") and field.endswith("_gib") or field.endswith("_alloc_retries"):
+    if field.endswith(("_gib", "_alloc_retries")):
         return "memory"
     if field.endswith(("_s", "_us", "_ms")) or field == "device_hours":
         return "timing"

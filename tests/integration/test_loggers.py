@@ -63,6 +63,10 @@ def test_trackers_get_grouped_metrics_and_a_resume_continues_the_wandb_run(tmp_p
     proc = ouro("resume", str(run), "--updates", "2", cwd=tmp_path, env=WANDB)
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # the start evaluation's phase figures ride on update 0's line; the resumed update had none
+    assert rows[0]["evaluation_when"] == "start" and rows[0]["evaluation_s"] > 0
+    assert rows[0]["peak_held_evaluation_gib"] is None  # a CUDA figure
+    assert not [key for key in rows[1] if "evaluation" in key]
 
     events = EventAccumulator(str(run / "logs" / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0})
     events.Reload()
