@@ -62,8 +62,10 @@ class EngineCore:
 
     `attn_chunk` is decode attention's chunk length; on CUDA decode steps are captured as
     CUDA graphs unless `cuda_graphs=False`; `async_exits` reads exit signals one loop late
-    (async_exits.py); `weight_version` names the loaded weights. The core keeps no request
-    state between calls: sequences live in the `Scheduler` the caller passes to each step.
+    (async_exits.py); `weight_version` names the loaded weights; `reserve_blocks` makes its
+    schedulers admit a request only with room for every block it may come to hold (scheduler.py).
+    The core keeps no request state between calls: sequences live in the `Scheduler` the caller
+    passes to each step.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class EngineCore:
         cuda_graphs: bool | None = None,
         async_exits: bool = False,
         weight_version: int = 0,
+        reserve_blocks: bool = False,
     ) -> None:
         model.eval()
         if next(model.parameters()).is_cuda:
@@ -110,11 +113,14 @@ class EngineCore:
         self.speculator = Speculator(self.runner, self.counters, self.emit)
         self.publisher = WeightPublisher(model, weight_version)
         self.eos_token_ids = eos_token_ids(cfg)
+        self.reserve_blocks = reserve_blocks
 
     def scheduler(self) -> Scheduler:
         """A scheduler over the cache's current blocks (make it after `kv.set_planes`) and the limits."""
         lim = self.limits
-        return Scheduler(self.kv.allocator, lim.block_size, lim.max_num_seqs, lim.max_prefill_tokens)
+        return Scheduler(
+            self.kv.allocator, lim.block_size, lim.max_num_seqs, lim.max_prefill_tokens, reserve=self.reserve_blocks
+        )
 
     # ---- steps --------------------------------------------------------------------------
 

@@ -72,7 +72,9 @@ class LLM(GenerationControl):
     share its full KV blocks (scheduler.py), so a group's prompt takes its blocks once, in the
     cache a call restores and in every check of free blocks; off, each request holds its own
     copy. The values every request reads are the same either way; a cache too small for a call
-    may schedule it differently.
+    may schedule it differently. `reserve_blocks` (default off): a cache too small for a call
+    holds requests back instead of admitting them and later preempting running ones
+    (scheduler.py); outputs are those of any schedule (exactly so in exact mode).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class LLM(GenerationControl):
         execution: ExecutionSettings | None = None,
         exact: bool | None = None,
         share_prompts: bool = True,
+        reserve_blocks: bool = False,
     ) -> None:
         model, self.codec = open_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
         model.execution = chosen_settings(model.execution, execution, exact)
@@ -114,6 +117,7 @@ class LLM(GenerationControl):
             cuda_graphs=cuda_graphs,
             async_exits=async_scheduling,
             weight_version=weight_version,
+            reserve_blocks=reserve_blocks,
         )
         self.model, self.device, self.kv, self.runner = core.model, core.device, core.kv, core.runner  # to inspect
         self.async_scheduling = async_scheduling

@@ -12,6 +12,12 @@ budget, never on timing):
 - Waiting sequences are admitted first come, first served (the head is never
   skipped, so nobody starves) while there is room in the batch, in the prefill token
   budget and in the free blocks; no admission in a step that had to preempt.
+- With `reserve` a waiting sequence is admitted only while the free blocks cover what
+  it takes now and every block it and the running sequences may still take
+  (`kv_cache.request_blocks`, at most the whole cache): a cache too small for every
+  sequence holds new ones back instead of admitting them and preempting running ones
+  later, so nobody is preempted, at the price of fewer sequences in flight while they
+  are far from their longest.
 - Nobody can deadlock: each request was checked at submission to fit the whole
   cache on its own, and the oldest running sequence is never preempted by a younger
   one, so it always advances.
@@ -39,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from .contract import FinishReason, SamplingParams
 from .exits import ExitPolicy, exit_policies
-from .kv_cache import BlockAllocator, blocks_needed, prompt_blocks
+from .kv_cache import BlockAllocator, blocks_needed, prompt_blocks, request_blocks
 from .request_rng import RequestRng
 
 if TYPE_CHECKING:
@@ -117,9 +123,18 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int, max_prefill_tokens: int) -> None:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        max_num_seqs: int,
+        max_prefill_tokens: int,
+        *,
+        reserve: bool = False,
+    ) -> None:
         self.allocator, self.block_size = allocator, block_size
         self.max_num_seqs, self.max_prefill_tokens = max_num_seqs, max_prefill_tokens
+        self.reserve = reserve
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # per group, its running holders (module docstring), oldest first
@@ -207,9 +222,15 @@ class Scheduler:
         holders = self.holders.get(seq.group)
         return holders[0] if holders else None
 
+    def _most_blocks(self, seq: Sequence) -> int:
+        """The most blocks `seq` holds at once (shared ones included), at most the whole cache."""
+        most = request_blocks(seq.max_kv_tokens, seq.params.speculative_tokens, self.block_size)
+        return min(most, self.allocator.num_blocks)
+
     def _admit(self) -> list[Sequence]:
         admitted: list[Sequence] = []
         budget = self.max_prefill_tokens
+        owed = sum(max(0, self._most_blocks(s) - len(s.blocks)) for s in self.running) if self.reserve else 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = len(seq.prefill_tokens)
@@ -220,6 +241,11 @@ class Scheduler:
             need = blocks_needed(min(n + 1, seq.max_kv_tokens), self.block_size) - len(shared)
             if need > self.allocator.num_free:
                 break
+            if self.reserve:
+                later = max(0, self._most_blocks(seq) - len(shared) - need)
+                if owed + need + later > self.allocator.num_free:
+                    break
+                owed += later
             seq.blocks = self.allocator.share(shared) + self.allocator.allocate(need)
             seq.prompt_donor = donor
             if seq.group is not None and seq.prompt_only:

@@ -193,7 +193,8 @@ def _check_blocks(sched: Scheduler, alloc: BlockAllocator, block_size: int) -> N
 def test_scheduler_shares_and_returns_every_block(data):
     """Groups of requests stepped through the scheduler as the engine core steps them (prefill,
     decode one token, finish at max_tokens or at a drawn stop), in a cache small enough to
-    preempt: references stay exact at every step, and all blocks come back at the end."""
+    preempt: references stay exact at every step, and all blocks come back at the end. A
+    scheduler that reserves blocks at admission never preempts."""
     block_size = data.draw(st.integers(1, 4))
     groups = data.draw(st.lists(st.tuples(st.integers(1, 9), st.integers(1, 5)), min_size=1, max_size=4))
     max_tokens = data.draw(st.integers(1, 10))
@@ -205,7 +206,10 @@ def test_scheduler_shares_and_returns_every_block(data):
             seqs.append(_sequence(len(seqs), prompt, max_tokens, g))
     longest = max(blocks for blocks in (-(-(s.max_kv_tokens + 1) // block_size) for s in seqs))
     alloc = BlockAllocator(data.draw(st.integers(longest, longest + 6)))
-    sched = Scheduler(alloc, block_size, max_num_seqs=data.draw(st.integers(1, 8)), max_prefill_tokens=16)
+    reserve = data.draw(st.booleans())
+    sched = Scheduler(
+        alloc, block_size, max_num_seqs=data.draw(st.integers(1, 8)), max_prefill_tokens=16, reserve=reserve
+    )
     for seq in seqs:
         sched.add(seq)
     preempted = shared = 0
@@ -231,7 +235,8 @@ def test_scheduler_shares_and_returns_every_block(data):
                 sched.finish(seq)
         _check_blocks(sched, alloc, block_size)
     assert not sched.has_work() and alloc.num_free == alloc.num_blocks and not sched.holders
-    event(f"preempted: {preempted > 0}, shared: {shared > 0}")
+    assert not (reserve and preempted)  # reserving admission never preempts
+    event(f"reserve: {reserve}, preempted: {preempted > 0}, shared: {shared > 0}")
 
 
 def test_a_preempted_member_drops_only_its_references():
