@@ -76,8 +76,8 @@ class Sequence:
     num_cached: int = 0
     finish_reason: FinishReason | None = None
     group: int | None = None
-    prompt_donor: Sequence | None = field(default=None, repr=False)
-    prompt_logits: torch.Tensor | None = field(default=None, repr=False)
+    prompt_donor: Sequence | None = field(default=None, repr=False, compare=False)
+    prompt_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
     exit_policies: tuple[ExitPolicy, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
