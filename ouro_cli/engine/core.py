@@ -33,7 +33,7 @@ from ouro_cli.model import fuse_projections
 from ouro_cli.settings import executing
 
 from .contract import EngineError, WeightChunk
-from .kv_cache import PagedKVCache
+from .kv_cache import PagedKVCache, prompt_blocks
 from .publication import WeightPublisher
 from .runner import ModelRunner, PrefillItem, WorkCounters
 from .sampling import SamplingBatch, processed_logprobs, raw_logprobs, sample, token_logprobs
@@ -62,8 +62,10 @@ class EngineCore:
 
     `attn_chunk` is decode attention's chunk length; on CUDA decode steps are captured as
     CUDA graphs unless `cuda_graphs=False`; `async_exits` reads exit signals one loop late
-    (async_exits.py); `weight_version` names the loaded weights. The core keeps no request
-    state between calls: sequences live in the `Scheduler` the caller passes to each step.
+    (async_exits.py); `weight_version` names the loaded weights; `reserve_blocks` makes its
+    schedulers admit a request only with room for every block it may come to hold (scheduler.py).
+    The core keeps no request state between calls: sequences live in the `Scheduler` the caller
+    passes to each step.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class EngineCore:
         cuda_graphs: bool | None = None,
         async_exits: bool = False,
         weight_version: int = 0,
+        reserve_blocks: bool = False,
     ) -> None:
         model.eval()
         if next(model.parameters()).is_cuda:
@@ -110,11 +113,14 @@ class EngineCore:
         self.speculator = Speculator(self.runner, self.counters, self.emit)
         self.publisher = WeightPublisher(model, weight_version)
         self.eos_token_ids = eos_token_ids(cfg)
+        self.reserve_blocks = reserve_blocks
 
     def scheduler(self) -> Scheduler:
         """A scheduler over the cache's current blocks (make it after `kv.set_planes`) and the limits."""
         lim = self.limits
-        return Scheduler(self.kv.allocator, lim.block_size, lim.max_num_seqs, lim.max_prefill_tokens)
+        return Scheduler(
+            self.kv.allocator, lim.block_size, lim.max_num_seqs, lim.max_prefill_tokens, reserve=self.reserve_blocks
+        )
 
     # ---- steps --------------------------------------------------------------------------
 
@@ -142,17 +148,28 @@ class EngineCore:
         groups of one width where they are fresh prompts (`ModelRunner.prefill_many`), and
         sample token 0 of each fresh one (a recomputed sequence already holds its next input).
 
-        A GRPO group submits its prompt G times; the copies admitted in one step share one
-        prefill, and the others receive its K/V (every layer and plane) by a slot copy, one
-        copy for all of the step's (224 of them at 256 samples of 32 prompts).
+        A GRPO group submits its prompt G times. A member the scheduler admitted beside a holder
+        of its prompt (`Sequence.prompt_donor`, scheduler.py) shares the holder's full prompt
+        blocks already; it receives the holder's slots of the partial last block by a slot copy
+        and token 0's logits from the holder, and runs nothing. Other copies of one (tokens,
+        depths) admitted in one step share one prefill and receive its K/V (every layer and
+        plane) the same way. All copies go at once, queued after the prefills they copy from.
         Prefill is deterministic, so this gives the bits a separate prefill would."""
         items: list[PrefillItem] = []
         computed_by: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-        sources: list[int] = []  # per sequence, the item that computes it
+        sources: dict[int, int] = {}  # id(sequence) -> the item that computes it
         copy_from: list[int] = []
         copy_to: list[int] = []
         for seq in seqs:
             tokens, depths = seq.prefill_tokens, seq.prefill_depths(self.num_loops)
+            seq.num_cached = len(tokens)
+            donor = seq.prompt_donor
+            if donor is not None:  # its full prompt blocks are the donor's: copy the rest of the prompt
+                start = prompt_blocks(len(tokens), self.kv.block_size) * self.kv.block_size
+                copy_from += self.kv.slots(donor.blocks, start, len(tokens))
+                copy_to += self.kv.slots(seq.blocks, start, len(tokens))
+                self.counters.prefill_tokens_shared += len(tokens)
+                continue
             slots = self.kv.slots(seq.blocks, 0, len(tokens))
             key = (tuple(tokens), tuple(depths))
             if key in computed_by:
@@ -162,14 +179,19 @@ class EngineCore:
             else:
                 computed_by[key] = len(items)
                 items.append(PrefillItem(tokens, depths, slots))
-            sources.append(computed_by[key])
-            seq.num_cached = len(tokens)
+            sources[id(seq)] = computed_by[key]
         last = self.runner.prefill_many(items)
-        fresh = [seq for seq in seqs if seq.is_fresh]
-        logits = [last[i] for seq, i in zip(seqs, sources, strict=True) if seq.is_fresh]
+        for seq in seqs:  # donors first: a member admitted beside one takes its logits below
+            if id(seq) in sources and seq.group is not None and seq.prompt_only:
+                seq.prompt_logits = last[sources[id(seq)]]
+        for seq in seqs:
+            if seq.prompt_donor is not None:
+                seq.prompt_logits, seq.prompt_donor = seq.prompt_donor.prompt_logits, None
         if copy_to:  # every copy at once, queued after the prefills it copies from
             self.kv.copy_slots(copy_from, copy_to)
+        fresh = [seq for seq in seqs if seq.is_fresh]
         if fresh:
+            logits = [last[sources[id(s)]] if id(s) in sources else s.prompt_logits for s in fresh]
             self.sample(fresh, torch.stack(logits), [self.num_loops] * len(fresh), sched)
 
     def decode(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
@@ -43,7 +44,7 @@ from .contract import (
 )
 from .core import EngineCore
 from .frontend import Admission, GenerationControl, make_output, take_requests
-from .kv_cache import capacity_blocks, request_blocks
+from .kv_cache import capacity_blocks, group_blocks, request_blocks
 from .request_rng import RequestRng
 from .scheduler import Sequence
 from .setup import EngineLimits, open_model
@@ -67,6 +68,13 @@ class LLM(GenerationControl):
     `execution` (ouro_cli/settings.py) becomes the model's execution settings, which choose
     the decode kernels and the compilation (None: keep the model's own); `exact` turns exact
     mode (docs/exact.md) on or off in them: `LLM(model, exact=True)`.
+    `share_prompts` (default on): requests of one call with the same prompt (a GRPO group)
+    share its full KV blocks (scheduler.py), so a group's prompt takes its blocks once, in the
+    cache a call restores and in every check of free blocks; off, each request holds its own
+    copy. The values every request reads are the same either way; a cache too small for a call
+    may schedule it differently. `reserve_blocks` (default off): a cache too small for a call
+    holds requests back instead of admitting them and later preempting running ones
+    (scheduler.py); outputs are those of any schedule (exactly so in exact mode).
     """
 
     def __init__(
@@ -89,6 +97,8 @@ class LLM(GenerationControl):
         overlap: bool | None = None,
         execution: ExecutionSettings | None = None,
         exact: bool | None = None,
+        share_prompts: bool = True,
+        reserve_blocks: bool = False,
     ) -> None:
         model, self.codec = open_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
         model.execution = chosen_settings(model.execution, execution, exact)
@@ -107,9 +117,11 @@ class LLM(GenerationControl):
             cuda_graphs=cuda_graphs,
             async_exits=async_scheduling,
             weight_version=weight_version,
+            reserve_blocks=reserve_blocks,
         )
         self.model, self.device, self.kv, self.runner = core.model, core.device, core.kv, core.runner  # to inspect
         self.async_scheduling = async_scheduling
+        self.share_prompts = share_prompts
         self.overlap = self.device.type == "cuda" if overlap is None else overlap
         self._seeds = random.Random(seed)
         self.control = Admission(core.publisher)
@@ -188,9 +200,16 @@ class LLM(GenerationControl):
         return capacity_blocks(self._kv_limit, self.core.num_loops, self.kv.planes, self.core.limits.block_size)
 
     def _blocks_for(self, seqs: list[Sequence]) -> int:
-        """Blocks of the current view that `seqs` can hold at most at once (kv_cache.request_blocks)."""
+        """Blocks of the current view that `seqs` can hold at most at once: each group's full
+        prompt blocks once and every request's own blocks (kv_cache.group_blocks)."""
+        groups: dict[int, list[Sequence]] = {}
+        for s in seqs:
+            groups.setdefault(s.index if s.group is None else s.group, []).append(s)
         bs = self.core.limits.block_size
-        return sum(request_blocks(s.max_kv_tokens, s.params.speculative_tokens, bs) for s in seqs)
+        return sum(
+            group_blocks(len(g[0].prompt), [(s.max_kv_tokens, s.params.speculative_tokens) for s in g], bs)
+            for g in groups.values()
+        )
 
     def _make_sequences(self, prompts: Seq[Prompt], params) -> list[Sequence]:
         lim = self.core.limits
@@ -208,6 +227,7 @@ class LLM(GenerationControl):
             adjust=async_params if self.async_scheduling else None,
         )
         self._next_request += len(intake)
+        groups = prompt_groups([r.ids for r in intake]) if self.share_prompts else [None] * len(intake)
         return [
             Sequence(
                 index=r.index,
@@ -217,8 +237,9 @@ class LLM(GenerationControl):
                 rng=RequestRng(r.params.seed),
                 max_kv_tokens=r.kv_tokens,
                 text_prompt=r.text,
+                group=group,
             )
-            for r in intake
+            for r, group in zip(intake, groups, strict=True)
         ]
 
     def _output(self, seq: Sequence, version: int) -> RequestOutput:
@@ -291,6 +312,17 @@ class LLM(GenerationControl):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def prompt_groups(prompts: list[list[int]]) -> list[int | None]:
+    """Each request's group (scheduler.Sequence.group): the index of the first request with the
+    same prompt, or None for a prompt no other request of the call holds."""
+    keys = [tuple(p) for p in prompts]
+    first: dict[tuple[int, ...], int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    counts = Counter(keys)
+    return [first[key] if counts[key] > 1 else None for key in keys]
 
 
 def async_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -52,7 +52,15 @@ class OutOfBlocks(RuntimeError):
 
 
 class BlockAllocator:
-    """A free list of block ids; lowest ids first on a fresh allocator."""
+    """A free list of block ids with a reference count per block in use; lowest ids first on a
+    fresh allocator.
+
+    `allocate` hands out blocks with one reference each, `share` adds a reference to blocks in
+    use (the samples of a group reading one prompt's full blocks), and `free` drops one
+    reference per block: a block returns to the free list when its last reference goes, so
+    `num_free` counts a shared block once. Freeing a block that holds no reference, or sharing
+    a free one, is refused: either would hand one block to two owners that do not know of
+    each other."""
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -61,26 +69,46 @@ class BlockAllocator:
         self.reset()
 
     def reset(self) -> None:
+        """Every block free, no reference held."""
         self._free = list(range(self.num_blocks - 1, -1, -1))
-        self._used: set[int] = set()
+        self._refs: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
         return len(self._free)
 
+    def references(self, block: int) -> int:
+        """The references `block` holds (0: free)."""
+        return self._refs.get(block, 0)
+
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise OutOfBlocks(f"asked for {n} KV blocks, {len(self._free)} free")
         blocks = [self._free.pop() for _ in range(n)]
-        self._used.update(blocks)
+        for b in blocks:
+            self._refs[b] = 1
         return blocks
 
-    def free(self, blocks: list[int]) -> None:
+    def share(self, blocks: list[int]) -> list[int]:
+        """One more reference to each of `blocks` (in use) -> the same ids, for the new owner."""
         for b in blocks:
-            if b not in self._used:  # a double free would hand one block to two sequences
+            if b not in self._refs:
+                raise RuntimeError(f"KV block {b} shared while free")
+        for b in blocks:
+            self._refs[b] += 1
+        return list(blocks)
+
+    def free(self, blocks: list[int]) -> None:
+        """Drop one reference to each of `blocks`; those left with none are free again."""
+        for b in blocks:
+            refs = self._refs.get(b, 0)
+            if refs == 0:  # a double free would hand one block to two sequences
                 raise RuntimeError(f"KV block {b} freed twice")
-            self._used.remove(b)
-            self._free.append(b)
+            if refs == 1:
+                del self._refs[b]
+                self._free.append(b)
+            else:
+                self._refs[b] = refs - 1
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -108,6 +136,43 @@ def request_blocks(kv_tokens: int, draft_tokens: int, block_size: int) -> int:
     call's requests (and the scratch block) never runs out, so it schedules them as a cache
     of any larger size does."""
     return blocks_needed(kv_tokens + 2 + draft_tokens, block_size)
+
+
+def prompt_blocks(prompt_tokens: int, block_size: int) -> int:
+    """The blocks of a prompt that the samples of its group share: its full ones. The partial
+    last block is each sample's own, since a sample writes its first generated tokens there."""
+    return prompt_tokens // block_size
+
+
+def group_blocks(prompt_tokens: int, requests: list[tuple[int, int]], block_size: int) -> int:
+    """The most blocks a group of requests on one prompt of `prompt_tokens` tokens holds at once,
+    each request given as (its longest KV, its draft tokens) (`request_blocks`): the prompt's
+    full blocks once, and every request's own blocks past them."""
+    shared = prompt_blocks(prompt_tokens, block_size)
+    return shared + sum(request_blocks(kv, draft, block_size) - shared for kv, draft in requests)
+
+
+def most_call_blocks(
+    sequences: int, prompts: int, prompt_tokens: int, max_tokens: int, draft_tokens: int, block_size: int
+) -> int:
+    """The most blocks a call holds at once (`group_blocks` summed over its groups) when its
+    `sequences` requests of at most `max_tokens` tokens each lie on at most `prompts` distinct
+    prompts of at most `prompt_tokens` tokens, whatever the prompts' lengths and the groups' sizes.
+
+    A group of G on a prompt of q full blocks and r more tokens holds q + G × (blocks of r + the
+    response), so a longer prompt never holds less within one count of full blocks, and a prompt
+    one token short of its last full block (q - 1 full blocks, r = block_size - 1) may hold one
+    more block per sample but the first: that is the bound's last term."""
+    prompts = min(prompts, sequences)
+
+    def own(m: int) -> int:  # a sample's blocks past its prompt's full ones
+        return request_blocks(m + max_tokens - 1, draft_tokens, block_size) - prompt_blocks(m, block_size)
+
+    full = prompt_blocks(prompt_tokens, block_size)
+    blocks = prompts * full + sequences * own(prompt_tokens)
+    if full:
+        blocks += (sequences - prompts) * (own(full * block_size - 1) - own(prompt_tokens))
+    return blocks
 
 
 class PagedKVCache:

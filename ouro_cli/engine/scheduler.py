@@ -12,26 +12,55 @@ budget, never on timing):
 - Waiting sequences are admitted first come, first served (the head is never
   skipped, so nobody starves) while there is room in the batch, in the prefill token
   budget and in the free blocks; no admission in a step that had to preempt.
+- With `reserve` a waiting sequence is admitted only while the free blocks cover what
+  it takes now and every block it and the running sequences may still take
+  (`kv_cache.request_blocks`, at most the whole cache): a cache too small for every
+  sequence holds new ones back instead of admitting them and preempting running ones
+  later, so nobody is preempted, at the price of fewer sequences in flight while they
+  are far from their longest.
 - Nobody can deadlock: each request was checked at submission to fit the whole
   cache on its own, and the oldest running sequence is never preempted by a younger
   one, so it always advances.
+
+Shared prompt blocks: the requests of one `group` hold one prompt (a GRPO group's samples).
+While a running member holds the prompt's K/V as the prompt's own prefill computes them
+(a *holder*: it was admitted with no generated token to recompute), a member admitted next
+references the holder's full prompt blocks (`BlockAllocator.share`) instead of new ones,
+and gets its own block for the partial last one, into which the engine core copies the
+holder's prompt slots (`Sequence.prompt_donor`); it runs no prefill and takes token 0's
+logits from the holder (`Sequence.prompt_logits`). A sample never writes into a shared
+block: it writes only positions past its prompt, and the shared blocks end before that. So
+admission and every check of free blocks count a group's full prompt blocks once. A
+preempted member drops its references only; the blocks stay while another member holds
+them. A member recomputed with generated tokens prefills into blocks of its own, all of
+them: its prompt positions are computed there inside the longer sequence, and its outputs
+are those of the same recompute without sharing.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .contract import FinishReason, SamplingParams
 from .exits import ExitPolicy, exit_policies
-from .kv_cache import BlockAllocator, blocks_needed
+from .kv_cache import BlockAllocator, blocks_needed, prompt_blocks, request_blocks
 from .request_rng import RequestRng
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
 class Sequence:
     """One request's state. The cache holds K/V for `num_cached` tokens: the prompt, then
-    generated tokens 0..n-2; the newest generated token is the next decode input."""
+    generated tokens 0..n-2; the newest generated token is the next decode input.
+
+    `group`: requests of one call with the same group hold the same prompt and share its full
+    KV blocks (module docstring); None shares nothing. `prompt_donor` is the holder whose
+    prompt K/V this sequence reuses in the prefill step it was admitted for (None: it prefills);
+    `prompt_logits` token 0's logits, kept while it holds its group's prompt."""
 
     index: int
     request_id: str
@@ -46,6 +75,9 @@ class Sequence:
     blocks: list[int] = field(default_factory=list)
     num_cached: int = 0
     finish_reason: FinishReason | None = None
+    group: int | None = None
+    prompt_donor: Sequence | None = field(default=None, repr=False, compare=False)
+    prompt_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
     exit_policies: tuple[ExitPolicy, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +103,12 @@ class Sequence:
         return not self.output
 
     @property
+    def prompt_only(self) -> bool:
+        """Whether a prefill of this sequence computes its prompt alone (no generated token to
+        recompute): its K/V are then the ones every member of its group gets."""
+        return len(self.output) <= 1
+
+    @property
     def lookahead(self) -> int:
         """Draft tokens of this sequence's next speculative step (0 without speculation): at most
         N, and never more than the tokens it may still emit after the verified one."""
@@ -85,11 +123,22 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int, max_prefill_tokens: int) -> None:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        max_num_seqs: int,
+        max_prefill_tokens: int,
+        *,
+        reserve: bool = False,
+    ) -> None:
         self.allocator, self.block_size = allocator, block_size
         self.max_num_seqs, self.max_prefill_tokens = max_num_seqs, max_prefill_tokens
+        self.reserve = reserve
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # per group, its running holders (module docstring), oldest first
+        self.holders: dict[int, list[Sequence]] = {}
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -109,15 +158,13 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.allocator.free(seq.blocks)
-        seq.blocks = []
+        self._release(seq)
 
     def drain(self) -> list[Sequence]:
         """Remove every sequence (running and waiting), freeing their blocks."""
         seqs = sorted([*self.running, *self.waiting], key=lambda s: s.index)
         for seq in self.running:
-            self.allocator.free(seq.blocks)
-            seq.blocks = []
+            self._release(seq)
         self.running, self.waiting = [], deque()
         return seqs
 
@@ -135,6 +182,16 @@ class Scheduler:
             return False
         seq.blocks += self.allocator.allocate(need)
         return True
+
+    def _release(self, seq: Sequence) -> None:
+        """Drop `seq`'s references to its blocks and its place among its group's holders."""
+        self.allocator.free(seq.blocks)
+        seq.blocks, seq.prompt_donor, seq.prompt_logits = [], None, None
+        holders = self.holders.get(seq.group)
+        if holders is not None and seq in holders:
+            holders.remove(seq)
+            if not holders:
+                del self.holders[seq.group]
 
     def _reserve_decode_slots(self) -> tuple[list[Sequence], list[Sequence]]:
         decode: list[Sequence] = []
@@ -155,19 +212,44 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.allocator.free(seq.blocks)
-        seq.blocks, seq.num_cached = [], 0
+        self._release(seq)
+        seq.num_cached = 0
+
+    def _donor(self, seq: Sequence) -> Sequence | None:
+        """The holder whose prompt blocks `seq` would share, if `seq` may share them."""
+        if seq.group is None or not seq.prompt_only:
+            return None
+        holders = self.holders.get(seq.group)
+        return holders[0] if holders else None
+
+    def _most_blocks(self, seq: Sequence) -> int:
+        """The most blocks `seq` holds at once (shared ones included), at most the whole cache."""
+        most = request_blocks(seq.max_kv_tokens, seq.params.speculative_tokens, self.block_size)
+        return min(most, self.allocator.num_blocks)
 
     def _admit(self) -> list[Sequence]:
         admitted: list[Sequence] = []
         budget = self.max_prefill_tokens
+        owed = sum(max(0, self._most_blocks(s) - len(s.blocks)) for s in self.running) if self.reserve else 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = len(seq.prefill_tokens)
             if admitted and n > budget:
                 break
-            if not self._grow(seq, min(n + 1, seq.max_kv_tokens)):
+            donor = self._donor(seq)
+            shared = donor.blocks[: prompt_blocks(len(seq.prompt), self.block_size)] if donor is not None else []
+            need = blocks_needed(min(n + 1, seq.max_kv_tokens), self.block_size) - len(shared)
+            if need > self.allocator.num_free:
                 break
+            if self.reserve:
+                later = max(0, self._most_blocks(seq) - len(shared) - need)
+                if owed + need + later > self.allocator.num_free:
+                    break
+                owed += later
+            seq.blocks = self.allocator.share(shared) + self.allocator.allocate(need)
+            seq.prompt_donor = donor
+            if seq.group is not None and seq.prompt_only:
+                self.holders.setdefault(seq.group, []).append(seq)
             self.waiting.popleft()
             self.running.append(seq)
             admitted.append(seq)

@@ -81,7 +81,14 @@ def dry_run(options: TrainOptions, gpu_gib: float | None = None) -> DryRun:
     dtype = options.trainer.torch_dtype
     try:
         sizing = memory_plan(
-            options, config, memory, seq_tokens=seq_tokens, eval_rows=len(eval_rows), saved=None, world=launched_ranks()
+            options,
+            config,
+            memory,
+            seq_tokens=seq_tokens,
+            prompt_tokens=longest,
+            eval_rows=len(eval_rows),
+            saved=None,
+            world=launched_ranks(),
         )
         check_fits(sizing, memory, 0)
     except ResourceError as err:

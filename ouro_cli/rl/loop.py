@@ -68,7 +68,16 @@ from .rewards import Grader, check_labels, load_reward
 from .rollout import RolloutCheckFailed, RolloutSample, RolloutSampling, generate_groups
 from .run_dir import RunDir
 from .schedule import depth_for_update, validate_depths, validate_min_loops
-from .sizing import CUDA_RUNTIME_RESERVE, DeviceMemory, RunSizing, call_kv_bytes, check_fits, describe, size_run
+from .sizing import (
+    CUDA_RUNTIME_RESERVE,
+    CallShape,
+    DeviceMemory,
+    RunSizing,
+    call_kv_bytes,
+    check_fits,
+    describe,
+    size_run,
+)
 from .stop import StopSignals, signal_name, wants_save
 from .template import get_template, template_for_checkpoint
 
@@ -99,6 +108,7 @@ class Session:
     sizing: RunSizing
     config: Any = None  # the model's OuroConfig
     seq_tokens: int = 0  # the longest prompt + --max-response-len
+    prompt_tokens: int = 0  # the longest prompt
     rank: int = 0
     world: int = 1
     devices: set[str] = field(default_factory=set)
@@ -244,7 +254,9 @@ def _local_samples(options: TrainOptions, world: int) -> int:
     return -(-options.prompts_per_update // world) * options.group_size
 
 
-def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved: dict[str, Any] | None) -> RunSizing:
+def _size(
+    options: TrainOptions, config, seq_tokens: int, prompt_tokens: int, eval_rows: int, saved: dict[str, Any] | None
+) -> RunSizing:
     """The run's memory plan (rl/sizing.py), from memory figures every rank agrees on; a resumed
     run keeps the one its plan recorded."""
 
@@ -254,7 +266,16 @@ def _size(options: TrainOptions, config, seq_tokens: int, eval_rows: int, saved:
     world = launched_ranks()
     join_world(options.trainer.resolved_device)  # the trainer built after this takes the group over
     memory = _agreed(DeviceMemory.of(run_device(options)))
-    return memory_plan(options, config, memory, seq_tokens=seq_tokens, eval_rows=eval_rows, saved=saved, world=world)
+    return memory_plan(
+        options,
+        config,
+        memory,
+        seq_tokens=seq_tokens,
+        prompt_tokens=prompt_tokens,
+        eval_rows=eval_rows,
+        saved=saved,
+        world=world,
+    )
 
 
 def run_device(options: TrainOptions) -> torch.device:
@@ -273,11 +294,18 @@ def memory_plan(
     eval_rows: int,
     saved: dict[str, Any] | None,
     world: int,
+    prompt_tokens: int | None = None,
 ) -> RunSizing:
     """The memory plan of a run of `world` ranks on a device with `memory`, from the model's
-    shapes and the options alone (`ouro train --dry-run` sizes a run with it too)."""
+    shapes and the options alone (`ouro train --dry-run` sizes a run with it too). With
+    `prompt_tokens` (the longest prompt) the cache counts a group's prompt once."""
     t, e = options.trainer, options.engine
     local_samples = _local_samples(options, world)
+    evaluated = min(options.eval_prompts, eval_rows)
+    calls = [
+        CallShape(local_samples, local_samples // options.group_size),
+        CallShape(evaluated * options.eval_samples, evaluated),
+    ]
     recorded = (saved or {}).get("contract", {}).get("sizing") or {}
     given = t.max_tokens_per_micro_batch
     if saved is None and given is not None and given < seq_tokens:  # the run would fail at its first long sample
@@ -294,7 +322,7 @@ def memory_plan(
         dtype=t.torch_dtype,
         block_size=e.block_size,
         seq_tokens=seq_tokens,
-        sequences_needed=max(local_samples, min(options.eval_prompts, eval_rows) * options.eval_samples),
+        sequences_needed=max(c.sequences for c in calls),
         tokens_per_update=local_samples * seq_tokens,
         planes=planes,
         engine_releases_memory=e.releases_memory,
@@ -305,6 +333,8 @@ def memory_plan(
         max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", t.max_tokens_per_micro_batch),
         recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute),
         exact=options.execution.exact,
+        prompt_tokens=prompt_tokens if e.shares_prompts else None,
+        calls=calls,
         # a resumed run cuts its micro-batches as it did (a plan lacking one is refused by its contract)
         **{k: recorded[k] for k in ("token_cost", "prompt_heads", "deep_parts_first") if k in recorded},
     )
@@ -432,9 +462,10 @@ def setup(
         from ouro_cli.checkpoint.layout import latest_iteration_dir
 
         saved = plans.read_plan(latest_iteration_dir(run.checkpoint) / run.plan.name)
-    seq_tokens = max(map(len, prompt_ids + eval_prompt_ids)) + response_len
+    prompt_tokens = max(map(len, prompt_ids + eval_prompt_ids))
+    seq_tokens = prompt_tokens + response_len
     try:  # a run that stops before its trainer exists leaves the process group _size joined
-        sizing = _size(options, config, seq_tokens, len(eval_rows), saved)
+        sizing = _size(options, config, seq_tokens, prompt_tokens, len(eval_rows), saved)
         contract["sizing"] = plans.sizing_entry(sizing)
         cursor = DataCursor(len(rows), options.seed)
         if resume:
@@ -524,6 +555,7 @@ def setup(
         sizing=sizing,
         config=config,
         seq_tokens=seq_tokens,
+        prompt_tokens=prompt_tokens,
         devices={str(trainer.device), *getattr(engine, "devices", set)()},
         progress=progress,
     )
@@ -568,7 +600,7 @@ def rollout_stage(
     mine = [batch[p - start] for p in positions]
     if not mine:  # a refill round smaller than the rank count
         return [], agreed
-    room_for_call(s, k, len(mine) * s.options.group_size)
+    room_for_call(s, k, len(mine) * s.options.group_size, len(mine))
 
     def call() -> list[RolloutSample]:
         faults.point("generate", s.trainer.device)
@@ -616,11 +648,11 @@ def record_decisions(s: Session) -> list[dict[str, Any]]:
     return every
 
 
-def room_for_call(s: Session, k: int, sequences: int) -> None:
-    """Before a generate call of `sequences` requests at budget K: under `--offload-optimizer
-    auto` the optimizer state leaves the device only when the call's cache
-    (`sizing.call_kv_bytes`, T planes when the run speculates) would not fit beside it; the
-    next optimizer step brings it back (Trainer.optimizer_step)."""
+def room_for_call(s: Session, k: int, sequences: int, prompts: int | None = None) -> None:
+    """Before a generate call of `sequences` requests on `prompts` distinct prompts (None: as many
+    as requests) at budget K: under `--offload-optimizer auto` the optimizer state leaves the
+    device only when the call's cache (`sizing.call_kv_bytes`, T planes when the run speculates)
+    would not fit beside it; the next optimizer step brings it back (Trainer.optimizer_step)."""
     offload = s.trainer.offload
     if offload is None or offload.on_host or not s.sizing.state_per_call:
         return
@@ -634,6 +666,8 @@ def room_for_call(s: Session, k: int, sequences: int) -> None:
         seq_tokens=s.seq_tokens,
         kv_blocks=s.sizing.kv_blocks,
         draft_tokens=draft,
+        prompts=prompts,
+        prompt_tokens=s.prompt_tokens,  # the state moves per call only beside the built-in engine, which shares
     )
     if not s.sizing.state_fits(need):
         offload.to_host()
@@ -855,7 +889,7 @@ def evaluate_stage(s: Session, update: int, when: str) -> list[dict[str, Any]]:
 
 
 def _evaluate(s: Session, n: int, update: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    room_for_call(s, max(s.options.eval_depths), n * s.options.eval_samples)
+    room_for_call(s, max(s.options.eval_depths), n * s.options.eval_samples, n)
     responses: list[dict[str, Any]] = []
     results = evaluate(
         s.engine,

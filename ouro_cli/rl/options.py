@@ -252,6 +252,11 @@ class EngineOptions:
         """The built-in local engine hands its KV cache back for the train step (rl/sizing.py)."""
         return not self.disaggregated and self.factory == DEFAULT_ENGINE
 
+    @property
+    def shares_prompts(self) -> bool:
+        """The built-in local engine holds a group's full prompt KV blocks once (engine/scheduler.py)."""
+        return not self.disaggregated and self.factory == DEFAULT_ENGINE
+
     def _check_disaggregation(self) -> None:
         """`--prefill-devices/--decode-devices` run the PD engine (ouro_cli.engine.pd): both or
         neither, each index once per role (CUDA indices; on CPU each index is a worker process)."""

@@ -42,6 +42,7 @@ side by side; docs/memory.md §3).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -234,6 +235,33 @@ class RunSizing:
         return (self.kv_blocks + 1) * block_size * config.num_loops // planes - block_size
 
 
+@dataclass(frozen=True)
+class CallShape:
+    """One kind of generate call a run makes: `sequences` requests on `prompts` distinct prompts
+    (a rollout: its samples on its prompts, a group's samples on one; an evaluation: its
+    prompts x samples). The engine holds a group's full prompt blocks once
+    (`engine.kv_cache.most_call_blocks`)."""
+
+    sequences: int
+    prompts: int
+
+
+def call_blocks(
+    call: CallShape, *, block_size: int, seq_tokens: int, prompt_tokens: int | None, draft_tokens: int = 0
+) -> int:
+    """The most KV blocks the engine holds at once for `call`, its prompts of at most `prompt_tokens`
+    tokens and its sequences of at most `seq_tokens` (prompt + max_tokens): a group's full prompt
+    blocks once and every request's own blocks (`engine.kv_cache.most_call_blocks`). `prompt_tokens`
+    None: every request counted with a prompt of its own (`engine.kv_cache.request_blocks`)."""
+    from ouro_cli.engine.kv_cache import most_call_blocks, request_blocks  # only when a run asks
+
+    if prompt_tokens is None:
+        return call.sequences * request_blocks(seq_tokens - 1, draft_tokens, block_size)
+    return most_call_blocks(
+        call.sequences, call.prompts, prompt_tokens, seq_tokens - prompt_tokens, draft_tokens, block_size
+    )
+
+
 def call_kv_bytes(
     config: OuroConfig,
     dtype: torch.dtype,
@@ -244,19 +272,21 @@ def call_kv_bytes(
     seq_tokens: int,
     kv_blocks: int | None,
     draft_tokens: int = 0,
+    prompts: int | None = None,
+    prompt_tokens: int | None = None,
 ) -> int:
     """The most a released cache of `kv_blocks` blocks (at T planes) allocates for one generate
-    call of `sequences` requests of at most `seq_tokens` tokens (prompt + max_tokens) at
-    `planes` planes: the engine's count (`engine.kv_cache.request_blocks` per request, rounded
-    up as `restore_blocks` rounds it for that cache) and the scratch block. `kv_blocks` None:
-    the count before rounding, for a cache not yet sized."""
-    from ouro_cli.engine.kv_cache import (  # only when a run asks
-        capacity_blocks,
-        request_blocks,
-        restore_blocks,
-    )
+    call of `sequences` requests on `prompts` distinct prompts (None: as many as requests) of at
+    most `prompt_tokens` tokens, each of at most `seq_tokens` tokens (prompt + max_tokens), at
+    `planes` planes: the engine's count (`call_blocks`; `prompt_tokens` None: every request with a
+    prompt of its own), rounded up as `restore_blocks` rounds it for that cache, and the scratch
+    block. `kv_blocks` None: the count before rounding, for a cache not yet sized."""
+    from ouro_cli.engine.kv_cache import capacity_blocks, restore_blocks  # only when a run asks
 
-    blocks = sequences * request_blocks(seq_tokens - 1, draft_tokens, block_size)
+    call = CallShape(sequences, sequences if prompts is None else prompts)
+    blocks = call_blocks(
+        call, block_size=block_size, seq_tokens=seq_tokens, prompt_tokens=prompt_tokens, draft_tokens=draft_tokens
+    )
     if kv_blocks is not None:
         blocks = restore_blocks(blocks, capacity_blocks(kv_blocks, config.num_loops, planes, block_size))
     blocks += 1
@@ -285,6 +315,8 @@ def size_run(
     prompt_heads: bool = True,
     deep_parts_first: bool = True,
     exact: bool = False,
+    prompt_tokens: int | None = None,
+    calls: Sequence[CallShape] = (),
 ) -> RunSizing:
     """Size the KV cache, the decode batch and the micro-batches for one run.
 
@@ -292,6 +324,10 @@ def size_run(
     replay); `sequences_needed`: the most sequences one generate call submits (a rollout's
     samples, or an evaluation's prompts); `tokens_per_update`: this rank's replay tokens at
     most; `planes`: the deepest budget the run decodes at (T with speculation).
+    The cache is sized for the largest call at the deepest budget: with `prompt_tokens` (the
+    longest prompt; `seq_tokens` less it is the response) the largest of `calls` (default: one of
+    `sequences_needed` distinct prompts), a group's full prompt blocks counted once
+    (`call_blocks`); without it, `sequences_needed` sequences of `seq_tokens` tokens each.
     Explicit `kv_blocks`, `max_num_seqs` and `max_tokens_per_micro_batch` win. `token_cost`
     "auto": a budget sized here counts full-depth positions (`token_cost_shares`), a given one plain
     positions; a resumed run passes the one its plan recorded, and its `prompt_heads` and
@@ -312,7 +348,14 @@ def size_run(
     block_bytes = per_token_t * block_size
     per_token = kv_bytes_per_token(config, dtype, planes)
     seq_blocks = math.ceil(seq_tokens / block_size)
-    needed = sequences_needed * seq_blocks * block_size * per_token  # every sequence of a call at the deepest K
+    if prompt_tokens is None:
+        needed_blocks = sequences_needed * seq_blocks
+    else:  # every sequence of the largest call at the deepest K, a group's prompt once
+        shapes = calls or (CallShape(sequences_needed, sequences_needed),)
+        needed_blocks = max(
+            call_blocks(c, block_size=block_size, seq_tokens=seq_tokens, prompt_tokens=prompt_tokens) for c in shapes
+        )
+    needed = needed_blocks * block_size * per_token
 
     released = engine_releases_memory  # beside a cache that stays, freeing the gradients buys nothing
     grads = gradient_bytes(config) if released else 0  # taken in turns, in the train phase

@@ -54,15 +54,17 @@ def test_the_state_leaves_only_for_the_calls_that_need_its_room(tmp_path, monkey
 
     def as_if_on_a_gpu(config, memory, **kw):
         """A GPU whose memory leaves, beside the state, room for the K = 2 call and not for K = 4's."""
+        rollout = kw["calls"][0]  # the rollout's samples on its prompts, each prompt's blocks held once
+        shape = dict(sequences=rollout.sequences, prompts=rollout.prompts, prompt_tokens=kw["prompt_tokens"])
         calls = {
             k: sizing.call_kv_bytes(
                 config,
                 kw["dtype"],
                 block_size=kw["block_size"],
                 planes=k,
-                sequences=kw["sequences_needed"],
                 seq_tokens=kw["seq_tokens"],
                 kv_blocks=None,
+                **shape,
             )
             for k in (2, 4)
         }
@@ -82,9 +84,9 @@ def test_the_state_leaves_only_for_the_calls_that_need_its_room(tmp_path, monkey
                 kw["dtype"],
                 block_size=kw["block_size"],
                 planes=k,
-                sequences=kw["sequences_needed"],
                 seq_tokens=kw["seq_tokens"],
                 kv_blocks=plan.kv_blocks,
+                **shape,
             )
             for k in (2, 4)
         }  # what the sized engine allocates (rounded up: kv_cache.restore_blocks)
@@ -95,9 +97,9 @@ def test_the_state_leaves_only_for_the_calls_that_need_its_room(tmp_path, monkey
     rounds = []
     room_for_call = loop.room_for_call
 
-    def watched(s, planes, sequences):
+    def watched(s, planes, sequences, prompts):
         before = s.trainer.offload.on_host
-        room_for_call(s, planes, sequences)
+        room_for_call(s, planes, sequences, prompts)
         rounds.append((planes, before, s.trainer.offload.on_host))
 
     monkeypatch.setattr(loop, "room_for_call", watched)

@@ -129,3 +129,17 @@ def test_blocks_are_returned(model):
     llm = LLM(model, max_num_seqs=3, kv_blocks=9, block_size=4)
     llm.generate(prompts(7, seed=2), params_mix(7))
     assert llm.kv.allocator.num_free == llm.kv.num_blocks
+
+
+def test_reserving_admission_never_preempts(model):
+    """A cache that holds one or two requests at a time (as above): admitting whoever fits now
+    preempts running requests later and recomputes them; reserving at admission every block a
+    request may come to hold admits fewer at once and never preempts. In exact mode the outputs
+    are the same bits either way."""
+    from ouro_cli.engine import LLM
+
+    eager, c0 = generate(LLM, model, kv_blocks=9, exact=True)
+    held, c1 = generate(LLM, model, kv_blocks=9, exact=True, reserve_blocks=True)
+    assert c0["preemptions"] > 0 and c1["preemptions"] == 0
+    assert c1["prefill_tokens"] == sum(map(len, prompts(7, seed=2)))  # nobody recomputed
+    assert_same(eager, held, logprob_tol=0.0)

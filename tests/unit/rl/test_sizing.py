@@ -258,6 +258,7 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
         sizing=auto,
         config=ouro_14b(),
         seq_tokens=640,
+        prompt_tokens=128,
         sampling=SimpleNamespace(speculative_tokens=0),
         options=SimpleNamespace(engine=SimpleNamespace(block_size=16)),
     )
@@ -343,3 +344,52 @@ def test_exact_mode_counts_its_own_activations():
     per = sizing.activation_bytes_per_token(c, BF16, exact_plan.recompute, 640, exact=True)
     assert exact_plan.max_tokens_per_micro_batch == room // per // 128 * 128 < plan().max_tokens_per_micro_batch
     assert exact_plan.token_cost == sizing.token_cost_shares(c, exact_plan.recompute, exact=True)
+
+
+@pytest.mark.parametrize("draft", [0, 3])
+def test_call_kv_bytes_counts_a_groups_prompt_once(draft):
+    """Three prompts of 3, 8 and 11 tokens, four samples each: the engine holds each prompt's full
+    blocks once, and never allocates more than the grouped count, which is below the count of
+    private copies."""
+    from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.model import build, tiny_config
+
+    config = tiny_config()
+    llm = LLM(build(config, seed=0), max_num_seqs=12, kv_blocks=400, block_size=4)
+    try:
+        llm.release_memory()
+        prompts = [p for p in ([5, 6, 7], list(range(8, 16)), [3] * 11) for _ in range(4)]
+        params = SamplingParams(
+            max_tokens=9, seed=1, max_loops=None if draft else 2, ignore_eos=True, speculative_tokens=draft
+        )
+        llm.generate(prompts, params)
+        planes = config.num_loops if draft else 2
+        common = dict(block_size=4, planes=planes, sequences=12, seq_tokens=11 + 9, kv_blocks=400, draft_tokens=draft)
+        grouped = sizing.call_kv_bytes(config, torch.float32, prompts=3, prompt_tokens=11, **common)
+        private = sizing.call_kv_bytes(config, torch.float32, **common)
+        assert llm.kv.planes == planes and 0 < llm.kv.nbytes <= grouped < private
+    finally:
+        llm.close()
+
+
+def test_memory_plan_counts_a_groups_prompt_once_and_resumes_as_recorded():
+    """4 prompts x 8 samples of a 128-token prompt (8 full blocks of 16) and 512 response tokens:
+    each sample holds 33 blocks of its own (the response and a token in flight: 513 tokens), and
+    each prompt its 8 blocks once, instead of 41 blocks per sample. A
+    resumed run sizes itself from its recorded plan: the same, and a plan recorded with private
+    copies keeps its cache."""
+    from ouro_cli.config import build
+    from ouro_cli.rl import plan as plans
+    from ouro_cli.rl.loop import memory_plan
+    from ouro_cli.rl.options import TrainOptions
+
+    options = build(TrainOptions, {"device": "cpu", "prompts_per_update": 4, "group_size": 8, "eval_prompts": 16})
+    common = dict(seq_tokens=640, eval_rows=100, world=1)
+    fresh = memory_plan(options, ouro_14b(), H200, prompt_tokens=128, saved=None, **common)
+    assert fresh.kv_blocks == 4 * 8 + 32 * 33
+    private = memory_plan(options, ouro_14b(), H200, saved=None, **common)
+    assert private.kv_blocks == 32 * 40  # the count before prompts were shared (old callers)
+    for recorded in (fresh, private):
+        saved = {"contract": {"sizing": plans.sizing_entry(recorded)}}
+        resumed = memory_plan(options, ouro_14b(), H200, prompt_tokens=128, saved=saved, **common)
+        assert resumed.to_dict() == recorded.to_dict()
