@@ -92,6 +92,13 @@ class ExecutionSettings:
         "logprob with the same bits, in bf16 too; slower. Chooses the kernels itself.",
         panel=P_EXEC,
     )
+    kv_cache_dtype: Literal["auto", "bf16", "fp8"] = option(
+        "auto",
+        help="The KV cache's dtype: auto or bf16 (the model's dtype, unquantized; bf16 needs a bf16 "
+        "model), or fp8 (e4m3 with a scale per token and head: about half the bytes, so twice the "
+        "tokens; the trainer's replay rounds its K/V the same way, docs/model.md §5).",
+        panel=P_EXEC,
+    )
 
     def __post_init__(self) -> None:
         for name, leaf in leaves(ExecutionSettings).items():
@@ -187,6 +194,21 @@ class ExecutionSettings:
             return "paged" if exact_kernels(device_type) else "exact"
         return self.replay_attention
 
+    @property
+    def fp8_kv(self) -> bool:
+        """Whether K/V are rounded to fp8 (model/kv_quant.py): by every layer call, engine and
+        trainer alike, and stored so in the engine's cache."""
+        return self.kv_cache_dtype == "fp8"
+
+    def check_model_dtype(self, bf16: bool) -> None:
+        """A SettingError where the cache's dtype cannot hold a model computing in bf16 (`bf16`)
+        or fp32: `bf16` names the unquantized cache, which holds the model's dtype."""
+        if self.kv_cache_dtype == "bf16" and not bf16:
+            raise SettingError(
+                "--kv-cache-dtype bf16 keeps K/V in the model's dtype, and this model computes in fp32: "
+                "pass --kv-cache-dtype auto (or fp8), or --dtype bf16"
+            )
+
     def effective(self, device_type: str) -> dict[str, str]:
         """What these settings compute with on `device_type`: the record of the run's contract.
         Two settings that compute the same there record the same."""
@@ -198,6 +220,7 @@ class ExecutionSettings:
             "decode_gemv": self.decode_gemv_on(device_type),
             "replay_attention": self.replay_attention_on(device_type),
             "exact": "on" if self.exact else "off",
+            "kv_cache_dtype": "fp8" if self.fp8_kv else "model",
         }
 
     def check(self, device_type: str) -> None:
