@@ -303,6 +303,7 @@ def memory_plan(
         max_tokens_per_micro_batch=recorded.get("max_tokens_per_micro_batch", t.max_tokens_per_micro_batch),
         recompute={True: "on", False: "off"}.get(recorded.get("recompute"), t.recompute),
         exact=options.execution.exact,
+        fp8_kv=options.execution.fp8_kv,
         # a resumed run cuts its micro-batches as it did (a plan lacking one is refused by its contract)
         **{k: recorded[k] for k in ("token_cost", "prompt_heads", "deep_parts_first") if k in recorded},
     )
@@ -632,6 +633,7 @@ def room_for_call(s: Session, k: int, sequences: int) -> None:
         seq_tokens=s.seq_tokens,
         kv_blocks=s.sizing.kv_blocks,
         draft_tokens=draft,
+        fp8_kv=s.options.execution.fp8_kv,
     )
     if not s.sizing.state_fits(need):
         offload.to_host()
