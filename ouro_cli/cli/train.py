@@ -42,6 +42,8 @@ TRAIN_EPILOG = """Examples:
       --reward-function ouro_cli.rl.rewards.math_answer     # verl Parquet
 
   ouro train --config recipe.toml --updates 50    # flags override the TOML file
+
+  ouro train --config recipe.toml --kv-cache-dtype fp8   # fp8 K/V: about twice the KV tokens, rounded in the replay too
 """
 
 RESUME_EPILOG = """Examples:
