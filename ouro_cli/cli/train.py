@@ -274,6 +274,7 @@ RESUME_OPTIONS = (
     "decode_attention",
     "decode_gemv",
     "replay_attention",
+    "kv_cache_dtype",
     "eval_data",
     "eval_interval",
     "save_interval",
