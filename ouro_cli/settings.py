@@ -6,13 +6,17 @@ cuBLAS, the elementwise layer math compiled or eager, the replay's attention in 
 reduction order or the decode kernel's. Each choice changes the bits a GPU run computes
 (on CPU, where runs stay eager and exact, most of them change nothing). `exact`
 (`--exact`, docs/exact.md) chooses them all at once: batch-invariant kernels everywhere
-(model/exact.py), eager, so that the engine's logprobs are the trainer's bit for bit. Since
-they change what a run computes, they are typed settings, not switches read where they act:
+(model/exact.py), eager, so that the engine's logprobs are the trainer's bit for bit.
+`kv_cache_dtype` (`--kv-cache-dtype fp8`) changes the function itself: every layer call rounds
+its K/V to fp8 (model/kv_quant.py), the engine's and the trainer's alike, and the engine's
+cache stores them so. Since they change what a run computes, they are typed settings, not
+switches read where they act:
 
 - **Options.** They are options of `ouro train` and `ouro eval` like any other (the
   [execution] section of the option tree, ouro_cli/config.py: flags `--compile`,
-  `--compile-layers`, `--decode-attention`, `--decode-gemv`, `--replay-attention`, TOML
-  keys), checked here with one-line errors and resolved once per command.
+  `--compile-layers`, `--decode-attention`, `--decode-gemv`, `--replay-attention`,
+  `--exact`, `--kv-cache-dtype`, TOML keys), checked here with one-line errors and resolved
+  once per command.
 - **The environment as a fallback.** An option that declares a variable (`OURO_COMPILE`,
   ...; also the engine's `OURO_PD_TRANSPORT` and `OURO_PD_THREADS`, rl/options.py
   `EngineOptions`) takes its value from it when neither a flag nor the TOML file gives
@@ -96,7 +100,7 @@ class ExecutionSettings:
         "auto",
         help="The KV cache's dtype: auto or bf16 (the model's dtype, unquantized; bf16 needs a bf16 "
         "model), or fp8 (e4m3 with a scale per token and head: about half the bytes, so twice the "
-        "tokens; the trainer's replay rounds its K/V the same way, docs/model.md §5).",
+        "tokens; the trainer's replay rounds its K/V the same way, docs/model.md §3).",
         panel=P_EXEC,
     )
 

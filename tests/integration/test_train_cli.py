@@ -311,8 +311,9 @@ def test_a_micro_batch_budget_too_small_for_one_sample_fails_before_any_rollout(
 def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
     """The run's contract holds what its kernel settings select on its device: a resume that
     would select other ones (a flag, or the variable standing in for it) is refused naming the
-    setting, and writes nothing (the KV cache's dtype too: a resume uses the run's); one that selects the same (cuBLAS projections asked for on a
-    CPU run, where no Triton kernel runs) is not refused for it. A plan that does not record
+    setting, and writes nothing (the KV cache's dtype too: a resume uses the run's); one that
+    selects the same (cuBLAS projections asked for on a CPU run, where no Triton kernel runs) is
+    not refused for it. A plan that does not record
     them is refused, naming `execution`: it is not read as having run under the defaults."""
     root, run, _ = trained
     before = (run / "ouro-plan.json").read_text()
