@@ -210,7 +210,7 @@ class ExecutionSettings:
         if self.kv_cache_dtype == "bf16" and not bf16:
             raise SettingError(
                 "--kv-cache-dtype bf16 keeps K/V in the model's dtype, and this model computes in fp32: "
-                "pass --kv-cache-dtype auto (or fp8), or --dtype bf16"
+                "pass --kv-cache-dtype auto (or fp8)"
             )
 
     def effective(self, device_type: str) -> dict[str, str]:
