@@ -12,11 +12,11 @@ for a row is therefore the same bits whether it runs alone or with longer rows.
 Scores, softmax and the accumulator are fp32; the scale multiplies the fp32 scores (as
 flash attention does), so q is never rounded after scaling. With bf16 K/V on CUDA the two batched
 matmuls read bf16 and write fp32 (`out_dtype`), with P rounded to bf16 for P·V as
-flash attention does; elsewhere K/V are upcast. An fp8 cache's packed rows are unpacked after the
-gather (model/kv_quant.py), into the model's dtype on CUDA (exact: it holds every fp8 value
-times its power-of-two scale). The head-major cache layout makes a
-gathered chunk [Hkv, B, n, D], so GQA is a batched matmul over (Hkv, B) with the
-query heads of a group as rows, and nothing is transposed or copied besides the gather.
+flash attention does; elsewhere K/V are upcast. An fp8 cache's packed rows are unpacked
+after the gather (model/kv_quant.py), into the model's dtype on CUDA, which holds every fp8
+value times its power-of-two scale exactly. The head-major cache layout makes a gathered
+chunk [Hkv, B, n, D], so GQA is a batched matmul over (Hkv, B) with the query heads of a
+group as rows, and nothing is transposed or copied besides the gather.
 """
 
 from __future__ import annotations

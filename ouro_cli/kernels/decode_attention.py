@@ -105,11 +105,7 @@ def _decode_attention_kernel(
     DOT_AS_SUM: tl.constexpr,
     PACKED: tl.constexpr,
 ):
-    # the dtype K/V are computed in: the cache's, or for packed fp8 rows the query's
-    if PACKED:
-        KV_T: tl.constexpr = Q.dtype.element_ty
-    else:
-        KV_T: tl.constexpr = K.dtype.element_ty
+    KV_T: tl.constexpr = Q.dtype.element_ty if PACKED else K.dtype.element_ty  # K/V computed in: packed fp8 as q
     h = tl.program_id(1).to(tl.int64)
     g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)

@@ -362,10 +362,10 @@ def paged_attention(
     q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
     """The decode step's attention in exact mode (CPU): q [B, Hq, D], one new token per row;
-    k_plane/v_plane [Hkv, slots, R] as the cache stores them (packed fp8 rows are unpacked
-    into the wide dtype: kv_quant.py's values are exact there); ctx_slots/valid [B, W] the slots of positions 0..W-1 and
-    which of them the row sees (its first `length`) -> o [B, Hq, D], with the bits
-    `dense_forward` computes for the same query in its sequence."""
+    k_plane/v_plane [Hkv, slots, R] as the cache stores them (packed fp8 rows are unpacked into
+    the wide dtype, which holds kv_quant.py's values exactly); ctx_slots/valid [B, W] the slots
+    of positions 0..W-1 and which of them the row sees (its first `length`) -> o [B, Hq, D],
+    with the bits `dense_forward` computes for the same query in its sequence."""
     b, hq, d = q.shape
     hkv = k_plane.shape[0]
     g = hq // hkv
