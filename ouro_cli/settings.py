@@ -6,13 +6,17 @@ cuBLAS, the elementwise layer math compiled or eager, the replay's attention in 
 reduction order or the decode kernel's. Each choice changes the bits a GPU run computes
 (on CPU, where runs stay eager and exact, most of them change nothing). `exact`
 (`--exact`, docs/exact.md) chooses them all at once: batch-invariant kernels everywhere
-(model/exact.py), eager, so that the engine's logprobs are the trainer's bit for bit. Since
-they change what a run computes, they are typed settings, not switches read where they act:
+(model/exact.py), eager, so that the engine's logprobs are the trainer's bit for bit.
+`kv_cache_dtype` (`--kv-cache-dtype fp8`) changes the function itself: every layer call rounds
+its K/V to fp8 (model/kv_quant.py), the engine's and the trainer's alike, and the engine's
+cache stores them so. Since they change what a run computes, they are typed settings, not
+switches read where they act:
 
 - **Options.** They are options of `ouro train` and `ouro eval` like any other (the
   [execution] section of the option tree, ouro_cli/config.py: flags `--compile`,
-  `--compile-layers`, `--decode-attention`, `--decode-gemv`, `--replay-attention`, TOML
-  keys), checked here with one-line errors and resolved once per command.
+  `--compile-layers`, `--decode-attention`, `--decode-gemv`, `--replay-attention`,
+  `--exact`, `--kv-cache-dtype`, TOML keys), checked here with one-line errors and resolved
+  once per command.
 - **The environment as a fallback.** An option that declares a variable (`OURO_COMPILE`,
   ...; also the engine's `OURO_PD_TRANSPORT` and `OURO_PD_THREADS`, rl/options.py
   `EngineOptions`) takes its value from it when neither a flag nor the TOML file gives
@@ -90,6 +94,13 @@ class ExecutionSettings:
         False,
         help="Batch-invariant kernels everywhere (docs/exact.md): engine and trainer compute every "
         "logprob with the same bits, in bf16 too; slower. Chooses the kernels itself.",
+        panel=P_EXEC,
+    )
+    kv_cache_dtype: Literal["auto", "bf16", "fp8"] = option(
+        "auto",
+        help="The KV cache's dtype: auto or bf16 (the model's dtype, unquantized; bf16 needs a bf16 "
+        "model), or fp8 (e4m3 with a scale per token and head: about half the bytes, so twice the "
+        "tokens; the trainer's replay rounds its K/V the same way, docs/model.md §3).",
         panel=P_EXEC,
     )
 
@@ -187,6 +198,21 @@ class ExecutionSettings:
             return "paged" if exact_kernels(device_type) else "exact"
         return self.replay_attention
 
+    @property
+    def fp8_kv(self) -> bool:
+        """Whether K/V are rounded to fp8 (model/kv_quant.py): by every layer call, engine and
+        trainer alike, and stored so in the engine's cache."""
+        return self.kv_cache_dtype == "fp8"
+
+    def check_model_dtype(self, bf16: bool) -> None:
+        """A SettingError where the cache's dtype cannot hold a model computing in bf16 (`bf16`)
+        or fp32: `bf16` names the unquantized cache, which holds the model's dtype."""
+        if self.kv_cache_dtype == "bf16" and not bf16:
+            raise SettingError(
+                "--kv-cache-dtype bf16 keeps K/V in the model's dtype, and this model computes in fp32: "
+                "pass --kv-cache-dtype auto (or fp8)"
+            )
+
     def effective(self, device_type: str) -> dict[str, str]:
         """What these settings compute with on `device_type`: the record of the run's contract.
         Two settings that compute the same there record the same."""
@@ -198,6 +224,7 @@ class ExecutionSettings:
             "decode_gemv": self.decode_gemv_on(device_type),
             "replay_attention": self.replay_attention_on(device_type),
             "exact": "on" if self.exact else "off",
+            "kv_cache_dtype": "fp8" if self.fp8_kv else "model",
         }
 
     def check(self, device_type: str) -> None:

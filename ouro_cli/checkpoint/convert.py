@@ -6,7 +6,9 @@ config and assets, then `manifest.json`, then the COMPLETE marker, in a staging 
 that replaces OUT only when all of that succeeded, while the conversion holds OUT's lock.
 An OUT the guard refuses (overlapping what the conversion reads, inside a run's own files,
 not empty without `overwrite`) is refused before anything is written. Tensors pass through
-untouched (no dtype change), one at a time wherever the target format allows it.
+untouched (no dtype change), one at a time wherever the target format allows it. An HF
+directory made from a run's checkpoint that trained with an fp8 KV cache says so
+(trained_with.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .hf import DEFAULT_MAX_SHARD_BYTES, write_hf
 from .megatron import save_megatron
 from .names import parameter_count
 from .sources import CheckpointSource
+from .trained_with import trained_with, write_note
 
 OnTensor = Callable[[str, torch.Tensor], None]
 
@@ -65,8 +68,11 @@ def to_hf(
     options: dict[str, Any],
     on_tensor: OnTensor | None = None,
 ) -> dict[str, Any]:
-    """Write `source` as a Hugging Face directory at `out`, loadable with the original remote code."""
+    """Write `source` as a Hugging Face directory at `out`, loadable with the original remote code;
+    with the note of what it was trained with, where that changed the policy (`trained_with`)."""
     start = time.perf_counter()
+    trained = trained_with(Path(source.path))
+    noted = {"trained_with": trained} if trained else {}
     with outputs.staged_output(Path(out), overwrite=overwrite, command=command, inputs=source.input_paths) as staging:
         written = write_hf(
             staging,
@@ -77,9 +83,10 @@ def to_hf(
             specs=source.specs,
             on_tensor=on_tensor,
         )
-        artifacts.write_manifest(staging, command, options, source.input_paths)
+        write_note(staging, trained)
+        artifacts.write_manifest(staging, command, {**options, **noted}, source.input_paths)
         artifacts.mark_complete(staging)
-    return _summary(source, out, "hf", start, files=written.files, assets=written.assets)
+    return _summary(source, out, "hf", start, files=written.files, assets=written.assets, **noted)
 
 
 def _summary(source: CheckpointSource, out: Path, fmt: str, start: float, **extra: Any) -> dict[str, Any]:

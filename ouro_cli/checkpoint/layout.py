@@ -4,6 +4,7 @@
       latest_checkpointed_iteration.txt   "7" or "release"; rewritten atomically last
       iter_0000007/                       one megatron dist checkpoint per saved iteration
         readers.lock                      held (shared) by whoever reads the iteration
+        ouro-plan.json                    a training run's plan as of this iteration (rl/plan.py)
         COMPLETE                          written after the dist checkpoint and extras
       release/                            the same, for converted (not trained) weights
       hf_assets/                          config.json, tokenizer files, remote code (*.py)
@@ -44,6 +45,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
 HF_ASSETS = "hf_assets"
 READERS = "readers.lock"
+PLAN = "ouro-plan.json"  # a run's plan (rl/run_dir.py `RunDir.plan`), also in each iteration the run saves
 PIN_ATTEMPTS = 20
 
 

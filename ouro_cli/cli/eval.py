@@ -26,6 +26,8 @@ EPILOG = """Examples:
 
   ouro eval runs/grpo-1 --data eval.jsonl --samples 8     # avg@8 and pass@k
 
+  ouro eval runs/grpo-fp8 --data eval.jsonl --kv-cache-dtype fp8   # a policy trained with an fp8 KV cache
+
   ouro eval runs/grpo-1 --data math500.parquet --prompt-key problem \\
       --label-key answer --id-key unique_id \\
       --reward-function ouro_cli.rl.rewards.math_answer

@@ -42,6 +42,8 @@ TRAIN_EPILOG = """Examples:
       --reward-function ouro_cli.rl.rewards.math_answer     # verl Parquet
 
   ouro train --config recipe.toml --updates 50    # flags override the TOML file
+
+  ouro train --config recipe.toml --kv-cache-dtype fp8   # fp8 K/V: about twice the KV tokens, rounded in the replay too
 """
 
 RESUME_EPILOG = """Examples:
@@ -272,6 +274,7 @@ RESUME_OPTIONS = (
     "decode_attention",
     "decode_gemv",
     "replay_attention",
+    "kv_cache_dtype",
     "eval_data",
     "eval_interval",
     "save_interval",

@@ -91,6 +91,7 @@ class EngineCore:
         self.num_loops = cfg.total_ut_steps
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        model.execution.check_model_dtype(self.dtype == torch.bfloat16)
         self.kv = PagedKVCache(
             num_layers=cfg.num_hidden_layers,
             num_loops=self.num_loops,
@@ -100,6 +101,7 @@ class EngineCore:
             head_dim=cfg.dim_per_head,
             dtype=self.dtype,
             device=self.device,
+            fp8=model.execution.fp8_kv,
         )
         self.counters = WorkCounters()
         self.runner = ModelRunner(

@@ -6,9 +6,13 @@ docs/model.md §3: a token that ran e loops has real K/V in planes 1..e and plan
 hold a copy of plane e, so a later query at loop d reads version min(d, e) with a plain
 per-plane lookup.
 
-Layout: `k`, `v` are [L, P, Hkv, (blocks + 1) * block_size, D] views of one flat buffer
-(head-major, so that a gather of slots gives [Hkv, B, n, D], which batched matmuls take
-without copies). A sequence owns a list of blocks; its token at position p lives in
+Layout: `k`, `v` are [L, P, Hkv, (blocks + 1) * block_size, R] views of one flat buffer
+(head-major, so that a gather of slots gives [Hkv, B, n, R], which batched matmuls take
+without copies). A row R is a token's K (or V) of one head: D values in the model's dtype, or
+with `fp8` the D + 1 bytes of model/kv_quant.py's packed format (fp8 values, then the scale's
+exponent), so every copy of slots moves a token's scale with it. `write` packs and `read`
+unpacks; `plane` gives the rows as stored, which the attention unpacks after its gather
+(`kv_quant.values`). A sequence owns a list of blocks; its token at position p lives in
 slot `blocks[p // bs] * bs + p % bs` of every plane. Planes are 0-based here (plane
 index t-1 holds loop t). The block ids a sequence gets never influence values, so
 allocation order cannot change outputs. One extra block past `num_blocks` is never
@@ -41,6 +45,7 @@ from __future__ import annotations
 import torch
 
 from ouro_cli.host_to_device import to_device
+from ouro_cli.model import kv_quant
 
 from .kv_memory import device_buffer
 
@@ -193,20 +198,26 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         fixed_address: bool | None = None,
+        fp8: bool = False,
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"kv_blocks must be >= 1, got {num_blocks}")
         self.num_layers, self.num_loops = num_layers, num_loops
         self.block_size, self.num_kv_heads, self.head_dim = block_size, num_kv_heads, head_dim
-        self.dtype, self._device = dtype, torch.device(device)
+        # `dtype`: the K/V values' (the model's); `storage_dtype`: the buffer's, `row` elements a row
+        self.dtype, self._device, self.fp8 = dtype, torch.device(device), fp8
+        self.storage_dtype = torch.uint8 if fp8 else dtype
+        self.row = kv_quant.row_bytes(head_dim, self.storage_dtype.itemsize, fp8) // self.storage_dtype.itemsize
         # one K (or V) half of the buffer at capacity: T planes of num_blocks + 1 blocks (incl.
         # scratch); `_half` is the allocated buffer's (at most this)
-        self._capacity_half = num_layers * num_loops * num_kv_heads * (num_blocks + 1) * block_size * head_dim
+        self._capacity_half = num_layers * num_loops * num_kv_heads * (num_blocks + 1) * block_size * self.row
         self._half = self._capacity_half
         self.generation = 0
         self.planes = num_loops
         # the K and V halves, each its own buffer (`fixed_address`: kv_memory.device_buffer)
-        self._buffers = tuple(device_buffer(self._capacity_half, dtype, self._device, fixed_address) for _ in range(2))
+        self._buffers = tuple(
+            device_buffer(self._capacity_half, self.storage_dtype, self._device, fixed_address) for _ in range(2)
+        )
         self._storage: tuple[torch.Tensor, torch.Tensor] | None = None
         self.restore()
 
@@ -235,7 +246,7 @@ class PagedKVCache:
         if not 1 <= planes <= self.num_loops:
             raise ValueError(f"planes must lie in 1..{self.num_loops}, got {planes}")
         half = self._capacity_half if capacity else self._half
-        slots = half // (self.num_layers * planes * self.num_kv_heads * self.head_dim)
+        slots = half // (self.num_layers * planes * self.num_kv_heads * self.row)
         return slots // self.block_size - 1
 
     def set_planes(self, planes: int) -> None:
@@ -257,9 +268,9 @@ class PagedKVCache:
             self.planes,
             self.num_kv_heads,
             (self.num_blocks + 1) * self.block_size,
-            self.head_dim,
+            self.row,
         )
-        n = self.num_layers * self.planes * self.num_kv_heads * shape[3] * self.head_dim
+        n = self.num_layers * self.planes * self.num_kv_heads * shape[3] * self.row
         self.scratch_slot = self.num_blocks * self.block_size
         self.k = self._storage[0][:n].view(shape)
         self.v = self._storage[1][:n].view(shape)
@@ -279,7 +290,7 @@ class PagedKVCache:
             return
         self._half = self._capacity_half
         if blocks is not None:
-            per_block = self.num_layers * self.planes * self.num_kv_heads * self.block_size * self.head_dim
+            per_block = self.num_layers * self.planes * self.num_kv_heads * self.block_size * self.row
             rounded = restore_blocks(blocks, self.blocks_at(self.planes, capacity=True))
             if most is not None:
                 rounded = min(rounded, most)
@@ -301,11 +312,11 @@ class PagedKVCache:
 
     def bytes_per_token(self) -> int:
         """Bytes one cached token occupies over all layers and planes of the view (K and V)."""
-        return 2 * self.num_layers * self.planes * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        return 2 * self.num_layers * self.planes * self.num_kv_heads * self.row * self.storage_dtype.itemsize
 
     @property
     def nbytes(self) -> int:
-        return 2 * self._half * self.dtype.itemsize
+        return 2 * self._half * self.storage_dtype.itemsize
 
     def slots(self, blocks: list[int], start: int, end: int) -> list[int]:
         """Slot ids of positions start..end-1 of a sequence owning `blocks`."""
@@ -325,16 +336,22 @@ class PagedKVCache:
         return torch.where(valid, slots, torch.full_like(slots, self.scratch_slot)), valid
 
     def write(self, layer: int, plane: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [N, Hkv, D] into `slots` [N] of (layer, plane)."""
-        self.k[layer, plane].index_copy_(1, slots, k.transpose(0, 1).to(self.k.dtype))
-        self.v[layer, plane].index_copy_(1, slots, v.transpose(0, 1).to(self.v.dtype))
+        """k, v [N, Hkv, D] into `slots` [N] of (layer, plane); with `fp8` packed (kv_quant.pack:
+        values the layer already rounded are stored as they are, bit for bit)."""
+        self.k[layer, plane].index_copy_(1, slots, self._rows(k).transpose(0, 1))
+        self.v[layer, plane].index_copy_(1, slots, self._rows(v).transpose(0, 1))
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        return kv_quant.pack(x) if self.fp8 else x.to(self.storage_dtype)
 
     def read(self, layer: int, plane: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V at `slots` [N] of (layer, plane) -> [N, Hkv, D]."""
-        return self.k[layer, plane][:, slots].transpose(0, 1), self.v[layer, plane][:, slots].transpose(0, 1)
+        """K/V at `slots` [N] of (layer, plane) -> [N, Hkv, D] in `dtype`."""
+        k, v = self.k[layer, plane][:, slots], self.v[layer, plane][:, slots]
+        return kv_quant.values(k, self.dtype).transpose(0, 1), kv_quant.values(v, self.dtype).transpose(0, 1)
 
     def plane(self, layer: int, plane: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K and V planes of (layer, plane): [Hkv, slots, D] views."""
+        """The K and V planes of (layer, plane) as stored: [Hkv, slots, R] views (R = D, or the
+        packed fp8 rows' D + 1 bytes)."""
         return self.k[layer, plane], self.v[layer, plane]
 
     def copy_slots(self, source: list[int], dest: list[int]) -> None:

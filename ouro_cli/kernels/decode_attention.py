@@ -34,6 +34,13 @@ bits are the decode step's while the tile's K/V loads serve the whole block. Und
 interpreter the dots are fp32 products summed by tl.sum (numpy's matmul promises no row
 independence within a tile).
 
+An fp8 cache (model/kv_quant.py) hands the kernel its packed rows (uint8: head_dim fp8 values,
+then the scale's exponent): a tile's rows are loaded as bytes, converted, multiplied by their
+token's power-of-two scale and rounded to the query's dtype, which holds them exactly, so the
+tile computes what it computes on the unquantized values the replay attends over. The kernel
+does not write packed rows: the runner writes them in torch (the write's rounding is
+kv_quant.py's, one function for the engine and the replay) and runs the attention alone.
+
 Both are CUDA-graph capturable: no host reads, and the grids depend only on shapes.
 """
 
@@ -96,7 +103,9 @@ def _decode_attention_kernel(
     HAS_PREV: tl.constexpr,
     BLOCKED: tl.constexpr,
     DOT_AS_SUM: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
+    KV_T: tl.constexpr = Q.dtype.element_ty if PACKED else K.dtype.element_ty  # K/V computed in: packed fp8 as q
     h = tl.program_id(1).to(tl.int64)
     g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)
@@ -128,7 +137,7 @@ def _decode_attention_kernel(
         tl.debug_barrier()  # the stores above, visible to every thread of the block below
     q_rows = Q + query[:, None] * stride_qb + head[:, None] * stride_qh
     q = tl.load(q_rows + d[None, :], mask=gd_ok, other=0.0)
-    q = q.to(K.dtype.element_ty)
+    q = q.to(KV_T)
     row_length = tl.load(LENGTHS + tl.where(row_ok, query, b)).to(tl.int32)  # [GP]; padding rows: the first's
     length = tl.max(row_length, 0)  # the block's longest run (a decode row's own length)
     m = tl.full([GP], float("-inf"), tl.float32)
@@ -139,8 +148,7 @@ def _decode_attention_kernel(
         n_ok = n < length
         slot = tl.load(SLOTS + b * stride_sb + n, mask=n_ok, other=0).to(tl.int64)
         nd_ok = n_ok[:, None] & (d < D)[None, :]
-        offs = slot[:, None] * stride_ks + d[None, :]
-        k = tl.load(kv_head + offs, mask=nd_ok, other=0.0)
+        k = _load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
         s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM)
         # [GP, BLOCK]; every tile holds >= 1 position of a decode row, and of a block's longest row
         s = tl.where(n[None, :] < row_length[:, None], s * scale, float("-inf"))
@@ -148,8 +156,8 @@ def _decode_attention_kernel(
         alpha = tl.exp(m - m_new)  # exp(-inf) = 0 on the first tile
         p = tl.exp(s - m_new[:, None])
         l_new = l_sum * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + offs, mask=nd_ok, other=0.0)
-        acc_new = acc * alpha[:, None] + _dot(p.to(V.dtype.element_ty), v, IEEE, DOT_AS_SUM)
+        v = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
+        acc_new = acc * alpha[:, None] + _dot(p.to(KV_T), v, IEEE, DOT_AS_SUM)
         if BLOCKED:  # a row whose run ended before this tile keeps its state: the tiles a decode row never reads
             live = start < row_length
             m, l_sum, acc = (
@@ -168,6 +176,20 @@ def _decode_attention_kernel(
 
 
 @triton.jit
+def _load_rows(head, slot, d, nd_ok, n_ok, stride_ks, D: tl.constexpr, PACKED: tl.constexpr, KV_T: tl.constexpr):
+    """The K (or V) rows [BLOCK, BLOCK_D] of one head at `slot`: as stored, or packed fp8 rows
+    (model/kv_quant.py) as values · 2^k in KV_T (exact)."""
+    at = head + slot[:, None] * stride_ks + d[None, :]
+    if PACKED:
+        raw = tl.load(at, mask=nd_ok, other=0)
+        k = tl.load(head + slot * stride_ks + D, mask=n_ok, other=0).to(tl.int8, bitcast=True).to(tl.int32)
+        scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
+        return (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(KV_T)
+    else:
+        return tl.load(at, mask=nd_ok, other=0.0)
+
+
+@triton.jit
 def _dot(a, b, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
     """a @ b in fp32: the tensor-core dot (IEEE fp32 for fp32 operands), or under the interpreter
     (DOT_AS_SUM) gemv.dot_as_sum, whose rows do not depend on each other."""
@@ -182,6 +204,8 @@ def _dot(a, b, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
 def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None, blocks=None) -> torch.Tensor:
     b, hq, d = q.shape
     hkv = k_plane.shape[0]
+    packed = k_plane.dtype == torch.uint8  # fp8 rows of model/kv_quant.py: d + 1 bytes
+    assert k_plane.shape[-1] == d + packed and not (packed and write is not None)
     assert hq % hkv == 0 and k_plane.shape == v_plane.shape and k_plane.stride() == v_plane.stride()
     assert k_plane.stride(-1) == 1 and block >= 16
     q, ctx_slots = _unit_last_stride(q), _unit_last_stride(ctx_slots)
@@ -246,11 +270,12 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=Non
         D=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK=block,
-        IEEE=k_plane.dtype == torch.float32,
+        IEEE=(q.dtype if packed else k_plane.dtype) == torch.float32,
         WRITE=write is not None,
         HAS_PREV=has_prev,
         BLOCKED=blocks is not None,
         DOT_AS_SUM=q.device.type != "cuda",
+        PACKED=packed,
         num_warps=num_warps,
     )
     return o
@@ -272,8 +297,9 @@ def paged_decode_attention(
     num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """q [B, Hq, D] (one new token per row); k_plane/v_plane [Hkv, slots, D] (one plane of one
-    layer); ctx_slots [B, W] slot ids of positions 0..W-1; lengths [B] (1 <= length <= W: a row
-    attends to its first `length` positions) -> o [B, Hq, D] in q's dtype. Scale head_dim**-0.5."""
+    layer; or [Hkv, slots, D + 1] packed fp8 rows, uint8); ctx_slots [B, W] slot ids of positions
+    0..W-1; lengths [B] (1 <= length <= W: a row attends to its first `length` positions) -> o
+    [B, Hq, D] in q's dtype. Scale head_dim**-0.5."""
     return _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps)
 
 

@@ -39,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ouro_cli.settings import exact_kernels
 
-from . import formulas
+from . import formulas, kv_quant
 
 ROW_TILE = 16  # rows per GEMM call on CPU
 KEY_CHUNK = 64  # keys per attention chunk (CPU), at absolute positions
@@ -362,9 +362,10 @@ def paged_attention(
     q: torch.Tensor, k_plane: torch.Tensor, v_plane: torch.Tensor, ctx_slots: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
     """The decode step's attention in exact mode (CPU): q [B, Hq, D], one new token per row;
-    k_plane/v_plane [Hkv, slots, D]; ctx_slots/valid [B, W] the slots of positions 0..W-1 and
-    which of them the row sees (its first `length`) -> o [B, Hq, D], with the bits
-    `dense_forward` computes for the same query in its sequence."""
+    k_plane/v_plane [Hkv, slots, R] as the cache stores them (packed fp8 rows are unpacked into
+    the wide dtype, which holds kv_quant.py's values exactly); ctx_slots/valid [B, W] the slots
+    of positions 0..W-1 and which of them the row sees (its first `length`) -> o [B, Hq, D],
+    with the bits `dense_forward` computes for the same query in its sequence."""
     b, hq, d = q.shape
     hkv = k_plane.shape[0]
     g = hq // hkv
@@ -379,7 +380,7 @@ def paged_attention(
     for c in range(ctx_slots.shape[1] // KEY_CHUNK):
         chunk = slice(c * KEY_CHUNK, (c + 1) * KEY_CHUNK)
         slots = ctx_slots[:, chunk]
-        kc = k_plane[:, slots].permute(3, 1, 0, 2).to(wide).contiguous()  # [D, B, Hkv, C]
-        vc = v_plane[:, slots].permute(2, 1, 0, 3).to(wide).contiguous()  # [C, B, Hkv, D]
+        kc = kv_quant.values(k_plane[:, slots], wide).permute(3, 1, 0, 2).to(wide).contiguous()  # [D, B, Hkv, C]
+        vc = kv_quant.values(v_plane[:, slots], wide).permute(2, 1, 0, 3).to(wide).contiguous()  # [C, B, Hkv, D]
         state = _fold(state, qg, kc, vc, valid[:, chunk], d**-0.5)
     return _finish(state, q.dtype).reshape(b, hq, d)

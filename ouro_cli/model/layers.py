@@ -4,7 +4,9 @@ The layer does not own its attention over past tokens: it computes q, k, v for t
 tokens it is given and hands them to an `attend(q, k, v)` callable supplied by the
 caller. The whole-sequence forward (`OuroForCausalLM.forward`: the trainer's replay, the
 engine's prefill) plugs in dense attention there and the engine's decode step attention over
-its paged KV cache, so the projections, norms, RoPE and MLP exist exactly once.
+its paged KV cache, so the projections, norms, RoPE and MLP exist exactly once. The K/V
+a layer hands on are the cache's: rounded to fp8 here, for every caller, when the settings ask
+for an fp8 cache (model/kv_quant.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from torch import nn
 
 from ouro_cli.settings import active_settings
 
-from . import pointwise
+from . import kv_quant, pointwise
 from .config import OuroConfig
 from .matmul import linear
 
@@ -93,6 +95,8 @@ class Attention(nn.Module):
         k = k.view(b, s, self.num_kv_heads, self.head_dim)
         v = v.view(b, s, self.num_kv_heads, self.head_dim)
         q, k = pointwise.rotary(q, k, cos, sin)
+        if active_settings().fp8_kv:  # what the engine's cache holds, in the replay as in the engine
+            k, v = kv_quant.round_trip(k), kv_quant.round_trip(v)
         o = attend(q, k, v)
         return linear(o.reshape(b, s, self.num_heads * self.head_dim), self.o_proj.weight)
 

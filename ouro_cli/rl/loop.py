@@ -335,6 +335,7 @@ def memory_plan(
         exact=options.execution.exact,
         prompt_tokens=prompt_tokens if e.shares_prompts else None,
         calls=calls,
+        fp8_kv=options.execution.fp8_kv,
         # a resumed run cuts its micro-batches as it did (a plan lacking one is refused by its contract)
         **{k: recorded[k] for k in ("token_cost", "prompt_heads", "deep_parts_first") if k in recorded},
     )
@@ -668,6 +669,7 @@ def room_for_call(s: Session, k: int, sequences: int, prompts: int | None = None
         draft_tokens=draft,
         prompts=prompts,
         prompt_tokens=s.prompt_tokens,  # the state moves per call only beside the built-in engine, which shares
+        fp8_kv=s.options.execution.fp8_kv,
     )
     if not s.sizing.state_fits(need):
         offload.to_host()

@@ -470,6 +470,7 @@ class TrainOptions:
         self._validate_speculation()
         self.trainer.validate()
         self.execution.check(self.trainer.resolved_device)
+        self.execution.check_model_dtype(str(self.trainer.torch_dtype) == "torch.bfloat16")
         return self
 
     def _validate_update(self) -> None:

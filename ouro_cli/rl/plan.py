@@ -168,13 +168,21 @@ def resume_options(plan: dict[str, Any], given: dict[str, Any], *, updates: int,
     return dataclasses.replace(options, given_paths=recorded).absolute()
 
 
+# Execution settings whose absence from a recorded plan has one meaning: the plan was written
+# before the setting existed, when every run computed so (no fp8 KV cache: the model's dtype).
+EXECUTION_BEFORE_THE_KEY = {"kv_cache_dtype": "model"}
+
+
 def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool) -> None:
     """Reject a resume whose contract differs from the run's, naming the first differing key (a
-    setting of `execution` or `sizing` by its own name)."""
+    setting of `execution` or `sizing` by its own name). A recorded `execution` lacking a key of
+    EXECUTION_BEFORE_THE_KEY reads as that key's value there."""
     for key in sorted(set(saved) | set(new)):
         if allow_scheduler and key in SCHEDULER_KEYS:
             continue
         a, b = saved.get(key), new.get(key)
+        if key == "execution" and isinstance(a, dict):
+            a = {**EXECUTION_BEFORE_THE_KEY, **a}
         if a == b:
             continue
         if key in ("execution", "sizing") and isinstance(a, dict) and isinstance(b, dict):

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from ouro_cli.errors import ResourceError, UserError
+from ouro_cli.model import kv_quant
 from ouro_cli.model.config import OuroConfig
 
 GIB = 2**30
@@ -116,9 +117,12 @@ def parameter_counts(config: OuroConfig) -> tuple[int, int]:
     return total, total - gate
 
 
-def kv_bytes_per_token(config: OuroConfig, dtype: torch.dtype, planes: int) -> int:
-    """K and V of one cached token over all layers and `planes` loop planes."""
-    return 2 * config.num_hidden_layers * planes * config.num_key_value_heads * config.dim_per_head * dtype.itemsize
+def kv_bytes_per_token(config: OuroConfig, dtype: torch.dtype, planes: int, fp8_kv: bool = False) -> int:
+    """K and V of one cached token over all layers and `planes` loop planes: in the model's
+    `dtype`, or with `fp8_kv` packed, head_dim fp8 bytes and a scale byte per head
+    (model/kv_quant.py)."""
+    row = kv_quant.row_bytes(config.dim_per_head, dtype.itemsize, fp8_kv)
+    return 2 * config.num_hidden_layers * planes * config.num_key_value_heads * row
 
 
 def _per_call(config: OuroConfig, exact: bool) -> int:
@@ -274,6 +278,7 @@ def call_kv_bytes(
     draft_tokens: int = 0,
     prompts: int | None = None,
     prompt_tokens: int | None = None,
+    fp8_kv: bool = False,
 ) -> int:
     """The most a released cache of `kv_blocks` blocks (at T planes) allocates for one generate
     call of `sequences` requests on `prompts` distinct prompts (None: as many as requests) of at
@@ -290,7 +295,7 @@ def call_kv_bytes(
     if kv_blocks is not None:
         blocks = restore_blocks(blocks, capacity_blocks(kv_blocks, config.num_loops, planes, block_size))
     blocks += 1
-    return blocks * block_size * kv_bytes_per_token(config, dtype, planes)
+    return blocks * block_size * kv_bytes_per_token(config, dtype, planes, fp8_kv)
 
 
 def size_run(
@@ -317,6 +322,7 @@ def size_run(
     exact: bool = False,
     prompt_tokens: int | None = None,
     calls: Sequence[CallShape] = (),
+    fp8_kv: bool = False,
 ) -> RunSizing:
     """Size the KV cache, the decode batch and the micro-batches for one run.
 
@@ -334,7 +340,8 @@ def size_run(
     `deep_parts_first`.
     `offload_optimizer` "auto" is decided from the shapes alone (module docstring), so a
     resumed run decides it the same way. `exact`: the trainer replays in exact mode, whose
-    activations are counted apart (`activation_bytes_per_token`).
+    activations are counted apart (`activation_bytes_per_token`). `fp8_kv`: the cache holds
+    packed fp8 K/V (`kv_bytes_per_token`).
     """
     if not 0 < utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must lie in (0, 1], got {utilization}")
@@ -344,9 +351,9 @@ def size_run(
     if offload_optimizer not in ("auto", "on", "off"):
         raise UserError(f"--offload-optimizer must be auto, on or off, got {offload_optimizer!r}")
     budget = int(utilization * (memory.total if memory.kind == "cuda" else min(memory.total, memory.free // GIB * GIB)))
-    per_token_t = kv_bytes_per_token(config, dtype, config.num_loops)
+    per_token_t = kv_bytes_per_token(config, dtype, config.num_loops, fp8_kv)
     block_bytes = per_token_t * block_size
-    per_token = kv_bytes_per_token(config, dtype, planes)
+    per_token = kv_bytes_per_token(config, dtype, planes, fp8_kv)
     seq_blocks = math.ceil(seq_tokens / block_size)
     if prompt_tokens is None:
         needed_blocks = sequences_needed * seq_blocks

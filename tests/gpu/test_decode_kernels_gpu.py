@@ -5,7 +5,8 @@ time): attention equals the torch reference (paged_attention.decode_attention) a
 dense fp64 one to 1e-5 in fp32 and to 2e-2 absolute in bf16 (outputs are O(1); bf16
 has 8 bits of mantissa and P is rounded to bf16 for P·V); a row's output is bitwise the
 same alone or among longer rows; the KV write fused into the attention kernel equals the
-torch write exactly, and its output the attention kernel's over the written planes.
+torch write exactly, and its output the attention kernel's over the written planes; over an
+fp8 cache's packed rows the kernel gives the bits it gives over the rows unpacked.
 
 Engine level, on the tiny model: attention="triton" under CUDA graphs gives the eager
 results bit for bit; in fp32 it reports the torch path's tokens, depths and logprobs
@@ -24,6 +25,7 @@ from ouro_cli.settings import ExecutionSettings
 from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
+    check_fp8_attention,
     check_replay_attention,
     check_width_from_reach,
     check_write_and_attend,
@@ -53,6 +55,10 @@ def _no_tf32():
 @DTYPES
 def test_attention_matches_reference(dtype):
     check_attention("cuda", dtype, TOL[dtype])
+
+
+def test_fp8_rows_are_read_as_their_unpacked_values():
+    check_fp8_attention("cuda")
 
 
 @DTYPES

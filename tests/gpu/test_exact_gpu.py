@@ -12,7 +12,7 @@
   replay attention with SDPA's backward) are the default mode's within fp32 rounding.
 - End to end on a tiny model, bf16 and fp32, CUDA graphs on: every logprob the engine reports
   equals the replay to the bit, with threshold exits at mixed depths, and a request's outputs
-  do not depend on its batch-mates.
+  do not depend on its batch-mates; with an fp8 KV cache too (bf16, graphs off).
 
 bench/exact.py runs the same agreement at the 1.4B shape (K = 2/3/4, τ = 0.7, batches 1-128).
 """
@@ -28,6 +28,7 @@ from tests.unit.engine._fixed_tile_checks import (
     check_bad_input,
     check_batch_invariance,
     check_configs,
+    check_exact_engine,
     check_fused_columns,
     check_reference,
 )
@@ -148,6 +149,12 @@ def test_engine_logprobs_are_the_replay_to_the_bit_on_cuda(dtype):
     alone = _generate(model, 1)
     for a, b in zip(outs, alone, strict=True):
         assert (a.output_token_ids, a.exit_depths, a.log_probs) == (b.output_token_ids, b.exit_depths, b.log_probs)
+
+
+def test_engine_logprobs_with_an_fp8_cache_are_the_replay_to_the_bit_on_cuda():
+    """Exact mode's CUDA path with an fp8 KV cache: the decode kernel reads the packed rows, the
+    replay's kernel the K/V its layers rounded; the same bits (bf16)."""
+    check_exact_engine("cuda", torch.bfloat16, kv_cache_dtype="fp8")
 
 
 def test_prefill_graphs_of_several_widths_stay_valid_across_forwards():

@@ -7,8 +7,10 @@ exit depth; `--is-correction` runs and reports what it masked; and `ouro verify-
 The exact runs carry the pairs rl/combinations.py names them for: the fp32 run trains with
 the options of the loss on (two epochs with a clip of ±0.001, which the policy's move reaches
 at the second step; the IS weights are exactly 1) and the optimizer state offloaded, a third
-samples on PD workers, and the resumed exact run schedules asynchronously and filters groups
-over mini-batches, its mismatch exactly 0 too."""
+samples on PD workers, a fourth does all of that with an fp8 KV cache (the rollouts' packed
+K/V cross the PD transport; the plan records the cache and the export notes it), and the
+resumed exact run schedules asynchronously and filters groups over mini-batches, its
+mismatch exactly 0 too."""
 
 from __future__ import annotations
 
@@ -56,6 +58,20 @@ RUNS = {
         "--kv-transport",
         "shm",
     ],
+    "exact-fp8": [
+        "--exact",
+        "--dtype",
+        "fp32",
+        "--kv-cache-dtype",
+        "fp8",
+        "--prefill-devices",
+        "0",
+        "--decode-devices",
+        "1",
+        "--kv-transport",
+        "shm",
+        *TRAINED,
+    ],
     "default-bf16": ["--dtype", "bf16", "--is-correction", "mis", "--is-bounds", "0.999", "1.001"],
 }
 
@@ -87,13 +103,21 @@ def options(root: Path) -> list[str]:
     ]
 
 
+def export(root: Path, name: str) -> list[str]:
+    """The fp8 run exports its final model (its README says how it was trained)."""
+    return ["--export-hf", str(root / name / "hf")] if name == "exact-fp8" else []
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("exact")
     make_checkpoint(root, mixed_exits=True)
     names = list(RUNS)
     procs = run_all(
-        *[["train", *options(root), "--updates", "3", "--run-dir", str(root / name), *RUNS[name]] for name in names],
+        *[
+            ["train", *options(root), "--updates", "3", "--run-dir", str(root / name), *RUNS[name], *export(root, name)]
+            for name in names
+        ],
         cwd=root,
     )
     for name, proc in zip(names, procs, strict=True):
@@ -103,7 +127,7 @@ def runs(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("name", ["exact-fp32", "exact-bf16", "exact-pd"])
+@pytest.mark.parametrize("name", ["exact-fp32", "exact-bf16", "exact-pd", "exact-fp8"])
 def test_exact_runs_have_no_mismatch_at_all(runs, name):
     root, metrics = runs
     assert [m["k"] for m in metrics[name]] == [2, 3, 4]
@@ -114,7 +138,12 @@ def test_exact_runs_have_no_mismatch_at_all(runs, name):
         assert set(m["exit_depth_histogram"]) <= set(m["logprob_mismatch_mean_by_depth"])
     contract = json.loads((root / name / "ouro-plan.json").read_text())["contract"]
     assert contract["execution"]["exact"] == "on"
-    if name == "exact-fp32":  # two epochs: the second step's ratios are the policy's move alone
+    assert contract["execution"]["kv_cache_dtype"] == ("fp8" if name == "exact-fp8" else "model")
+    if name == "exact-fp8":
+        manifest = json.loads((root / name / "hf" / "manifest.json").read_text())
+        assert manifest["options"]["trained_with"] == {"kv_cache_dtype": "fp8"}
+        assert "--kv-cache-dtype fp8" in (root / name / "hf" / "README.md").read_text()
+    if name in ("exact-fp32", "exact-fp8"):  # two epochs: the second step's ratios are the policy's move alone
         for m in metrics[name]:
             assert m["train_optimizer_steps"] == 2 and m["train_is_weight_mean"] == 1.0
             assert 0 < m["train_clip_fraction"] < 1 and m["train_ratio_max"] > 1.001

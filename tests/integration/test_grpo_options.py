@@ -137,7 +137,8 @@ def test_two_ranks_filter_refill_and_split_as_one_rank_does(tmp_path):
     through a refill round of one prompt (one rank draws nothing), a spent budget, and steps in
     which one rank holds no sample or no rank does; with every option of the loss on (each rank
     takes its samples' first-policy logprobs under `--is-correction` and several steps),
-    asynchronous threshold exits and the optimizer state offloaded between steps."""
+    asynchronous threshold exits, an fp8 KV cache and the optimizer state offloaded between
+    steps."""
     import os
     import subprocess
     import sys
@@ -188,6 +189,8 @@ def test_two_ranks_filter_refill_and_split_as_one_rank_does(tmp_path):
         "--exit-threshold",
         "0.5",
         "--async-scheduling",
+        "--kv-cache-dtype",
+        "fp8",
         "--offload-optimizer",
         "on",
     ]
@@ -235,6 +238,8 @@ def test_two_ranks_filter_refill_and_split_as_one_rank_does(tmp_path):
     assert [[m[k] for k in keys] for m in lines["one"]] == [[m[k] for k in keys] for m in lines["two"]]
     assert sum(m["refill_rounds"] for m in lines["one"]) > 0 and any(m["refill_exhausted"] for m in lines["one"])
     assert all(m["params_identical_across_ranks"] for m in lines["two"])
+    plans = [json.loads((tmp_path / n / "ouro-plan.json").read_text()) for n in ("one", "two")]
+    assert [p["contract"]["execution"]["kv_cache_dtype"] for p in plans] == ["fp8", "fp8"]
     for update in range(2):
         name = f"update_{update:06d}.jsonl"
         a, b = (

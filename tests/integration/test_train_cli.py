@@ -311,8 +311,9 @@ def test_a_micro_batch_budget_too_small_for_one_sample_fails_before_any_rollout(
 def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
     """The run's contract holds what its kernel settings select on its device: a resume that
     would select other ones (a flag, or the variable standing in for it) is refused naming the
-    setting, and writes nothing; one that selects the same (cuBLAS projections asked for on a
-    CPU run, where no Triton kernel runs) is not refused for it. A plan that does not record
+    setting, and writes nothing (the KV cache's dtype too: a resume uses the run's); one that
+    selects the same (cuBLAS projections asked for on a CPU run, where no Triton kernel runs) is
+    not refused for it. A plan that does not record
     them is refused, naming `execution`: it is not read as having run under the defaults."""
     root, run, _ = trained
     before = (run / "ouro-plan.json").read_text()
@@ -324,6 +325,7 @@ def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
         "decode_gemv": "cublas",
         "replay_attention": "sdpa",
         "exact": "off",
+        "kv_cache_dtype": "model",
     }
     for flags, env in ((["--compile", "always"], {}), ([], {"OURO_COMPILE": "always"})):
         proc = ouro("resume", str(run), "--updates", "9", *flags, cwd=root, env=env)
@@ -332,6 +334,11 @@ def test_resume_refuses_another_execution_setting_naming_it(trained, tmp_path):
             "error: resume would change execution.compile: the run has 'off', this invocation 'on' (set by "
             "--compile or OURO_COMPILE" in proc.stderr
         )
+    proc = ouro("resume", str(run), "--updates", "9", "--kv-cache-dtype", "fp8", cwd=root)
+    assert proc.returncode == 2, proc.stderr
+    assert "error: resume would change execution.kv_cache_dtype: the run has 'model', this invocation 'fp8'" in (
+        proc.stderr
+    )
     assert (run / "ouro-plan.json").read_text() == before
 
     old = tmp_path / "old"  # no execution settings in the plan

@@ -85,6 +85,30 @@ def check_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
         assert dense_err <= tol, f"case {case}: kernel vs dense fp64 {dense_err:.3g} > {tol}"
 
 
+def check_fp8_attention(device="cpu") -> None:
+    """Over packed fp8 planes (model/kv_quant.py) the kernel computes, bit for bit, what it
+    computes over the same planes unpacked into the query's dtype (fp32 and bf16: the unpacked
+    values are exact in both), and equals the torch reference over the packed planes to 1e-5
+    (fp32); the planes hold values of very different sizes, so every token has its own scale."""
+    from ouro_cli.kernels.decode_attention import paged_decode_attention
+    from ouro_cli.model import kv_quant
+
+    for case, (b, hq, hkv, d, lengths, tile) in enumerate(ATTENTION_CASES):
+        width = -(-max(lengths) // 64) * 64
+        k_plane, v_plane, ctx, valid, lens = paged_context(b, hkv, d, lengths, width, torch.float32, "cpu", seed=case)
+        sizes = torch.logspace(-3, 3, k_plane.shape[1])[torch.randperm(k_plane.shape[1])][None, :, None]
+        packed = [kv_quant.pack(x * sizes).to(device) for x in (k_plane, v_plane)]
+        for dtype in (torch.float32, torch.bfloat16):
+            q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(100 + case)).to(device, dtype)
+            got = paged_decode_attention(q, *packed, ctx, lens, **_block(tile))
+            unpacked = [kv_quant.unpack(x, dtype) for x in packed]
+            assert torch.equal(got, paged_decode_attention(q, *unpacked, ctx, lens, **_block(tile))), (case, dtype)
+            if dtype == torch.float32:
+                ref = decode_attention(q, *packed, ctx, valid, 64)
+                err = (got - ref).abs().max().item()
+                assert err <= 1e-5 * ref.abs().max().item(), f"case {case}: kernel vs decode_attention {err:.3g}"
+
+
 def check_batch_invariance(device="cpu", dtype=torch.float32) -> None:
     """A row's output is the same bits alone (narrow slot table) or among longer rows (wide table)."""
     from ouro_cli.kernels.decode_attention import paged_decode_attention
@@ -433,6 +457,7 @@ def check_bounds_checks_name_the_bad_index(device="cpu") -> None:
 
 CHECKS = {
     "attention": check_attention,
+    "fp8_attention": check_fp8_attention,
     "batch_invariance": check_batch_invariance,
     "write_and_attend": check_write_and_attend,
     "engine": check_engine,

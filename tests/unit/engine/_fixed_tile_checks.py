@@ -112,13 +112,15 @@ def check_bad_input(device="cpu") -> None:
         raise AssertionError(f"{what}: no ValueError")
 
 
-def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
+def check_exact_engine(device="cpu", dtype=torch.float32, kv_cache_dtype="auto", requests=3) -> None:
     """Exact mode's Triton path end to end (what it runs on CUDA: the fixed-tile projections,
     the decode kernel for the decode step, the prefill and the replay): the tiny model's
     engine, with threshold exits, reports the logprobs of its replay to the bit, whether the
     replay runs each loop on every position or gathers the positions that run it
     (model/ouro.py `gathering_allowed`). The engine multiplies by fused [q;k;v] and [gate;up]
-    weights (as on CUDA, model/fusion.py), the replay by the separate ones (as the trainer)."""
+    weights (as on CUDA, model/fusion.py), the replay by the separate ones (as the trainer).
+    With `kv_cache_dtype="fp8"` the decode kernel reads the packed fp8 cache and the replay's
+    kernel the K/V its layers rounded the same way: still the same bits."""
     import copy
 
     from ouro_cli.engine import LLM, SamplingParams
@@ -126,7 +128,7 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
     from ouro_cli.settings import ExecutionSettings, executing
     from tests.unit.engine.conftest import prompts, tiny_model
 
-    exact = ExecutionSettings(exact=True)
+    exact = ExecutionSettings(exact=True, kv_cache_dtype=kv_cache_dtype)
     assert exact.effective(device)["replay_attention"] == "paged"  # the kernels, not model/exact.py's torch
     model = tiny_model(0).to(device, dtype)
     model.execution = exact  # the replay's settings, as the trainer's model gets them
@@ -134,13 +136,15 @@ def check_exact_engine(device="cpu", dtype=torch.float32) -> None:
     fuse_projections(engine_model)
     assert engine_model.model.layers[0].self_attn.qkv_weight is not None
     assert model.model.layers[0].self_attn.qkv_weight is None
-    params = [SamplingParams(max_tokens=5, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
+    params = [
+        SamplingParams(max_tokens=5, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(requests)
+    ]
     llm = LLM(engine_model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False, execution=exact)
     try:
-        outs = llm.generate(prompts(3, seed=1, hi=6), params)
+        outs = llm.generate(prompts(3, seed=1, hi=6)[:requests], params)
     finally:
         llm.close()
-    assert llm.runner.attention == "triton"
+    assert llm.runner.attention == "triton" and llm.runner.kv.fp8 == (kv_cache_dtype == "fp8")
     for out in outs:
         m, r = len(out.prompt_token_ids), out.output_token_ids
         ids = torch.tensor([out.prompt_token_ids + r], device=device)
@@ -189,6 +193,7 @@ CHECKS = {
     "fused_columns": check_fused_columns,
     "exact_engine_fp32": check_exact_engine,
     "exact_engine_grouped_bf16": check_exact_engine_grouped,
+    "exact_engine_fp8_bf16": lambda: check_exact_engine(dtype=torch.bfloat16, kv_cache_dtype="fp8", requests=2),
 }
 
 

@@ -7,7 +7,9 @@ an engine running them (and the small-batch matmul, kernels/gemv.py) reports the
 path's logprobs and still equals the replay. The replay's attention through the decode
 kernel (`replay_attention="paged"`) equals SDPA, gives each query the decode kernel's
 bits for it alone, backpropagates SDPA's gradients, and keeps the engine's agreement; a
-decode step whose width covers the rows' whole reach gives the narrow step's bits.
+decode step whose width covers the rows' whole reach gives the narrow step's bits. Over an
+fp8 cache's packed rows the kernel computes the bits it computes over the rows unpacked (an
+engine on them: test_fixed_tile_kernel.py's exact_engine_fp8_bf16).
 
 The checks live in _decode_kernel_checks.py (shared with tests/gpu) and run in one
 subprocess with TRITON_INTERPRET=1, which must be set before the kernels are imported
@@ -23,6 +25,7 @@ pytest.importorskip("triton")
 
 CHECKS = [
     "attention",
+    "fp8_attention",
     "batch_invariance",
     "write_and_attend",
     "engine",

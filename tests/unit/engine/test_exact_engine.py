@@ -1,9 +1,9 @@
 """Exact mode end to end in the engine (docs/exact.md): every logprob the engine reports is
 bit for bit the trainer's replay, in bf16 as in fp32, with threshold exits at mixed depths,
-and a request's tokens, depths and logprobs do not depend on what it is batched with. In
-the default mode bf16 does not agree to the bit (the negative control: the test can see a
-difference). The replay here is what the trainer computes (tests/integration runs the
-trainer itself: `ouro train --exact`)."""
+with an fp8 KV cache as with the model's dtype, and a request's tokens, depths and logprobs do
+not depend on what it is batched with. In the default mode bf16 does not agree to the bit
+(the negative control: the test can see a difference). The replay here is what the trainer
+computes (tests/integration runs the trainer itself: `ouro train --exact`)."""
 
 from __future__ import annotations
 
@@ -46,13 +46,15 @@ def _max_mismatch(model, outs) -> float:
     return max(float((torch.tensor(o.log_probs) - _replay(model, o)).abs().max()) for o in outs)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_exact_engine_logprobs_are_the_replay_to_the_bit(dtype):
+def test_exact_engine_logprobs_are_the_replay_to_the_bit(dtype, kv_cache_dtype):
     model = tiny_model(0).to(dtype)
-    outs = _generate(model, EXACT)
+    execution = ExecutionSettings(exact=True, kv_cache_dtype=kv_cache_dtype)
+    outs = _generate(model, execution)
     assert len({d for o in outs for d in o.exit_depths[1:]}) >= 3, "the gate should give mixed depths"
     assert _max_mismatch(model, outs) == 0.0
-    alone = _generate(model, EXACT, max_num_seqs=1)  # each request decoded by itself
+    alone = _generate(model, execution, max_num_seqs=1)  # each request decoded by itself
     for a, b in zip(outs, alone, strict=True):
         assert (a.output_token_ids, a.exit_depths, a.log_probs) == (b.output_token_ids, b.exit_depths, b.log_probs)
 
@@ -71,6 +73,7 @@ def test_exact_chooses_its_kernels_and_is_recorded():
         "decode_gemv": "exact",
         "replay_attention": "exact",
         "exact": "on",
+        "kv_cache_dtype": "model",
     }
     assert not ExecutionSettings(exact=True, compile="auto").compiles("cuda")
     assert ExecutionSettings().effective("cpu")["exact"] == "off"

@@ -8,7 +8,8 @@ raise ValueError. And exact mode's whole Triton path, what it runs on CUDA (thes
 the decode kernel for the decode step, the prefill and the replay), gives the engine the
 replay's logprobs to the bit, fp32 and bf16, on the tiny model with threshold exits (the engine
 on fused weights, the replay on separate ones), in bf16 with prompts prefilled as on CUDA: in a
-padded group at their bucket width, and alone at their own. (The interpreter's dot is an fp32
+padded group at their bucket width, and alone at their own; and in bf16 with an fp8 KV cache,
+whose packed rows the decode kernel reads. (The interpreter's dot is an fp32
 product and sum: see gemv.py.) The checks live in _fixed_tile_checks.py (shared with
 tests/gpu/test_exact_gpu.py) and run in one subprocess with TRITON_INTERPRET=1."""
 
@@ -30,6 +31,7 @@ CHECKS = [
     "fused_columns",
     "exact_engine_fp32",
     "exact_engine_grouped_bf16",
+    "exact_engine_fp8_bf16",
 ]
 
 

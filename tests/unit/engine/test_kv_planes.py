@@ -4,7 +4,10 @@ A `generate` whose requests decode at most K loops re-views the same buffer with
 planes, so K = 2 fits twice the tokens of the T-plane view; the engine still equals the
 trainer's replay (fp32, 1e-5) for fixed budgets and threshold exits, also when the
 smaller view forces preemption and recomputation. Releasing the cache's memory and
-taking it back changes no output.
+taking it back changes no output. An fp8 cache stores packed rows (head_dim fp8 bytes and a
+scale byte per token and head: model/kv_quant.py) in the same layout, which every copy of
+slots moves whole, and an engine on it (exact mode: docs/exact.md) still equals its replay
+through preemption and recomputation.
 """
 
 from __future__ import annotations
@@ -16,15 +19,18 @@ import torch
 
 from ouro_cli.engine import LLM, SamplingParams
 from ouro_cli.engine.kv_cache import PagedKVCache, capacity_blocks, restore_blocks
+from ouro_cli.model import kv_quant
+from ouro_cli.settings import ExecutionSettings
 
-from .conftest import prompts
+from .conftest import prompts, tiny_model
 from .test_replay import TOL, max_replay_error
 
 T = 4
 
 
-def cache(num_blocks: int = 10) -> PagedKVCache:
+def cache(num_blocks: int = 10, fp8: bool = False) -> PagedKVCache:
     return PagedKVCache(
+        fp8=fp8,
         num_layers=2,
         num_loops=T,
         num_blocks=num_blocks,
@@ -49,6 +55,39 @@ def test_views_share_one_buffer_and_scale_with_planes():
         assert kv.scratch_slot == kv.num_blocks * kv.block_size
         assert kv.bytes_per_token() == 2 * 2 * planes * 2 * 8 * 4
         assert kv.allocator.num_free == kv.num_blocks
+
+
+def test_an_fp8_cache_packs_values_and_scales_into_its_rows():
+    kv = cache(num_blocks=10, fp8=True)
+    plain = cache(num_blocks=10)
+    assert kv.k.dtype == torch.uint8 and kv.k.shape[-1] == 8 + 1 and kv.dtype == torch.float32
+    assert [kv.blocks_at(p) for p in (4, 2, 1)] == [10, 21, 43]  # the view arithmetic of any cache
+    assert kv.bytes_per_token() == 2 * 2 * T * 2 * (8 + 1) and kv.nbytes == plain.nbytes * 9 // 32
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(5, 2, 8, generator=g) * 10.0 ** torch.arange(-2, 3)[:, None, None] for _ in range(2))
+    slots = torch.tensor([3, 17, 4, 30, 9])
+    kv.write(1, 2, slots, k, v)
+    got_k, got_v = kv.read(1, 2, slots)
+    assert torch.equal(got_k, kv_quant.round_trip(k)) and torch.equal(got_v, kv_quant.round_trip(v))
+    kv.write(1, 2, slots, got_k, got_v)  # values already rounded are stored as they are
+    assert torch.equal(torch.stack(kv.read(1, 2, slots)), torch.stack([got_k, got_v]))
+    kv.copy_slots([3, 17], [40, 41])  # prefix sharing: rows move whole, scales with them
+    assert torch.equal(kv.read(1, 2, torch.tensor([40, 41]))[0], got_k[:2])
+    kv.copy_forward(slots, 2)  # last-exited copies into plane 3
+    assert torch.equal(kv.read(1, 3, slots)[1], got_v)
+
+
+def test_bf16_names_the_cache_of_a_model_in_bf16():
+    from ouro_cli.errors import SettingError
+    from ouro_cli.settings import ExecutionSettings
+
+    from .conftest import tiny_model
+
+    with pytest.raises(SettingError, match="--kv-cache-dtype bf16 keeps K/V in the model's dtype"):
+        LLM(tiny_model(0), kv_blocks=8, block_size=4, execution=ExecutionSettings(kv_cache_dtype="bf16"))
+    llm = LLM(tiny_model(0).bfloat16(), kv_blocks=8, block_size=4, execution=ExecutionSettings(kv_cache_dtype="bf16"))
+    assert llm.kv.k.dtype == torch.bfloat16 and not llm.kv.fp8
+    llm.close()
 
 
 def test_planes_change_only_while_no_block_is_used():
@@ -90,11 +129,17 @@ def test_release_and_restore():
     assert not kv.released and kv.generation == 2 and float(kv.k.abs().sum()) == 0.0
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_budget_view_with_exits_and_preemption_matches_replay(model, k):
+@pytest.mark.parametrize(
+    "k,execution",
+    [(2, ExecutionSettings()), (3, ExecutionSettings()), (3, ExecutionSettings(exact=True, kv_cache_dtype="fp8"))],
+)
+def test_budget_view_with_exits_and_preemption_matches_replay(k, execution):
     """Threshold exits (mixed depths) under a K-plane view too small for every sequence at
     once: sequences are preempted, recomputed from their recorded depths, and still equal
-    the replay."""
+    the replay (with an fp8 cache in exact mode, where a recomputed token's K/V round as they
+    first did)."""
+    model = tiny_model(0)
+    model.execution = execution
     llm = LLM(model, max_num_seqs=6, kv_blocks=12, block_size=4)
     try:
         params = [

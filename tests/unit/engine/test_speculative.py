@@ -5,7 +5,8 @@
   bonus) match the full-depth target, computed exactly from the model's dense forward
   (chi-square). A broken acceptance rule (always accept) is caught by the same test.
 - Replay: every emitted token reports depth T and the target's processed logprob, which
-  equals the trainer replay with depths all T (fp32, <= 1e-5).
+  equals the trainer replay with depths all T (fp32, <= 1e-5); with an fp8 KV cache too, whose
+  verified planes hold the K/V the replay rounds.
 - Scheduling never changes results, counters count every row, incompatible params fail.
 """
 
@@ -129,6 +130,39 @@ def test_speculative_outputs_match_the_trainer_replay(model):
         assert out.exit_depths == [T] * len(out.output_token_ids)
         assert max_replay_error(model, [out], p.temperature) <= 1e-5
     assert 0 < counters["spec_accepted_tokens"] < counters["spec_draft_tokens"]
+
+
+def test_speculation_with_an_fp8_cache_matches_the_replay():
+    """Drafts write their shallow K/V into the fp8 cache and verification overwrites them: the
+    logprobs equal the replay's, which rounds its K/V as the cache does, and every plane holds
+    the rounded K/V of a dense full-depth forward, bit for bit (fp32; exact mode, where the
+    two sides' K/V have the same bits before rounding, docs/exact.md)."""
+    from ouro_cli.settings import ExecutionSettings
+
+    from .conftest import tiny_model
+
+    model = tiny_model(0)
+    params = spec_params(4)
+    outs, counters = generate(model, params, execution=ExecutionSettings(exact=True, kv_cache_dtype="fp8"))
+    assert model.execution.fp8_kv and 0 < counters["spec_accepted_tokens"] < counters["spec_draft_tokens"]
+    for out, p in zip(outs, params, strict=True):
+        assert max_replay_error(model, [out], p.temperature) <= 1e-5
+    llm = LLM(model, max_num_seqs=1, kv_blocks=16, block_size=4)  # one sequence: slots 0, 1, 2, ... in order
+    try:
+        (out,) = llm.generate(
+            prompts(1, seed=9), SamplingParams(max_tokens=16, seed=3, ignore_eos=True, speculative_tokens=3)
+        )
+        tokens = out.prompt_token_ids + out.output_token_ids[:-1]
+        ref: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        with torch.no_grad():
+            model(torch.tensor([tokens]), kv_sink=lambda t, i, k, v: ref.__setitem__((t, i), (k[0], v[0])))
+        assert llm.kv.fp8 and llm.work_counters()["spec_accepted_tokens"] > 0
+        for (loop, layer), (k, v) in ref.items():
+            assert torch.equal(
+                torch.stack(llm.kv.read(layer, loop - 1, torch.arange(len(tokens)))), torch.stack([k, v])
+            )
+    finally:
+        llm.close()
 
 
 def test_the_cache_holds_full_depth_kv_after_speculation(model):

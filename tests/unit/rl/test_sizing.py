@@ -45,6 +45,16 @@ def test_kv_bytes_per_token_follow_the_planes():
     assert sizing.kv_bytes_per_token(ouro_14b(), BF16, 2) == 384 * 2**10
 
 
+def test_an_fp8_cache_counts_its_packed_rows_and_holds_about_twice_the_tokens():
+    # 24 layers x 16 KV heads x (128 fp8 bytes + 1 scale byte), for K and V: 96.75 KiB per plane
+    assert sizing.kv_bytes_per_token(ouro_14b(), BF16, 4, fp8_kv=True) == 2 * 24 * 4 * 16 * 129
+    assert sizing.kv_bytes_per_token(ouro_14b(), torch.float32, 1, fp8_kv=True) == 2 * 24 * 16 * 129
+    bf16, fp8 = plan(sequences_needed=4096), plan(sequences_needed=4096, fp8_kv=True)  # a cache the memory caps
+    assert fp8.kv_bytes <= bf16.kv_bytes and fp8.resident_bytes == bf16.resident_bytes
+    assert fp8.kv_blocks == pytest.approx(bf16.kv_blocks * 256 / 129, rel=1e-3)
+    assert fp8.tokens_at(4, ouro_14b(), 16) > 1.98 * bf16.tokens_at(4, ouro_14b(), 16)
+
+
 def test_resident_parts_by_hand():
     total, trainable = sizing.parameter_counts(ouro_14b())
     parts = sizing.resident_bytes(ouro_14b(), BF16, kind="cuda", offload_optimizer=False)
@@ -243,6 +253,7 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
     from types import SimpleNamespace
 
     from ouro_cli.rl.loop import room_for_call
+    from ouro_cli.settings import ExecutionSettings
 
     class Offload:
         on_host = False
@@ -260,7 +271,7 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
         seq_tokens=640,
         prompt_tokens=128,
         sampling=SimpleNamespace(speculative_tokens=0),
-        options=SimpleNamespace(engine=SimpleNamespace(block_size=16)),
+        options=SimpleNamespace(engine=SimpleNamespace(block_size=16), execution=ExecutionSettings()),
     )
     for k in (2, 3):
         room_for_call(session, k, 240)
@@ -272,16 +283,18 @@ def test_room_for_call_sends_the_state_to_the_host_only_for_a_call_that_needs_it
     assert not session.trainer.offload.on_host
 
 
-@pytest.mark.parametrize("draft", [0, 3])
-def test_call_kv_bytes_is_what_a_released_engine_allocates_at_most(draft):
+@pytest.mark.parametrize("draft,fp8_kv", [(0, False), (3, False), (0, True)])
+def test_call_kv_bytes_is_what_a_released_engine_allocates_at_most(draft, fp8_kv):
     """The loop decides where the optimizer state waits from `call_kv_bytes`; the engine must
-    never allocate more for the call than that figure says."""
+    never allocate more for the call than that figure says (an fp8 cache counted as packed)."""
     from ouro_cli.engine import LLM, SamplingParams
     from ouro_cli.model import build, tiny_config
+    from ouro_cli.settings import ExecutionSettings
 
     config = tiny_config()
     model = build(config, seed=0)
-    llm = LLM(model, max_num_seqs=4, kv_blocks=400, block_size=4)
+    execution = ExecutionSettings(kv_cache_dtype="fp8" if fp8_kv else "auto")
+    llm = LLM(model, max_num_seqs=4, kv_blocks=400, block_size=4, execution=execution)
     try:
         llm.release_memory()
         prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [3] * 11]
@@ -299,8 +312,10 @@ def test_call_kv_bytes_is_what_a_released_engine_allocates_at_most(draft):
             seq_tokens=11 + 9,
             kv_blocks=400,
             draft_tokens=draft,
+            fp8_kv=fp8_kv,
         )
-        assert llm.kv.planes == planes and 0 < llm.kv.nbytes <= bound
+        assert llm.kv.planes == planes and 0 < llm.kv.nbytes <= bound and llm.kv.fp8 == fp8_kv
+        assert llm.kv.bytes_per_token() == sizing.kv_bytes_per_token(config, torch.float32, planes, fp8_kv)
     finally:
         llm.close()
 
