@@ -73,6 +73,7 @@ def save_megatron(
     are memory-mapped from safetensors files, as `HFCheckpoint` yields them.
     """
     from ouro_cli.mcore import megatron_on_cpu, single_process_group
+    from ouro_cli.mcore.sync_save import in_process_results
 
     root = Path(root)
     tensors: dict[str, torch.Tensor] = {}
@@ -83,7 +84,7 @@ def save_megatron(
     check_tensors("weights to save", {n: tuple(t.shape) for n, t in tensors.items()}, expected_shapes(config))
     dist_checkpointing = _dist_checkpointing()
     staging = layout.staging_dir(root, iteration)
-    with single_process_group(), megatron_on_cpu():
+    with single_process_group(), megatron_on_cpu(), in_process_results():
         dist_checkpointing.save(sharded_model_state(tensors), str(staging))
     del tensors
     write_hf_assets(root, config, assets_from)
