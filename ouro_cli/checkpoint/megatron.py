@@ -45,8 +45,11 @@ BACKEND = "torch_dist"  # the megatron backend whose files are torch DCP's (meta
 
 
 def _dist_checkpointing():
+    from ouro_cli.mcore.importing import import_megatron_core
+
     with warnings.catch_warnings():  # import-time notices about Apex/TE and deprecated modules
         warnings.simplefilter("ignore")
+        import_megatron_core()
         from megatron.core import dist_checkpointing
     return dist_checkpointing
 
