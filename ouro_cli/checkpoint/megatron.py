@@ -61,6 +61,14 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return (Exception, CheckpointException)
 
 
+def read_dist_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the dist checkpoint iteration at `path` as stored (model, optimizer
+    state), by checkpoint key, at its global shape and stored dtype."""
+    tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in _tensor_metadata(Path(path)).items()}
+    _load_into(Path(path), tensors)
+    return tensors
+
+
 def _tensor_metadata(path: Path) -> dict:
     """Checkpoint key -> torch DCP `TensorStorageMetadata` (global shape, dtype) for every tensor
     of the dist checkpoint at `path`; sharded objects (RNG state) are left out."""
