@@ -64,18 +64,18 @@ def plot_run(
     if not records:
         return None
     try:
-        import matplotlib
+        from matplotlib import colormaps
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     evaluations = read_jsonl(evaluations_path, log)
     per_k = _by_k(records)
-    colours = {
-        k: plt.get_cmap("tab10")(i) for i, k in enumerate(sorted(set(per_k) | {int(e["k"]) for e in evaluations}))
-    }
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    colours = {k: colormaps["tab10"](i) for i, k in enumerate(sorted(set(per_k) | {int(e["k"]) for e in evaluations}))}
+    fig = Figure(figsize=(15, 7.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 3)
     (reward, accuracy, depth), (mismatch, timing, length) = axes
 
     for k, rows in per_k.items():
@@ -120,5 +120,4 @@ def plot_run(
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100, format=Path(out).suffix[1:] or "png")  # the name as given, no suffix added
-    plt.close(fig)
     return out
