@@ -1,7 +1,9 @@
 """What a process imports, read from `sys.modules` in a fresh interpreter: the CLI's own import
-stays off torch, a command that reads weights stays off megatron-core (and TorchDynamo), and
-megatron-core's own import compiles nothing (mcore/importing.py) until a compiled function
-is called, which then goes to the real `torch.compile` with its arguments."""
+and what `ouro status` reads stay off torch, a command that reads weights stays off
+megatron-core (and TorchDynamo), and megatron-core's own import compiles nothing
+(mcore/importing.py) until a compiled function is called, which then goes to the real
+`torch.compile` with its arguments. The packages that resolve their names lazily resolve
+every name they export."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ def loaded(*names):
     return [n for n in names if n in sys.modules]
 
 import ouro_cli.cli.app
+import ouro_cli.checkpoint.layout
+import ouro_cli.model.config
+import ouro_cli.rl.status
 assert not loaded("torch", "megatron", "matplotlib"), loaded("torch", "megatron", "matplotlib")
 
 from ouro_cli.checkpoint import read_checkpoint
@@ -82,3 +87,13 @@ def test_a_deferred_compile_compiles_at_the_first_call_with_the_same_arguments()
     assert calls == [(double, {}), (double, {"fullgraph": True})]  # once each, as given
     module = torch.nn.Linear(2, 2)
     assert deferred(module, dynamic=False)(torch.ones(2)) is not None and calls[-1] == (module, {"dynamic": False})
+
+
+@pytest.mark.parametrize("package", ["ouro_cli.model", "ouro_cli.checkpoint"])
+def test_a_lazy_package_resolves_every_name_it_exports(package):
+    import importlib
+
+    module = importlib.import_module(package)
+    assert module.__all__ and all(getattr(module, name) is not None for name in module.__all__)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
