@@ -4,9 +4,9 @@ Each model tensor is one `ShardedTensor` whose key is its physical Hugging Face 
 (`model.layers.0.mlp.up_proj.weight`, ...). The trainer saves its model under the same
 keys, next to optimizer, scheduler and RNG state; loading asks only for the model
 names and ignores everything else, so a converted checkpoint and a training iteration
-read the same way. Dtypes come from the checkpoint's own metadata
-(`load_tensors_metadata`) and tensors are loaded into empty tensors of that dtype:
-nothing is cast, so a round trip is bit-exact.
+read the same way. Dtypes come from the checkpoint's own metadata (its `.metadata`
+file) and tensors are loaded into empty tensors of that dtype: nothing is cast, so a
+round trip is bit-exact.
 
 Megatron's `torch_dist` backend stores a checkpoint in PyTorch's distributed-checkpoint
 format (`.metadata` and `__R_T.distcp` files beside megatron's `metadata.json`), so reading
