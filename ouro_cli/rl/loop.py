@@ -6,7 +6,7 @@
                  rounds (--filter-groups) → group advantages → train steps (one per
                  --mini-batches run, --epochs times) → rank check → publish (version + 1)
                  → save → evaluate → one metrics line   (docs/grpo.md)
-    end          final evaluation, optional HF export, metrics.png
+    end          final evaluation, optional HF export, metrics.png (--plot)
 
 Data parallelism (torchrun): every rank runs this loop. The ranks check that they agree
 on the run's contract and on each update's (update, K, prompts) before sampling; rank r
@@ -1165,7 +1165,7 @@ def _train(
             if options.export_hf:
                 session.progress.stage(Stage("export"))
                 export_stage(run, options, command, log)
-            if plot_run(run.metrics, run.evaluations, run.plot) is None:
+            if options.plot and plot_run(run.metrics, run.evaluations, run.plot) is None:
                 log(f"{run.plot.name} not written (matplotlib is not installed)")
             mark_complete(run.root)
         return {

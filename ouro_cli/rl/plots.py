@@ -15,7 +15,8 @@ Six panels, every series drawn once per K the run decodes at (one colour per K):
 - time per update: rollout / train / publish / save stacked, so a slow phase shows;
 - response length: mean tokens per sample, with the truncation count as a label.
 
-Drawn at the end of a run and by `ouro plot RUN`, from the files alone.
+Drawn at the end of a run that asked for it (`--plot`) and by `ouro plot RUN`, from the files
+alone.
 """
 
 from __future__ import annotations
