@@ -399,7 +399,6 @@ def setup(
 
     from ouro_cli.checkpoint import open_checkpoint
     from ouro_cli.model import from_state_dict
-    from ouro_cli.trainer import Trainer
     from ouro_cli.trainer.setup import leave_world
 
     log(f"data: {len(rows)} training rows, {len(eval_rows)} held-out rows; reward {options.task.reward_function}")
@@ -443,6 +442,8 @@ def setup(
                 plan[recovery.KEY] = recovery.merged(saved, root)
         else:
             plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
+
+        from ouro_cli.trainer import Trainer  # megatron-core: imported once the run's checks have passed
 
         log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
         trainer = Trainer(str(source_path), _trainer_config(options, sizing), execution=options.execution)

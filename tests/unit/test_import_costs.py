@@ -27,6 +27,9 @@ import ouro_cli.cli.app
 import ouro_cli.checkpoint.layout
 import ouro_cli.model.config
 import ouro_cli.rl.status
+from ouro_cli.checkpoint.sources import assets_dir
+from ouro_cli.defaults import recipe_for
+recipe_for(sys.argv[1])  # reads the config.json that `auto` options follow
 assert not loaded("torch", "megatron", "matplotlib"), loaded("torch", "megatron", "matplotlib")
 
 from ouro_cli.checkpoint import read_checkpoint
