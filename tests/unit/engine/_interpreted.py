@@ -49,7 +49,7 @@ def keep_interpreter_bindings() -> None:
     (and of its tensor class) to its interpreted version and restores them afterwards, so
     that code outside kernels sees the originals: most of a small launch's cost, and a check
     launches thousands. A check process runs no triton.language outside its kernels, so the
-    bindings of the first launch are kept for every later one; each kernel runs as before.
+    builtins are bound once, before the first launch, and stay bound; each kernel runs as before.
     """
     import types
 
