@@ -4,4 +4,4 @@
 # and leaves the run (metrics.jsonl, evaluations.jsonl, metrics.png, checkpoint) in runs/demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec ouro train --depths 2 3 4 --run-dir runs/demo --overwrite "$@"
+exec ouro train --depths 2 3 4 --run-dir runs/demo --overwrite --plot "$@"

@@ -9,18 +9,35 @@
 - `sources`: what a path means (HF dir, Megatron checkpoint, run dir) and `read_checkpoint`.
 - `convert`: whole conversions written as complete, manifested artifacts.
 
-Importing this package does not import megatron-core; only Megatron reads and writes do.
+Names resolve on first use (`__getattr__`): importing this package, or `layout` alone (what
+`ouro status` reads), imports neither torch nor megatron-core; only Megatron writes import
+megatron-core.
 """
 
-from .hf import DEFAULT_MAX_SHARD_BYTES, HFCheckpoint, parse_size, write_hf
-from .names import (
-    CheckpointError,
-    TensorSpec,
-    check_tensors,
-    expected_shapes,
-    strip_wrapper_prefixes,
-)
-from .sources import CheckpointSource, open_checkpoint, read_checkpoint, run_checkpoint_dir
+import importlib
+
+_WHERE = {
+    "DEFAULT_MAX_SHARD_BYTES": "hf",
+    "HFCheckpoint": "hf",
+    "parse_size": "hf",
+    "write_hf": "hf",
+    "CheckpointError": "names",
+    "TensorSpec": "names",
+    "check_tensors": "names",
+    "expected_shapes": "names",
+    "strip_wrapper_prefixes": "names",
+    "CheckpointSource": "sources",
+    "open_checkpoint": "sources",
+    "read_checkpoint": "sources",
+    "run_checkpoint_dir": "sources",
+}
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
 
 __all__ = [
     "DEFAULT_MAX_SHARD_BYTES",

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from ouro_cli.errors import UserError
 from ouro_cli.model.config import OuroConfig
+from ouro_cli.model.meta_init import on_meta
 
 # Added by training wrappers: DDP / Megatron's Float16Module (`module.`), multimodal
 # or pipeline wrappers (`language_model.`). They may be nested, hence "repeatedly".
@@ -60,22 +60,9 @@ def expected_shapes(config: OuroConfig) -> dict[str, tuple[int, ...]]:
     """Physical name -> shape for every stored tensor, in the model's state-dict order."""
     from ouro_cli.model.ouro import OuroForCausalLM
 
-    with torch.device("meta"), _SkipInit():
+    with on_meta():
         model = OuroForCausalLM(config)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
-
-
-class _SkipInit(TorchFunctionMode):
-    """Skip in-place random init while building on meta: there is nothing to fill, and
-    meta `normal_` would import torch._dynamo (slow) just to do nothing."""
-
-    _INIT = {torch.Tensor.normal_, torch.Tensor.uniform_}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in self._INIT or getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **kwargs)
 
 
 def parameter_count(shapes: Iterable[tuple[int, ...]]) -> int:

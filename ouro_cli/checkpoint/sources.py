@@ -11,24 +11,26 @@ Every command that reads weights (convert, export, eval, train's `--init`,
 - a directory with `config.json` and `model.safetensors` or its index is an HF directory.
 
 Opening validates the whole checkpoint (config, headers, names, shapes) and reads no
-weights; `iter_tensors()` then streams them.
+weights; `iter_tensors()` then streams them. What a path means (`assets_dir`,
+`megatron_root`) is answered without torch: the readers are imported when one opens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from ouro_cli.artifacts import real_path
 from ouro_cli.errors import UserError
 from ouro_cli.model.config import OuroConfig
 
 from . import layout
-from .hf import INDEX_FILE, SINGLE_FILE, HFCheckpoint, is_hf_dir
-from .names import TensorSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from .names import TensorSpec
 
 RUN_CHECKPOINT_DIR = "checkpoint"  # RUN/checkpoint/ holds a training run's Megatron checkpoint
 
@@ -86,6 +88,8 @@ def open_checkpoint(path: str | Path) -> CheckpointSource:
         from .megatron import MegatronCheckpoint
 
         return MegatronCheckpoint(root)
+    from .hf import INDEX_FILE, SINGLE_FILE, HFCheckpoint, is_hf_dir
+
     if is_hf_dir(path) or (path / "config.json").is_file():
         return HFCheckpoint(path)  # a config without weights gets HFCheckpoint's precise message
     from ouro_cli.rl.run_dir import RunDir

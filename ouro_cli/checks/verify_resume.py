@@ -93,15 +93,12 @@ DIGEST_FILE = "checkpoint_digest.json"
 def checkpoint_tensors(run: RunDir) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Every tensor of the run's latest checkpoint (model under its HF names, and the optimizer's
     `optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<name>`), and its trainer_state.json."""
-    from megatron.core.dist_checkpointing.serialization import load_plain_tensors
-
-    from ouro_cli.mcore import megatron_on_cpu, single_process_group
+    from ouro_cli.checkpoint.megatron import read_dist_tensors
 
     it = layout.latest_iteration_dir(run.checkpoint)
-    with single_process_group(), megatron_on_cpu():
-        tensors = load_plain_tensors(str(it))
+    tensors = read_dist_tensors(it)
     state = json.loads((it / "trainer_state.json").read_text())
-    return {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}, state
+    return tensors, state
 
 
 def checkpoint_digest(run: RunDir) -> dict[str, Any]:

@@ -279,6 +279,7 @@ RESUME_OPTIONS = (
     "eval_interval",
     "save_interval",
     "export_hf",
+    "plot",
     "save_on_interrupt",
     "async_save",
     "reward_timeout",

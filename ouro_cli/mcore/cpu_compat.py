@@ -31,6 +31,8 @@ from collections.abc import Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .importing import import_megatron_core
+
 _FAKE_CUDA_RNG = torch.Generator()
 _lock = threading.RLock()
 _depth = 0
@@ -133,6 +135,7 @@ def _patches() -> list[tuple[object, str, object]]:
         (torch.cuda.random, "set_rng_state", _set_rng_state),
     ]
     try:
+        import_megatron_core()
         mrandom = importlib.import_module("megatron.core.tensor_parallel.random")
     except ImportError:  # megatron-core not installed: nothing of it can run
         mrandom = None

@@ -4,13 +4,32 @@ from ouro_cli.model import load
 model = load("path/to/hf_or_megatron_checkpoint", dtype=torch.bfloat16, device="cuda")
 logits = model(input_ids)                  # full depth
 logits = model(input_ids, depths=depths)   # per-position loop counts (docs/model.md §3)
+
+Names resolve on first use (`__getattr__`), so `ouro_cli.model.config` (the config alone,
+read by the option tree and the dry run) loads without torch.
 """
 
-from .config import ConfigError, OuroConfig, tiny_config
-from .exit_gate import exit_cdf, exit_distribution
-from .fusion import fuse_projections
-from .loading import build, from_state_dict, load
-from .ouro import OuroForCausalLM
+import importlib
+
+_WHERE = {
+    "ConfigError": "config",
+    "OuroConfig": "config",
+    "tiny_config": "config",
+    "exit_cdf": "exit_gate",
+    "exit_distribution": "exit_gate",
+    "fuse_projections": "fusion",
+    "build": "loading",
+    "from_state_dict": "loading",
+    "load": "loading",
+    "OuroForCausalLM": "ouro",
+}
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
 
 __all__ = [
     "ConfigError",

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from .config import OuroConfig
+from .meta_init import on_meta
 from .ouro import OuroForCausalLM
 
 
@@ -56,7 +57,7 @@ def from_state_dict(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
 ) -> OuroForCausalLM:
-    with torch.device("meta"):
+    with on_meta():
         model = OuroForCausalLM(config)
     state = {k: v.to(device=device, dtype=dtype or v.dtype) for k, v in tensors.items()}
     model.load_state_dict(state, strict=True, assign=True)

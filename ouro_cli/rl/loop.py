@@ -6,7 +6,7 @@
                  rounds (--filter-groups) → group advantages → train steps (one per
                  --mini-batches run, --epochs times) → rank check → publish (version + 1)
                  → save → evaluate → one metrics line   (docs/grpo.md)
-    end          final evaluation, optional HF export, metrics.png
+    end          final evaluation, optional HF export, metrics.png (--plot)
 
 Data parallelism (torchrun): every rank runs this loop. The ranks check that they agree
 on the run's contract and on each update's (update, K, prompts) before sampling; rank r
@@ -433,7 +433,6 @@ def setup(
 
     from ouro_cli.checkpoint import open_checkpoint
     from ouro_cli.model import from_state_dict
-    from ouro_cli.trainer import Trainer
     from ouro_cli.trainer.setup import leave_world
 
     log(f"data: {len(rows)} training rows, {len(eval_rows)} held-out rows; reward {options.task.reward_function}")
@@ -478,6 +477,8 @@ def setup(
                 plan[recovery.KEY] = recovery.merged(saved, root)
         else:
             plan = plans.new_plan(options, contract, cursor.state_dict(), sizing.to_dict())
+
+        from ouro_cli.trainer import Trainer  # megatron-core: imported once the run's checks have passed
 
         log(f"trainer: Megatron-core, {source.kind} checkpoint {source.path}")
         trainer = Trainer(str(source_path), _trainer_config(options, sizing), execution=options.execution)
@@ -1210,7 +1211,7 @@ def _train(
             if options.export_hf:
                 session.progress.stage(Stage("export"))
                 export_stage(run, options, command, log)
-            if plot_run(run.metrics, run.evaluations, run.plot) is None:
+            if options.plot and plot_run(run.metrics, run.evaluations, run.plot) is None:
                 log(f"{run.plot.name} not written (matplotlib is not installed)")
             mark_complete(run.root)
         return {

@@ -370,6 +370,9 @@ class TrainOptions:
     eval_depths: list[int] = option(factory=lambda: list(DEFAULT_DEPTHS), help="K values evaluated.", panel=P_RUN)
     eval_samples: int = option(1, help="Samples per held-out prompt and K (avg@N and pass@k).", panel=P_RUN)
     export_hf: str | None = option(None, help="Export the final model as an HF directory here.", panel=P_RUN)
+    plot: bool = option(
+        False, help="Draw RUN/metrics.png at the end of the run (`ouro plot RUN` draws it at any time).", panel=P_RUN
+    )
     overwrite: bool = option(False, help="Start over in a non-empty run directory.", panel=P_RUN)
     loggers: list[str] = option(
         factory=list,

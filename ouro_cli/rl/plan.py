@@ -46,6 +46,7 @@ FREE_KEYS = {
     "eval_interval",
     "eval_depths",
     "export_hf",
+    "plot",
     "overwrite",
     "model",
     "state_digest",

@@ -15,7 +15,8 @@ Six panels, every series drawn once per K the run decodes at (one colour per K):
 - time per update: rollout / train / publish / save stacked, so a slow phase shows;
 - response length: mean tokens per sample, with the truncation count as a label.
 
-Drawn at the end of a run and by `ouro plot RUN`, from the files alone.
+Drawn at the end of a run that asked for it (`--plot`) and by `ouro plot RUN`, from the files
+alone.
 """
 
 from __future__ import annotations
@@ -64,18 +65,18 @@ def plot_run(
     if not records:
         return None
     try:
-        import matplotlib
+        from matplotlib import colormaps
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError:
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     evaluations = read_jsonl(evaluations_path, log)
     per_k = _by_k(records)
-    colours = {
-        k: plt.get_cmap("tab10")(i) for i, k in enumerate(sorted(set(per_k) | {int(e["k"]) for e in evaluations}))
-    }
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    colours = {k: colormaps["tab10"](i) for i, k in enumerate(sorted(set(per_k) | {int(e["k"]) for e in evaluations}))}
+    fig = Figure(figsize=(15, 7.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 3)
     (reward, accuracy, depth), (mismatch, timing, length) = axes
 
     for k, rows in per_k.items():
@@ -120,5 +121,4 @@ def plot_run(
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100, format=Path(out).suffix[1:] or "png")  # the name as given, no suffix added
-    plt.close(fig)
     return out

@@ -9,7 +9,7 @@
       responses.jsonl        every held-out response of those evaluations: one line per
                              (update, K, prompt, sample), as `ouro eval` writes them
       rollouts/update_000003.jsonl   every sample of an update: tokens, depths, logprobs, reward
-      metrics.png            reward and mean exit depth per update (written at the end)
+      metrics.png            reward and mean exit depth per update (at the end with --plot; `ouro plot`)
       logs/warnings.log      third-party warnings of every command run on it (ouro_cli/warnings_log.py)
       logs/tensorboard/      --logger tensorboard's event files (loggers.py)
       logs/wandb/, logs/wandb_id   --logger wandb's files, and its run id, which a resume continues

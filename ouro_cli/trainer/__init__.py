@@ -13,6 +13,9 @@ from .config import TrainerConfig
 
 def __getattr__(name):
     if name == "Trainer":  # lazy: importing megatron.core costs seconds
+        from ouro_cli.mcore.importing import import_megatron_core
+
+        import_megatron_core()  # the first megatron import, with its import-time compilation deferred
         from .trainer import Trainer
 
         return Trainer

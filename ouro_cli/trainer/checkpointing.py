@@ -31,8 +31,10 @@ Validity (ouro_cli.checkpoint.layout): everything is written under `iter_N.stagi
 then the staging directory is marked complete, renamed and the tracker rewritten, all
 by rank 0 after every rank finished writing. A process killed at any point before the
 tracker moves leaves the previous iteration as latest; older iterations are pruned
-only after that (keep_last). Megatron's saver spawns a helper process that re-imports
-`__main__`: a script that saves needs an `if __name__ == "__main__":` guard.
+only after that (keep_last). A synchronous save writes its files in forked writer processes
+and keeps their results in process (ouro_cli.mcore.sync_save); a background save's results go
+through a spawned helper process that re-imports `__main__`: a script that saves in the
+background needs an `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import torch.distributed as dist
 
 from ouro_cli.checkpoint import layout
 from ouro_cli.errors import Interrupted, ResourceError, UserError
+from ouro_cli.mcore.sync_save import in_process_results
 
 from . import rng
 from .optimizer import adam_steps, init_optimizer_state, set_adam_steps
@@ -185,14 +188,15 @@ def _write(
         extra=json.loads(extra_json),
         rng_state=rng.capture(on_cuda),
     )
-    request = dist_checkpointing.save(
-        state,
-        str(staging),
-        sharded_strategy=_save_strategy(),
-        content_metadata=CONTENT_METADATA,
-        async_sharded_save=async_save,
-        **_async_strategy(dist_checkpointing.save),
-    )
+    with contextlib.nullcontext() if async_save else in_process_results():
+        request = dist_checkpointing.save(
+            state,
+            str(staging),
+            sharded_strategy=_save_strategy(),
+            content_metadata=CONTENT_METADATA,
+            async_sharded_save=async_save,
+            **_async_strategy(dist_checkpointing.save),
+        )
     summary = {
         "iteration": iteration,
         "world_size": dist.get_world_size(),

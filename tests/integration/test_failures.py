@@ -83,6 +83,7 @@ def test_two_trains_on_one_run_directory_one_is_refused_and_the_other_completes(
     assert code == 0, stderr
     assert json.loads(stdout)["ok"] is True
     assert metrics_updates(run_dir) == [0, 1] and tracker(run_dir) == "2" and (run_dir / "COMPLETE").is_file()
+    assert not (run_dir / "metrics.png").exists()  # drawn only with --plot
     assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["update_000000.jsonl", "update_000001.jsonl"]
     assert read_lock(run_dir) is None
 

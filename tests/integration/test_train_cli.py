@@ -74,6 +74,7 @@ def trained(tmp_path_factory):
         "--run-dir",
         str(run),
         *small(root),
+        "--plot",
         "--json",
         cwd=root,
     )

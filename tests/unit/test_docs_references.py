@@ -111,6 +111,8 @@ def _top_level_names(module: Path) -> frozenset[str]:
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):  # a package's lazy names
+                names.update(e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant))
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return frozenset(names)

@@ -26,6 +26,8 @@ def run_checks(checks: dict[str, Callable[[], None]], names: list[str]) -> int:
     failures' tracebacks. -> exit status."""
     import traceback
 
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        keep_interpreter_bindings()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True, warn_only=True)
     failures = []
@@ -38,6 +40,33 @@ def run_checks(checks: dict[str, Callable[[], None]], names: list[str]) -> int:
             failures.append(traceback.format_exc())
     print(*failures, sep="\n")
     return 1 if failures else 0
+
+
+def keep_interpreter_bindings() -> None:
+    """Bind triton.language to the interpreter once for the whole process.
+
+    Around every kernel launch the Triton interpreter rebinds each builtin of triton.language
+    (and of its tensor class) to its interpreted version and restores them afterwards, so
+    that code outside kernels sees the originals: most of a small launch's cost, and a check
+    launches thousands. A check process runs no triton.language outside its kernels, so the
+    builtins are bound once, before the first launch, and stay bound; each kernel runs as before.
+    """
+    import types
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    bind = getattr(interpreter, "_patch_lang", None)
+    if bind is None:  # another Triton: launches bind as they always do
+        return
+    language = types.FunctionType((lambda: None).__code__, {"tl": tl, "core": tl.core})  # globals name both
+    bind(language)
+
+    class Kept:
+        def restore(self) -> None:
+            pass
+
+    interpreter._patch_lang = lambda fn: Kept()
 
 
 def interpreter_report(script: Path, names: list[str]) -> tuple[dict[str, str], str]:
