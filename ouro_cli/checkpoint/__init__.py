@@ -14,7 +14,7 @@ Names resolve on first use (`__getattr__`): importing this package, or `layout` 
 megatron-core.
 """
 
-import importlib
+from ouro_cli.lazy_names import resolver
 
 _WHERE = {
     "DEFAULT_MAX_SHARD_BYTES": "hf",
@@ -33,10 +33,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+__getattr__ = resolver(__name__, _WHERE)
 
 
 __all__ = [

@@ -9,7 +9,7 @@ Names resolve on first use (`__getattr__`), so `ouro_cli.model.config` (the conf
 read by the option tree and the dry run) loads without torch.
 """
 
-import importlib
+from ouro_cli.lazy_names import resolver
 
 _WHERE = {
     "ConfigError": "config",
@@ -25,10 +25,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+__getattr__ = resolver(__name__, _WHERE)
 
 
 __all__ = [
