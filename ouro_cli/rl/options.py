@@ -248,14 +248,19 @@ class EngineOptions:
         return bool(self.prefill_devices or self.decode_devices)
 
     @property
+    def built_in_local(self) -> bool:
+        """The run's engine is the built-in local one (not the PD engine, not an --engine factory)."""
+        return not self.disaggregated and self.factory == DEFAULT_ENGINE
+
+    @property
     def releases_memory(self) -> bool:
         """The built-in local engine hands its KV cache back for the train step (rl/sizing.py)."""
-        return not self.disaggregated and self.factory == DEFAULT_ENGINE
+        return self.built_in_local
 
     @property
     def shares_prompts(self) -> bool:
         """The built-in local engine holds a group's full prompt KV blocks once (engine/scheduler.py)."""
-        return not self.disaggregated and self.factory == DEFAULT_ENGINE
+        return self.built_in_local
 
     def _check_disaggregation(self) -> None:
         """`--prefill-devices/--decode-devices` run the PD engine (ouro_cli.engine.pd): both or
@@ -473,7 +478,7 @@ class TrainOptions:
         self._validate_speculation()
         self.trainer.validate()
         self.execution.check(self.trainer.resolved_device)
-        self.execution.check_model_dtype(str(self.trainer.torch_dtype) == "torch.bfloat16")
+        self.execution.check_model_dtype(self.trainer.resolved_dtype == "bf16")
         return self
 
     def _validate_update(self) -> None:

@@ -282,12 +282,17 @@ class TrainerConfig:
         return self.device
 
     @property
+    def resolved_dtype(self) -> str:
+        """The parameters' dtype, "bf16" or "fp32" (`auto`: bf16 on CUDA, fp32 elsewhere)."""
+        if self.params_dtype == "auto":
+            return "bf16" if self.resolved_device == "cuda" else "fp32"
+        return self.params_dtype
+
+    @property
     def torch_dtype(self):
         import torch
 
-        if self.params_dtype == "auto":
-            return torch.bfloat16 if self.resolved_device == "cuda" else torch.float32
-        return {"fp32": torch.float32, "bf16": torch.bfloat16}[self.params_dtype]
+        return {"fp32": torch.float32, "bf16": torch.bfloat16}[self.resolved_dtype]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
