@@ -55,8 +55,13 @@ def outside_bytes(device: torch.device) -> int:
     from ouro_cli.engine import kv_memory
 
     free, total = torch.cuda.mem_get_info(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     return max(0, total - free - torch.cuda.memory_reserved(index) - kv_memory.mapped_bytes(index))
+
+
+def device_index(device: torch.device) -> int:
+    """The index of CUDA `device` (the current device where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def settings() -> str:

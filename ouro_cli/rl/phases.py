@@ -45,7 +45,7 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
     if cuda:
         from ouro_cli.engine import kv_memory
 
-        kv_memory.reset_peak(_index(device))
+        kv_memory.reset_peak(allocator.device_index(device))
     retries = _alloc_retries(device) if cuda else None
     start, compiled = time.perf_counter(), compile_seconds()
     faulted = False
@@ -70,18 +70,14 @@ def phase(metrics: dict[str, Any], name: str, device: torch.device, size: str, l
         metrics[f"peak_held_{name}_gib"] = held / GIB if cuda else None
         if cuda:
             metrics["memory_outside_gib"] = allocator.outside_bytes(device) / GIB
-            metrics["graph_pools_gib"] = allocator.graph_pool_bytes(_index(device)) / GIB
+            metrics["graph_pools_gib"] = allocator.graph_pool_bytes(allocator.device_index(device)) / GIB
         metrics[f"{name}_alloc_retries"] = _alloc_retries(device) - retries if cuda else None
-
-
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _peak_bytes(device: torch.device) -> tuple[int, int]:
     from ouro_cli.engine import kv_memory
 
-    return kv_memory.peak_bytes(_index(device))
+    return kv_memory.peak_bytes(allocator.device_index(device))
 
 
 def _alloc_retries(device: torch.device) -> int:
