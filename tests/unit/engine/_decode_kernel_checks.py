@@ -96,6 +96,7 @@ def check_fp8_attention(device="cpu") -> None:
     for case, (b, hq, hkv, d, lengths, tile) in enumerate(ATTENTION_CASES):
         width = -(-max(lengths) // 64) * 64
         k_plane, v_plane, ctx, valid, lens = paged_context(b, hkv, d, lengths, width, torch.float32, "cpu", seed=case)
+        ctx, valid, lens = (t.to(device) for t in (ctx, valid, lens))  # the planes are scaled on the host first
         sizes = torch.logspace(-3, 3, k_plane.shape[1])[torch.randperm(k_plane.shape[1])][None, :, None]
         packed = [kv_quant.pack(x * sizes).to(device) for x in (k_plane, v_plane)]
         for dtype in (torch.float32, torch.bfloat16):
