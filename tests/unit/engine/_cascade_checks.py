@@ -114,10 +114,52 @@ def check_write(device="cpu", hkv=2, d=16) -> None:
         assert all(torch.equal(x, y) for x, y in zip(*runs, strict=True)), dtype
 
 
+def check_graph_capture(device="cuda", hkv=16, d=128, dtype=torch.bfloat16) -> None:
+    """write_kv_and_attend with the cascade captured in a CUDA graph while the plan's tables hold
+    zeros (no prefix: a capture's warm-up inputs), replayed after the step's plan is copied into
+    them: the planes and the output have the eager kernel's bits without the cascade."""
+    from ouro_cli.kernels.decode_attention import Cascade, queries_per_program, write_kv_and_attend
+
+    gen = torch.Generator().manual_seed(11)
+    groups = [(1000, [1, 40, 200, 3, 90, 256, 7, 128]), (100, [256] * 8), (300, [5])]
+    k0, v0, table, ctx, lens = shared_prefix_batch(groups, 16, hkv, d, dtype, device, seed=11)
+    k1, v1 = (torch.randn(k0.shape, generator=gen).to(device, dtype) for _ in range(2))
+    b = ctx.shape[0]
+    new_slots = ctx.gather(1, (lens - 1)[:, None])[:, 0]
+    q = torch.randn(b, hkv, d, generator=gen).to(device, dtype)
+    k_new, v_new = (torch.randn(b, hkv, d, generator=gen).to(device, dtype) for _ in range(2))
+    active = torch.arange(b, device=device) % 4 != 1
+    plan = cascade_plan(table, lens.cpu().numpy() - 1, 16, 64, queries_per_program(1))
+    tables = torch.zeros(4, b, dtype=torch.long, device=device)
+    cascade = Cascade.from_plan(tables, hkv, d)
+    planes = [x.clone() for x in (k1, v1)]
+
+    def step():
+        return write_kv_and_attend(q, *planes, k0, v0, new_slots, k_new, v_new, active, ctx, lens, cascade=cascade)
+
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        step()  # warm-up: compiles both kernels
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = step()
+    assert plan[TILES].any()
+    tables.copy_(torch.from_numpy(plan))
+    for x, y in zip(planes, (k1, v1), strict=True):
+        x.copy_(y)
+    graph.replay()
+    want_planes = [x.clone() for x in (k1, v1)]
+    want = write_kv_and_attend(q, *want_planes, k0, v0, new_slots, k_new, v_new, active, ctx, lens)
+    torch.cuda.synchronize(device)
+    assert torch.equal(out, want) and all(torch.equal(x, y) for x, y in zip(planes, want_planes, strict=True))
+
+
 def check_engine(device="cpu") -> None:
-    """An engine (Triton attention) decoding GRPO groups whose prompts span a tile gives the
-    same tokens, depths and logprobs, bit for bit, with the cascade on and off; on, its steps
-    did give rows prefix tiles."""
+    """An engine (Triton attention; CUDA graphs on CUDA) decoding GRPO groups whose prompts span
+    a tile gives the same tokens, depths and logprobs, bit for bit, with the cascade on and off;
+    on, its steps did give rows prefix tiles."""
     from ouro_cli.engine import LLM, SamplingParams
     from ouro_cli.engine.runner import DecodeInputs
     from ouro_cli.settings import ExecutionSettings
@@ -137,7 +179,8 @@ def check_engine(device="cpu") -> None:
             max_num_seqs=8,
             kv_blocks=96,
             block_size=8,
-            cuda_graphs=False,
+            device=device,
+            cuda_graphs=device == "cuda",
             cascade=cascade,
             execution=ExecutionSettings(decode_attention="triton"),
         )
