@@ -337,8 +337,10 @@ class ModelRunner:
             raise RuntimeError(f"a decode row runs {max_loops} loops but the KV cache holds {self.kv.planes} planes")
         if self.graphs is not None:
             self._graphs_for_layout()
-            key = (b + pad, inputs.width, max_loops, self.kv.planes)  # planes: the cache's current view
-            logits, depth = self._captured(self.graphs, key, lambda: CapturedDecodeStep(self, *key[:3])).run(inputs)
+            # planes: the cache's current view; a step with a prefix pass is a graph of its own
+            key = (b + pad, inputs.width, max_loops, self.kv.planes, inputs.cascade)
+            step = self._captured(self.graphs, key, lambda: CapturedDecodeStep(self, *key[:3], cascade=key[4]))
+            logits, depth = step.run(inputs)
             loops_run = max_loops
             self.counters.decode_steps_graphed += 1
         else:
@@ -390,6 +392,7 @@ class ModelRunner:
             ints=to_device(torch.from_numpy(ints), torch.long, device),
             tau=to_device([p.tau for p in policies], torch.float32, device),
             width=width,
+            cascade=bool(self.cascade_rows) and bool(ints[:, DecodeInputs.CASCADE].any()),
         )
 
     def _step(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -412,7 +415,7 @@ class ModelRunner:
         plane = 0
         if self.attention == "triton":
             ops = self.triton_kernels
-        cascade = self._cascade(inputs) if self.cascade_rows else None
+        cascade = self._cascade(inputs) if inputs.cascade else None
 
         def attend_for_layer(layer: int):
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -483,7 +486,8 @@ class DecodeInputs:
     its exit policy (stop after, min loops, delay), four columns of the cascade pass's
     tables (engine/cascade.py's plan, one table a column; zeros without a prefix pass) and
     its block table padded with the scratch block; `tau` [B] the exit thresholds; `width` the
-    attended context length."""
+    attended context length; `cascade` whether the step runs the prefix pass (some row has
+    prefix tiles: a step without one launches no prefix kernels)."""
 
     IDS, POS, STOP_AFTER, MIN_LOOPS, DELAY, CASCADE = range(6)
     TABLE = CASCADE + 4
@@ -491,6 +495,7 @@ class DecodeInputs:
     ints: torch.Tensor
     tau: torch.Tensor
     width: int
+    cascade: bool = False
 
     def column(self, i: int) -> torch.Tensor:
         return self.ints[:, i]
@@ -507,7 +512,8 @@ class DecodeInputs:
 
 
 class CapturedDecodeStep:
-    """One decode step captured as a CUDA graph for (bucket, context width, max loops, KV planes).
+    """One decode step captured as a CUDA graph for (bucket, context width, max loops, KV planes,
+    prefix pass or not).
 
     It runs all `max_loops` loops (exited rows are masked, as in eager mode, so results are
     identical). Warm-up and capture point every row at the scratch slot, so they never touch
@@ -517,14 +523,16 @@ class CapturedDecodeStep:
     replay of any graph.
     """
 
-    def __init__(self, runner: ModelRunner, batch: int, width: int, max_loops: int) -> None:
+    def __init__(self, runner: ModelRunner, batch: int, width: int, max_loops: int, cascade: bool = False) -> None:
         kv = runner.kv
         device = kv.device
         ints = torch.zeros(batch, DecodeInputs.TABLE + -(-width // kv.block_size), dtype=torch.long, device=device)
         ints[:, DecodeInputs.STOP_AFTER] = max_loops
         ints[:, DecodeInputs.MIN_LOOPS] = 1
         ints[:, DecodeInputs.TABLE :] = kv.num_blocks  # position 0 of the scratch block: the scratch slot
-        self.inputs = DecodeInputs(ints=ints, tau=torch.full((batch,), float("inf"), device=device), width=width)
+        tau = torch.full((batch,), float("inf"), device=device)
+        # the prefix tables hold zeros (no prefix) at capture; each replay copies the step's in
+        self.inputs = DecodeInputs(ints=ints, tau=tau, width=width, cascade=cascade)
 
         def body():
             exits = self.inputs.exit_state(max_loops, may_exit_early=False)
