@@ -44,8 +44,9 @@ tile after the prefix instead of from (-inf, 0, 0) at tile 0. Both passes fold a
 one function (`_fold_tile`) and a row's bits do not depend on the other rows of its tile,
 and an fp32 state stored and loaded is the same state, so a row folds the same tiles through
 the same instructions in the same order: the split does not change the reduction order, and
-every output keeps its bits. The engine's agreement with the trainer's replay (default mode)
-and exact mode (which runs model/exact.py, not this kernel) are unchanged by it. The prefix
+every output keeps its bits. So the engine's agreement with the trainer's replay is unchanged
+by it: in the default mode, and in exact mode on CUDA, which runs this kernel and whose replay
+(`blocked_decode_attention`) needs no cascade of its own to stay at 0.0. The prefix
 ends at a tile boundary below every member's length, so it never holds the position a WRITE
 step writes.
 

@@ -9,7 +9,8 @@ tensor-core dots whose bits must agree.
 - The fused KV write and attention, captured in a CUDA graph with empty tables and replayed
   after the plan is copied in, gives the eager kernel's planes and output without the cascade.
 - The tiny model's engine under CUDA graphs gives the same tokens, depths and logprobs with the
-  cascade on and off.
+  cascade on and off; in exact mode (bf16), with the cascade on, it reports the replay's
+  logprobs to the bit.
 
     pytest -q -m gpu tests/gpu/test_cascade_gpu.py
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.engine._cascade_checks import check_bits, check_engine, check_graph_capture
+from tests.unit.engine._cascade_checks import check_bits, check_engine, check_exact_engine, check_graph_capture
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("triton")
@@ -41,3 +42,7 @@ def test_cascade_step_captured_in_a_cuda_graph_keeps_the_bits():
 
 def test_engine_with_cascade_on_and_off_under_graphs():
     check_engine("cuda")
+
+
+def test_exact_mode_with_cascade_reports_the_replay_bits():
+    check_exact_engine("cuda")

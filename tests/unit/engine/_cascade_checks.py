@@ -156,49 +156,92 @@ def check_graph_capture(device="cuda", hkv=16, d=128, dtype=torch.bfloat16) -> N
     assert torch.equal(out, want) and all(torch.equal(x, y) for x, y in zip(planes, want_planes, strict=True))
 
 
-def check_engine(device="cpu") -> None:
-    """An engine (Triton attention; CUDA graphs on CUDA) decoding GRPO groups whose prompts span
-    a tile gives the same tokens, depths and logprobs, bit for bit, with the cascade on and off;
-    on, its steps did give rows prefix tiles."""
-    from ouro_cli.engine import LLM, SamplingParams
-    from ouro_cli.engine.runner import DecodeInputs
-    from ouro_cli.settings import ExecutionSettings
-    from tests.unit.engine.conftest import prompts, tiny_model
+def _group_requests():
+    """Two GRPO groups of 3 on prompts of 72-80 tokens (a 64-position tile shared at 8-token
+    blocks) and a lone request, with threshold exits."""
+    from ouro_cli.engine import SamplingParams
+    from tests.unit.engine.conftest import prompts
 
-    model = tiny_model(0).to(device)
-    group_prompts = [p * 2 for p in prompts(2, seed=4, lo=36, hi=40)]  # 72-80 tokens: one tile shared
+    group_prompts = [p * 2 for p in prompts(2, seed=4, lo=36, hi=40)]
     requests = [p for p in group_prompts for _ in range(3)] + prompts(1, seed=5, lo=70, hi=70)
     params = [
         SamplingParams(max_tokens=3, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
         for s in range(len(requests))
     ]
+    return requests, params
+
+
+def _generate(model, device, cascade: bool, execution):
+    """`_group_requests` on an engine (CUDA graphs on CUDA) -> (outputs, whether a step gave rows
+    prefix tiles)."""
+    from ouro_cli.engine import LLM
+    from ouro_cli.engine.runner import DecodeInputs
+
+    llm = LLM(
+        model,
+        max_num_seqs=8,
+        kv_blocks=96,
+        block_size=8,
+        device=device,
+        cuda_graphs=device == "cuda",
+        cascade=cascade,
+        execution=execution,
+    )
+    assert llm.runner.attention == "triton"
+    tiles, plain = [], llm.runner._inputs
+
+    def spy(*args):
+        inputs = plain(*args)
+        tiles.append(int(inputs.ints[:, DecodeInputs.CASCADE].max()))
+        return inputs
+
+    llm.runner._inputs = spy
+    try:
+        return llm.generate(*_group_requests()), max(tiles) > 0
+    finally:
+        llm.close()
+
+
+def check_engine(device="cpu") -> None:
+    """An engine (Triton attention; CUDA graphs on CUDA) decoding GRPO groups whose prompts span
+    a tile gives the same tokens, depths and logprobs, bit for bit, with the cascade on and off;
+    on, its steps did give rows prefix tiles."""
+    from ouro_cli.settings import ExecutionSettings
+    from tests.unit.engine.conftest import tiny_model
+
+    model = tiny_model(0).to(device)
     outs = {}
     for cascade in (False, True):
-        llm = LLM(
-            model,
-            max_num_seqs=8,
-            kv_blocks=96,
-            block_size=8,
-            device=device,
-            cuda_graphs=device == "cuda",
-            cascade=cascade,
-            execution=ExecutionSettings(decode_attention="triton"),
-        )
-        tiles, plain = [], llm.runner._inputs
-
-        def spy(*args, plain=plain, tiles=tiles):
-            inputs = plain(*args)
-            tiles.append(int(inputs.ints[:, DecodeInputs.CASCADE].max()))
-            return inputs
-
-        llm.runner._inputs = spy
-        try:
-            outs[cascade] = llm.generate(requests, params)
-        finally:
-            llm.close()
-        assert (max(tiles) > 0) == cascade, (cascade, tiles)
+        outs[cascade], used = _generate(model, device, cascade, ExecutionSettings(decode_attention="triton"))
+        assert used == cascade
     for a, b in zip(outs[False], outs[True], strict=True):
         assert (a.output_token_ids, a.exit_depths, a.log_probs) == (b.output_token_ids, b.exit_depths, b.log_probs)
+
+
+def check_exact_engine(device="cuda", dtype=torch.bfloat16) -> None:
+    """Exact mode, which runs this kernel on CUDA, with the cascade on: an engine decoding GRPO
+    groups reports the logprobs of the trainer's replay to the bit."""
+    import copy
+
+    from ouro_cli.model import fuse_projections, pointwise
+    from ouro_cli.settings import ExecutionSettings, executing
+    from tests.unit.engine.conftest import tiny_model
+
+    exact = ExecutionSettings(exact=True)
+    model = tiny_model(0).to(device, dtype)
+    model.execution = exact
+    engine_model = copy.deepcopy(model)
+    fuse_projections(engine_model)
+    outs, used = _generate(engine_model, device, True, exact)
+    assert used
+    for out in outs:
+        m, r = len(out.prompt_token_ids), out.output_token_ids
+        ids = torch.tensor([out.prompt_token_ids + r], device=device)
+        depths = torch.tensor([[4] * m + out.exit_depths[1:] + [4]], device=device)
+        with torch.no_grad(), executing(exact):
+            logp = pointwise.log_softmax(model(ids, depths=depths)[0].float())
+        ref = logp[m - 1 : m - 1 + len(r)].gather(1, torch.tensor(r, device=device)[:, None]).squeeze(1)
+        assert torch.equal(torch.tensor(out.log_probs, dtype=torch.float64), ref.double().cpu()), out.exit_depths
 
 
 CHECKS = {"bits": check_bits, "write": check_write, "engine": check_engine}
