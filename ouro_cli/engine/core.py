@@ -63,7 +63,9 @@ class EngineCore:
     `attn_chunk` is decode attention's chunk length; on CUDA decode steps are captured as
     CUDA graphs unless `cuda_graphs=False`; `async_exits` reads exit signals one loop late
     (async_exits.py); `weight_version` names the loaded weights; `reserve_blocks` makes its
-    schedulers admit a request only with room for every block it may come to hold (scheduler.py).
+    schedulers admit a request only with room for every block it may come to hold (scheduler.py);
+    `cascade` lets the Triton decode attention read a prefix that rows share once per group
+    (engine/cascade.py; the same bits either way).
     The core keeps no request state between calls: sequences live in the `Scheduler` the caller
     passes to each step.
     """
@@ -78,6 +80,7 @@ class EngineCore:
         async_exits: bool = False,
         weight_version: int = 0,
         reserve_blocks: bool = False,
+        cascade: bool = True,
     ) -> None:
         model.eval()
         if next(model.parameters()).is_cuda:
@@ -111,6 +114,7 @@ class EngineCore:
             attn_chunk,
             cuda_graphs=self.device.type == "cuda" if cuda_graphs is None else cuda_graphs,
             async_exits=async_exits,
+            cascade=cascade,
         )
         self.speculator = Speculator(self.runner, self.counters, self.emit)
         self.publisher = WeightPublisher(model, weight_version)

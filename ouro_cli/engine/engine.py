@@ -75,6 +75,9 @@ class LLM(GenerationControl):
     may schedule it differently. `reserve_blocks` (default off): a cache too small for a call
     holds requests back instead of admitting them and later preempting running ones
     (scheduler.py); outputs are those of any schedule (exactly so in exact mode).
+    `cascade` (default on): where the Triton decode attention runs, the rows of a step that
+    share a prompt's blocks read them once per group and loop instead of once per row
+    (engine/cascade.py); every output has the same bits on or off.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class LLM(GenerationControl):
         exact: bool | None = None,
         share_prompts: bool = True,
         reserve_blocks: bool = False,
+        cascade: bool = True,
     ) -> None:
         model, self.codec = open_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
         model.execution = chosen_settings(model.execution, execution, exact)
@@ -118,6 +122,7 @@ class LLM(GenerationControl):
             async_exits=async_scheduling,
             weight_version=weight_version,
             reserve_blocks=reserve_blocks,
+            cascade=cascade,
         )
         self.model, self.device, self.kv, self.runner = core.model, core.device, core.kv, core.runner  # to inspect
         self.async_scheduling = async_scheduling

@@ -19,7 +19,9 @@ decoding is otherwise bound by kernel launches (why: docs/performance.md#decode)
 also stops early when every row has exited, its only host sync inside the step. Which
 kernels run is the model's execution settings' choice (ouro_cli/settings.py:
 `decode_attention`, `decode_gemv`; `attention=` overrides the first); the torch code
-(paged_attention.py) stays the reference and the CPU path. Exact mode: docs/exact.md.
+(paged_attention.py) stays the reference and the CPU path. With the Triton attention a
+step's rows that share prompt blocks read them once per group (`cascade`, engine/cascade.py),
+with the same bits. Exact mode: docs/exact.md.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ouro_cli.model.ouro import positions_per_loop
 from ouro_cli.settings import executing
 
 from .async_exits import LaggedExitProbe
+from .cascade import cascade_plan
 from .exits import ExitPolicy, ExitState
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
@@ -143,14 +146,21 @@ class ModelRunner:
         cuda_graphs: bool = False,
         async_exits: bool = False,
         attention: str | None = None,
+        cascade: bool = True,
     ) -> None:
         self.model, self.kv, self.counters = model, kv, counters
         execution = model.execution if attention is None else replace(model.execution, decode_attention=attention)
         self.attention = execution.decode_attention_on(kv.device.type)  # "torch" | "triton" | "exact"
+        # `cascade`: the Triton attention reads the prefix a step's rows share once per group
+        # (engine/cascade.py), with the same bits; programs of one row would share nothing
+        self.cascade_rows = 0  # rows a prefix program holds (0: no prefix pass)
         if self.attention == "triton":
             from ouro_cli.kernels import decode_attention as triton_kernels
 
             self.triton_kernels = triton_kernels
+            cfg = model.config
+            per = triton_kernels.queries_per_program(cfg.num_attention_heads // cfg.num_key_value_heads)
+            self.cascade_rows = per if cascade and per >= 2 else 0
         self.gemv = execution.decode_gemv_kernel(kv.device.type)  # the projections' small-batch kernel (None: F.linear)
         self.async_exits = async_exits  # read exit signals one loop late (async_exits.py)
         self.num_loops = model.num_loops
@@ -327,8 +337,10 @@ class ModelRunner:
             raise RuntimeError(f"a decode row runs {max_loops} loops but the KV cache holds {self.kv.planes} planes")
         if self.graphs is not None:
             self._graphs_for_layout()
-            key = (b + pad, inputs.width, max_loops, self.kv.planes)  # planes: the cache's current view
-            logits, depth = self._captured(self.graphs, key, lambda: CapturedDecodeStep(self, *key[:3])).run(inputs)
+            # planes: the cache's current view; a step with a prefix pass is a graph of its own
+            key = (b + pad, inputs.width, max_loops, self.kv.planes, inputs.cascade)
+            step = self._captured(self.graphs, key, lambda: CapturedDecodeStep(self, *key[:3], cascade=key[4]))
+            logits, depth = step.run(inputs)
             loops_run = max_loops
             self.counters.decode_steps_graphed += 1
         else:
@@ -358,18 +370,29 @@ class ModelRunner:
         nb = -(-width // self.kv.block_size)
         # filled row by row in numpy, cheaper on the host than one flat Python list
         ints = np.full((len(tokens), DecodeInputs.TABLE + nb), self.kv.num_blocks, dtype=np.int64)  # scratch block
-        ints[:, : DecodeInputs.TABLE] = [
+        ints[:, : DecodeInputs.CASCADE] = [
             (token, pos, stop, lo, delay)
             for token, pos, (stop, lo, _tau, delay) in zip(tokens, positions, policies, strict=True)
         ]
         for row, table in zip(ints, block_tables, strict=True):
             n = min(len(table), nb)
             row[DecodeInputs.TABLE : DecodeInputs.TABLE + n] = table[:n]
+        ints[:, DecodeInputs.CASCADE : DecodeInputs.TABLE] = 0
+        if self.cascade_rows:  # the rows' shared prefixes: one read per group (engine/cascade.py)
+            plan = cascade_plan(
+                ints[:, DecodeInputs.TABLE :],
+                ints[:, DecodeInputs.POS],
+                self.kv.block_size,
+                self.triton_kernels.BLOCK,
+                self.cascade_rows,
+            )
+            ints[:, DecodeInputs.CASCADE : DecodeInputs.TABLE] = plan.T
         device = self.kv.device
         return DecodeInputs(
             ints=to_device(torch.from_numpy(ints), torch.long, device),
             tau=to_device([p.tau for p in policies], torch.float32, device),
             width=width,
+            cascade=bool(self.cascade_rows) and bool(ints[:, DecodeInputs.CASCADE].any()),
         )
 
     def _step(self, inputs: DecodeInputs, exits: ExitState, allow_sync: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -392,6 +415,7 @@ class ModelRunner:
         plane = 0
         if self.attention == "triton":
             ops = self.triton_kernels
+        cascade = self._cascade(inputs) if inputs.cascade else None
 
         def attend_for_layer(layer: int):
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -400,7 +424,17 @@ class ModelRunner:
                     k_plane, v_plane = kv.plane(layer, plane)
                     prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
                     return ops.write_kv_and_attend(
-                        q[:, 0], k_plane, v_plane, *prev, new_slots, k, v, exits.active, ctx_slots, lengths
+                        q[:, 0],
+                        k_plane,
+                        v_plane,
+                        *prev,
+                        new_slots,
+                        k,
+                        v,
+                        exits.active,
+                        ctx_slots,
+                        lengths,
+                        cascade=cascade,
                     )[:, None]
                 if plane > 0:  # exited rows carry their last plane forward instead of new K/V
                     keep = exits.active[:, None, None]
@@ -410,7 +444,9 @@ class ModelRunner:
                 if self.attention == "exact":  # the replay's chunk order (model/exact.py)
                     o = exact.paged_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid)
                 elif self.attention == "triton":  # fp8: packed K/V written above (kv.write), read here
-                    o = ops.paged_decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, lengths)
+                    o = ops.paged_decode_attention(
+                        q[:, 0], *kv.plane(layer, plane), ctx_slots, lengths, cascade=cascade
+                    )
                 else:
                     o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
                 return o[:, None]
@@ -434,20 +470,32 @@ class ModelRunner:
         kv.copy_forward(new_slots, loops_run - 1)
         return model.logits(h[:, 0]), exits.depth, loops_run
 
+    def _cascade(self, inputs: DecodeInputs):
+        """The step's prefix-pass tables (`DecodeInputs.CASCADE`) and one scratch for every layer
+        and loop of the step (each attention call writes it before it reads it)."""
+        cfg = self.model.config
+        plan = inputs.ints[:, DecodeInputs.CASCADE : DecodeInputs.TABLE].T
+        return self.triton_kernels.Cascade.from_plan(plan, cfg.num_attention_heads, cfg.dim_per_head)
+
 
 @dataclass
 class DecodeInputs:
     """Device inputs of one padded decode step (a captured graph keeps one static copy).
 
     `ints` [B, TABLE + blocks]: per row the input token, its position (= cached length),
-    its exit policy (stop after, min loops, delay) and its block table padded with the
-    scratch block; `tau` [B] the exit thresholds; `width` the attended context length."""
+    its exit policy (stop after, min loops, delay), four columns of the cascade pass's
+    tables (engine/cascade.py's plan, one table a column; zeros without a prefix pass) and
+    its block table padded with the scratch block; `tau` [B] the exit thresholds; `width` the
+    attended context length; `cascade` whether the step runs the prefix pass (some row has
+    prefix tiles: a step without one launches no prefix kernels)."""
 
-    IDS, POS, STOP_AFTER, MIN_LOOPS, DELAY, TABLE = range(6)
+    IDS, POS, STOP_AFTER, MIN_LOOPS, DELAY, CASCADE = range(6)
+    TABLE = CASCADE + 4
 
     ints: torch.Tensor
     tau: torch.Tensor
     width: int
+    cascade: bool = False
 
     def column(self, i: int) -> torch.Tensor:
         return self.ints[:, i]
@@ -464,7 +512,8 @@ class DecodeInputs:
 
 
 class CapturedDecodeStep:
-    """One decode step captured as a CUDA graph for (bucket, context width, max loops, KV planes).
+    """One decode step captured as a CUDA graph for (bucket, context width, max loops, KV planes,
+    prefix pass or not).
 
     It runs all `max_loops` loops (exited rows are masked, as in eager mode, so results are
     identical). Warm-up and capture point every row at the scratch slot, so they never touch
@@ -474,14 +523,16 @@ class CapturedDecodeStep:
     replay of any graph.
     """
 
-    def __init__(self, runner: ModelRunner, batch: int, width: int, max_loops: int) -> None:
+    def __init__(self, runner: ModelRunner, batch: int, width: int, max_loops: int, cascade: bool = False) -> None:
         kv = runner.kv
         device = kv.device
         ints = torch.zeros(batch, DecodeInputs.TABLE + -(-width // kv.block_size), dtype=torch.long, device=device)
         ints[:, DecodeInputs.STOP_AFTER] = max_loops
         ints[:, DecodeInputs.MIN_LOOPS] = 1
         ints[:, DecodeInputs.TABLE :] = kv.num_blocks  # position 0 of the scratch block: the scratch slot
-        self.inputs = DecodeInputs(ints=ints, tau=torch.full((batch,), float("inf"), device=device), width=width)
+        tau = torch.full((batch,), float("inf"), device=device)
+        # the prefix tables hold zeros (no prefix) at capture; each replay copies the step's in
+        self.inputs = DecodeInputs(ints=ints, tau=tau, width=width, cascade=cascade)
 
         def body():
             exits = self.inputs.exit_state(max_loops, may_exit_early=False)

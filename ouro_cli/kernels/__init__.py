@@ -7,7 +7,8 @@ execution setting (ouro_cli/settings.py: `--decode-attention`, `--decode-gemv`,
 `--replay-attention`); this package holds the kernels, shared by the engine and the model
 so that neither imports the other:
 
-- `decode_attention.py`: one decode layer-loop's KV write and attention over the paged plane.
+- `decode_attention.py`: one decode layer-loop's KV write and attention over the paged plane;
+  with the cascade, a prefix that rows share (a GRPO group's prompt) read once for all of them.
 - `gemv.py`: a small-batch matmul for the decode step's projections. `--decode-gemv auto`
   (the default) runs it on the shapes where bench/gemv.py finds it faster than cuBLAS
   (up to 16 rows on qkv, o_proj and down), F.linear elsewhere; "triton" on every product

@@ -90,3 +90,28 @@ def check_attention(
             _fail(kernel, f"writes slot {int(ids.max())} of a plane of {plane_slots}")
         if new_rows is not None and new_rows < b:
             _fail(kernel, f"{new_rows} new K/V rows for {b} queries")
+
+
+def check_cascade(kernel: str, ctx_slots: torch.Tensor, lengths: torch.Tensor, cascade, per: int) -> None:
+    """The prefix pass's tables (decode_attention.Cascade): programs hold members[first:first+count]
+    with count <= `per`, every row with prefix tiles exactly once; a program's members have the same
+    tiles, all below each member's length, and the first member's slots over them."""
+    b = lengths.shape[0]
+    tiles, members, first, count = (
+        x.long().cpu() for x in (cascade.tiles, cascade.members, cascade.first, cascade.count)
+    )
+    table, lengths = ctx_slots.long().cpu(), lengths.long().cpu()
+    if ((count < 0) | (count > per) | (first < 0) | (first + count > b)).any():
+        _fail(kernel, f"a prefix program holds members outside 0..{b} or more than {per}")
+    held = torch.cat([members[f : f + c] for f, c in zip(first.tolist(), count.tolist(), strict=True)])
+    if sorted(held.tolist()) != (tiles > 0).nonzero().flatten().tolist():
+        _fail(kernel, f"prefix programs hold rows {sorted(held.tolist())}, the rows with prefix tiles differ")
+    for f, c in zip(first.tolist(), count.tolist(), strict=True):
+        rows = members[f : f + c]
+        if c == 0:
+            continue
+        n = int(tiles[rows[0]]) * cascade.tile
+        if (tiles[rows] != tiles[rows[0]]).any() or (lengths[rows] <= n).any():
+            _fail(kernel, f"prefix rows {rows.tolist()}: {n} positions, lengths {lengths[rows].tolist()}")
+        if (table[rows, :n] != table[rows[0], :n]).any():
+            _fail(kernel, f"prefix rows {rows.tolist()} do not share their first {n} slots")

@@ -34,6 +34,22 @@ bits are the decode step's while the tile's K/V loads serve the whole block. Und
 interpreter the dots are fp32 products summed by tl.sum (numpy's matmul promises no row
 independence within a tile).
 
+The cascade (`Cascade`, tables from engine/cascade.py) reads a prefix that several rows share
+once for all of them: the samples of a GRPO group reference the same prompt blocks, so their
+first tiles are the same slots. A prefix pass (`_prefix_kernel`) holds up to
+queries_per_program(G) such rows in one program's rows, as the blocked mode does, folds
+their shared tiles with one K/V load per tile, and stores each row's state (m, l, acc: fp32,
+unnormalized); the decode kernel then starts each of those rows from its stored state at the
+tile after the prefix instead of from (-inf, 0, 0) at tile 0. Both passes fold a tile through
+one function (`_fold_tile`) and a row's bits do not depend on the other rows of its tile,
+and an fp32 state stored and loaded is the same state, so a row folds the same tiles through
+the same instructions in the same order: the split does not change the reduction order, and
+every output keeps its bits. So the engine's agreement with the trainer's replay is unchanged
+by it: in the default mode, and in exact mode on CUDA, which runs this kernel and whose replay
+(`blocked_decode_attention`) needs no cascade of its own to stay at 0.0. The prefix
+ends at a tile boundary below every member's length, so it never holds the position a WRITE
+step writes.
+
 An fp8 cache (model/kv_quant.py) hands the kernel its packed rows (uint8: head_dim fp8 values,
 then the scale's exponent): a tile's rows are loaded as bytes, converted, multiplied by their
 token's power-of-two scale and rounded to the query's dtype, which holds them exactly, so the
@@ -41,10 +57,13 @@ tile computes what it computes on the unquantized values the replay attends over
 does not write packed rows: the runner writes them in torch (the write's rounding is
 kv_quant.py's, one function for the engine and the replay) and runs the attention alone.
 
-Both are CUDA-graph capturable: no host reads, and the grids depend only on shapes.
+All are CUDA-graph capturable: no host reads, and the grids depend only on shapes (the prefix
+pass launches one program per batch row and kv head; those past the plan's exit at once).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -80,6 +99,8 @@ def _decode_attention_kernel(
     V_NEW,
     NEW_SLOTS,
     ACTIVE,
+    START,
+    STATE,
     stride_qb,
     stride_qh,
     stride_kh,
@@ -91,6 +112,8 @@ def _decode_attention_kernel(
     stride_knh,
     stride_vnb,
     stride_vnh,
+    stride_stb,
+    stride_sth,
     FIRST,
     COUNT,
     G: tl.constexpr,
@@ -102,6 +125,7 @@ def _decode_attention_kernel(
     WRITE: tl.constexpr,
     HAS_PREV: tl.constexpr,
     BLOCKED: tl.constexpr,
+    CASCADE: tl.constexpr,
     DOT_AS_SUM: tl.constexpr,
     PACKED: tl.constexpr,
 ):
@@ -135,44 +159,192 @@ def _decode_attention_kernel(
         tl.store(kv_head + new_slot * stride_ks + d, k_new, mask=d < D)
         tl.store(v_head + new_slot * stride_ks + d, v_new, mask=d < D)
         tl.debug_barrier()  # the stores above, visible to every thread of the block below
-    q_rows = Q + query[:, None] * stride_qb + head[:, None] * stride_qh
-    q = tl.load(q_rows + d[None, :], mask=gd_ok, other=0.0)
-    q = q.to(KV_T)
+    q = _load_queries(Q, query, head, d, gd_ok, stride_qb, stride_qh, KV_T)
     row_length = tl.load(LENGTHS + tl.where(row_ok, query, b)).to(tl.int32)  # [GP]; padding rows: the first's
     length = tl.max(row_length, 0)  # the block's longest run (a decode row's own length)
-    m = tl.full([GP], float("-inf"), tl.float32)
-    l_sum = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, BLOCK_D], tl.float32)
-    for start in range(0, length, BLOCK):
-        n = start + tl.arange(0, BLOCK)
-        n_ok = n < length
-        slot = tl.load(SLOTS + b * stride_sb + n, mask=n_ok, other=0).to(tl.int64)
-        nd_ok = n_ok[:, None] & (d < D)[None, :]
-        k = _load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
-        s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM)
-        # [GP, BLOCK]; every tile holds >= 1 position of a decode row, and of a block's longest row
-        s = tl.where(n[None, :] < row_length[:, None], s * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)  # exp(-inf) = 0 on the first tile
-        p = tl.exp(s - m_new[:, None])
-        l_new = l_sum * alpha + tl.sum(p, 1)
-        v = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
-        acc_new = acc * alpha[:, None] + _dot(p.to(KV_T), v, IEEE, DOT_AS_SUM)
-        if BLOCKED:  # a row whose run ended before this tile keeps its state: the tiles a decode row never reads
-            live = start < row_length
-            m, l_sum, acc = (
-                tl.where(live, m_new, m),
-                tl.where(live, l_new, l_sum),
-                tl.where(live[:, None], acc_new, acc),
-            )
-        else:
-            m, l_sum, acc = m_new, l_new, acc_new
+    if CASCADE:  # the row's first START[b] tiles were folded by the prefix pass: its state after them
+        first_tile = tl.load(START + b).to(tl.int32)
+        resume = row_ok & (first_tile + g * 0 > 0)  # [GP]: the interpreter takes no scalar in a mask
+        m, l_sum, acc = _load_state(STATE, query, head, d, resume, stride_stb, stride_sth, D)
+    else:
+        first_tile = 0
+        m = tl.full([GP], float("-inf"), tl.float32)
+        l_sum = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, BLOCK_D], tl.float32)
+    for start in range(first_tile * BLOCK, length, BLOCK):
+        m, l_sum, acc = _fold_tile(
+            start,
+            m,
+            l_sum,
+            acc,
+            q,
+            kv_head,
+            v_head,
+            SLOTS + b * stride_sb,
+            length,
+            row_length,
+            d,
+            scale,
+            stride_ks,
+            D,
+            BLOCK,
+            IEEE,
+            DOT_AS_SUM,
+            PACKED,
+            KV_T,
+            BLOCKED,
+        )
     o = acc / l_sum[:, None]
     tl.store(
         OUT + query[:, None] * stride_ob + head[:, None] * stride_oh + d[None, :],
         o.to(OUT.dtype.element_ty),
         mask=gd_ok,
     )
+
+
+@triton.jit
+def _prefix_kernel(
+    Q,
+    K,
+    V,
+    SLOTS,
+    LENGTHS,
+    START,
+    MEMBERS,
+    FIRST,
+    COUNT,
+    STATE,
+    scale,
+    stride_qb,
+    stride_qh,
+    stride_kh,
+    stride_ks,
+    stride_sb,
+    stride_stb,
+    stride_sth,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    IEEE: tl.constexpr,
+    DOT_AS_SUM: tl.constexpr,
+    PACKED: tl.constexpr,
+):
+    """The cascade's prefix pass: program (p, h) holds rows r = (member MEMBERS[FIRST[p] + r // G],
+    head h·G + r % G), folds the first START tiles of its first member (which every member shares,
+    slot for slot) with one K/V load per tile for all of them, and stores each row's state. A
+    program with COUNT[p] = 0 folds and stores nothing."""
+    KV_T: tl.constexpr = Q.dtype.element_ty if PACKED else K.dtype.element_ty
+    h = tl.program_id(1).to(tl.int64)
+    g = tl.arange(0, GP)
+    d = tl.arange(0, BLOCK_D)
+    at = tl.load(FIRST + tl.program_id(0))
+    count = tl.load(COUNT + tl.program_id(0))
+    row_ok = g < count * G
+    b = tl.load(MEMBERS + at).to(tl.int64)  # the first member, whose table row the program reads
+    query = tl.where(row_ok, tl.load(MEMBERS + at + g // G, mask=row_ok, other=0).to(tl.int64), b)
+    head = h * G + g % G
+    tiles = tl.where(count > 0, tl.load(START + b), 0).to(tl.int32)
+    q = _load_queries(Q, query, head, d, row_ok[:, None] & (d < D)[None, :], stride_qb, stride_qh, KV_T)
+    row_length = tl.load(LENGTHS + query).to(tl.int32)
+    length = tl.max(row_length, 0)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    l_sum = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, BLOCK_D], tl.float32)
+    for start in range(0, tiles * BLOCK, BLOCK):  # every tile lies below every member's length
+        m, l_sum, acc = _fold_tile(
+            start,
+            m,
+            l_sum,
+            acc,
+            q,
+            K + h * stride_kh,
+            V + h * stride_kh,
+            SLOTS + b * stride_sb,
+            length,
+            row_length,
+            d,
+            scale,
+            stride_ks,
+            D,
+            BLOCK,
+            IEEE,
+            DOT_AS_SUM,
+            PACKED,
+            KV_T,
+            False,
+        )
+    at_state = STATE + query * stride_stb + head * stride_sth
+    tl.store(at_state[:, None] + d[None, :], acc, mask=row_ok[:, None] & (d < D)[None, :])
+    tl.store(at_state + D, m, mask=row_ok)
+    tl.store(at_state + D + 1, l_sum, mask=row_ok)
+
+
+@triton.jit
+def _load_state(STATE, query, head, d, resume, stride_stb, stride_sth, D: tl.constexpr):
+    """The prefix pass's state (m, l, acc) of the rows with `resume`, as `_prefix_kernel` stored it
+    (STATE[query, head]: acc [D], m, l in fp32); the empty state (-inf, 0, 0) of the others."""
+    at = STATE + query * stride_stb + head * stride_sth
+    acc = tl.load(at[:, None] + d[None, :], mask=resume[:, None] & (d < D)[None, :], other=0.0)
+    m = tl.load(at + D, mask=resume, other=float("-inf"))
+    l_sum = tl.load(at + D + 1, mask=resume, other=0.0)
+    return m, l_sum, acc
+
+
+@triton.jit
+def _load_queries(Q, query, head, d, gd_ok, stride_qb, stride_qh, KV_T: tl.constexpr):
+    """The rows' queries [GP, BLOCK_D] in the dtype K/V are computed in (padding rows: zeros)."""
+    q = tl.load(Q + query[:, None] * stride_qb + head[:, None] * stride_qh + d[None, :], mask=gd_ok, other=0.0)
+    return q.to(KV_T)
+
+
+@triton.jit
+def _fold_tile(
+    start,
+    m,
+    l_sum,
+    acc,
+    q,
+    kv_head,
+    v_head,
+    slot_row,
+    length,
+    row_length,
+    d,
+    scale,
+    stride_ks,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    IEEE: tl.constexpr,
+    DOT_AS_SUM: tl.constexpr,
+    PACKED: tl.constexpr,
+    KV_T: tl.constexpr,
+    BLOCKED: tl.constexpr,
+):
+    """Fold the tile of positions start .. start + BLOCK - 1 (slot ids at slot_row) into each row's
+    online softmax (m, l_sum, acc) -> the new state. The one copy of the tile's math: the decode
+    kernel and the prefix pass both fold through it, so a tile gives a row the same bits in either."""
+    n = start + tl.arange(0, BLOCK)
+    n_ok = n < length
+    slot = tl.load(slot_row + n, mask=n_ok, other=0).to(tl.int64)
+    nd_ok = n_ok[:, None] & (d < D)[None, :]
+    k = _load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
+    s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM)
+    # [GP, BLOCK]; every tile holds >= 1 position of a decode row, and of a block's longest row
+    s = tl.where(n[None, :] < row_length[:, None], s * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)  # exp(-inf) = 0 on the first tile
+    p = tl.exp(s - m_new[:, None])
+    l_new = l_sum * alpha + tl.sum(p, 1)
+    v = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
+    acc_new = acc * alpha[:, None] + _dot(p.to(KV_T), v, IEEE, DOT_AS_SUM)
+    if BLOCKED:  # a row whose run ended before this tile keeps its state: the tiles a decode row never reads
+        live = start < row_length
+        m_new = tl.where(live, m_new, m)
+        l_new = tl.where(live, l_new, l_sum)
+        acc_new = tl.where(live[:, None], acc_new, acc)
+    return m_new, l_new, acc_new
 
 
 @triton.jit
@@ -201,7 +373,41 @@ def _dot(a, b, IEEE: tl.constexpr, DOT_AS_SUM: tl.constexpr):
         return tl.dot(a, b)
 
 
-def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None, blocks=None) -> torch.Tensor:
+@dataclass(frozen=True)
+class Cascade:
+    """The shared-prefix (cascade) pass of a decode batch of B rows, built by the engine
+    (engine/cascade.py) from the rows' block tables:
+
+    - `tiles` [B]: row b's first tiles[b] tiles (positions 0 .. tiles[b]·tile - 1, all below its
+      length) are folded by the prefix pass; 0: the decode kernel folds all of the row's tiles;
+    - `members` [B]: the rows the prefix programs hold, program after program; `first`, `count`
+      [P]: program p holds members[first[p] : first[p] + count[p]], at most queries_per_program(G)
+      rows that share their slots over those tiles and the same tiles (count 0: the program exits);
+    - `state` [B, Hq, D + 2] fp32: scratch the prefix pass writes for each member row and head
+      (acc, then m, then l) and the decode kernel reads.
+
+    The shapes depend on B only, so a captured step launches the same grids whatever the groups."""
+
+    tiles: torch.Tensor
+    members: torch.Tensor
+    first: torch.Tensor
+    count: torch.Tensor
+    state: torch.Tensor
+    tile: int = BLOCK
+
+    @staticmethod
+    def from_plan(plan: torch.Tensor, hq: int, d: int, tile: int = BLOCK) -> Cascade:
+        """The tables of engine/cascade.py's plan [4, B] (rows tiles, members, first, count; made
+        contiguous) for tiles of `tile` positions, on the plan's device, with a fresh scratch for
+        Hq heads of D."""
+        plan = plan.contiguous()
+        state = torch.empty(plan.shape[1], hq, d + 2, dtype=torch.float32, device=plan.device)
+        return Cascade(*plan, state=state, tile=tile)
+
+
+def _attend(
+    q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None, blocks=None, cascade=None
+) -> torch.Tensor:
     b, hq, d = q.shape
     hkv = k_plane.shape[0]
     packed = k_plane.dtype == torch.uint8  # fp8 rows of model/kv_quant.py: d + 1 bytes
@@ -236,6 +442,44 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=Non
             None if write is None else new_slots,
             None if write is None else k_new.shape[0],
         )
+        if cascade is not None:
+            bounds.check_cascade("decode attention", ctx_slots, lengths, cascade, queries_per_program(g))
+    shape = {
+        "G": g,
+        "GP": group_rows(g),
+        "D": d,
+        "BLOCK_D": max(16, triton.next_power_of_2(d)),
+        "BLOCK": block,
+        "IEEE": (q.dtype if packed else k_plane.dtype) == torch.float32,
+        "DOT_AS_SUM": q.device.type != "cuda",
+        "PACKED": packed,
+        "num_warps": num_warps,
+    }
+    strides = (q.stride(0), q.stride(1), k_plane.stride(0), k_plane.stride(1), ctx_slots.stride(0))
+    if cascade is None:
+        start, state = lengths, q  # unused pointers
+    else:
+        assert blocks is None and cascade.tile == block and cascade.state.shape == (b, hq, d + 2)
+        assert all(t.dim() == 1 and t.stride(0) == 1 for t in (cascade.tiles, cascade.members, cascade.first))
+        assert cascade.count.stride(0) == 1 and cascade.state.is_contiguous()
+        start, state = cascade.tiles, cascade.state
+        _prefix_kernel[(cascade.first.shape[0], hkv)](
+            q,
+            k_plane,
+            v_plane,
+            ctx_slots,
+            lengths,
+            start,
+            cascade.members,
+            cascade.first,
+            cascade.count,
+            state,
+            d**-0.5,
+            *strides,
+            state.stride(0),
+            state.stride(1),
+            **shape,
+        )
     first, count = (lengths, lengths) if blocks is None else blocks
     o = torch.empty_like(q)
     _decode_attention_kernel[(b if blocks is None else first.shape[0], hkv)](
@@ -252,31 +496,24 @@ def _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=Non
         v_new,
         new_slots,
         active,
-        q.stride(0),
-        q.stride(1),
-        k_plane.stride(0),
-        k_plane.stride(1),
-        ctx_slots.stride(0),
+        start,
+        state,
+        *strides,
         o.stride(0),
         o.stride(1),
         k_new.stride(0),
         k_new.stride(1),
         v_new.stride(0),
         v_new.stride(1),
+        state.stride(0),
+        state.stride(1),
         first,
         count,
-        G=g,
-        GP=group_rows(g),
-        D=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK=block,
-        IEEE=(q.dtype if packed else k_plane.dtype) == torch.float32,
         WRITE=write is not None,
         HAS_PREV=has_prev,
         BLOCKED=blocks is not None,
-        DOT_AS_SUM=q.device.type != "cuda",
-        PACKED=packed,
-        num_warps=num_warps,
+        CASCADE=cascade is not None,
+        **shape,
     )
     return o
 
@@ -295,12 +532,14 @@ def paged_decode_attention(
     lengths: torch.Tensor,
     block: int = BLOCK,
     num_warps: int = NUM_WARPS,
+    cascade: Cascade | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] (one new token per row); k_plane/v_plane [Hkv, slots, D] (one plane of one
     layer; or [Hkv, slots, D + 1] packed fp8 rows, uint8); ctx_slots [B, W] slot ids of positions
     0..W-1; lengths [B] (1 <= length <= W: a row attends to its first `length` positions) -> o
-    [B, Hq, D] in q's dtype. Scale head_dim**-0.5."""
-    return _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps)
+    [B, Hq, D] in q's dtype. Scale head_dim**-0.5. With `cascade` the rows' shared prefixes are
+    read once per group (`Cascade`); the output has the same bits."""
+    return _attend(q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, cascade=cascade)
 
 
 def blocked_decode_attention(
@@ -341,12 +580,14 @@ def write_kv_and_attend(
     lengths: torch.Tensor,
     block: int = BLOCK,
     num_warps: int = NUM_WARPS,
+    cascade: Cascade | None = None,
 ) -> torch.Tensor:
     """runner.py's KV write of a loop and the attention over plane t, in one kernel: row b
     writes its new K/V [B, Hkv, D] at new_slots[b] of plane t when active (always on plane 0),
     else copies plane t-1's entry there (k_prev_plane None for plane 0); then attends as
-    `paged_decode_attention` (the new slot is among the row's first `length` positions). The
-    planes and the output have the bits of the two steps run apart."""
+    `paged_decode_attention` (the new slot is among the row's first `length` positions; with
+    `cascade`, past the row's prefix tiles). The planes and the output have the bits of the two
+    steps run apart."""
     return _attend(
         q,
         k_plane_t,
@@ -356,4 +597,5 @@ def write_kv_and_attend(
         block,
         num_warps,
         write=(k_prev_plane, v_prev_plane, new_slots, k_new, v_new, active),
+        cascade=cascade,
     )

@@ -1,0 +1,120 @@
+"""The cascade decode attention (a group's shared prompt read once) against the plain kernel, on CUDA.
+
+    python bench/cascade.py                       # 1.4B heads, 32 groups of 8, prompts 100 and 1000
+    python bench/cascade.py --fp8                 # over packed fp8 rows (the attention alone)
+
+For each prompt length: µs per call of kernels/decode_attention.write_kv_and_attend (bf16,
+plane t > 0; with --fp8 paged_decode_attention over packed rows), 20 calls captured to a
+CUDA graph and replayed (gemv.graph_time), with the cascade off and on (its prefix pass
+included), the attention's tokens/s at 24 layers × 4 loops (rows / (µs per call × 96)),
+the ratio, and the host's µs per step for the plan (engine/cascade.py). Rows of a group
+reference the same prompt blocks (16-token blocks, ids shuffled) and sit `--response`
+positions past it. The outputs are checked equal bit for bit. Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from gemv import graph_time  # noqa: E402
+
+from ouro_cli.engine.cascade import cascade_plan  # noqa: E402
+
+LAYER_LOOPS = 24 * 4  # attention calls per decode step of Ouro-1.4B at K = 4
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", type=int, default=32)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompts", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--response", type=int, default=256, help="each row's position past its prompt")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16, help="the KV cache's tokens per block")
+    ap.add_argument("--fp8", action="store_true", help="packed fp8 rows (model/kv_quant.py)")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/cascade.py needs a CUDA GPU: skipped", file=sys.stderr)
+        return
+    for prompt in args.prompts:
+        bench_prompt(prompt, args)
+
+
+def group_tables(groups: int, size: int, prompt: int, length: int, bs: int, seed: int) -> np.ndarray:
+    """Block tables [groups × size, blocks]: each group's full prompt blocks shared, the rest
+    each row's own, every id drawn from a shuffled range."""
+    shared = prompt // bs
+    blocks = -(-length // bs)
+    rng = np.random.default_rng(seed)
+    ids = iter(rng.permutation(groups * (shared + size * (blocks - shared))).tolist())
+    table = np.zeros((groups * size, blocks), dtype=np.int64)
+    for g in range(groups):
+        prefix = [next(ids) for _ in range(shared)]
+        for r in range(size):
+            table[g * size + r] = prefix + [next(ids) for _ in range(blocks - shared)]
+    return table
+
+
+def bench_prompt(prompt: int, args) -> None:
+    from ouro_cli.kernels import decode_attention as kernels
+    from ouro_cli.model import kv_quant
+
+    dev, dt, bs = "cuda", torch.bfloat16, args.block_size
+    rows, hkv, d = args.groups * args.group_size, args.kv_heads, args.head_dim
+    length = prompt + args.response + 1
+    table = group_tables(args.groups, args.group_size, prompt, length, bs, seed=prompt)
+    num_slots = (int(table.max()) + 1) * bs
+    pos = torch.arange(length)
+    ctx = (torch.from_numpy(table)[:, pos // bs] * bs + pos % bs).to(dev)
+    lengths = torch.full((rows,), length, device=dev)
+    positions = np.full(rows, length - 1)
+    per = kernels.queries_per_program(args.heads // hkv)
+    start = time.perf_counter()
+    for _ in range(100):
+        plan = cascade_plan(table, positions, bs, kernels.BLOCK, per)
+    plan_us = (time.perf_counter() - start) / 100 * 1e6
+    cascade = kernels.Cascade.from_plan(torch.from_numpy(plan).to(dev), args.heads, d)
+    g = torch.Generator(device=dev).manual_seed(prompt)
+    planes = torch.randn(4, hkv, num_slots, d, device=dev, dtype=dt, generator=g)
+    q = torch.randn(rows, args.heads, d, device=dev, dtype=dt, generator=g)
+    if args.fp8:
+        k, v = kv_quant.pack(planes[0]), kv_quant.pack(planes[1])
+
+        def call(with_cascade):
+            return kernels.paged_decode_attention(q, k, v, ctx, lengths, cascade=with_cascade)
+    else:
+        k_new, v_new = (torch.randn(rows, hkv, d, device=dev, dtype=dt, generator=g) for _ in range(2))
+        new_slots, active = ctx[:, -1].contiguous(), torch.ones(rows, dtype=torch.bool, device=dev)
+
+        def call(with_cascade):
+            return kernels.write_kv_and_attend(
+                q, planes[2], planes[3], planes[0], planes[1], new_slots, k_new, v_new, active, ctx, lengths,
+                cascade=with_cascade,
+            )  # fmt: skip
+
+    same = torch.equal(call(None), call(cascade))
+    us = {name: graph_time(lambda i, c=c: call(c), args.reps) * 1e6 for name, c in (("off", None), ("on", cascade))}
+    kind = "fp8 attention" if args.fp8 else "bf16 write+attend"
+    print(
+        f"prompt {prompt}, position {length - 1}, {args.groups} groups of {args.group_size} ({rows} rows), "
+        f"{args.heads}/{hkv} heads x {d}, {kind}: plan {plan_us:.0f} µs a step on the host, outputs "
+        f"{'identical' if same else 'DIFFER'}"
+    )
+    for name, t in us.items():
+        print(f"  cascade {name:3s}: {t:7.1f} µs a call  {rows / (t * LAYER_LOOPS) * 1e6:9.0f} tok/s of attention")
+    print(f"  speedup (off / on): x{us['off'] / us['on']:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
