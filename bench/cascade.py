@@ -26,7 +26,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from gemv import graph_time  # noqa: E402
 
-from ouro_cli.engine.cascade import cascade_plan  # noqa: E402
+from ouro_cli.engine.cascade import MIN_TILES, cascade_plan  # noqa: E402
 
 LAYER_LOOPS = 24 * 4  # attention calls per decode step of Ouro-1.4B at K = 4
 
@@ -113,7 +113,8 @@ def bench_prompt(prompt: int, args) -> None:
     )
     for name, t in us.items():
         print(f"  cascade {name:3s}: {t:7.1f} µs a call  {rows / (t * LAYER_LOOPS) * 1e6:9.0f} tok/s of attention")
-    print(f"  speedup (off / on): x{us['off'] / us['on']:.2f}", flush=True)
+    engine = "on" if prompt // bs * bs // kernels.BLOCK >= MIN_TILES else "off (below engine/cascade.py MIN_TILES)"
+    print(f"  speedup (off / on): x{us['off'] / us['on']:.2f}; in the engine at this prompt: {engine}", flush=True)
 
 
 if __name__ == "__main__":

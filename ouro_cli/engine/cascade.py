@@ -12,7 +12,11 @@ A *bucket* is the rows whose tables start with the same block: they share the lo
 prefix of their tables (the same blocks, so the same slots and K/V). Its prefix is that
 common prefix cut to a whole number of tiles and to below every member's position (the
 current position, written by this step, is never in it). A bucket of two or more rows with
-at least one such tile goes to prefix programs of at most `per_program` rows each.
+at least `min_tiles` such tiles goes to prefix programs of at most `per_program` rows each.
+
+The engine asks for MIN_TILES: a prefix pass has a fixed cost (one more kernel, each row's
+state stored and loaded), which a prefix of one or two tiles does not repay
+(bench/cascade.py sweeps prompt lengths; docs/performance.md has the figures).
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from __future__ import annotations
 import numpy as np
 
 TILES, MEMBERS, FIRST, COUNT = range(4)  # the rows of `cascade_plan`'s table
+MIN_TILES = 3  # the shortest shared prefix, in tiles, that the engine reads once per group
 
 
-def cascade_plan(table: np.ndarray, positions: np.ndarray, block_size: int, tile: int, per_program: int) -> np.ndarray:
+def cascade_plan(
+    table: np.ndarray, positions: np.ndarray, block_size: int, tile: int, per_program: int, min_tiles: int = 1
+) -> np.ndarray:
     """Block tables [B, blocks] (padded with any id past the real ones) and positions [B] (each
     row's cached length, its prefix's bound) -> int64 [4, B]:
 
-    - TILES: row b's prefix tiles (0: none);
+    - TILES: row b's prefix tiles (0: none, or fewer than `min_tiles`);
     - MEMBERS: the rows with prefix tiles, bucket by bucket in row order;
     - FIRST, COUNT: prefix program p holds MEMBERS[FIRST[p] : FIRST[p] + COUNT[p]], consecutive
       members of one bucket, at most `per_program` of them; unused programs count 0.
@@ -43,7 +50,7 @@ def cascade_plan(table: np.ndarray, positions: np.ndarray, block_size: int, tile
     reach = np.full(leader.shape[0], np.iinfo(np.int64).max)
     np.minimum.at(reach, bucket, np.minimum(common * block_size, positions))
     tiles = reach // tile
-    tiles[np.bincount(bucket) < 2] = 0
+    tiles[(np.bincount(bucket) < 2) | (tiles < min_tiles)] = 0
     plan[TILES] = tiles[bucket]
     rows = np.flatnonzero(plan[TILES])
     rows = rows[np.argsort(bucket[rows], kind="stable")]

@@ -9,9 +9,9 @@ per-plane lookup.
 Layout: `k`, `v` are [L, P, Hkv, (blocks + 1) * block_size, R] views of one flat buffer
 (head-major, so that a gather of slots gives [Hkv, B, n, R], which batched matmuls take
 without copies). A row R is a token's K (or V) of one head: D values in the model's dtype, or
-with `fp8` the D + 1 bytes of model/kv_quant.py's packed format (fp8 values, then the scale's
-exponent), so every copy of slots moves a token's scale with it. `write` packs and `read`
-unpacks; `plane` gives the rows as stored, which the attention unpacks after its gather
+with `fp8` the `kv_quant.row_bytes(D)` bytes of model/kv_quant.py's packed format (fp8 values,
+the scale's exponent, padding to 16 bytes), so every copy of slots moves a token's scale with
+it. `write` packs and `read` unpacks; `plane` gives the rows as stored, which the attention unpacks after its gather
 (`kv_quant.values`). A sequence owns a list of blocks; its token at position p lives in
 slot `blocks[p // bs] * bs + p % bs` of every plane. Planes are 0-based here (plane
 index t-1 holds loop t). The block ids a sequence gets never influence values, so
@@ -347,11 +347,12 @@ class PagedKVCache:
     def read(self, layer: int, plane: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at `slots` [N] of (layer, plane) -> [N, Hkv, D] in `dtype`."""
         k, v = self.k[layer, plane][:, slots], self.v[layer, plane][:, slots]
-        return kv_quant.values(k, self.dtype).transpose(0, 1), kv_quant.values(v, self.dtype).transpose(0, 1)
+        d = self.head_dim
+        return kv_quant.values(k, self.dtype, d).transpose(0, 1), kv_quant.values(v, self.dtype, d).transpose(0, 1)
 
     def plane(self, layer: int, plane: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V planes of (layer, plane) as stored: [Hkv, slots, R] views (R = D, or the
-        packed fp8 rows' D + 1 bytes)."""
+        packed fp8 rows' kv_quant.row_bytes(D))."""
         return self.k[layer, plane], self.v[layer, plane]
 
     def copy_slots(self, source: list[int], dest: list[int]) -> None:

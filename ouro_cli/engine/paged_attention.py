@@ -62,8 +62,8 @@ def decode_attention(
         n = slots.shape[1]
         mask = valid[:, start : start + chunk].repeat(hkv, 1)[:, None, :]  # [Hkv·B, 1, n]
         flat = slots.reshape(-1)
-        k = kv_quant.values(k_plane.index_select(1, flat), kv_dtype).view(hkv * b, n, d)
-        v = kv_quant.values(v_plane.index_select(1, flat), kv_dtype).view(hkv * b, n, d)
+        k = kv_quant.values(k_plane.index_select(1, flat), kv_dtype, d).view(hkv * b, n, d)
+        v = kv_quant.values(v_plane.index_select(1, flat), kv_dtype, d).view(hkv * b, n, d)
         s = torch.where(mask, _bmm_fp32(qg, k.transpose(1, 2)) * scale, -torch.inf)  # [Hkv·B, G, n]
         m_c = s.amax(-1, keepdim=True)
         m_c_safe = torch.where(torch.isinf(m_c), torch.zeros_like(m_c), m_c)

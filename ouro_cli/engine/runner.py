@@ -42,7 +42,7 @@ from ouro_cli.model.ouro import positions_per_loop
 from ouro_cli.settings import executing
 
 from .async_exits import LaggedExitProbe
-from .cascade import cascade_plan
+from .cascade import MIN_TILES, cascade_plan
 from .exits import ExitPolicy, ExitState
 from .kv_cache import PagedKVCache
 from .paged_attention import decode_attention
@@ -154,6 +154,7 @@ class ModelRunner:
         # `cascade`: the Triton attention reads the prefix a step's rows share once per group
         # (engine/cascade.py), with the same bits; programs of one row would share nothing
         self.cascade_rows = 0  # rows a prefix program holds (0: no prefix pass)
+        self.cascade_min_tiles = MIN_TILES  # the shortest prefix worth its pass (engine/cascade.py)
         if self.attention == "triton":
             from ouro_cli.kernels import decode_attention as triton_kernels
 
@@ -385,6 +386,7 @@ class ModelRunner:
                 self.kv.block_size,
                 self.triton_kernels.BLOCK,
                 self.cascade_rows,
+                self.cascade_min_tiles,
             )
             ints[:, DecodeInputs.CASCADE : DecodeInputs.TABLE] = plan.T
         device = self.kv.device

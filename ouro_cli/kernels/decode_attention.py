@@ -51,7 +51,8 @@ ends at a tile boundary below every member's length, so it never holds the posit
 step writes.
 
 An fp8 cache (model/kv_quant.py) hands the kernel its packed rows (uint8: head_dim fp8 values,
-then the scale's exponent): a tile's rows are loaded as bytes, converted, multiplied by their
+then the scale's exponent, then padding to a multiple of 16 bytes, so a row's values load as
+16-byte vectors): a tile's rows are loaded as bytes, converted, multiplied by their
 token's power-of-two scale and rounded to the query's dtype, which holds them exactly, so the
 tile computes what it computes on the unquantized values the replay attends over. The kernel
 does not write packed rows: the runner writes them in torch (the write's rounding is
@@ -68,6 +69,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from ouro_cli.model import kv_quant
 
 from . import bounds, checks_enabled
 from .gemv import dot_as_sum
@@ -410,8 +413,9 @@ def _attend(
 ) -> torch.Tensor:
     b, hq, d = q.shape
     hkv = k_plane.shape[0]
-    packed = k_plane.dtype == torch.uint8  # fp8 rows of model/kv_quant.py: d + 1 bytes
-    assert k_plane.shape[-1] == d + packed and not (packed and write is not None)
+    packed = k_plane.dtype == torch.uint8  # fp8 rows of model/kv_quant.py: row_bytes(d) bytes
+    assert k_plane.shape[-1] == (kv_quant.row_bytes(d, 1, True) if packed else d)
+    assert not (packed and write is not None)
     assert hq % hkv == 0 and k_plane.shape == v_plane.shape and k_plane.stride() == v_plane.stride()
     assert k_plane.stride(-1) == 1 and block >= 16
     q, ctx_slots = _unit_last_stride(q), _unit_last_stride(ctx_slots)
@@ -535,7 +539,7 @@ def paged_decode_attention(
     cascade: Cascade | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] (one new token per row); k_plane/v_plane [Hkv, slots, D] (one plane of one
-    layer; or [Hkv, slots, D + 1] packed fp8 rows, uint8); ctx_slots [B, W] slot ids of positions
+    layer; or [Hkv, slots, kv_quant.row_bytes(D)] packed fp8 rows, uint8); ctx_slots [B, W] slot ids of positions
     0..W-1; lengths [B] (1 <= length <= W: a row attends to its first `length` positions) -> o
     [B, Hq, D] in q's dtype. Scale head_dim**-0.5. With `cascade` the rows' shared prefixes are
     read once per group (`Cascade`); the output has the same bits."""

@@ -380,7 +380,7 @@ def paged_attention(
     for c in range(ctx_slots.shape[1] // KEY_CHUNK):
         chunk = slice(c * KEY_CHUNK, (c + 1) * KEY_CHUNK)
         slots = ctx_slots[:, chunk]
-        kc = kv_quant.values(k_plane[:, slots], wide).permute(3, 1, 0, 2).to(wide).contiguous()  # [D, B, Hkv, C]
-        vc = kv_quant.values(v_plane[:, slots], wide).permute(2, 1, 0, 3).to(wide).contiguous()  # [C, B, Hkv, D]
+        kc = kv_quant.values(k_plane[:, slots], wide, d).permute(3, 1, 0, 2).to(wide).contiguous()  # [D, B, Hkv, C]
+        vc = kv_quant.values(v_plane[:, slots], wide, d).permute(2, 1, 0, 3).to(wide).contiguous()  # [C, B, Hkv, D]
         state = _fold(state, qg, kc, vc, valid[:, chunk], d**-0.5)
     return _finish(state, q.dtype).reshape(b, hq, d)

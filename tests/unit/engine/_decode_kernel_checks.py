@@ -102,7 +102,7 @@ def check_fp8_attention(device="cpu") -> None:
         for dtype in (torch.float32, torch.bfloat16):
             q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(100 + case)).to(device, dtype)
             got = paged_decode_attention(q, *packed, ctx, lens, **_block(tile))
-            unpacked = [kv_quant.unpack(x, dtype) for x in packed]
+            unpacked = [kv_quant.unpack(x, dtype, d) for x in packed]
             assert torch.equal(got, paged_decode_attention(q, *unpacked, ctx, lens, **_block(tile))), (case, dtype)
             if dtype == torch.float32:
                 ref = decode_attention(q, *packed, ctx, valid, 64)

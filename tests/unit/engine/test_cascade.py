@@ -58,9 +58,10 @@ def batches(draw):
     return table, np.array([positions[i] for i in order], dtype=np.int64), bs
 
 
-def reference_tiles(table, positions, bs, tile) -> list[int]:
+def reference_tiles(table, positions, bs, tile, min_tiles=1) -> list[int]:
     """Per row: its bucket's (rows with its first block) shortest common prefix over every pair,
-    in positions, cut to below every member's position, in whole tiles; 0 alone."""
+    in positions, cut to below every member's position, in whole tiles; 0 alone or below
+    `min_tiles`."""
     b = len(positions)
     out = []
     for i in range(b):
@@ -75,21 +76,21 @@ def reference_tiles(table, positions, bs, tile) -> list[int]:
                 while same < table.shape[1] and table[j][same] == table[k][same]:
                     same += 1
                 shared = min(shared, same * bs)
-        out.append(shared // tile)
+        out.append(shared // tile if shared // tile >= min_tiles else 0)
     return out
 
 
 @settings(max_examples=300, deadline=None)
-@given(batches(), st.sampled_from([1, 4, 16, 64]), st.sampled_from([1, 2, 3, 8, 16]))
-def test_plan_gives_each_bucket_its_shared_tiles_in_programs_of_at_most_per(batch, tile, per):
+@given(batches(), st.sampled_from([1, 4, 16, 64]), st.sampled_from([1, 2, 3, 8, 16]), st.sampled_from([1, 2, 3]))
+def test_plan_gives_each_bucket_its_shared_tiles_in_programs_of_at_most_per(batch, tile, per, min_tiles):
     table, positions, bs = batch
-    plan = cascade_plan(table, positions, bs, tile, per)
+    plan = cascade_plan(table, positions, bs, tile, per, min_tiles)
     b = len(positions)
     assert plan.shape == (4, b) and plan.dtype == np.int64
     if per < 2 or b < 2:
         assert not plan.any()
         return
-    assert plan[TILES].tolist() == reference_tiles(table, positions, bs, tile)
+    assert plan[TILES].tolist() == reference_tiles(table, positions, bs, tile, min_tiles)
     rows = np.flatnonzero(plan[TILES])
     programs = int((plan[COUNT] > 0).sum())
     assert (plan[COUNT, programs:] == 0).all() and (plan[FIRST, programs:] == 0).all()

@@ -60,9 +60,9 @@ def test_views_share_one_buffer_and_scale_with_planes():
 def test_an_fp8_cache_packs_values_and_scales_into_its_rows():
     kv = cache(num_blocks=10, fp8=True)
     plain = cache(num_blocks=10)
-    assert kv.k.dtype == torch.uint8 and kv.k.shape[-1] == 8 + 1 and kv.dtype == torch.float32
+    assert kv.k.dtype == torch.uint8 and kv.k.shape[-1] == 16 and kv.dtype == torch.float32  # 8 + 1, aligned
     assert [kv.blocks_at(p) for p in (4, 2, 1)] == [10, 21, 43]  # the view arithmetic of any cache
-    assert kv.bytes_per_token() == 2 * 2 * T * 2 * (8 + 1) and kv.nbytes == plain.nbytes * 9 // 32
+    assert kv.bytes_per_token() == 2 * 2 * T * 2 * 16 and kv.nbytes == plain.nbytes * 16 // 32
     g = torch.Generator().manual_seed(0)
     k, v = (torch.randn(5, 2, 8, generator=g) * 10.0 ** torch.arange(-2, 3)[:, None, None] for _ in range(2))
     slots = torch.tensor([3, 17, 4, 30, 9])

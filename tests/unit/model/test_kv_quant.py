@@ -60,7 +60,7 @@ def test_rounding_is_idempotent_to_the_bit(dtype):
         once = kv_quant.round_trip(data)
         assert once.dtype == dtype
         assert torch.equal(kv_quant.round_trip(once), once)
-        assert torch.equal(kv_quant.unpack(kv_quant.pack(once), dtype), once)
+        assert torch.equal(kv_quant.unpack(kv_quant.pack(once), dtype, once.shape[-1]), once)
 
 
 def test_a_rows_rounding_is_its_own():
@@ -71,15 +71,17 @@ def test_a_rows_rounding_is_its_own():
             assert torch.equal(kv_quant.round_trip(x[t, h][None]), together[t, h][None])
 
 
-def test_packed_rows_hold_the_rounded_values_in_head_dim_plus_one_bytes():
+def test_packed_rows_hold_the_rounded_values_scale_and_zero_padding_in_aligned_rows():
     x = rows(3).view(8, 8, 16)
     packed = kv_quant.pack(x)
-    assert packed.dtype == torch.uint8 and packed.shape == (8, 8, 17)
-    assert kv_quant.row_bytes(16, 4, fp8=True) == 17 and kv_quant.row_bytes(16, 2, fp8=False) == 32
+    assert packed.dtype == torch.uint8 and packed.shape == (8, 8, 32)  # 16 values, 1 scale byte, 15 zeros
+    assert not packed[..., 17:].any()
+    assert [kv_quant.row_bytes(d, 4, fp8=True) for d in (15, 16, 64, 128)] == [16, 32, 80, 144]
+    assert kv_quant.row_bytes(16, 2, fp8=False) == 32
     for dtype in (torch.float32, torch.bfloat16):
-        assert torch.equal(kv_quant.unpack(packed, dtype), kv_quant.round_trip(x).to(dtype))
-        assert torch.equal(kv_quant.values(packed, dtype), kv_quant.unpack(packed, dtype))
-    assert kv_quant.values(x, torch.bfloat16) is x  # an unquantized cache's rows pass through
+        assert torch.equal(kv_quant.unpack(packed, dtype, 16), kv_quant.round_trip(x).to(dtype))
+        assert torch.equal(kv_quant.values(packed, dtype, 16), kv_quant.unpack(packed, dtype, 16))
+    assert kv_quant.values(x, torch.bfloat16, 16) is x  # an unquantized cache's rows pass through
 
 
 def test_the_gradient_passes_straight_through():

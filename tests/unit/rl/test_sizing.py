@@ -46,13 +46,15 @@ def test_kv_bytes_per_token_follow_the_planes():
 
 
 def test_an_fp8_cache_counts_its_packed_rows_and_holds_about_twice_the_tokens():
-    # 24 layers x 16 KV heads x (128 fp8 bytes + 1 scale byte), for K and V: 96.75 KiB per plane
-    assert sizing.kv_bytes_per_token(ouro_14b(), BF16, 4, fp8_kv=True) == 2 * 24 * 4 * 16 * 129
-    assert sizing.kv_bytes_per_token(ouro_14b(), torch.float32, 1, fp8_kv=True) == 2 * 24 * 16 * 129
+    # 24 layers x 16 KV heads x (128 fp8 bytes + 1 scale byte + 15 bytes of alignment), for K and V
+    assert sizing.kv_bytes_per_token(ouro_14b(), BF16, 4, fp8_kv=True) == 2 * 24 * 4 * 16 * 144
+    assert sizing.kv_bytes_per_token(ouro_14b(), torch.float32, 1, fp8_kv=True) == 2 * 24 * 16 * 144
     bf16, fp8 = plan(sequences_needed=4096), plan(sequences_needed=4096, fp8_kv=True)  # a cache the memory caps
-    assert fp8.kv_bytes <= bf16.kv_bytes and fp8.resident_bytes == bf16.resident_bytes
-    assert fp8.kv_blocks == pytest.approx(bf16.kv_blocks * 256 / 129, rel=1e-3)
-    assert fp8.tokens_at(4, ouro_14b(), 16) > 1.98 * bf16.tokens_at(4, ouro_14b(), 16)
+    # both fill the same room in whole blocks: they differ by less than the larger block
+    assert abs(fp8.kv_bytes - bf16.kv_bytes) < sizing.kv_bytes_per_token(ouro_14b(), BF16, 4) * 16
+    assert fp8.resident_bytes == bf16.resident_bytes
+    assert fp8.kv_blocks == pytest.approx(bf16.kv_blocks * 256 / 144, rel=1e-3)
+    assert fp8.tokens_at(4, ouro_14b(), 16) > 1.77 * bf16.tokens_at(4, ouro_14b(), 16)
 
 
 def test_resident_parts_by_hand():
