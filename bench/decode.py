@@ -16,6 +16,7 @@ token), so it holds `new_tokens` decode steps. Not part of the test run.
 
     python bench/decode.py --compare async        # sync vs async scheduling, threshold exits
     python bench/decode.py --compare speculative  # plain K = T vs self-speculation
+    python bench/decode.py --device cuda --compare groups --batch 256 --prompt 100 --new-tokens 512
 
 `--compare async` decodes with exit threshold τ (`--exit-threshold`) three ways: sync
 immediate exits, sync delayed exits, and `LLM(async_scheduling=True)` (delayed exits,
@@ -23,7 +24,12 @@ the exit signal read one loop late); async against sync delayed isolates the cos
 the per-loop host sync, since both run the same loops (eager steps: a CUDA graph
 runs every loop and never reads an exit signal on the host). `--compare speculative` decodes
 at K = T plainly and with `--speculative-tokens` drafts of `--draft-loops` loops, and
-prints the acceptance rate. Each line gives tok/s and the ratio to the first line.
+prints the acceptance rate. `--compare groups` decodes GRPO groups (`--group-size` samples
+of each prompt) with each prompt's KV copied into every sample's blocks (`share_prompts=False`),
+with the samples sharing the prompt's blocks, with the cascade attention reading them once per
+group, and with that on an fp8 KV cache; the cache holds the whole batch in every mode, so the
+lines differ by what a step reads, not by how many sequences fit. Each line gives tok/s and the
+ratio to the first line.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -66,9 +73,11 @@ def roofline_tokens_per_s(config: OuroConfig, k: int, batch: int, context: float
     return batch / (step_bytes / bandwidth)
 
 
-def make_prompts(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
+def make_prompts(batch: int, prompt_len: int, vocab: int, group: int = 1) -> list[list[int]]:
+    """`batch` random prompts: batch / group distinct ones, each `group` times in a row."""
     g = torch.Generator().manual_seed(0)
-    return [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+    distinct = [torch.randint(1, vocab, (prompt_len,), generator=g).tolist() for _ in range(-(-batch // group))]
+    return [p for p in distinct for _ in range(group)][:batch]
 
 
 def agree_policies(loops: int) -> list[tuple[int, float]]:
@@ -132,7 +141,7 @@ def timed_generate(llm: LLM, prompts: list[list[int]], n: int, k: int, device: s
 
 
 def measure(
-    llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str, **params_kw
+    llm: LLM, batch: int, prompt_len: int, new_tokens: int, k: int, vocab: int, device: str, group=1, **params_kw
 ) -> float:
     """Seconds of `new_tokens` decode steps (sampling and scheduling included): a run of
     new_tokens + 1 tokens minus the time it spent in prefill (which samples the first token).
@@ -141,7 +150,7 @@ def measure(
     by a good fraction of the decode time, so it is timed and taken out rather than
     estimated by a second run. The warm-up is a full-length run: CUDA graphs are captured
     per context-width bucket, so a shorter warm-up would leave captures in the timed run."""
-    prompts = make_prompts(batch, prompt_len, vocab)
+    prompts = make_prompts(batch, prompt_len, vocab, group)
     timed_generate(llm, prompts, new_tokens + 1, k, device, **params_kw)  # warm-up
     total, prefill = timed_generate(llm, prompts, new_tokens + 1, k, device, **params_kw)
     return total - prefill
@@ -158,7 +167,8 @@ def main() -> None:
     ap.add_argument("--loops", "-K", type=int, default=4)
     ap.add_argument("--bandwidth", type=float, default=4.26e12, help="bytes/s for the roofline (H200 copy: 4.26e12)")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--compare", choices=["none", "async", "speculative"], default="none")
+    ap.add_argument("--compare", choices=["none", "async", "speculative", "groups"], default="none")
+    ap.add_argument("--group-size", type=int, default=8, help="samples per prompt of --compare groups")
     ap.add_argument("--exit-threshold", type=float, default=0.7, help="τ of --compare async")
     ap.add_argument("--speculative-tokens", type=int, default=3)
     ap.add_argument("--draft-loops", type=int, default=2)
@@ -212,6 +222,16 @@ def compare(args, model: OuroForCausalLM, config: OuroConfig) -> None:
             ("async (delayed exits)", {**eager, "async_scheduling": True}, dict(tau, exit_mode="immediate")),
         ]
         k = args.loops
+    elif args.compare == "groups":
+        copied = {"share_prompts": False, "cascade": False}
+        fp8 = {"execution": replace(model.execution, kv_cache_dtype="fp8")}
+        modes = [
+            ("prompts copied per sample", copied, {}),
+            ("prompt blocks shared", {"cascade": False}, {}),
+            ("shared, cascade attention", {}, {}),
+            ("shared, cascade, fp8 KV", fp8, {}),
+        ]
+        k = args.loops
     else:
         modes = [
             (f"plain K={t}", {}, {}),
@@ -235,8 +255,9 @@ def compare(args, model: OuroForCausalLM, config: OuroConfig) -> None:
                 max_prefill_tokens=batch * args.prompt,
                 **engine_kw,
             )
+            group = args.group_size if args.compare == "groups" else 1
             seconds = min(
-                measure(llm, batch, args.prompt, args.new_tokens, k, config.vocab_size, args.device, **params_kw)
+                measure(llm, batch, args.prompt, args.new_tokens, k, config.vocab_size, args.device, group, **params_kw)
                 for _ in range(args.repeats)
             )
             c = llm.work_counters()
