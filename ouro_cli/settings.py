@@ -99,8 +99,9 @@ class ExecutionSettings:
     kv_cache_dtype: Literal["auto", "bf16", "fp8"] = option(
         "auto",
         help="The KV cache's dtype: auto or bf16 (the model's dtype, unquantized; bf16 needs a bf16 "
-        "model), or fp8 (e4m3 with a scale per token and head: about half the bytes, so twice the "
-        "tokens; the trainer's replay rounds its K/V the same way, docs/model.md §3).",
+        "model), or fp8 (e4m3 with a scale per token and head: 144 bytes per token and head instead "
+        "of 256 at head_dim 128, about 1.8x the tokens, though slower to decode for now: "
+        "docs/performance.md; the trainer's replay rounds its K/V the same way, docs/model.md §3).",
         panel=P_EXEC,
     )
 

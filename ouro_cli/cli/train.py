@@ -43,7 +43,7 @@ TRAIN_EPILOG = """Examples:
 
   ouro train --config recipe.toml --updates 50    # flags override the TOML file
 
-  ouro train --config recipe.toml --kv-cache-dtype fp8   # fp8 K/V: about twice the KV tokens, rounded in the replay too
+  ouro train --config recipe.toml --kv-cache-dtype fp8   # fp8 K/V: about 1.8x the KV tokens, rounded in the replay too
 """
 
 RESUME_EPILOG = """Examples:
