@@ -70,6 +70,7 @@ import e2e_limits  # noqa: E402  (bench/e2e_limits.py: each phase at the hardwar
 from workloads import prompt_lengths, with_varied_stops, write_prompts  # noqa: E402
 
 from ouro_cli.model.config import OuroConfig  # noqa: E402
+from ouro_cli.rl.options import DEFAULT_ENGINE  # noqa: E402
 
 CASES = {"a": (32, 8, 512), "b": (8, 8, 2048), "v": (32, 8, 512)}
 TINY_CASES = {"a": (4, 4, 64), "b": (2, 4, 256), "v": (4, 4, 64)}  # --shape tiny: the same path, CPU-sized
@@ -250,6 +251,7 @@ def run_case(
     )
     if returncode != 0:
         print("\n".join(lines[-30:]))
+    plan = json.loads((run / "ouro-plan.json").read_text())["options"] if (run / "ouro-plan.json").exists() else {}
     shutil.rmtree(run / "checkpoint", ignore_errors=True)  # 19 GB at 1.4B: the next case needs the disk
     if stats.exists():
         print_host_profile(stats, records[host_profile] if host_profile < len(records) else {})
@@ -267,6 +269,12 @@ def run_case(
         "returncode": returncode,
         "wall_s": wall,
         "updates": records,
+        # what the rollout's roofline counts (e2e_limits.py): the built-in local engine shares a
+        # group's prompt blocks; the PD engine and other factories hold a copy per sample
+        "shared_prompts": bool(plan.get("share_prompts", True))
+        and not plan.get("prefill_devices")
+        and plan.get("engine", DEFAULT_ENGINE) == DEFAULT_ENGINE,
+        "kv_fp8": plan.get("kv_cache_dtype") == "fp8",
     }
 
 

@@ -5,7 +5,12 @@ run's `metrics.jsonl` records (bench/e2e.py prints them beside the measured time
   loops) plus the lm_head, and every running sequence's cached K/V: K planes of its whole
   context. At the limit, every sample decodes in one wave, so the steps are the longest
   response; the K/V bytes are the sum over samples of (prompt + i) x K planes for each
-  decoded token i. Prompt lengths are not recorded: their mean is taken from the prefill
+  decoded token i. Where the engine shares a group's prompt (the built-in local engine;
+  engine/cascade.py reads a shared prefix once per group), the prompt's planes count once per
+  group for each step while any of its samples decodes, that is prompt x the group's longest
+  response, and each sample adds only its own i. With the fp8 cache a value takes its packed
+  row's bytes (model/kv_quant.py `row_bytes`: head_dim fp8 values, the scale, padding) over
+  head_dim instead of 2. Prompt lengths are not recorded: their mean is taken from the prefill
   counters (tokens prefilled + tokens shared over samples; a preempted sequence's re-prefill
   inflates it a little, in the limit's favour). Prefill is left out (a few hundred tokens per
   prompt: under 1 % of the bytes at these shapes).
@@ -43,12 +48,27 @@ def mean_prompt_tokens(r: dict[str, Any]) -> float:
     return (r.get("engine_prefill_tokens", 0) + r.get("engine_prefill_tokens_shared", 0)) / samples
 
 
-def rollout_limit_s(r: dict[str, Any], c, elem: int = 2, bandwidth: float = COPY_BANDWIDTH) -> float:
+def kv_value_bytes(c, fp8: bool) -> float:
+    """Bytes one cached K (or V) value takes: bf16's 2, or an fp8 packed row's share."""
+    from ouro_cli.model import kv_quant
+
+    return kv_quant.row_bytes(c.dim_per_head, 1, fp8=True) / c.dim_per_head if fp8 else 2.0
+
+
+def rollout_limit_s(
+    r: dict[str, Any], c, group: int = 1, fp8: bool = False, bandwidth: float = COPY_BANDWIDTH
+) -> float:
+    """The rollout at the bytes roofline (module docstring). `group` > 1: the samples of each run
+    of `group` consecutive responses share their prompt, read once per step; 1: every sample
+    reads its own copy."""
     k, lengths = r["k"], r["response_lengths"]
-    plane = 2 * c.num_hidden_layers * c.num_key_value_heads * c.dim_per_head * elem  # K and V, one plane
+    plane = 2 * c.num_hidden_layers * c.num_key_value_heads * c.dim_per_head * kv_value_bytes(c, fp8)
     p = mean_prompt_tokens(r)
-    kv = sum(n * p + n * (n - 1) / 2 for n in lengths) * k * plane  # sum over decoded tokens of their context
-    weights = max(lengths, default=0) * (k * layer_stack_params(c) + c.vocab_size * c.hidden_size) * elem
+    own = sum(n * (n - 1) / 2 for n in lengths)  # the positions each decoded token adds past the prompt
+    groups = [lengths[i : i + group] for i in range(0, len(lengths), max(group, 1))]
+    prompt = sum(p * (max(g) if group > 1 else sum(g)) for g in groups)
+    kv = (prompt + own) * k * plane  # sum over decoded tokens of their context, in K planes
+    weights = max(lengths, default=0) * (k * layer_stack_params(c) + c.vocab_size * c.hidden_size) * 2  # bf16
     return (kv + weights) / bandwidth
 
 
@@ -74,10 +94,11 @@ def publish_limit_s(c, elem: int = 2, bandwidth: float = COPY_BANDWIDTH) -> floa
     return 2 * parameter_counts(c)[0] * elem / bandwidth
 
 
-def limits(r: dict[str, Any], c) -> dict[str, float]:
-    """The three phase limits of one update and their sum, in seconds."""
+def limits(r: dict[str, Any], c, group: int = 1, fp8: bool = False) -> dict[str, float]:
+    """The three phase limits of one update and their sum, in seconds (`group`, `fp8`: as
+    `rollout_limit_s` takes them)."""
     out = {
-        "rollout": rollout_limit_s(r, c),
+        "rollout": rollout_limit_s(r, c, group, fp8),
         "train": train_model_flops(r, c) / TRAIN_FLOPS,
         "publish": publish_limit_s(c),
     }
@@ -88,12 +109,16 @@ def limits(r: dict[str, Any], c) -> dict[str, float]:
 def table(result: dict[str, Any], c) -> str:
     """Per update: each phase's time, its limit and limit / time (1.00 = at the limit), and the
     trainer's model TFLOP/s; then the steady state per K (the updates after each K's first,
-    which compiles and captures CUDA graphs)."""
+    which compiles and captures CUDA graphs). The rollout's limit reads a group's prompt once
+    where the run shared prompts (`result["shared_prompts"]`, group size `result["shape"][1]`)
+    and counts fp8 rows where its cache was fp8 (`result["kv_fp8"]`)."""
+    group = result["shape"][1] if result.get("shared_prompts") else 1
+    fp8 = bool(result.get("kv_fp8"))
     head = "upd K | rollout s limit ratio | train s limit ratio TFLOP/s | publish ms limit ratio | update s limit ratio"
     out = [head, "-" * len(head)]
     seen: dict[int, list[dict[str, Any]]] = {}
     for r in result["updates"]:
-        lim = limits(r, c)
+        lim = limits(r, c, group, fp8)
         update = r["rollout_s"] + r["train_s"] + r["publish_s"]
         tflops = lim["train"] * TRAIN_FLOPS / r["train_s"] / 1e12
         out.append(
@@ -113,7 +138,7 @@ def table(result: dict[str, Any], c) -> str:
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         roll, train = mean([r["rollout_s"] for r in steady]), mean([r["train_s"] for r in steady])
         pub = mean([r["publish_s"] for r in steady])
-        each = [limits(r, c) for r in steady]
+        each = [limits(r, c, group, fp8) for r in steady]
         lim = {key: mean([x[key] for x in each]) for key in ("rollout", "train", "update")}
         tflops = mean([x["train"] * TRAIN_FLOPS / r["train_s"] / 1e12 for x, r in zip(each, steady, strict=True)])
         out.append(

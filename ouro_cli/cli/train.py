@@ -275,6 +275,7 @@ RESUME_OPTIONS = (
     "decode_gemv",
     "replay_attention",
     "kv_cache_dtype",
+    "share_prompts",
     "eval_data",
     "eval_interval",
     "save_interval",

@@ -368,9 +368,11 @@ def _make_engine(options: EngineOptions, model, sizing: RunSizing, device: torch
         return engine
     from ouro_cli.engine import make_engine
 
-    return make_engine(
-        options.factory, model, **engine_options, **({"async_scheduling": True} if options.async_scheduling else {})
-    )
+    if options.async_scheduling:
+        engine_options["async_scheduling"] = True
+    if options.built_in_local and not options.share_prompts:
+        engine_options["share_prompts"] = False
+    return make_engine(options.factory, model, **engine_options)
 
 
 def _in_use(device: torch.device) -> int:
@@ -580,6 +582,9 @@ def setup(
             "management: its CUDA graphs are captured again every update)"
         )
     )
+    sharing = getattr(engine, "share_prompts", None)  # LLM's; other engines do not say
+    if sharing is not None:
+        where += "; a group's prompt K/V held once" if sharing else "; a prompt K/V copy per sample"
     log(f"engine: {type(engine).__name__}{where}")
     published = f"{stats['publish_s'] * 1e3:.1f} ms"
     progress.detail(f"weights published to the engine as version {start_update + 1} ({published})")

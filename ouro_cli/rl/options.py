@@ -211,6 +211,13 @@ class EngineOptions:
     async_scheduling: bool = option(
         False, help="Queue each decode loop before reading the last exit signal (forces delayed exits).", panel=P_ENGINE
     )
+    share_prompts: bool = option(
+        True,
+        flag="--share-prompts/--no-share-prompts",
+        help="Hold a group's prompt K/V once for all its samples and read it once per decode step; "
+        "off: each sample keeps its own copy (more memory, slower decode; the same tokens).",
+        panel=P_ENGINE,
+    )
     speculative_tokens: int = option(
         0, help="Self-speculation: draft N tokens at 2 loops, verify at T (needs --depths T alone).", panel=P_ENGINE
     )
@@ -259,8 +266,9 @@ class EngineOptions:
 
     @property
     def shares_prompts(self) -> bool:
-        """The built-in local engine holds a group's full prompt KV blocks once (engine/scheduler.py)."""
-        return self.built_in_local
+        """The built-in local engine holds a group's full prompt KV blocks once (engine/scheduler.py)
+        unless --no-share-prompts; the PD engine and other factories keep a copy per sample."""
+        return self.built_in_local and self.share_prompts
 
     def _check_disaggregation(self) -> None:
         """`--prefill-devices/--decode-devices` run the PD engine (ouro_cli.engine.pd): both or

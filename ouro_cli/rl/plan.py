@@ -172,16 +172,20 @@ def resume_options(plan: dict[str, Any], given: dict[str, Any], *, updates: int,
 # Execution settings whose absence from a recorded plan has one meaning: the plan was written
 # before the setting existed, when every run computed so (no fp8 KV cache: the model's dtype).
 EXECUTION_BEFORE_THE_KEY = {"kv_cache_dtype": "model"}
+# The same for the contract's own keys (the engine shared a group's prompt before it could be
+# turned off).
+CONTRACT_BEFORE_THE_KEY = {"share_prompts": True}
 
 
 def check_same_contract(saved: dict[str, Any], new: dict[str, Any], *, allow_scheduler: bool) -> None:
     """Reject a resume whose contract differs from the run's, naming the first differing key (a
     setting of `execution` or `sizing` by its own name). A recorded `execution` lacking a key of
-    EXECUTION_BEFORE_THE_KEY reads as that key's value there."""
+    EXECUTION_BEFORE_THE_KEY reads as that key's value there, and so does a contract lacking a
+    key of CONTRACT_BEFORE_THE_KEY."""
     for key in sorted(set(saved) | set(new)):
         if allow_scheduler and key in SCHEDULER_KEYS:
             continue
-        a, b = saved.get(key), new.get(key)
+        a, b = saved.get(key, CONTRACT_BEFORE_THE_KEY.get(key)), new.get(key)
         if key == "execution" and isinstance(a, dict):
             a = {**EXECUTION_BEFORE_THE_KEY, **a}
         if a == b:

@@ -121,6 +121,33 @@ def test_resume_with_other_depths_is_rejected_naming_depths(trained):
     assert len(_metrics(run)) == 3
 
 
+def test_no_share_prompts_samples_the_same_rollout_and_is_part_of_the_contract(trained, tmp_path):
+    """`--no-share-prompts` keeps a prompt copy per sample: the first update samples the tokens,
+    depths and logprobs the shared run sampled (same seeds, no preemption on either), the plan
+    records the setting, and a resume of the shared run that turns it off is refused naming it."""
+    root, run, _ = trained
+    other = tmp_path / "copies"
+    proc = ouro(
+        "train", "--depths", "2", "3", "4", "--updates", "1", "--run-dir", str(other), "--no-share-prompts",
+        *small(root), "--eval-data", "", cwd=root,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "engine: LLM; a prompt K/V copy per sample" in proc.stdout + proc.stderr
+    assert json.loads((other / "ouro-plan.json").read_text())["contract"]["share_prompts"] is False
+    assert json.loads((run / "ouro-plan.json").read_text())["contract"]["share_prompts"] is True
+
+    def sampled(directory):
+        rows = (directory / "rollouts" / "update_000000.jsonl").read_text().splitlines()
+        return [(r["response_ids"], r["exit_depths"], r["logprobs"]) for r in map(json.loads, rows)]
+
+    assert sampled(other) == sampled(run)
+    before = (run / "ouro-plan.json").read_text()
+    proc = ouro("resume", str(run), "--updates", "9", "--no-share-prompts", cwd=root)
+    assert proc.returncode == 2, proc.stderr
+    assert "error: resume would change share_prompts: the run has True, this invocation False" in proc.stderr
+    assert (run / "ouro-plan.json").read_text() == before
+
+
 def test_resume_continues_and_export_loads(trained):
     root, run, _ = trained
     proc = ouro("resume", str(run), "--updates", "5", cwd=root)

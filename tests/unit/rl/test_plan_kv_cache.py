@@ -1,7 +1,8 @@
 """`--kv-cache-dtype` is part of a run's contract (`execution.kv_cache_dtype`): fp8 is recorded as
 such, auto and bf16 (both the model's dtype, unquantized) alike; a resume that would change it is
 refused naming the flag, and so is a plan that does not record it; bf16 with a model computing
-in fp32 is refused before anything runs."""
+in fp32 is refused before anything runs. `--share-prompts` is in the contract too (it decides
+how many sequences the cache holds at once); a plan older than it reads as sharing."""
 
 from __future__ import annotations
 
@@ -49,6 +50,16 @@ def test_a_plan_written_before_the_key_resumes_unquantized_only():
     plans.check_same_contract(old, contract(), allow_scheduler=False)
     with pytest.raises(UserError, match="^resume would change execution.kv_cache_dtype: the run has 'model'"):
         plans.check_same_contract(old, contract(kv_cache_dtype="fp8"), allow_scheduler=False)
+
+
+def test_a_plan_written_before_share_prompts_resumes_sharing():
+    """A contract without `share_prompts` was written when the engine always shared a group's
+    prompt: it resumes so, and a resume with --no-share-prompts is refused naming the key."""
+    old = contract()
+    assert old.pop("share_prompts") is True
+    plans.check_same_contract(old, contract(), allow_scheduler=False)
+    with pytest.raises(UserError, match="^resume would change share_prompts: the run has True, this invocation False"):
+        plans.check_same_contract(old, contract(share_prompts=False), allow_scheduler=False)
 
 
 def test_bf16_needs_a_model_in_bf16():
