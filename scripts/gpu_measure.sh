@@ -14,6 +14,11 @@
 #   fixed_tile    exact mode's projections against cuBLAS, every tile config timed and its bits checked
 #   profile       the K = 2 case with its third update's train step profiled (not in the default set)
 #   exact_profile the same in exact mode (not in the default set)
+#   shapes        bench/shapes.py's cells named in $CELLS (K = 4, 2 updates; $MODEL 1.4b or 2.6b),
+#                 each within $CELL_S seconds (default 300; a 2.6B cell needs about 420), the run
+#                 folders on /dev/shm where it has room (the final checkpoint save is then not
+#                 bound by the disk) (not in the default set), e.g.
+#                 CELLS="p16-r512-default p16-r512-exact" bash scripts/gpu_measure.sh shapes
 set -uo pipefail
 source scripts/wheels_env.sh || exit 2
 export PYTHONUNBUFFERED=1
@@ -47,7 +52,15 @@ for s in "${steps[@]}"; do
       extra=(); [ "$s" = exact_profile ] && extra=(--train-args=--exact)
       step "$s" 330 python3 bench/e2e.py --prompts arith --cases a --depths 2 --updates 3 --train-profile 2 "${extra[@]}" \
         --timeout 300 --out "$out/$s.json" ;;
-    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile)"; exit 2 ;;
+    shapes)
+      work=/tmp/ouro-shapes
+      [ "$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge 60 ] 2>/dev/null && work=/dev/shm/ouro-shapes
+      read -ra cells <<< "${CELLS:?name the cells in CELLS (python bench/shapes.py --list)}"
+      limit=${CELL_S:-300}
+      step shapes $((limit * ${#cells[@]} + 30)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
+        --timeout "$limit" --work "$work" --out "$out/shapes.json" --cells "${cells[@]}"
+      rm -rf "$work" ;;
+    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes)"; exit 2 ;;
   esac
 done
 exit $status
