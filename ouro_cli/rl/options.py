@@ -213,9 +213,8 @@ class EngineOptions:
     )
     share_prompts: bool = option(
         True,
-        flag="--share-prompts/--no-share-prompts",
         help="Hold a group's prompt K/V once for all its samples and read it once per decode step; "
-        "off: each sample keeps its own copy (more memory, slower decode; the same tokens).",
+        "--no-share-prompts gives each sample its own copy (more memory, slower; the same tokens).",
         panel=P_ENGINE,
     )
     speculative_tokens: int = option(
