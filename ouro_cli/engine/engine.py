@@ -302,6 +302,12 @@ class LLM(GenerationControl):
     def work_counters(self) -> Mapping[str, int]:
         return self.core.work_counters()
 
+    def take_decode_batches(self) -> list[int]:
+        """The rows of every decode step since the last call, in order (the batch over time), and
+        forget them. Not part of the engine contract: a run reads it where an engine has it."""
+        batches, self.core.runner.batches = self.core.runner.batches, []
+        return batches
+
     def close(self) -> None:
         control = self.control
         with control.lock:

@@ -149,6 +149,7 @@ class ModelRunner:
         cascade: bool = True,
     ) -> None:
         self.model, self.kv, self.counters = model, kv, counters
+        self.batches: list[int] = []  # every decode step's rows, until `take_batches`
         execution = model.execution if attention is None else replace(model.execution, decode_attention=attention)
         self.attention = execution.decode_attention_on(kv.device.type)  # "torch" | "triton" | "exact"
         # `cascade`: the Triton attention reads the prefix a step's rows share once per group
@@ -350,6 +351,7 @@ class ModelRunner:
             self.counters.decode_steps_eager += 1
         self.counters.decode_tokens += b
         self.counters.decode_steps += 1
+        self.batches.append(b)
         self.counters.decode_layer_tokens_executed += (b + pad) * loops_run * self.num_layers
         return logits[:b], depth[:b]
 

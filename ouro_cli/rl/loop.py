@@ -57,6 +57,7 @@ from .metrics import (
     counter_delta,
     device_hours,
     rollout_summary,
+    tenths,
 )
 from .options import EngineOptions, TrainOptions
 from .phases import hand_back, phase
@@ -924,6 +925,9 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     k = depth_for_update(s.options.depths, update)
     counters_before = dict(s.engine.work_counters())
+    take_batches = getattr(s.engine, "take_decode_batches", None)  # LLM's; other engines keep theirs
+    if take_batches is not None:
+        take_batches()  # from here on: this update's rollout and refills
     device, sizing, timing = s.trainer.device, s.sizing, {}
     # the optimizer state may share the device with a rollout's cache (rl/sizing.py state_per_call)
     lower = "--gpu-memory-utilization or --max-num-seqs" + (
@@ -953,6 +957,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
     ):
         trained, selection = refill_stage(s, update, k, samples)
     decided += record_decisions(s)  # the refill rounds' (rollout_stage decides in them too)
+    batches = tenths(take_batches()) if take_batches is not None else None
     advantage_stage(s, samples)
     hand_back(s.engine, device)  # the trainer may use the KV cache's memory until the next rollout
     s.progress.stage(Stage("train", update, k, counter=getattr(s.trainer, "step_progress", None)))
@@ -1030,6 +1035,7 @@ def run_update(s: Session, update: int) -> dict[str, Any]:
         "job_elapsed_s": elapsed,
         "device_hours": device_hours(elapsed, s.devices) * s.world,
         "kv_transport": getattr(s.engine, "transport", None),
+        "engine_decode_batch_tenths": batches,
         **{f"engine_{key}": v for key, v in engine_delta.items()},
     }
     if s.is_main:

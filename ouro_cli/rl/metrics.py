@@ -12,6 +12,7 @@ summary's `final_save_s`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
@@ -35,6 +36,14 @@ def rollout_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "exit_depth_histogram": {str(k): histogram[k] for k in sorted(histogram)},
         "mean_exit_depth": sum(decode_depths) / len(decode_depths) if decode_depths else None,
     }
+
+
+def tenths(batches: Sequence[int]) -> list[float]:
+    """The decode batch over time: the mean rows of each tenth of the steps `batches` lists
+    (fewer parts when there are fewer than ten steps), to one decimal."""
+    n, parts = len(batches), min(10, len(batches))
+    edges = [round(i * n / parts) for i in range(parts + 1)] if parts else []
+    return [round(sum(batches[a:b]) / (b - a), 1) for a, b in itertools.pairwise(edges)]
 
 
 def counter_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:

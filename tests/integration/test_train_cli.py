@@ -99,6 +99,7 @@ def test_train_runs_the_depth_schedule_with_versions(trained):
         assert set(m["exit_depth_histogram"]) == {str(m["k"])}
         assert m["logprob_mismatch_max"] < 1e-5  # engine vs trainer replay, fp32 CPU
         assert m["engine_decode_layer_tokens"] > 0 and m["train_layer_tokens_executed"] > 0
+        assert 0 < min(m["engine_decode_batch_tenths"]) <= max(m["engine_decode_batch_tenths"]) <= 4  # max-num-seqs
     rows = [json.loads(x) for x in (root / "train.jsonl").read_text().splitlines()]
     labels = {r["metadata"]["problem_id"]: r["label"] for r in rows}
     for update in range(3):

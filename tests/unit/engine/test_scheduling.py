@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ouro_cli.engine import RequestRejected, SamplingParams
+from ouro_cli.engine import LLM, RequestRejected, SamplingParams
 
-from .conftest import prompts
+from .conftest import prompts, tiny_model
 from .test_replay import max_replay_error
 
 
@@ -143,3 +143,17 @@ def test_reserving_admission_never_preempts(model):
     assert c0["preemptions"] > 0 and c1["preemptions"] == 0
     assert c1["prefill_tokens"] == sum(map(len, prompts(7, seed=2)))  # nobody recomputed
     assert_same(eager, held, logprob_tol=0.0)
+
+
+def test_the_engine_lists_each_decode_steps_rows():
+    """`take_decode_batches`: the rows of every decode step since the last call (the batch over
+    time an update reports), each decoded row once."""
+    llm = LLM(tiny_model(0), max_num_seqs=3, kv_blocks=64, block_size=4)
+    lengths = [2, 5, 3, 6]
+    params = [SamplingParams(max_tokens=n, seed=i, ignore_eos=True) for i, n in enumerate(lengths)]
+    before = llm.work_counters()["decode_tokens"]
+    llm.generate([[5, 6, 7]] * len(lengths), params)
+    batches = llm.take_decode_batches()
+    assert sum(batches) == llm.work_counters()["decode_tokens"] - before  # every decoded row, once
+    assert max(batches) <= 3 and len(batches) == llm.work_counters()["decode_steps"]
+    assert llm.take_decode_batches() == []  # taken: forgotten
