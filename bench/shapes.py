@@ -179,7 +179,8 @@ def verdict(result: dict) -> tuple[bool, list[str]]:
         tokens = sum(r.get("rank_response_tokens", [0]))
         lines.append(
             f"  update {r['update']} K={r['k']}: {r['step_s']:.1f} s (rollout {r['rollout_s']:.1f}, train "
-            f"{r['train_s']:.1f}); {tokens} response tokens, {r.get('engine_preemptions', 0)} preempted; "
+            f"{r['train_s']:.1f}); {tokens} response tokens, {r.get('engine_preemptions', 0)} preempted, decode "
+            f"batch over time {' '.join(f'{x:.0f}' for x in r.get('engine_decode_batch_tenths') or []) or '-'}; "
             f"peak GiB (held) + {outside:.1f} outside, graph pools {r.get('graph_pools_gib') or 0.0:.1f}, "
             f"budget {budget:.1f}: "
             + ", ".join(f"{p} {n:.1f} ({h:.1f})" for p, (n, h) in peaks.items())
