@@ -110,6 +110,74 @@ def check_fp8_attention(device="cpu") -> None:
                 assert err <= 1e-5 * ref.abs().max().item(), f"case {case}: kernel vs decode_attention {err:.3g}"
 
 
+# e4m3's 127 non-negative finite values, ascending (codes 0x00 .. 0x7E: 0 .. 448)
+E4M3_VALUES = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+
+
+def fp8_rows_data(rows: int, d: int, seed: int, exponents: tuple[int, int] = (-130, 100)) -> torch.Tensor:
+    """fp64 rows [rows, d] for the fp8 rounding, in turn: random normals times 2^e (e drawn from
+    `exponents`: fp32 subnormals at -130); a row of zeros, with a -0.0; a row whose largest |x|
+    is 448 · 2^j (k = j, x / 2^k lands on e4m3's largest value) and whose other elements lie
+    halfway between neighbouring e4m3 values times 2^j (ties, to even), signs drawn; and a row
+    of e4m3 values times 2^j (exact after scaling) led by 432 · 2^j or 440 · 2^j, which round up
+    to 448 (a tie and a nearest)."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = exponents
+    out = torch.empty(rows, d, dtype=torch.float64)
+    for r in range(rows):
+        kind = r % 4
+        j = int(torch.randint(min(lo, hi - 9), hi - 8, (1,), generator=g))  # 448 · 2^j <= 2^hi
+        signs = torch.where(torch.rand(d, generator=g) < 0.5, -1.0, 1.0).double()
+        codes = torch.randint(0, 126, (d,), generator=g)
+        if kind == 0:
+            e = int(torch.randint(lo, hi + 1, (1,), generator=g))
+            out[r] = torch.randn(d, generator=g, dtype=torch.float64) * 2.0**e
+        elif kind == 1:
+            out[r] = 0.0
+            out[r, int(torch.randint(0, d, (1,), generator=g))] = -0.0
+        elif kind == 2:
+            out[r] = signs * (E4M3_VALUES[codes] + E4M3_VALUES[codes + 1]) / 2 * 2.0**j
+            out[r, int(torch.randint(0, d, (1,), generator=g))] = 448.0 * 2.0**j
+        else:
+            out[r] = signs * E4M3_VALUES[codes] * 2.0**j
+            out[r, int(torch.randint(0, d, (1,), generator=g))] = (432.0 if r % 8 == 3 else 440.0) * 2.0**j
+    return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and bits (-0.0 is not 0.0)."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(ints).cpu(), b.view(ints).cpu())
+
+
+def check_fp8_round_trip(
+    device="cpu", shape=(70, 3, 64), dtypes=(torch.float32, torch.bfloat16, torch.float16)
+) -> None:
+    """kernels/fp8_rows.round_trip of `fp8_rows_data` rows [N, H, D] (a head view of a wider
+    projection, as a layer's v is; fp16 within its range) has the bits of kv_quant's torch round
+    trip, on the device and on the CPU; `kv_quant.round_trip` without a gradient runs it (with
+    one: the torch code)."""
+    from ouro_cli.kernels import fp8_rows
+    from ouro_cli.model import kv_quant
+
+    n, h, d = shape
+    for i, dtype in enumerate(dtypes):
+        exponents = (-30, 12) if dtype == torch.float16 else (-130, 100)
+        x = fp8_rows_data(n * h, d, seed=i, exponents=exponents).view(n, h, d)
+        wide = torch.zeros(n, h * d + 16, dtype=dtype)
+        wide[:, 8 : 8 + h * d] = x.reshape(n, h * d).to(dtype)
+        x = wide.to(device)[:, 8 : 8 + h * d].view(n, h, d)
+        got = fp8_rows.round_trip(x, kv_quant.LOWEST_EXPONENT)
+        assert same_bits(got, kv_quant.torch_round_trip(x)), (dtype, "device torch")
+        assert same_bits(got, kv_quant.torch_round_trip(x.cpu())), (dtype, "cpu torch")
+        with torch.no_grad():
+            assert same_bits(kv_quant.round_trip(x), got)
+        assert same_bits(fp8_rows.round_trip(x[0, 0], kv_quant.LOWEST_EXPONENT), got[0, 0]), "a 1-d row"
+        grad = x.clone().requires_grad_()
+        out = kv_quant.round_trip(grad)
+        assert out.grad_fn is not None and same_bits(out.detach(), got), "the straight-through path"
+
+
 def check_batch_invariance(device="cpu", dtype=torch.float32) -> None:
     """A row's output is the same bits alone (narrow slot table) or among longer rows (wide table)."""
     from ouro_cli.kernels.decode_attention import paged_decode_attention
@@ -459,6 +527,7 @@ def check_bounds_checks_name_the_bad_index(device="cpu") -> None:
 CHECKS = {
     "attention": check_attention,
     "fp8_attention": check_fp8_attention,
+    "fp8_round_trip": check_fp8_round_trip,
     "batch_invariance": check_batch_invariance,
     "write_and_attend": check_write_and_attend,
     "engine": check_engine,
