@@ -76,8 +76,9 @@ def test_replay_attention_in_decode_order(dtype):
 
 
 @DTYPES
-def test_write_and_attend_matches_the_two_steps(dtype):
-    check_write_and_attend("cuda", dtype)
+@pytest.mark.parametrize("fp8", [False, True], ids=["plain", "fp8"])
+def test_write_and_attend_matches_the_two_steps(dtype, fp8):
+    check_write_and_attend("cuda", dtype, fp8=fp8)
 
 
 def test_fp8_round_trip_kernel_has_the_torch_bits_at_a_decode_shape():
