@@ -1,15 +1,16 @@
 """The cascade decode attention (a group's shared prompt read once) against the plain kernel, on CUDA.
 
     python bench/cascade.py                       # 1.4B heads, 32 groups of 8, prompts 100 and 1000
-    python bench/cascade.py --fp8                 # over packed fp8 rows (the attention alone)
+    python bench/cascade.py --fp8                 # over packed fp8 rows (the write packs them)
 
 For each prompt length: µs per call of kernels/decode_attention.write_kv_and_attend (bf16,
-plane t > 0; with --fp8 paged_decode_attention over packed rows), 20 calls captured to a
-CUDA graph and replayed (gemv.graph_time), with the cascade off and on (its prefix pass
-included), the attention's tokens/s at 24 layers × 4 loops (rows / (µs per call × 96)),
-the ratio, and the host's µs per step for the plan (engine/cascade.py). Rows of a group
-reference the same prompt blocks (16-token blocks, ids shuffled) and sit `--response`
-positions past it. The outputs are checked equal bit for bit. Not part of the test run.
+plane t > 0, every row active; with --fp8 over packed planes, the new K/V rounded as a layer
+hands them over and packed by the kernel), 20 calls captured to a CUDA graph and replayed
+(gemv.graph_time), with the cascade off and on (its prefix pass included), the attention's
+tokens/s at 24 layers × 4 loops (rows / (µs per call × 96)), the ratio, and the host's µs per
+step for the plan (engine/cascade.py). Rows of a group reference the same prompt blocks
+(16-token blocks, ids shuffled) and sit `--response` positions past it. The outputs are
+checked equal bit for bit. Not part of the test run.
 """
 
 from __future__ import annotations
@@ -88,24 +89,21 @@ def bench_prompt(prompt: int, args) -> None:
     g = torch.Generator(device=dev).manual_seed(prompt)
     planes = torch.randn(4, hkv, num_slots, d, device=dev, dtype=dt, generator=g)
     q = torch.randn(rows, args.heads, d, device=dev, dtype=dt, generator=g)
-    if args.fp8:
-        k, v = kv_quant.pack(planes[0]), kv_quant.pack(planes[1])
+    k_new, v_new = (torch.randn(rows, hkv, d, device=dev, dtype=dt, generator=g) for _ in range(2))
+    if args.fp8:  # packed planes; the new K/V as the layer hands them over (rounded)
+        planes = [kv_quant.pack(p) for p in planes]
+        k_new, v_new = kv_quant.round_trip(k_new), kv_quant.round_trip(v_new)
+    new_slots, active = ctx[:, -1].contiguous(), torch.ones(rows, dtype=torch.bool, device=dev)
 
-        def call(with_cascade):
-            return kernels.paged_decode_attention(q, k, v, ctx, lengths, cascade=with_cascade)
-    else:
-        k_new, v_new = (torch.randn(rows, hkv, d, device=dev, dtype=dt, generator=g) for _ in range(2))
-        new_slots, active = ctx[:, -1].contiguous(), torch.ones(rows, dtype=torch.bool, device=dev)
-
-        def call(with_cascade):
-            return kernels.write_kv_and_attend(
-                q, planes[2], planes[3], planes[0], planes[1], new_slots, k_new, v_new, active, ctx, lengths,
-                cascade=with_cascade,
-            )  # fmt: skip
+    def call(with_cascade):
+        return kernels.write_kv_and_attend(
+            q, planes[2], planes[3], planes[0], planes[1], new_slots, k_new, v_new, active, ctx, lengths,
+            cascade=with_cascade,
+        )  # fmt: skip
 
     same = torch.equal(call(None), call(cascade))
     us = {name: graph_time(lambda i, c=c: call(c), args.reps) * 1e6 for name, c in (("off", None), ("on", cascade))}
-    kind = "fp8 attention" if args.fp8 else "bf16 write+attend"
+    kind = "fp8 write+attend" if args.fp8 else "bf16 write+attend"
     print(
         f"prompt {prompt}, position {length - 1}, {args.groups} groups of {args.group_size} ({rows} rows), "
         f"{args.heads}/{hkv} heads x {d}, {kind}: plan {plan_us:.0f} µs a step on the host, outputs "

@@ -424,7 +424,7 @@ class ModelRunner:
         def attend_for_layer(layer: int):
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 k, v = k[:, 0], v[:, 0]
-                if self.attention == "triton" and not kv.fp8:  # the write and the attention in one kernel
+                if self.attention == "triton":  # the write and the attention in one kernel (fp8: packed there)
                     k_plane, v_plane = kv.plane(layer, plane)
                     prev = kv.plane(layer, plane - 1) if plane > 0 else (None, None)
                     return ops.write_kv_and_attend(
@@ -447,10 +447,6 @@ class ModelRunner:
                 kv.write(layer, plane, new_slots, k, v)
                 if self.attention == "exact":  # the replay's chunk order (model/exact.py)
                     o = exact.paged_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid)
-                elif self.attention == "triton":  # fp8: packed K/V written above (kv.write), read here
-                    o = ops.paged_decode_attention(
-                        q[:, 0], *kv.plane(layer, plane), ctx_slots, lengths, cascade=cascade
-                    )
                 else:
                     o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
                 return o[:, None]

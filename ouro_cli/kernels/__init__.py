@@ -1,11 +1,11 @@
 """Triton kernels: the engine's decode step on CUDA, and the model's paged replay attention.
 
 The torch code they replace (engine/paged_attention.py, the KV writes in engine/runner.py,
-F.linear) stays the reference and the CPU path; on CUDA a decode step is otherwise bound
-by the launches of its many small torch kernels. Which path runs is an
-execution setting (ouro_cli/settings.py: `--decode-attention`, `--decode-gemv`,
-`--replay-attention`); this package holds the kernels, shared by the engine and the model
-so that neither imports the other:
+model/kv_quant.py's round trip, F.linear) stays the reference and the CPU path; on CUDA a
+decode step is otherwise bound by the launches of its many small torch kernels. Which path
+runs is an execution setting (ouro_cli/settings.py: `--decode-attention`, `--decode-gemv`,
+`--replay-attention`; the fp8 round trip's: the device, kv_quant.py); this package holds the
+kernels, shared by the engine and the model so that neither imports the other:
 
 - `decode_attention.py`: one decode layer-loop's KV write and attention over the paged plane;
   with the cascade, a prefix that rows share (a GRPO group's prompt) read once for all of them.
@@ -13,6 +13,9 @@ so that neither imports the other:
   (the default) runs it on the shapes where bench/gemv.py finds it faster than cuBLAS
   (up to 16 rows on qkv, o_proj and down), F.linear elsewhere; "triton" on every product
   of up to 64 rows; "cublas" never (why: docs/performance.md#decode).
+- `fp8_rows.py`: the fp8 KV format's rounding (model/kv_quant.py) with the torch code's bits, in
+  integer arithmetic: a layer's K/V round trip in one kernel, and the packed rows the decode
+  kernel writes.
 - `replay_attention.py`: the whole-sequence forward's attention through the decode kernel,
   each query in the decode step's order, up to 16 queries of a run sharing a program's K/V
   reads (`--replay-attention paged`, and exact mode's attention on CUDA).

@@ -54,9 +54,10 @@ An fp8 cache (model/kv_quant.py) hands the kernel its packed rows (uint8: head_d
 then the scale's exponent, then padding to a multiple of 16 bytes, so a row's values load as
 16-byte vectors): a tile's rows are loaded as bytes, converted, multiplied by their
 token's power-of-two scale and rounded to the query's dtype, which holds them exactly, so the
-tile computes what it computes on the unquantized values the replay attends over. The kernel
-does not write packed rows: the runner writes them in torch (the write's rounding is
-kv_quant.py's, one function for the engine and the replay) and runs the attention alone.
+tile computes what it computes on the unquantized values the replay attends over. The write
+packs too: an active row's new K/V (which the layer already rounded, so exactly representable)
+becomes kv_quant.pack's bytes through fp8_rows.py's integer quantization (values, exponent byte,
+zero padding), and an exited row copies its plane t-1 row whole, scale and padding included.
 
 All are CUDA-graph capturable: no host reads, and the grids depend only on shapes (the prefix
 pass launches one program per batch row and kv head; those past the plan's exit at once).
@@ -72,7 +73,7 @@ import triton.language as tl
 
 from ouro_cli.model import kv_quant
 
-from . import bounds, checks_enabled
+from . import bounds, checks_enabled, fp8_rows
 from .gemv import dot_as_sum
 
 # Positions per tile and warps per program; both set the kernel's summation order, so the
@@ -81,6 +82,9 @@ from .gemv import dot_as_sum
 # sweeps them (why: docs/performance.md#decode).
 BLOCK = 64
 NUM_WARPS = 4
+# the packed fp8 format's constants, for the kernel's packed write (model/kv_quant.py)
+_ROW_ALIGN: tl.constexpr = tl.constexpr(kv_quant.ROW_ALIGN)
+_LOWEST_EXPONENT: tl.constexpr = tl.constexpr(kv_quant.LOWEST_EXPONENT)
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
@@ -131,6 +135,7 @@ def _decode_attention_kernel(
     CASCADE: tl.constexpr,
     DOT_AS_SUM: tl.constexpr,
     PACKED: tl.constexpr,
+    ROW: tl.constexpr,
 ):
     KV_T: tl.constexpr = Q.dtype.element_ty if PACKED else K.dtype.element_ty  # K/V computed in: packed fp8 as q
     h = tl.program_id(1).to(tl.int64)
@@ -152,15 +157,36 @@ def _decode_attention_kernel(
     if WRITE:  # this row's K/V of head h into its slot first (an exited row carries plane t-1's)
         new_slot = tl.load(NEW_SLOTS + b).to(tl.int64)
         k_at = K_NEW + b * stride_knb + h * stride_knh
-        k_new = tl.load(k_at + d, mask=d < D).to(K.dtype.element_ty)
-        v_new = tl.load(V_NEW + b * stride_vnb + h * stride_vnh + d, mask=d < D).to(V.dtype.element_ty)
-        if HAS_PREV:
-            carry = tl.load(ACTIVE + b) == 0
-            prev_at = h * stride_kh + new_slot * stride_ks + d
-            k_new = tl.where(carry, tl.load(K_PREV + prev_at, mask=d < D), k_new)
-            v_new = tl.where(carry, tl.load(V_PREV + prev_at, mask=d < D), v_new)
-        tl.store(kv_head + new_slot * stride_ks + d, k_new, mask=d < D)
-        tl.store(v_head + new_slot * stride_ks + d, v_new, mask=d < D)
+        v_at = V_NEW + b * stride_vnb + h * stride_vnh
+        if PACKED:
+            _write_packed_rows(
+                k_at,
+                v_at,
+                kv_head,
+                v_head,
+                K_PREV,
+                V_PREV,
+                ACTIVE,
+                b,
+                h,
+                new_slot,
+                stride_kh,
+                stride_ks,
+                d,
+                D,
+                ROW,
+                HAS_PREV,
+            )
+        else:
+            k_new = tl.load(k_at + d, mask=d < D).to(K.dtype.element_ty)
+            v_new = tl.load(v_at + d, mask=d < D).to(V.dtype.element_ty)
+            if HAS_PREV:
+                carry = tl.load(ACTIVE + b) == 0
+                prev_at = h * stride_kh + new_slot * stride_ks + d
+                k_new = tl.where(carry, tl.load(K_PREV + prev_at, mask=d < D), k_new)
+                v_new = tl.where(carry, tl.load(V_PREV + prev_at, mask=d < D), v_new)
+            tl.store(kv_head + new_slot * stride_ks + d, k_new, mask=d < D)
+            tl.store(v_head + new_slot * stride_ks + d, v_new, mask=d < D)
         tl.debug_barrier()  # the stores above, visible to every thread of the block below
     q = _load_queries(Q, query, head, d, gd_ok, stride_qb, stride_qh, KV_T)
     row_length = tl.load(LENGTHS + tl.where(row_ok, query, b)).to(tl.int32)  # [GP]; padding rows: the first's
@@ -203,6 +229,49 @@ def _decode_attention_kernel(
         o.to(OUT.dtype.element_ty),
         mask=gd_ok,
     )
+
+
+@triton.jit
+def _write_packed_rows(
+    k_at,
+    v_at,
+    kv_head,
+    v_head,
+    K_PREV,
+    V_PREV,
+    ACTIVE,
+    b,
+    h,
+    new_slot,
+    stride_kh,
+    stride_ks,
+    d,
+    D: tl.constexpr,
+    ROW: tl.constexpr,
+    HAS_PREV: tl.constexpr,
+):
+    """Row b's K and V of head h as packed fp8 rows (ROW bytes, kv_quant.pack's) into slot new_slot
+    of plane t (kv_head, v_head): its new K/V (k_at, v_at, in the model's dtype) quantized, or,
+    where it has exited (HAS_PREV), plane t-1's row copied byte for byte."""
+    t = tl.arange(0, _ROW_ALIGN)
+    body_ok = (d < D)[None, :]
+    tail_ok = (D + t < ROW)[None, :]
+    k_codes, k_exp = fp8_rows.quantize(tl.load(k_at + d[None, :], mask=body_ok, other=0.0), _LOWEST_EXPONENT)
+    v_codes, v_exp = fp8_rows.quantize(tl.load(v_at + d[None, :], mask=body_ok, other=0.0), _LOWEST_EXPONENT)
+    k_body, k_tail = fp8_rows.pack_row(k_codes, k_exp, t)
+    v_body, v_tail = fp8_rows.pack_row(v_codes, v_exp, t)
+    at = new_slot * stride_ks
+    if HAS_PREV:
+        carry = tl.load(ACTIVE + b) == 0
+        prev_at = h * stride_kh + at
+        k_body = tl.where(carry, tl.load(K_PREV + prev_at + d[None, :], mask=body_ok, other=0), k_body)
+        v_body = tl.where(carry, tl.load(V_PREV + prev_at + d[None, :], mask=body_ok, other=0), v_body)
+        k_tail = tl.where(carry, tl.load(K_PREV + prev_at + D + t[None, :], mask=tail_ok, other=0), k_tail)
+        v_tail = tl.where(carry, tl.load(V_PREV + prev_at + D + t[None, :], mask=tail_ok, other=0), v_tail)
+    tl.store(kv_head + at + d[None, :], k_body, mask=body_ok)
+    tl.store(v_head + at + d[None, :], v_body, mask=body_ok)
+    tl.store(kv_head + at + D + t[None, :], k_tail, mask=tail_ok)
+    tl.store(v_head + at + D + t[None, :], v_tail, mask=tail_ok)
 
 
 @triton.jit
@@ -415,7 +484,6 @@ def _attend(
     hkv = k_plane.shape[0]
     packed = k_plane.dtype == torch.uint8  # fp8 rows of model/kv_quant.py: row_bytes(d) bytes
     assert k_plane.shape[-1] == (kv_quant.row_bytes(d, 1, True) if packed else d)
-    assert not (packed and write is not None)
     assert hq % hkv == 0 and k_plane.shape == v_plane.shape and k_plane.stride() == v_plane.stride()
     assert k_plane.stride(-1) == 1 and block >= 16
     q, ctx_slots = _unit_last_stride(q), _unit_last_stride(ctx_slots)
@@ -517,6 +585,7 @@ def _attend(
         HAS_PREV=has_prev,
         BLOCKED=blocks is not None,
         CASCADE=cascade is not None,
+        ROW=k_plane.shape[-1],
         **shape,
     )
     return o
@@ -590,8 +659,9 @@ def write_kv_and_attend(
     writes its new K/V [B, Hkv, D] at new_slots[b] of plane t when active (always on plane 0),
     else copies plane t-1's entry there (k_prev_plane None for plane 0); then attends as
     `paged_decode_attention` (the new slot is among the row's first `length` positions; with
-    `cascade`, past the row's prefix tiles). The planes and the output have the bits of the two
-    steps run apart."""
+    `cascade`, past the row's prefix tiles). Over packed fp8 planes (uint8) the new K/V are
+    written as kv_quant.pack writes them and an exited row's packed row is copied byte for byte.
+    The planes and the output have the bits of the two steps run apart."""
     return _attend(
         q,
         k_plane_t,

@@ -29,6 +29,10 @@ every copy of cache slots (prefix sharing, last-exited copies, the PD transports
 keeps every row 16-byte aligned, which lets the decode kernel load a row in 16-byte vectors
 instead of byte by byte: 144 bytes instead of 2 · head_dim in bf16 (256) at head_dim 128.
 
+Where it runs: `round_trip` without a gradient on CUDA (and on CPU under the Triton
+interpreter) is one kernel (kernels/fp8_rows.py) with these functions' bits; with a gradient
+(the trainer's backward), inside a compiled region and on plain CPU it is the torch code below.
+
 Gradient: straight-through. The backward treats the rounding as the identity (`round_trip`'s
 gradient is the incoming gradient): the gradient of the rounded model at its rounded K/V,
 passed on to the unrounded K/V as if the rounding were not there.
@@ -40,9 +44,14 @@ from __future__ import annotations
 
 import torch
 
+from ouro_cli.kernels import interpreted, triton_available
+
 FP8 = torch.float8_e4m3fn
 ROW_ALIGN = 16  # a packed row's bytes are a multiple of this (vector loads in the decode kernel)
-LOWEST_EXPONENT = -126  # 2^-126, the least normal fp32: the scale of a row of zeros or of tiny values
+# k's least value: 2^-126, the least normal fp32, scales rows whose largest |x| is below about
+# 2^-117. A row of zeros gets k = -9 (frexp(0) = (0, 0)), not this.
+LOWEST_EXPONENT = -126
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the dtypes kernels/fp8_rows.py rounds
 
 
 def row_bytes(head_dim: int, itemsize: int, fp8: bool) -> int:
@@ -97,12 +106,17 @@ def values(rows: torch.Tensor, dtype: torch.dtype, head_dim: int) -> torch.Tenso
     return unpack(rows, dtype, head_dim) if rows.dtype == torch.uint8 else rows
 
 
+def torch_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """quantize -> dequantize in torch: x [..., D] as the fp8 cache holds it, in x's dtype."""
+    return dequantize(*quantize(x), x.dtype)
+
+
 class _RoundTrip(torch.autograd.Function):
     """quantize -> dequantize forward; the identity backward (straight-through)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return dequantize(*quantize(x), x.dtype)
+        return torch_round_trip(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
@@ -110,7 +124,19 @@ class _RoundTrip(torch.autograd.Function):
 
 
 def round_trip(x: torch.Tensor) -> torch.Tensor:
-    """x [..., D] as the fp8 cache holds it, in x's dtype; its gradient passes straight through."""
+    """x [..., D] as the fp8 cache holds it, in x's dtype; its gradient passes straight through.
+    Without a gradient, on CUDA or under the Triton interpreter: one kernel, the same bits."""
     if torch.is_grad_enabled() and x.requires_grad:
         return _RoundTrip.apply(x)
-    return dequantize(*quantize(x), x.dtype)
+    if _kernel_runs(x):
+        from ouro_cli.kernels import fp8_rows
+
+        return fp8_rows.round_trip(x, LOWEST_EXPONENT)
+    return torch_round_trip(x)
+
+
+def _kernel_runs(x: torch.Tensor) -> bool:
+    """Whether `round_trip` of x runs kernels/fp8_rows.py: x on CUDA (or on CPU under the
+    interpreter) in a dtype it takes, outside a compiled region (which fuses the torch code)."""
+    on_kernel_device = x.is_cuda or (x.device.type == "cpu" and interpreted())
+    return on_kernel_device and x.dtype in KERNEL_DTYPES and not torch.compiler.is_compiling() and triton_available()

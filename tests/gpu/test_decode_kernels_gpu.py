@@ -5,8 +5,11 @@ time): attention equals the torch reference (paged_attention.decode_attention) a
 dense fp64 one to 1e-5 in fp32 and to 2e-2 absolute in bf16 (outputs are O(1); bf16
 has 8 bits of mantissa and P is rounded to bf16 for P·V); a row's output is bitwise the
 same alone or among longer rows; the KV write fused into the attention kernel equals the
-torch write exactly, and its output the attention kernel's over the written planes; over an
-fp8 cache's packed rows the kernel gives the bits it gives over the rows unpacked.
+torch write exactly, and its output the attention kernel's over the written planes (over an
+fp8 cache too: packed rows with kv_quant.pack's bytes, exited rows' rows copied); over an fp8
+cache's packed rows the kernel gives the bits it gives over the rows unpacked; the fp8 round
+trip's kernel (kernels/fp8_rows.py) has the torch round trip's bits, on CUDA and on the CPU, at
+a decode step's shape (4,096 tokens x 8 KV heads x 128).
 
 Engine level, on the tiny model: attention="triton" under CUDA graphs gives the eager
 results bit for bit; in fp32 it reports the torch path's tokens, depths and logprobs
@@ -26,6 +29,7 @@ from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
     check_fp8_attention,
+    check_fp8_round_trip,
     check_replay_attention,
     check_width_from_reach,
     check_write_and_attend,
@@ -72,8 +76,13 @@ def test_replay_attention_in_decode_order(dtype):
 
 
 @DTYPES
-def test_write_and_attend_matches_the_two_steps(dtype):
-    check_write_and_attend("cuda", dtype)
+@pytest.mark.parametrize("fp8", [False, True], ids=["plain", "fp8"])
+def test_write_and_attend_matches_the_two_steps(dtype, fp8):
+    check_write_and_attend("cuda", dtype, fp8=fp8)
+
+
+def test_fp8_round_trip_kernel_has_the_torch_bits_at_a_decode_shape():
+    check_fp8_round_trip("cuda", shape=(4096, 8, 128), dtypes=(torch.bfloat16, torch.float32, torch.float16))
 
 
 def _generate(model, monkeypatch, attention, graphs, n=4, dtype=None, params=PARAMS):

@@ -22,7 +22,7 @@ pytest.importorskip("hypothesis")
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "unit" / "engine" / "_kernel_shape_checks.py"
-CHECKS = ["decode_attention", "replay_attention", "fixed_tile", "gemv", "row_kernels", "uniform"]
+CHECKS = ["decode_attention", "replay_attention", "fixed_tile", "gemv", "row_kernels", "uniform", "fp8_rows"]
 
 
 @pytest.mark.parametrize("name", CHECKS)

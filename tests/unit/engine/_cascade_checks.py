@@ -89,15 +89,19 @@ def check_bits(device="cpu", hkv=2, d=16, cases=BIT_CASES) -> None:
 
 def check_write(device="cpu", hkv=2, d=16) -> None:
     """write_kv_and_attend with the cascade, plane t > 0 with exited rows carrying plane t-1:
-    the planes and the output have the bits of the kernel without it."""
+    the planes and the output have the bits of the kernel without it (fp32, bf16, and packed
+    fp8 rows with bf16 queries)."""
     from ouro_cli.kernels.decode_attention import write_kv_and_attend
+    from ouro_cli.model import kv_quant
 
     gen = torch.Generator().manual_seed(7)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, fp8 in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
         groups = [(70, [1, 4, 2, 9]), (16, [3]), (130, [1, 1, 2])]
         k0, v0, table, ctx, lens = shared_prefix_batch(groups, 16, hkv, d, dtype, device, seed=3)
         k1, v1 = torch.randn(k0.shape, generator=gen).to(device, dtype), torch.randn(k0.shape, generator=gen)
         v1 = v1.to(device, dtype)
+        if fp8:
+            k0, v0, k1, v1 = (kv_quant.pack(x) for x in (k0, v0, k1, v1))
         b, g = ctx.shape[0], 2
         new_slots = ctx.gather(1, (lens - 1)[:, None])[:, 0]
         q = torch.randn(b, hkv * g, d, generator=gen).to(device, dtype)
@@ -111,7 +115,7 @@ def check_write(device="cpu", hkv=2, d=16) -> None:
                 q, *planes, k0, v0, new_slots, k_new, v_new, active, ctx, lens, cascade=with_cascade
             )
             runs.append((out, *planes))
-        assert all(torch.equal(x, y) for x, y in zip(*runs, strict=True)), dtype
+        assert all(torch.equal(x, y) for x, y in zip(*runs, strict=True)), (dtype, fp8)
 
 
 def check_graph_capture(device="cuda", hkv=16, d=128, dtype=torch.bfloat16) -> None:

@@ -238,6 +238,46 @@ def check_uniform(b, n, seed) -> None:
     assert torch.equal(uniform(keys, n), torch_uniform(keys, n)), f"B {b} n {n}"
 
 
+@settings(SETTINGS, max_examples=EXAMPLES * 3)  # an example takes a fraction of a second
+@given(
+    rows=st.integers(1, 70),
+    heads=st.integers(1, 4),
+    d=st.sampled_from([16, 64, 128]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    low=st.integers(-130, 100),
+    seed=st.integers(0, 2**16),
+)
+@example(rows=70, heads=1, d=128, dtype=torch.bfloat16, low=-130, seed=0)  # fp32 subnormals to 2^100
+@example(rows=4, heads=2, d=16, dtype=torch.float32, low=-130, seed=1)
+def check_fp8_rows(rows, heads, d, dtype, low, seed) -> None:
+    """kernels/fp8_rows.py: the round trip of rows [rows, heads, D] of magnitudes 2^low ..
+    2^100, zero rows, ties of the e4m3 rounding and values that scale onto 448
+    (_decode_kernel_checks.fp8_rows_data) has the bits of kv_quant's torch round trip; and the
+    packed rows the decode kernel writes for up to 8 of them (write_kv_and_attend, plane 0; a
+    program a row and head, slow under the interpreter) are kv_quant.pack's bytes."""
+    from ouro_cli.kernels import fp8_rows
+    from ouro_cli.kernels.decode_attention import write_kv_and_attend
+    from ouro_cli.model import kv_quant
+    from tests.unit.engine._decode_kernel_checks import fp8_rows_data, same_bits
+
+    x = fp8_rows_data(rows * heads, d, seed, (low, 100)).view(rows, heads, d).to(dtype).to(DEVICE)
+    assert same_bits(fp8_rows.round_trip(x, kv_quant.LOWEST_EXPONENT), kv_quant.torch_round_trip(x)), (
+        f"{rows}x{heads}x{d} {dtype} 2^{low}"
+    )
+    x = x[: rows if CUDA else 8]
+    rows = x.shape[0]
+    planes = [torch.zeros(heads, rows + 1, kv_quant.row_bytes(d, 1, True), dtype=torch.uint8, device=DEVICE)]
+    planes.append(planes[0].clone())
+    slots = torch.randperm(rows, generator=_generator(seed)).to(DEVICE)
+    ctx, lens = slots[:, None], torch.ones(rows, dtype=torch.long, device=DEVICE)  # each row reads its new slot
+    q = torch.ones(rows, heads, d, dtype=dtype, device=DEVICE)
+    active = torch.ones(rows, dtype=torch.bool, device=DEVICE)
+    write_kv_and_attend(q, *planes, None, None, slots, x, x.flip(0), active, ctx, lens)
+    for plane, values in zip(planes, (x, x.flip(0)), strict=True):
+        want = kv_quant.pack(values.cpu()).transpose(0, 1)
+        assert torch.equal(plane[:, slots].cpu(), want), f"packed rows {rows}x{heads}x{d} {dtype} 2^{low}"
+
+
 CHECKS = {
     "decode_attention": check_decode_attention,
     "replay_attention": check_replay_attention,
@@ -245,6 +285,7 @@ CHECKS = {
     "gemv": check_gemv,
     "row_kernels": check_row_kernels,
     "uniform": check_uniform,
+    "fp8_rows": check_fp8_rows,
 }
 
 if __name__ == "__main__":

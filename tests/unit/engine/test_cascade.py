@@ -7,8 +7,8 @@ tables (kernels/bounds.py) refuses a program whose rows do not share their slots
 Under the Triton interpreter (_cascade_checks.py, in one subprocess): the kernel with the
 cascade gives the bits it gives without (G = 1 and 2; fp32, bf16 and packed fp8; prompts
 below, at and past tile boundaries; groups of 1 to 17 beside lone rows), the fused KV write
-too with exited rows, and an engine decoding GRPO groups gives the same tokens, depths and
-logprobs with the cascade on and off.
+too with exited rows (packed fp8 rows as well), and an engine decoding GRPO groups gives the
+same tokens, depths and logprobs with the cascade on and off.
 """
 
 from __future__ import annotations

@@ -9,7 +9,11 @@ kernel (`replay_attention="paged"`) equals SDPA, gives each query the decode ker
 bits for it alone, backpropagates SDPA's gradients, and keeps the engine's agreement; a
 decode step whose width covers the rows' whole reach gives the narrow step's bits. Over an
 fp8 cache's packed rows the kernel computes the bits it computes over the rows unpacked (an
-engine on them: test_fixed_tile_kernel.py's exact_engine_fp8_bf16).
+engine on them: test_fixed_tile_kernel.py's exact_engine_fp8_bf16). The fp8 round trip's kernel
+(kernels/fp8_rows.py) has the torch round trip's bits on rows of zeros, ties of the rounding,
+fp32 subnormals and values that scale onto 448; the fused write packs an fp8 cache's rows with
+kv_quant.pack's bytes and carries an exited row's packed row forward byte for byte; and an engine
+on an fp8 cache runs it and agrees with its replay.
 
 The checks live in _decode_kernel_checks.py (shared with tests/gpu) and run in one
 subprocess with TRITON_INTERPRET=1, which must be set before the kernels are imported
@@ -26,9 +30,13 @@ pytest.importorskip("triton")
 CHECKS = [
     "attention",
     "fp8_attention",
+    "fp8_round_trip",
     "batch_invariance",
     "write_and_attend",
+    "write_and_attend_fp8",
+    "write_and_attend_fp8_bf16",
     "engine",
+    "engine_fp8",
     "replay_attention",
     "replay_mode_engine",
     "width_from_reach",

@@ -10,6 +10,6 @@ from ._interpreted import interpreted_tests
 pytest.importorskip("triton")
 pytest.importorskip("hypothesis")
 
-CHECKS = ["decode_attention", "replay_attention", "fixed_tile", "gemv", "row_kernels", "uniform"]
+CHECKS = ["decode_attention", "replay_attention", "fixed_tile", "gemv", "row_kernels", "uniform", "fp8_rows"]
 
 report, test_kernel_shapes_under_the_interpreter = interpreted_tests("_kernel_shape_checks.py", CHECKS)
