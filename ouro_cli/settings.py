@@ -100,7 +100,7 @@ class ExecutionSettings:
         "auto",
         help="The KV cache's dtype: auto or bf16 (the model's dtype, unquantized; bf16 needs a bf16 "
         "model), or fp8 (e4m3 with a scale per token and head: 144 bytes per token and head instead "
-        "of 256 at head_dim 128, about 1.8x the tokens, though slower to decode for now: "
+        "of 256 at head_dim 128, about 1.8x the tokens; its decode speed and the demo's learning: "
         "docs/performance.md; the trainer's replay rounds its K/V the same way, docs/model.md §3).",
         panel=P_EXEC,
     )
