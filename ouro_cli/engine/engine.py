@@ -305,7 +305,8 @@ class LLM(GenerationControl):
     def take_decode_batches(self) -> list[int]:
         """The rows of every decode step since the last call, in order (the batch over time), and
         forget them. Not part of the engine contract: a run reads it where an engine has it."""
-        batches, self.core.runner.batches = self.core.runner.batches, []
+        batches = list(self.core.runner.batches)
+        self.core.runner.batches.clear()
         return batches
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -149,7 +149,8 @@ class ModelRunner:
         cascade: bool = True,
     ) -> None:
         self.model, self.kv, self.counters = model, kv, counters
-        self.batches: list[int] = []  # every decode step's rows, until `take_batches`
+        # every decode step's rows, until LLM.take_decode_batches takes them (the newest 2^20 kept)
+        self.batches: deque[int] = deque(maxlen=1 << 20)
         execution = model.execution if attention is None else replace(model.execution, decode_attention=attention)
         self.attention = execution.decode_attention_on(kv.device.type)  # "torch" | "triton" | "exact"
         # `cascade`: the Triton attention reads the prefix a step's rows share once per group
