@@ -61,7 +61,7 @@ class Outcome:
     decode_bytes: float
     prefill_tokens: int
 
-    def seconds(self, config: OuroConfig, k: int) -> float:
+    def seconds(self, config: OuroConfig) -> float:
         flops = 2 * config.num_loops * layer_stack_params(config) * self.prefill_tokens
         return self.decode_bytes / COPY_BANDWIDTH + flops / TRAIN_FLOPS
 
@@ -186,7 +186,7 @@ def main() -> None:
         mean = sum(o.batches) / max(len(o.batches), 1)
         print(
             f"{o.policy:<8} {o.decode_steps:>12} {mean:>10.1f} {o.preemptions:>9} {o.recomputed_tokens:>10} "
-            f"{o.seconds(config, args.k):>7.1f}  {' '.join(f'{b:.0f}' for b in o.over_time())}"
+            f"{o.seconds(config):>7.1f}  {' '.join(f'{b:.0f}' for b in o.over_time())}"
         )
 
 
