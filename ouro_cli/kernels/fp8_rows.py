@@ -175,9 +175,9 @@ def round_trip(x: torch.Tensor, lowest_exponent: int) -> torch.Tensor:
     rows3 = x.reshape(-1, x.shape[-2] if x.dim() > 1 else 1, d)
     if rows3.stride(-1) != 1:
         rows3 = rows3.contiguous()
-    block_d = max(16, triton.next_power_of_2(d))
-    block_r = max(1, min(ELEMENTS // block_d, triton.next_power_of_2(rows3.shape[0] * rows3.shape[1])))
     n = rows3.shape[0] * rows3.shape[1]
+    block_d = max(16, triton.next_power_of_2(d))
+    block_r = max(1, min(ELEMENTS // block_d, triton.next_power_of_2(n)))
     _round_trip_kernel[(triton.cdiv(n, block_r),)](
         rows3,
         out,
