@@ -3,7 +3,8 @@
     python bench/shapes.py --list                       # the cells
     python bench/shapes.py --cells p100-r512-default    # one cell (1.4B, 2 updates)
     python bench/shapes.py --cells p100-r512-default p100-r512-exact --updates 3 --depths 2 3 4
-    python bench/shapes.py --cells p16-r64-default --model tiny --updates 2   # the same path on CPU
+    python bench/shapes.py --cells p16-r512-default --model tiny --updates 2   # the same path on CPU
+    python bench/shapes.py --cells p100-r512-default --eval-samples 8   # and a held-out evaluation's peak
 
 A cell is prompt length x response length x mode (x model). Each runs `ouro train` on
 defaults (no memory flags) in a subprocess, on a random Ouro checkpoint with a
@@ -88,6 +89,7 @@ def run_cell(
     timeout: float,
     extra: list[str],
     prompts: int | None = None,
+    eval_samples: int = 0,
 ) -> dict:
     prompt, response, mode = cell.split("-")
     tokens = int(response[1:].rstrip("v"))
@@ -117,7 +119,12 @@ def run_cell(
         "--data",
         str(data),
         "--eval-data",
-        "",
+        str(data) if eval_samples else "",
+        *(
+            ["--eval-prompts", str(prompts), "--eval-samples", str(eval_samples), "--eval-depths", str(max(depths))]
+            if eval_samples
+            else []
+        ),
         "--run-dir",
         str(run),
         "--depths",
@@ -138,7 +145,10 @@ def run_cell(
         *extra,
     ]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1")
-    print(f"== {cell} ({model}): {prompts} x {group} x {tokens}, depths {depths}, {updates} updates", flush=True)
+    shape = f"{prompts} x {group} x {tokens}, depths {depths}, {updates} updates"
+    if eval_samples:
+        shape += f", evaluated at start and end ({prompts} x {eval_samples} at K={max(depths)})"
+    print(f"== {cell} ({model}): {shape}", flush=True)
     start = time.perf_counter()
     code, out = run_in_own_group(cmd, env, work, max(1.0, timeout - (start - began)))
     (work / f"run-{cell}.log").write_text(out)
@@ -200,6 +210,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=540, help="seconds per cell, its model build included")
     parser.add_argument("--work", default="/tmp/ouro-shapes")
     parser.add_argument("--out", help="write the results as JSON")
+    parser.add_argument(
+        "--eval-samples",
+        type=int,
+        default=0,
+        help="also evaluate at the start and the end, on the cell's prompts with N samples each at the "
+        "deepest K (the start's evaluation peak is in update 0's line)",
+    )
     parser.add_argument("--train-args", default="", help="further ouro train flags for every cell")
     args = parser.parse_args()
     if args.list:
@@ -213,7 +230,15 @@ def main() -> None:
     results, failed = [], False
     for cell in args.cells:
         result = run_cell(
-            cell, args.model, work, args.updates, args.depths, args.timeout, args.train_args.split(), args.prompts
+            cell,
+            args.model,
+            work,
+            args.updates,
+            args.depths,
+            args.timeout,
+            args.train_args.split(),
+            args.prompts,
+            args.eval_samples,
         )
         ok, lines = verdict(result)
         failed |= not ok

@@ -17,7 +17,8 @@
 #   shapes        bench/shapes.py's cells named in $CELLS (K = 4, 2 updates; $MODEL 1.4b or 2.6b),
 #                 each within $CELL_S seconds (default 300; a 2.6B cell needs about 420), the run
 #                 folders on /dev/shm where it has room (the final checkpoint save is then not
-#                 bound by the disk) (not in the default set), e.g.
+#                 bound by the disk), with a held-out evaluation of $EVAL samples a prompt at the
+#                 start and the end when EVAL is set (not in the default set), e.g.
 #                 CELLS="p16-r512-default p16-r512-exact" bash scripts/gpu_measure.sh shapes
 set -uo pipefail
 source scripts/wheels_env.sh || exit 2
@@ -58,7 +59,7 @@ for s in "${steps[@]}"; do
       read -ra cells <<< "${CELLS:?name the cells in CELLS (python bench/shapes.py --list)}"
       limit=${CELL_S:-300}
       step shapes $((limit * ${#cells[@]} + 30)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
-        --timeout "$limit" --work "$work" --out "$out/shapes.json" --cells "${cells[@]}"
+        --timeout "$limit" --work "$work" --out "$out/shapes.json" --eval-samples "${EVAL:-0}" --cells "${cells[@]}"
       rm -rf "$work" ;;
     *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes)"; exit 2 ;;
   esac
