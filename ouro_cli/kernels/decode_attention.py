@@ -52,9 +52,14 @@ step writes.
 
 An fp8 cache (model/kv_quant.py) hands the kernel its packed rows (uint8: head_dim fp8 values,
 then the scale's exponent, then padding to a multiple of 16 bytes, so a row's values load as
-16-byte vectors): a tile's rows are loaded as bytes, converted, multiplied by their
-token's power-of-two scale and rounded to the query's dtype, which holds them exactly, so the
-tile computes what it computes on the unquantized values the replay attends over. The write
+16-byte vectors): a tile's rows are loaded as bytes and converted to the query's dtype, which
+holds every e4m3 value exactly, and each row's power-of-two scale 2^k is applied outside the
+dots: a key's score is the dot with its e4m3 values times its 2^k, and a position's softmax
+weight takes its value row's 2^k before it is rounded for the P·V dot. A power of two scales a
+product, a rounding and an fp32 sum exactly, so the tile computes, bit for bit, what it
+computes on the dequantized values the replay attends over, as long as the scaled weights and
+products stay in the normal range (far below it, under 2^-126, they round differently); the
+per-element multiply of the dequantization is gone from the loop. The write
 packs too: an active row's new K/V (which the layer already rounded, so exactly representable)
 becomes kv_quant.pack's bytes through fp8_rows.py's integer quantization (values, exponent byte,
 zero padding), and an exited row copies its plane t-1 row whole, scale and padding included.
@@ -72,6 +77,7 @@ import triton
 import triton.language as tl
 
 from ouro_cli.model import kv_quant
+from ouro_cli.settings import active_settings
 
 from . import bounds, checks_enabled, fp8_rows
 from .gemv import dot_as_sum
@@ -401,16 +407,22 @@ def _fold_tile(
     n_ok = n < length
     slot = tl.load(slot_row + n, mask=n_ok, other=0).to(tl.int64)
     nd_ok = n_ok[:, None] & (d < D)[None, :]
-    k = _load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
+    k, k_scale = _load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
     s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM)
+    if PACKED == 2:  # the dot over the e4m3 values, times each key's 2^k: the dot over the stored values
+        s = s * k_scale[None, :]
     # [GP, BLOCK]; every tile holds >= 1 position of a decode row, and of a block's longest row
     s = tl.where(n[None, :] < row_length[:, None], s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
     alpha = tl.exp(m - m_new)  # exp(-inf) = 0 on the first tile
     p = tl.exp(s - m_new[:, None])
     l_new = l_sum * alpha + tl.sum(p, 1)
-    v = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
-    acc_new = acc * alpha[:, None] + _dot(p.to(KV_T), v, IEEE, DOT_AS_SUM)
+    v, v_scale = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
+    if PACKED == 2:  # each position's weight takes its value row's 2^k, so the dot reads the e4m3 values
+        p_v = (p * v_scale[None, :]).to(KV_T)
+    else:
+        p_v = p.to(KV_T)
+    acc_new = acc * alpha[:, None] + _dot(p_v, v, IEEE, DOT_AS_SUM)
     if BLOCKED:  # a row whose run ended before this tile keeps its state: the tiles a decode row never reads
         live = start < row_length
         m_new = tl.where(live, m_new, m)
@@ -421,16 +433,19 @@ def _fold_tile(
 
 @triton.jit
 def _load_rows(head, slot, d, nd_ok, n_ok, stride_ks, D: tl.constexpr, PACKED: tl.constexpr, KV_T: tl.constexpr):
-    """The K (or V) rows [BLOCK, BLOCK_D] of one head at `slot`: as stored, or packed fp8 rows
-    (model/kv_quant.py) as values · 2^k in KV_T (exact)."""
+    """The K (or V) rows [BLOCK, BLOCK_D] of one head at `slot` in KV_T, and their scales [BLOCK].
+    PACKED 0: the rows as stored (scale 1). Packed fp8 rows (model/kv_quant.py), PACKED 1: the
+    values · 2^k (exact in KV_T; scale 1); PACKED 2: the e4m3 values (exact in KV_T) and each row's
+    power-of-two scale 2^k (fp32), which the caller applies outside the dot."""
     at = head + slot[:, None] * stride_ks + d[None, :]
-    if PACKED:
-        raw = tl.load(at, mask=nd_ok, other=0)
-        k = tl.load(head + slot * stride_ks + D, mask=n_ok, other=0).to(tl.int8, bitcast=True).to(tl.int32)
-        scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
-        return (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(KV_T)
-    else:
-        return tl.load(at, mask=nd_ok, other=0.0)
+    if PACKED == 0:
+        return tl.load(at, mask=nd_ok, other=0.0), 1.0
+    raw = tl.load(at, mask=nd_ok, other=0).to(tl.float8e4nv, bitcast=True)
+    k = tl.load(head + slot * stride_ks + D, mask=n_ok, other=0).to(tl.int8, bitcast=True).to(tl.int32)
+    scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
+    if PACKED == 1:
+        return (raw.to(tl.float32) * scale[:, None]).to(KV_T), 1.0
+    return raw.to(KV_T), scale
 
 
 @triton.jit
@@ -475,6 +490,15 @@ class Cascade:
         plan = plan.contiguous()
         state = torch.empty(plan.shape[1], hq, d + 2, dtype=torch.float32, device=plan.device)
         return Cascade(*plan, state=state, tile=tile)
+
+
+def _packed_mode(packed: bool) -> int:
+    """The kernels' PACKED: 0 rows as stored; over packed fp8 rows 2 (scales outside the dots), or
+    1 (rows dequantized as loaded) in exact mode, whose replay attends over the dequantized values
+    and so needs their bits even where a scaled weight or product underflows."""
+    if not packed:
+        return 0
+    return 1 if active_settings().exact else 2
 
 
 def _attend(
@@ -524,7 +548,7 @@ def _attend(
         "BLOCK": block,
         "IEEE": (q.dtype if packed else k_plane.dtype) == torch.float32,
         "DOT_AS_SUM": q.device.type != "cuda",
-        "PACKED": packed,
+        "PACKED": _packed_mode(packed),
         "num_warps": num_warps,
     }
     strides = (q.stride(0), q.stride(1), k_plane.stride(0), k_plane.stride(1), ctx_slots.stride(0))

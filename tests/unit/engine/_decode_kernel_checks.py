@@ -89,25 +89,41 @@ def check_fp8_attention(device="cpu") -> None:
     """Over packed fp8 planes (model/kv_quant.py) the kernel computes, bit for bit, what it
     computes over the same planes unpacked into the query's dtype (fp32 and bf16: the unpacked
     values are exact in both), and equals the torch reference over the packed planes to 1e-5
-    (fp32); the planes hold values of very different sizes, so every token has its own scale."""
+    (fp32); the planes hold values of very different sizes, so every token has its own scale.
+    The default mode applies the scales outside the dots, exact mode dequantizes as it loads: in
+    exact mode the bits hold also for value rows below 2^-100, where a softmax weight times its
+    row's scale leaves fp32's normal range (`_fp8_sizes`)."""
     from ouro_cli.kernels.decode_attention import paged_decode_attention
     from ouro_cli.model import kv_quant
+    from ouro_cli.settings import ExecutionSettings, executing
 
     for case, (b, hq, hkv, d, lengths, tile) in enumerate(ATTENTION_CASES):
         width = -(-max(lengths) // 64) * 64
         k_plane, v_plane, ctx, valid, lens = paged_context(b, hkv, d, lengths, width, torch.float32, "cpu", seed=case)
         ctx, valid, lens = (t.to(device) for t in (ctx, valid, lens))  # the planes are scaled on the host first
-        sizes = torch.logspace(-3, 3, k_plane.shape[1])[torch.randperm(k_plane.shape[1])][None, :, None]
-        packed = [kv_quant.pack(x * sizes).to(device) for x in (k_plane, v_plane)]
-        for dtype in (torch.float32, torch.bfloat16):
-            q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(100 + case)).to(device, dtype)
-            got = paged_decode_attention(q, *packed, ctx, lens, **_block(tile))
-            unpacked = [kv_quant.unpack(x, dtype, d) for x in packed]
-            assert torch.equal(got, paged_decode_attention(q, *unpacked, ctx, lens, **_block(tile))), (case, dtype)
-            if dtype == torch.float32:
-                ref = decode_attention(q, *packed, ctx, valid, 64)
-                err = (got - ref).abs().max().item()
-                assert err <= 1e-5 * ref.abs().max().item(), f"case {case}: kernel vs decode_attention {err:.3g}"
+        for exact, tiny in ((False, False), (True, False), (True, True)):
+            k_sizes, v_sizes = (_fp8_sizes(k_plane.shape[1], tiny and which == "v", case) for which in "kv")
+            packed = [kv_quant.pack(x * sizes).to(device) for x, sizes in ((k_plane, k_sizes), (v_plane, v_sizes))]
+            for dtype in (torch.float32, torch.bfloat16):
+                q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(100 + case)).to(device, dtype)
+                with executing(ExecutionSettings(exact=exact)):
+                    got = paged_decode_attention(q, *packed, ctx, lens, **_block(tile))
+                    unpacked = [kv_quant.unpack(x, dtype, d) for x in packed]
+                    apart = paged_decode_attention(q, *unpacked, ctx, lens, **_block(tile))
+                assert torch.equal(got, apart), (case, exact, tiny, dtype)
+                if dtype == torch.float32 and not tiny:
+                    ref = decode_attention(q, *packed, ctx, valid, 64)
+                    err = (got - ref).abs().max().item()
+                    assert err <= 1e-5 * ref.abs().max().item(), f"case {case}: kernel vs decode_attention {err:.3g}"
+
+
+def _fp8_sizes(slots: int, tiny: bool, seed: int) -> torch.Tensor:
+    """Per-token sizes [1, slots, 1] for a plane of unit normals: 10^-3 .. 10^3 in a random order,
+    or with `tiny` 2^-120 .. 2^-100, where a softmax weight below 2^-6 times the row's scale
+    (2^k, k below -120) underflows fp32's normal range."""
+    order = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))
+    sizes = torch.logspace(-120, -100, slots, base=2.0) if tiny else torch.logspace(-3, 3, slots)
+    return sizes[order][None, :, None]
 
 
 # e4m3's 127 non-negative finite values, ascending (codes 0x00 .. 0x7E: 0 .. 448)
