@@ -407,20 +407,22 @@ def _fold_tile(
     n_ok = n < length
     slot = tl.load(slot_row + n, mask=n_ok, other=0).to(tl.int64)
     nd_ok = n_ok[:, None] & (d < D)[None, :]
-    k, k_scale = _load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
-    s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM)
     if PACKED == 2:  # the dot over the e4m3 values, times each key's 2^k: the dot over the stored values
-        s = s * k_scale[None, :]
+        k, k_scale = _load_codes(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, KV_T)
+        s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM) * k_scale[None, :]
+    else:
+        s = _dot(q, tl.trans(_load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)), IEEE, DOT_AS_SUM)
     # [GP, BLOCK]; every tile holds >= 1 position of a decode row, and of a block's longest row
     s = tl.where(n[None, :] < row_length[:, None], s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
     alpha = tl.exp(m - m_new)  # exp(-inf) = 0 on the first tile
     p = tl.exp(s - m_new[:, None])
     l_new = l_sum * alpha + tl.sum(p, 1)
-    v, v_scale = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
     if PACKED == 2:  # each position's weight takes its value row's 2^k, so the dot reads the e4m3 values
+        v, v_scale = _load_codes(v_head, slot, d, nd_ok, n_ok, stride_ks, D, KV_T)
         p_v = (p * v_scale[None, :]).to(KV_T)
     else:
+        v = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
         p_v = p.to(KV_T)
     acc_new = acc * alpha[:, None] + _dot(p_v, v, IEEE, DOT_AS_SUM)
     if BLOCKED:  # a row whose run ended before this tile keeps its state: the tiles a decode row never reads
@@ -433,19 +435,23 @@ def _fold_tile(
 
 @triton.jit
 def _load_rows(head, slot, d, nd_ok, n_ok, stride_ks, D: tl.constexpr, PACKED: tl.constexpr, KV_T: tl.constexpr):
-    """The K (or V) rows [BLOCK, BLOCK_D] of one head at `slot` in KV_T, and their scales [BLOCK].
-    PACKED 0: the rows as stored (scale 1). Packed fp8 rows (model/kv_quant.py), PACKED 1: the
-    values · 2^k (exact in KV_T; scale 1); PACKED 2: the e4m3 values (exact in KV_T) and each row's
-    power-of-two scale 2^k (fp32), which the caller applies outside the dot."""
+    """The K (or V) rows [BLOCK, BLOCK_D] of one head at `slot` in KV_T: as stored (PACKED 0), or
+    packed fp8 rows (model/kv_quant.py) as values · 2^k (PACKED 1; exact in KV_T)."""
     at = head + slot[:, None] * stride_ks + d[None, :]
-    if PACKED == 0:
-        return tl.load(at, mask=nd_ok, other=0.0), 1.0
-    raw = tl.load(at, mask=nd_ok, other=0).to(tl.float8e4nv, bitcast=True)
+    if PACKED:
+        codes, scale = _load_codes(head, slot, d, nd_ok, n_ok, stride_ks, D, tl.float32)
+        return (codes * scale[:, None]).to(KV_T)
+    else:
+        return tl.load(at, mask=nd_ok, other=0.0)
+
+
+@triton.jit
+def _load_codes(head, slot, d, nd_ok, n_ok, stride_ks, D: tl.constexpr, KV_T: tl.constexpr):
+    """Packed fp8 rows [BLOCK, BLOCK_D] of one head at `slot` as their e4m3 values in KV_T (exact),
+    and each row's power-of-two scale 2^k [BLOCK] in fp32."""
+    raw = tl.load(head + slot[:, None] * stride_ks + d[None, :], mask=nd_ok, other=0)
     k = tl.load(head + slot * stride_ks + D, mask=n_ok, other=0).to(tl.int8, bitcast=True).to(tl.int32)
-    scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
-    if PACKED == 1:
-        return (raw.to(tl.float32) * scale[:, None]).to(KV_T), 1.0
-    return raw.to(KV_T), scale
+    return raw.to(tl.float8e4nv, bitcast=True).to(KV_T), ((k + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
