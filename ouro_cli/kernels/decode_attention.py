@@ -53,13 +53,14 @@ step writes.
 An fp8 cache (model/kv_quant.py) hands the kernel its packed rows (uint8: head_dim fp8 values,
 then the scale's exponent, then padding to a multiple of 16 bytes, so a row's values load as
 16-byte vectors): a tile's rows are loaded as bytes and converted to the query's dtype, which
-holds every e4m3 value exactly, and each row's power-of-two scale 2^k is applied outside the
-dots: a key's score is the dot with its e4m3 values times its 2^k, and a position's softmax
-weight takes its value row's 2^k before it is rounded for the P·V dot. A power of two scales a
-product, a rounding and an fp32 sum exactly, so the tile computes, bit for bit, what it
-computes on the dequantized values the replay attends over, as long as the scaled weights and
-products stay in the normal range (far below it, under 2^-126, they round differently); the
-per-element multiply of the dequantization is gone from the loop. The write
+holds every e4m3 value exactly. In the default mode each row's power-of-two scale 2^k is
+applied outside the dots, not to every element: a key's score is the dot with its e4m3 values
+times its 2^k, and a position's softmax weight takes its value row's 2^k before it is rounded
+for the P·V dot. A power of two scales a product, a rounding and an fp32 sum exactly, so the
+tile computes, bit for bit, what it computes on the dequantized values the replay attends
+over, as long as the scaled weights and products stay in the normal range (under 2^-126 they
+round differently). Exact mode multiplies each element by its row's 2^k as it loads the tile,
+so its bits are the dequantized values' everywhere (`_packed_mode`). The write
 packs too: an active row's new K/V (which the layer already rounded, so exactly representable)
 becomes kv_quant.pack's bytes through fp8_rows.py's integer quantization (values, exponent byte,
 zero padding), and an exited row copies its plane t-1 row whole, scale and padding included.
@@ -437,12 +438,11 @@ def _fold_tile(
 def _load_rows(head, slot, d, nd_ok, n_ok, stride_ks, D: tl.constexpr, PACKED: tl.constexpr, KV_T: tl.constexpr):
     """The K (or V) rows [BLOCK, BLOCK_D] of one head at `slot` in KV_T: as stored (PACKED 0), or
     packed fp8 rows (model/kv_quant.py) as values · 2^k (PACKED 1; exact in KV_T)."""
-    at = head + slot[:, None] * stride_ks + d[None, :]
     if PACKED:
         codes, scale = _load_codes(head, slot, d, nd_ok, n_ok, stride_ks, D, tl.float32)
         return (codes * scale[:, None]).to(KV_T)
     else:
-        return tl.load(at, mask=nd_ok, other=0.0)
+        return tl.load(head + slot[:, None] * stride_ks + d[None, :], mask=nd_ok, other=0.0)
 
 
 @triton.jit
