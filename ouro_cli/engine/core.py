@@ -259,10 +259,15 @@ class EngineCore:
 
     def _follow_on(self, step: DecodeStep, sched: Scheduler, hold: Callable[[], bool] | None) -> DecodeStep | None:
         """Queue the step after `step` (whose tokens are not yet read) when the batch would not
-        change: nothing waits to be admitted (or the batch is full), no hold is asked for, and
-        every continuing row gets its KV slot without preempting anyone. Rows that end at
-        `step` by length are left out; rows that end on a stop token cannot be known yet."""
+        change: nothing waits to be admitted (or the batch is full), nobody runs outside the
+        step (a sequence admitted while it was queued decodes from the next schedule on), no
+        hold is asked for, and every continuing row gets its KV slot without preempting anyone.
+        Rows that end at `step` by length are left out; rows that end on a stop token cannot be
+        known yet."""
         if (sched.waiting and len(sched.running) < sched.max_num_seqs) or (hold is not None and hold()):
+            return None
+        in_step = {id(s) for s in step.seqs}
+        if any(id(s) not in in_step for s in sched.running):
             return None
         seqs = [s for s in step.seqs if s.finish_reason is None and len(s.output) + 1 < s.params.max_tokens]
         if not seqs or not sched.reserve_decode_slots(seqs):

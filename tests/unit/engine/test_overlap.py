@@ -56,3 +56,24 @@ def test_length_limits_end_a_run_without_a_discarded_step(model):
     overlapped, c = run(model, 4, overlap=True, stops=False)
     assert_same(serial, overlapped)
     assert c["decode_steps_overlapped"] > 0 and c["decode_rows_discarded"] == 0
+
+
+def test_sequences_admitted_beside_a_decode_step_join_the_next_one(model):
+    """A prefill budget of one prompt admits the queue over several steps; the last admission
+    empties the queue while the earlier sequences decode. The overlapped run must then take the
+    new ones into its next step (the batch changed), not keep stepping the old batch to its end
+    and the new ones after it: as many decode steps as stepping one at a time, every one holding
+    every running sequence once the queue is empty."""
+    budget = max(len(p) for p in prompts(6, seed=3))
+    counts = {}
+    for overlap in (False, True):
+        llm = LLM(model, overlap=overlap, max_num_seqs=8, kv_blocks=128, block_size=4, max_prefill_tokens=budget)
+        try:
+            params = [dataclasses.replace(p, max_tokens=12, ignore_eos=True) for p in params_mix(6)]
+            outs = llm.generate(prompts(6, seed=3), params)
+            counts[overlap] = llm.take_decode_batches()
+        finally:
+            llm.close()
+        assert all(len(o.output_token_ids) == 12 for o in outs)
+    assert len(counts[True]) == len(counts[False]) < 12 + 6, counts
+    assert counts[True] == counts[False]
