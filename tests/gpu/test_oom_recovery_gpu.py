@@ -27,12 +27,12 @@ LEFT_GIB = 8  # what the hog leaves: less than the plan's cache for this shape, 
 def test_a_real_out_of_memory_in_a_rollout_is_survived_and_replayed(tmp_path):
     from convert import write_random_hf
     from e2e import full_size_tokenizer
-    from shapes import prompt_lengths, write_data
+    from workloads import prompt_lengths, write_prompts
 
     model = tmp_path / "model"
     write_random_hf(model, seed=0, layers=2)
     full_size_tokenizer(model)
-    write_data(tmp_path / "data.jsonl", prompt_lengths("p100", 128))
+    write_prompts(tmp_path / "data.jsonl", prompt_lengths("p100", 128))
     work = tmp_path / "vr"
     proc = ouro(
         "verify-resume",
