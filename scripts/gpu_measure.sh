@@ -20,6 +20,10 @@
 #                 bound by the disk), with a held-out evaluation of $EVAL samples a prompt at the
 #                 start and the end when EVAL is set (not in the default set), e.g.
 #                 CELLS="p16-r512-default p16-r512-exact" bash scripts/gpu_measure.sh shapes
+#   ab            bench/e2e.py at the real shape (--prompts p100, case a, K = 4, 2 updates) for each
+#                 variant named in $VARIANTS (default "copied shared fp8"; also fp8exact), one
+#                 after another on this machine: shared prompts and fp8 KV against copied prompts
+#                 (about 3 minutes a variant), e.g. VARIANTS="shared fp8" bash scripts/gpu_measure.sh ab
 set -uo pipefail
 source scripts/wheels_env.sh || exit 2
 export PYTHONUNBUFFERED=1
@@ -61,7 +65,22 @@ for s in "${steps[@]}"; do
       step shapes $((limit * ${#cells[@]} + 30)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
         --timeout "$limit" --work "$work" --out "$out/shapes.json" --eval-samples "${EVAL:-0}" --cells "${cells[@]}"
       rm -rf "$work" ;;
-    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes)"; exit 2 ;;
+    ab)
+      work=/tmp/ouro-ab
+      [ "$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge 40 ] 2>/dev/null && work=/dev/shm/ouro-ab
+      for v in ${VARIANTS:-copied shared fp8}; do
+        case $v in
+          copied) extra=(--train-args=--no-share-prompts) ;;
+          shared) extra=() ;;
+          fp8) extra=("--train-args=--kv-cache-dtype fp8") ;;
+          fp8exact) extra=("--train-args=--kv-cache-dtype fp8 --exact") ;;
+          *) echo "unknown variant $v (copied shared fp8 fp8exact)"; exit 2 ;;
+        esac
+        step "ab_$v" 300 python3 bench/e2e.py --prompts p100 --cases a --depths 4 --updates 2 --timeout 280 \
+          --work "$work" --out "$out/ab_$v.json" "${extra[@]}"
+        rm -rf "$work"
+      done ;;
+    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes ab)"; exit 2 ;;
   esac
 done
 exit $status
