@@ -4,7 +4,7 @@ shows for the tiny model. Here the model has Ouro-1.4B's width and two layers an
 are drawn as math RL's are (median 100 tokens, tail to 1,000), so the GPU runs what a real
 exact job runs: CUDA graphs for decode and prefill, bucketed and eager prefills, a group's
 shared prompt blocks, the cascade pass where a group shares three tiles or more, and each
-variant of the KV cache: bf16, fp8, and fp8 with every sample's own prompt copy."""
+variant of the KV cache (bf16, fp8), each with shared prompts and with every sample's own copy."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-VARIANTS = {
+VARIANTS = {  # shared prompts and the cascade, or each sample's own copy (no cascade); bf16 or fp8 KV
     "bf16": [],
+    "bf16-copied": ["--no-share-prompts"],
     "fp8": ["--kv-cache-dtype", "fp8"],
     "fp8-copied": ["--kv-cache-dtype", "fp8", "--no-share-prompts"],
 }
