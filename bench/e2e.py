@@ -28,8 +28,9 @@ per-step work, not the GPU), the device time of the decode steps' forwards and o
 sampling (CUDA events, so the graph's share of a step shows beside the sampling's),
 optimizer-step seconds (with the host copies of `--offload-optimizer`), the train phase's
 allocator retries (a cache flush and a device sync each: a phase at the edge of its memory),
-response tokens per second, sequences in flight (decoded tokens per decode step), micro-batches, and the peak device
-memory of each phase,
+response tokens per second, sequences in flight (decoded tokens per decode step), the decode steps
+(about the longest response when every sequence decodes at once; more after preemptions or a second
+wave), micro-batches, and the peak device memory of each phase,
 beside the memory plan the run logged. A second table puts each phase beside its limit
 (bench/e2e_limits.py: the rollout's bytes roofline, the trainer's model FLOPs at 780
 TFLOP/s, the publication's copy) and sums them into the update's, then gives the steady
@@ -347,8 +348,8 @@ def gib(x) -> str:
 
 def table(result: dict) -> str:
     head = (
-        "upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight | train s compile  opt s mb x "
-        "tokens passes  rc retry"
+        "upd K | rollout s prefill capture  wait s   fwd s   smp s   tok/s  in-flight  steps"
+        " | train s compile  opt s mb x tokens passes  rc retry"
         " | publish s  save s"
         " | peak GiB roll/train/pub/save"
     )
@@ -362,7 +363,7 @@ def table(result: dict) -> str:
             f"{r.get('engine_graph_capture_ms', 0) / 1e3:>7.1f} "
             f"{r.get('engine_token_wait_us', 0) / 1e6:>7.1f} {r.get('engine_decode_forward_gpu_us', 0) / 1e6:>7.1f} "
             f"{r.get('engine_decode_sample_gpu_us', 0) / 1e6:>7.1f} {tokens / r['rollout_s']:>7.0f} "
-            f"{in_flight:>10.1f} | "
+            f"{in_flight:>10.1f} {steps:>6} | "
             f"{r['train_s']:>7.1f} {r['compile_s']:>7.1f} {r.get('train_optimizer_s', 0.0):>6.2f} "
             f"{r['train_micro_batches']:>2} x {r['train_micro_batch_tokens_max']:>6}"
             f" {r.get('train_loop_passes', 0):>3}/{r.get('train_gathered_loop_passes', 0):<2}"
