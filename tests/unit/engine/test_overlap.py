@@ -90,12 +90,14 @@ def test_sequences_admitted_beside_a_decode_step_join_the_next_one(model):
     max_num_seqs=st.integers(1, 8),
     budget=st.integers(1, 40),
     tight=st.booleans(),
+    asynchronous=st.booleans(),
 )
 def test_overlap_decodes_the_batches_of_stepping_one_at_a_time(
-    model, distinct, group, tokens, max_num_seqs, budget, tight
+    model, distinct, group, tokens, max_num_seqs, budget, tight, asynchronous
 ):
     """Over drawn queues (prompt copies that share blocks, response lengths, batch limits,
-    prefill budgets, caches ample or tight enough to preempt), the overlapped engine decodes
+    prefill budgets, caches ample or tight enough to preempt, with or without asynchronous
+    scheduling's delayed exits), the overlapped engine decodes
     the same rows in the same steps as one stepping one at a time, and gives the same outputs:
     overlap changes when the host works, never what a step holds. Responses end by length only
     (a stop token makes the overlapped run decode one discarded row, by design)."""
@@ -116,6 +118,7 @@ def test_overlap_decodes_the_batches_of_stepping_one_at_a_time(
             kv_blocks=kv_blocks,
             block_size=4,
             max_prefill_tokens=budget,
+            async_scheduling=asynchronous,
         )
         try:
             runs.append((llm.generate(reqs, params), llm.take_decode_batches(), llm.work_counters()))
