@@ -259,22 +259,24 @@ class EngineCore:
 
     def _follow_on(self, step: DecodeStep, sched: Scheduler, hold: Callable[[], bool] | None) -> DecodeStep | None:
         """Queue the step after `step` (whose tokens are not yet read) when the batch would not
-        change, that is when the next schedule would decode the same rows: nothing waits that
-        could be admitted (the queue is empty, or the batch stays full after the rows that end at
-        `step` by length leave), nobody runs outside the step (a sequence admitted while it was
-        queued), no hold is asked for, and every continuing row gets its KV slot without
-        preempting anyone. Rows that end at `step` by length are left out; rows that end on a
-        stop token cannot be known yet (they run one discarded row)."""
+        change, that is when the next schedule would decode the same rows and admit nobody: no
+        hold is asked for, nobody runs outside the step (a sequence admitted while it was
+        queued), every continuing row gets its KV slot without preempting anyone, and the queue's
+        head could not be admitted even with the rows that end at `step` by length gone
+        (`Scheduler.may_admit`: a full batch, or too few blocks). Rows that end at `step` by
+        length are left out; rows that end on a stop token cannot be known yet (they run one
+        discarded row)."""
         if hold is not None and hold():
-            return None
-        live = [s for s in step.seqs if s.finish_reason is None]
-        seqs = [s for s in live if len(s.output) + 1 < s.params.max_tokens]
-        if sched.waiting and len(sched.running) - (len(live) - len(seqs)) < sched.max_num_seqs:
             return None
         in_step = {id(s) for s in step.seqs}
         if any(id(s) not in in_step for s in sched.running):
             return None
+        live = [s for s in step.seqs if s.finish_reason is None]
+        seqs = [s for s in live if len(s.output) + 1 < s.params.max_tokens]
         if not seqs or not sched.reserve_decode_slots(seqs):
+            return None
+        leaving = [s for s in live if len(s.output) + 1 >= s.params.max_tokens]
+        if sched.may_admit(leaving):
             return None
         return self.launch_decode(seqs, fed=step)
 

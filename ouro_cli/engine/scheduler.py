@@ -174,6 +174,18 @@ class Scheduler:
         before a refusal stay with their sequence, as `schedule` would grant them too.)"""
         return all(self._grow(seq, seq.num_cached + 1) for seq in seqs)
 
+    def may_admit(self, leaving: list[Sequence]) -> bool:
+        """Whether the next `schedule` could admit the queue's head once `leaving` (running rows
+        about to finish) are released: an upper bound, every block they hold freed and the
+        head's full prompt blocks shared. False means it admits nobody for certain."""
+        if not self.waiting or len(self.running) - len(leaving) >= self.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        n = len(seq.prefill_tokens)
+        shared = prompt_blocks(len(seq.prompt), self.block_size) if seq.group is not None and seq.prompt_only else 0
+        need = blocks_needed(min(n + 1, seq.max_kv_tokens), self.block_size) - shared
+        return need <= self.allocator.num_free + sum(len(s.blocks) for s in leaving)
+
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         need = blocks_needed(num_tokens, self.block_size) - len(seq.blocks)
         if need <= 0:

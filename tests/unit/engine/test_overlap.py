@@ -128,3 +128,24 @@ def test_overlap_decodes_the_batches_of_stepping_one_at_a_time(
     assert_same(serial, overlapped, logprob_tol=0.0)
     assert batches == serial_batches
     assert c["preemptions"] == c_serial["preemptions"]
+
+
+def test_a_queue_waiting_for_blocks_does_not_stop_the_overlap(model):
+    """Sequences that wait because the cache is full (not the batch) cannot be admitted before
+    a running one ends; until then the overlapped run keeps queueing steps ahead
+    (`Scheduler.may_admit` says no admission is possible) instead of scheduling each step
+    afresh. The steps and outputs stay those of stepping one at a time."""
+    params = [SamplingParams(max_tokens=16, seed=i, logprobs=0, ignore_eos=True) for i in range(4)]
+    reqs = prompts(4, seed=7, lo=4, hi=4)
+    runs = []
+    for overlap in (False, True):
+        llm = LLM(model, overlap=overlap, max_num_seqs=4, kv_blocks=12, block_size=4)
+        try:
+            runs.append((llm.generate(reqs, params), llm.take_decode_batches(), llm.work_counters()))
+        finally:
+            llm.close()
+    (serial, serial_batches, _), (overlapped, batches, c) = runs
+    assert_same(serial, overlapped, logprob_tol=0.0)
+    assert batches == serial_batches and c["preemptions"] > 0, batches  # the cache holds fewer than all four
+    # the batch changes at 4 of its 22 steps here; without the bound 9 were scheduled afresh
+    assert 4 * c["decode_steps_overlapped"] >= 3 * len(batches), (c["decode_steps_overlapped"], batches)
