@@ -30,6 +30,19 @@ def run(model, n: int, *, overlap: bool, stops: bool = True, **options):
         llm.close()
 
 
+def serial_and_overlapped(model, reqs, params, **options):
+    """(outputs, the decode batch of every step, work counters) of `reqs` stepped one at a time,
+    then overlapped, on engines with `options`."""
+    runs = []
+    for overlap in (False, True):
+        llm = LLM(model, overlap=overlap, **options)
+        try:
+            runs.append((llm.generate(reqs, params), llm.take_decode_batches(), llm.work_counters()))
+        finally:
+            llm.close()
+    return runs
+
+
 def test_overlap_gives_the_outputs_of_one_step_at_a_time(model):
     serial, c_serial = run(model, 8, overlap=False)
     overlapped, c = run(model, 8, overlap=True)
@@ -68,18 +81,13 @@ def test_sequences_admitted_beside_a_decode_step_join_the_next_one(model):
     and the new ones after it: as many decode steps as stepping one at a time, every one holding
     every running sequence once the queue is empty."""
     budget = max(len(p) for p in prompts(6, seed=3))
-    counts = {}
-    for overlap in (False, True):
-        llm = LLM(model, overlap=overlap, max_num_seqs=8, kv_blocks=128, block_size=4, max_prefill_tokens=budget)
-        try:
-            params = [dataclasses.replace(p, max_tokens=12, ignore_eos=True) for p in params_mix(6)]
-            outs = llm.generate(prompts(6, seed=3), params)
-            counts[overlap] = llm.take_decode_batches()
-        finally:
-            llm.close()
-        assert all(len(o.output_token_ids) == 12 for o in outs)
-    assert len(counts[True]) == len(counts[False]) < 12 + 6, counts
-    assert counts[True] == counts[False]
+    params = [dataclasses.replace(p, max_tokens=12, ignore_eos=True) for p in params_mix(6)]
+    (serial_outs, serial, _), (outs, overlapped, _) = serial_and_overlapped(
+        model, prompts(6, seed=3), params, max_num_seqs=8, kv_blocks=128, block_size=4, max_prefill_tokens=budget
+    )
+    assert all(len(o.output_token_ids) == 12 for o in serial_outs + outs)
+    assert len(overlapped) == len(serial) < 12 + 6, (serial, overlapped)
+    assert overlapped == serial
 
 
 @settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -97,10 +105,10 @@ def test_overlap_decodes_the_batches_of_stepping_one_at_a_time(
 ):
     """Over drawn queues (prompt copies that share blocks, response lengths, batch limits,
     prefill budgets, caches ample or tight enough to preempt, with or without asynchronous
-    scheduling's delayed exits), the overlapped engine decodes
-    the same rows in the same steps as one stepping one at a time, and gives the same outputs:
-    overlap changes when the host works, never what a step holds. Responses end by length only
-    (a stop token makes the overlapped run decode one discarded row, by design)."""
+    scheduling's delayed exits), the overlapped engine decodes the same rows in the same steps
+    as one stepping one at a time, and gives the same outputs: overlap changes when the host
+    works, never what a step holds. Responses end by length only (a stop token makes the
+    overlapped run decode one discarded row, by design)."""
     base = prompts(distinct, seed=5)
     reqs = [p for p in base for _ in range(group)]
     params = [
@@ -109,21 +117,16 @@ def test_overlap_decodes_the_batches_of_stepping_one_at_a_time(
     ]
     longest = max(len(p) + t for p, t in zip(reqs, tokens, strict=False))
     kv_blocks = -(-longest // 4) + 2 if tight else 128
-    runs = []
-    for overlap in (False, True):
-        llm = LLM(
-            model,
-            overlap=overlap,
-            max_num_seqs=max_num_seqs,
-            kv_blocks=kv_blocks,
-            block_size=4,
-            max_prefill_tokens=budget,
-            async_scheduling=asynchronous,
-        )
-        try:
-            runs.append((llm.generate(reqs, params), llm.take_decode_batches(), llm.work_counters()))
-        finally:
-            llm.close()
+    runs = serial_and_overlapped(
+        model,
+        reqs,
+        params,
+        max_num_seqs=max_num_seqs,
+        kv_blocks=kv_blocks,
+        block_size=4,
+        max_prefill_tokens=budget,
+        async_scheduling=asynchronous,
+    )
     (serial, serial_batches, c_serial), (overlapped, batches, c) = runs
     assert_same(serial, overlapped, logprob_tol=0.0)
     assert batches == serial_batches
@@ -137,15 +140,10 @@ def test_a_queue_waiting_for_blocks_does_not_stop_the_overlap(model):
     afresh. The steps and outputs stay those of stepping one at a time."""
     params = [SamplingParams(max_tokens=16, seed=i, logprobs=0, ignore_eos=True) for i in range(4)]
     reqs = prompts(4, seed=7, lo=4, hi=4)
-    runs = []
-    for overlap in (False, True):
-        llm = LLM(model, overlap=overlap, max_num_seqs=4, kv_blocks=12, block_size=4)
-        try:
-            runs.append((llm.generate(reqs, params), llm.take_decode_batches(), llm.work_counters()))
-        finally:
-            llm.close()
-    (serial, serial_batches, _), (overlapped, batches, c) = runs
+    (serial, serial_batches, _), (overlapped, batches, c) = serial_and_overlapped(
+        model, reqs, params, max_num_seqs=4, kv_blocks=12, block_size=4
+    )
     assert_same(serial, overlapped, logprob_tol=0.0)
     assert batches == serial_batches and c["preemptions"] > 0, batches  # the cache holds fewer than all four
-    # the batch changes at 4 of its 22 steps here; without the bound 9 were scheduled afresh
+    # the batch changes at 4 of its 22 steps here: the others are queued ahead
     assert 4 * c["decode_steps_overlapped"] >= 3 * len(batches), (c["decode_steps_overlapped"], batches)
