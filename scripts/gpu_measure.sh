@@ -42,6 +42,15 @@ step() {  # NAME LIMIT_S COMMAND...: run it, keep its log, print its exit status
   tail -n "${TAIL:-8}" "$out/$name.log"
 }
 
+scratch() {  # NAME GIB: a scratch folder for run folders, on /dev/shm where it has GIB free (the saves
+  # are then not bound by the disk), else under /tmp
+  if [ "$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge "$2" ] 2>/dev/null; then
+    echo "/dev/shm/$1"
+  else
+    echo "/tmp/$1"
+  fi
+}
+
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(e2e exact agree agree_grouped fixed_tile)
 for s in "${steps[@]}"; do
@@ -58,16 +67,14 @@ for s in "${steps[@]}"; do
       step "$s" 330 python3 bench/e2e.py --prompts arith --cases a --depths 2 --updates 3 --train-profile 2 "${extra[@]}" \
         --timeout 300 --out "$out/$s.json" ;;
     shapes)
-      work=/tmp/ouro-shapes
-      [ "$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge 60 ] 2>/dev/null && work=/dev/shm/ouro-shapes
+      work=$(scratch ouro-shapes 60)
       read -ra cells <<< "${CELLS:?name the cells in CELLS (python bench/shapes.py --list)}"
       limit=${CELL_S:-300}
       step shapes $((limit * ${#cells[@]} + 30)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
         --timeout "$limit" --work "$work" --out "$out/shapes.json" --eval-samples "${EVAL:-0}" --cells "${cells[@]}"
       rm -rf "$work" ;;
     ab)
-      work=/tmp/ouro-ab
-      [ "$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -ge 40 ] 2>/dev/null && work=/dev/shm/ouro-ab
+      work=$(scratch ouro-ab 40)
       for v in ${VARIANTS:-copied shared fp8}; do
         case $v in
           copied) extra=(--train-args=--no-share-prompts) ;;
