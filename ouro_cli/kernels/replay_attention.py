@@ -25,6 +25,12 @@ instruction; a tile past a row's own run leaves that row's state untouched. Shar
 K/V loads among 16 queries cuts the O(S²) reads per head 16-fold. This is an exactness mode
 (and exact mode's attention on CUDA), not the default.
 
+With an fp8 KV cache (model/kv_quant.py) the replay packs its K/V, which its layers already
+rounded, into the cache's rows and hands the kernel those, so the kernel loads and converts
+them as a decode step loads the engine's cache: the same instructions on the same bytes. (Over
+the unpacked values the products are the same but the kernel's code is not, and on a GPU the
+compiler may then feed the dot another way, with other last bits.)
+
 Visible keys must be one contiguous run ending at the query, as SequenceLayout builds
 them (causal, documents contiguous in a row, padding on the edges): other masks are
 refused.
@@ -34,7 +40,9 @@ from __future__ import annotations
 
 import torch
 
+from ouro_cli.model import kv_quant
 from ouro_cli.model.exact import reference_backward, visible_runs
+from ouro_cli.settings import active_settings
 
 from .decode_attention import blocked_decode_attention, queries_per_program
 
@@ -123,6 +131,8 @@ def paged_forward(
     # one plane per kv head over all B·S positions
     k_plane = k.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
     v_plane = v.reshape(b * s, hkv, d).transpose(0, 1).contiguous()
+    if active_settings().fp8_kv:  # read as the engine reads its cache: packed rows (module docstring)
+        k_plane, v_plane = kv_quant.pack(k_plane), kv_quant.pack(v_plane)
     o = blocked_decode_attention(q.reshape(-1, hq, d), k_plane, v_plane, slots, lengths, first, count)
     return o.view(q.shape)
 

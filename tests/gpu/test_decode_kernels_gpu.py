@@ -7,7 +7,8 @@ has 8 bits of mantissa and P is rounded to bf16 for P·V); a row's output is bit
 same alone or among longer rows; the KV write fused into the attention kernel equals the
 torch write exactly, and its output the attention kernel's over the written planes (over an
 fp8 cache too: packed rows with kv_quant.pack's bytes, exited rows' rows copied); over an fp8
-cache's packed rows the kernel gives the bits it gives over the rows unpacked; the fp8 round
+cache's packed rows the kernel gives the bits it gives over the rows unpacked, and the replay
+each query's decode bits over the engine's packed rows at Ouro's head shape; the fp8 round
 trip's kernel (kernels/fp8_rows.py) has the torch round trip's bits, on CUDA and on the CPU, at
 a decode step's shape (4,096 tokens x 8 KV heads x 128).
 
@@ -29,6 +30,7 @@ from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
     check_fp8_attention,
+    check_fp8_replay,
     check_fp8_round_trip,
     check_replay_attention,
     check_width_from_reach,
@@ -63,6 +65,11 @@ def test_attention_matches_reference(dtype):
 
 def test_fp8_rows_are_read_as_their_unpacked_values():
     check_fp8_attention("cuda")
+
+
+def test_fp8_replay_gives_each_query_the_decode_kernels_bits():
+    """At Ouro-1.4B's heads (16 of 128, G = 1) and 300 positions a row."""
+    check_fp8_replay("cuda", s=300, heads=16)
 
 
 @DTYPES

@@ -467,6 +467,34 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
         raise AssertionError("a non-contiguous mask was accepted")
 
 
+def check_fp8_replay(device="cpu", b=2, s=40, heads=2, d=128) -> None:
+    """With an fp8 cache the replay (kernels/replay_attention.py) gives every query the bits the
+    decode kernel gives it over the engine's packed cache: K/V rounded as a layer rounds them
+    (kv_quant.round_trip), at Ouro's head_dim of 128 (G = 1), in the default mode and in exact
+    mode, bf16. The check compares against the packed planes, as a decode step reads them, not
+    the values unpacked: on a GPU the kernel's code for the two differs."""
+    from ouro_cli.kernels.decode_attention import paged_decode_attention
+    from ouro_cli.kernels.replay_attention import paged_forward
+    from ouro_cli.model import kv_quant
+    from ouro_cli.settings import ExecutionSettings, executing
+
+    g = torch.Generator().manual_seed(11)
+    sizes = torch.logspace(-2, 2, b * s)[torch.randperm(b * s, generator=g)].reshape(b, s, 1, 1)
+    k, v = (kv_quant.torch_round_trip((torch.randn(b, s, heads, d, generator=g) * sizes).bfloat16()) for _ in "kv")
+    q = (3 * torch.randn(b, s, heads, d, generator=g)).bfloat16()
+    k, v, q = k.to(device), v.to(device), q.to(device)
+    planes = [kv_quant.pack(x.reshape(b * s, heads, d).transpose(0, 1).contiguous()) for x in (k, v)]
+    base = torch.arange(b, device=device).repeat_interleave(s)[:, None] * s  # query (r, i) reads r·s ..
+    ctx = base + torch.arange(s, device=device)[None, :]
+    lengths = torch.arange(1, s + 1, device=device).repeat(b)
+    for exact in (False, True):
+        with executing(ExecutionSettings(exact=exact, kv_cache_dtype="fp8")):
+            out = paged_forward(q, k, v, None).reshape(b * s, heads, d)
+            decoded = paged_decode_attention(q.reshape(b * s, heads, d), *planes, ctx, lengths)
+        differ = (out != decoded).any(-1).any(-1).nonzero().flatten().tolist()
+        assert not differ, f"exact={exact}: queries {differ[:10]} differ from the decode kernel's"
+
+
 def check_replay_mode_engine(device="cpu") -> None:
     """The tiny model's engine (triton decode attention) against its replay with the replay's
     attention in the decode kernel's order, and with SDPA: both within 1e-5 (fp32)."""
@@ -619,6 +647,7 @@ CHECKS = {
     "engine": check_engine,
     "engine_fp8": check_engine_fp8,
     "replay_attention": check_replay_attention,
+    "fp8_replay": check_fp8_replay,
     "replay_mode_engine": check_replay_mode_engine,
     "width_from_reach": check_width_from_reach,
     "replay_tables_per_forward": check_replay_tables_per_forward,
