@@ -27,9 +27,9 @@ K/V loads among 16 queries cuts the O(S²) reads per head 16-fold. This is an ex
 
 With an fp8 KV cache (model/kv_quant.py) the replay packs its K/V, which its layers already
 rounded, into the cache's rows and hands the kernel those, so the kernel loads and converts
-them as a decode step loads the engine's cache: the same instructions on the same bytes. (Over
-the unpacked values the products are the same but the kernel's code is not, and on a GPU the
-compiler may then feed the dot another way, with other last bits.)
+them as a decode step loads the engine's cache: the same compiled code on the same bytes. Over
+the unpacked values (the same numbers) the kernel is compiled another way (`PACKED` 0), whose
+bits on a GPU are not promised to be the packed path's; under the interpreter they are.
 
 Visible keys must be one contiguous run ending at the query, as SequenceLayout builds
 them (causal, documents contiguous in a row, padding on the edges): other masks are

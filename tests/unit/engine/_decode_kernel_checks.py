@@ -472,7 +472,9 @@ def check_fp8_replay(device="cpu", b=2, s=40, heads=2, d=128) -> None:
     decode kernel gives it over the engine's packed cache: K/V rounded as a layer rounds them
     (kv_quant.round_trip), at Ouro's head_dim of 128 (G = 1), in the default mode and in exact
     mode, bf16. The check compares against the packed planes, as a decode step reads them, not
-    the values unpacked: on a GPU the kernel's code for the two differs."""
+    the values unpacked: the kernel is compiled differently for the two. (Random rows do not
+    show a difference between them on a GPU; tests/gpu/test_exact_train_gpu.py's fp8 variants
+    are the end-to-end check that does.)"""
     from ouro_cli.kernels.decode_attention import paged_decode_attention
     from ouro_cli.kernels.replay_attention import paged_forward
     from ouro_cli.model import kv_quant
