@@ -3,8 +3,10 @@ and the packed row that the decode kernel writes.
 
 `round_trip` computes kv_quant's torch round trip (a row's max, `frexp`, x / 2^k, the cast to
 e4m3, back times 2^k, the cast to x's dtype: about ten kernels a tensor) in one launch, one
-program per block of rows, with the same bits. The decode kernel (decode_attention.py) calls
-`quantize` and `pack_row` to write a token's packed row itself, with `kv_quant.pack`'s bytes.
+program per block of rows, with the same bits; `pack` likewise kv_quant's packed rows (the
+cache's writes outside the decode kernel, and the replay's K/V, kernels/replay_attention.py).
+The decode kernel (decode_attention.py) calls `quantize` and `pack_row` to write a token's
+packed row itself, with `kv_quant.pack`'s bytes.
 
 Everything is integer arithmetic on the values' fp32 bits; no float operation rounds. The
 float path would depend on things that differ between Triton's targets: the interpreter's
@@ -137,7 +139,7 @@ def pack_row(codes, k, t):
 
 
 @triton.jit
-def _round_trip_kernel(
+def _rows_kernel(
     X,
     OUT,
     rows,
@@ -148,27 +150,54 @@ def _round_trip_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     LOWEST: tl.constexpr,
+    ROW: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
+    """Each row of X (rows = N·H rows of D, row r at (r // heads)·stride_xn + (r % heads)·stride_xh)
+    quantized: ROW 0, its round trip into OUT [rows, D] in OUT's dtype; else its packed row into
+    OUT [rows, ROW] (uint8: the codes, then k and zeros in the ALIGN bytes after them)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     ok = (r < rows)[:, None] & (d < D)[None, :]
     at = (r // heads) * stride_xn + (r % heads) * stride_xh
     x = tl.load(X + at[:, None] + d[None, :], mask=ok, other=0.0)
     codes, k = quantize(x, LOWEST)
-    out = _from_fp32_bits(decoded_bits(codes, k), OUT.dtype.element_ty)
-    tl.store(OUT + r[:, None] * D + d[None, :], out, mask=ok)
+    if ROW == 0:
+        out = _from_fp32_bits(decoded_bits(codes, k), OUT.dtype.element_ty)
+        tl.store(OUT + r[:, None] * D + d[None, :], out, mask=ok)
+    else:
+        t = tl.arange(0, ALIGN)
+        body, tail = pack_row(codes, k, t)
+        tl.store(OUT + r[:, None] * ROW + d[None, :], body, mask=ok)
+        tail_ok = (r < rows)[:, None] & (D + t < ROW)[None, :]
+        tl.store(OUT + r[:, None] * ROW + D + t[None, :], tail, mask=tail_ok)
 
 
 def round_trip(x: torch.Tensor, lowest_exponent: int) -> torch.Tensor:
     """x [..., D] (fp32, bf16 or fp16, on CUDA or under the interpreter) -> kv_quant.round_trip(x)
     bit for bit, a new contiguous tensor in x's dtype (no gradient); `lowest_exponent`:
     kv_quant.LOWEST_EXPONENT (kv_quant calls this, and this module does not import it)."""
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"fp8 round trip: x must be fp32, bf16 or fp16, got {x.dtype}")
-    if lowest_exponent < -126:
-        raise ValueError(f"fp8 round trip: the lowest exponent must be >= -126, got {lowest_exponent}")
-    d = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return _launch(x, out, lowest_exponent, row=0, align=1)
+
+
+def pack(x: torch.Tensor, lowest_exponent: int, row: int, align: int) -> torch.Tensor:
+    """x [..., D] (as `round_trip` takes it) -> kv_quant.pack(x) bit for bit: uint8 [..., row], each
+    row's D codes, then k as an int8 and zeros up to `row` bytes (kv_quant.row_bytes(D); `align`:
+    kv_quant.ROW_ALIGN, at least row - D)."""
+    if not 0 < row - x.shape[-1] <= align:
+        raise ValueError(f"fp8 pack: a row of {x.shape[-1]} values needs {row} bytes with {align} after the values")
+    out = torch.empty((*x.shape[:-1], row), dtype=torch.uint8, device=x.device)
+    return _launch(x, out, lowest_exponent, row=row, align=align)
+
+
+def _launch(x: torch.Tensor, out: torch.Tensor, lowest_exponent: int, row: int, align: int) -> torch.Tensor:
+    """Run `_rows_kernel` over x's rows into `out` -> out."""
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"fp8 rows: x must be fp32, bf16 or fp16, got {x.dtype}")
+    if lowest_exponent < -126:
+        raise ValueError(f"fp8 rows: the lowest exponent must be >= -126, got {lowest_exponent}")
+    d = x.shape[-1]
     if out.numel() == 0:
         return out
     # [N, H, D] with the rows' two strides: a head view of a fused projection needs no copy
@@ -178,7 +207,7 @@ def round_trip(x: torch.Tensor, lowest_exponent: int) -> torch.Tensor:
     n = rows3.shape[0] * rows3.shape[1]
     block_d = max(16, triton.next_power_of_2(d))
     block_r = max(1, min(ELEMENTS // block_d, triton.next_power_of_2(n)))
-    _round_trip_kernel[(triton.cdiv(n, block_r),)](
+    _rows_kernel[(triton.cdiv(n, block_r),)](
         rows3,
         out,
         n,
@@ -189,5 +218,7 @@ def round_trip(x: torch.Tensor, lowest_exponent: int) -> torch.Tensor:
         BLOCK_D=block_d,
         BLOCK_R=block_r,
         LOWEST=lowest_exponent,
+        ROW=row,
+        ALIGN=align,
     )
     return out

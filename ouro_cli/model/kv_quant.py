@@ -29,9 +29,10 @@ every copy of cache slots (prefix sharing, last-exited copies, the PD transports
 keeps every row 16-byte aligned, which lets the decode kernel load a row in 16-byte vectors
 instead of byte by byte: 144 bytes instead of 2 · head_dim in bf16 (256) at head_dim 128.
 
-Where it runs: `round_trip` without a gradient on CUDA (and on CPU under the Triton
-interpreter) is one kernel (kernels/fp8_rows.py) with these functions' bits; with a gradient
-(the trainer's backward), inside a compiled region and on plain CPU it is the torch code below.
+Where it runs: `round_trip` without a gradient and `pack` on CUDA (and on CPU under the Triton
+interpreter) are one kernel each (kernels/fp8_rows.py) with these functions' bits; with a
+gradient (the trainer's backward), inside a compiled region and on plain CPU it is the torch
+code below.
 
 Gradient: straight-through. The backward treats the rounding as the identity (`round_trip`'s
 gradient is the incoming gradient): the gradient of the rounded model at its rounded K/V,
@@ -86,7 +87,17 @@ def dequantize(values: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> tor
 
 
 def pack(x: torch.Tensor) -> torch.Tensor:
-    """x [..., D] -> uint8 rows [..., row_bytes(D)]: the fp8 values, k as an int8, then zeros."""
+    """x [..., D] -> uint8 rows [..., row_bytes(D)]: the fp8 values, k as an int8, then zeros. On
+    CUDA (and on CPU under the Triton interpreter) one kernel with `torch_pack`'s bytes."""
+    if _kernel_runs(x):
+        from ouro_cli.kernels import fp8_rows
+
+        return fp8_rows.pack(x, LOWEST_EXPONENT, row_bytes(x.shape[-1], 1, fp8=True), ROW_ALIGN)
+    return torch_pack(x)
+
+
+def torch_pack(x: torch.Tensor) -> torch.Tensor:
+    """`pack` in torch."""
     values, k = quantize(x)
     d = x.shape[-1]
     rows = x.new_zeros((*x.shape[:-1], row_bytes(d, 1, fp8=True)), dtype=torch.uint8)

@@ -172,7 +172,8 @@ def check_fp8_round_trip(
     """kernels/fp8_rows.round_trip of `fp8_rows_data` rows [N, H, D] (a head view of a wider
     projection, as a layer's v is; fp16 within its range) has the bits of kv_quant's torch round
     trip, on the device and on the CPU; `kv_quant.round_trip` without a gradient runs it (with
-    one: the torch code)."""
+    one: the torch code); fp8_rows.pack has kv_quant's torch bytes (`torch_pack`), and
+    `kv_quant.pack` runs it."""
     from ouro_cli.kernels import fp8_rows
     from ouro_cli.model import kv_quant
 
@@ -189,6 +190,12 @@ def check_fp8_round_trip(
         with torch.no_grad():
             assert same_bits(kv_quant.round_trip(x), got)
         assert same_bits(fp8_rows.round_trip(x[0, 0], kv_quant.LOWEST_EXPONENT), got[0, 0]), "a 1-d row"
+        packed = kv_quant.pack(x)
+        assert packed.shape == (n, h, kv_quant.row_bytes(d, 1, True)) and packed.dtype == torch.uint8
+        assert torch.equal(packed, kv_quant.torch_pack(x)), (dtype, "pack, device torch")
+        assert torch.equal(packed.cpu(), kv_quant.torch_pack(x.cpu())), (dtype, "pack, cpu torch")
+        assert torch.equal(kv_quant.pack(x[0, 0]), packed[0, 0]), "a 1-d row, packed"
+        assert torch.equal(kv_quant.unpack(packed, dtype, d), got), "packed rows unpack to the round trip"
         grad = x.clone().requires_grad_()
         out = kv_quant.round_trip(grad)
         assert out.grad_fn is not None and same_bits(out.detach(), got), "the straight-through path"
