@@ -130,8 +130,8 @@ def paged_forward(
     slots, lengths, (first, count) = _tables_at(_slot_table(mask, b, s, q.device, per), rows, per)
     # one plane per kv head over all B·S positions
     # read as the engine reads its cache: with fp8 K/V its packed rows (module docstring)
-    rows = (kv_quant.pack(x) for x in (k, v)) if active_settings().fp8_kv else (k, v)
-    k_plane, v_plane = (x.reshape(b * s, hkv, x.shape[-1]).transpose(0, 1).contiguous() for x in rows)
+    stored = (kv_quant.pack(x) for x in (k, v)) if active_settings().fp8_kv else (k, v)
+    k_plane, v_plane = (x.reshape(b * s, hkv, x.shape[-1]).transpose(0, 1).contiguous() for x in stored)
     o = blocked_decode_attention(q.reshape(-1, hq, d), k_plane, v_plane, slots, lengths, first, count)
     return o.view(q.shape)
 
