@@ -2,6 +2,7 @@
 
     python bench/decode_profile.py --batch 1 16 64 --loops 4     # CUDA, Ouro-1.4B shape, random bf16
     python bench/decode_profile.py --batch 256 -K 2 --prompt 280 --steps 48 --host-profile --timeline --no-eager
+    python bench/decode_profile.py --batch 256 --prompt 100 --group-size 8 --kv-cache-dtype fp8 --timeline --no-eager
 
 For each batch: the step time with CUDA graphs (what decoding runs), the widest captured
 graph replayed alone (the step minus that is host time the overlap did not hide), then one eager
@@ -12,6 +13,9 @@ the weight-read roofline says whether a step is bound by bytes or by kernel coun
 `--host-profile` (cProfile) and `--timeline` (torch.profiler: GPU busy time against wall
 time, every kernel in and outside the graphs) cover the decode steps of a graph-mode
 generate after its last prefill chunk; `--steps` must exceed the prefill's chunks.
+`--group-size G` gives every G samples one prompt, as a GRPO group does (their prompt blocks
+shared and read once per group by the cascade), and `--kv-cache-dtype fp8` puts the engine on
+packed fp8 K/V; the roofline then counts each group's prompt once and fp8's row bytes.
 Not part of the test run.
 """
 
@@ -21,6 +25,7 @@ import argparse
 import cProfile
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,12 +39,30 @@ from train_host_profile import print_top  # noqa: E402
 
 from ouro_cli.engine import LLM, SamplingParams  # noqa: E402
 from ouro_cli.engine.runner import batch_bucket  # noqa: E402
-from ouro_cli.model import OuroConfig  # noqa: E402
+from ouro_cli.model import OuroConfig, kv_quant  # noqa: E402
+
+GROUP = 1  # samples per prompt (--group-size): every prompt list below is made by `prompts`
+ENGINE: dict = {}  # the engines' extra arguments (--kv-cache-dtype fp8: the execution settings)
+
+
+def prompts(batch: int, prompt: int, vocab: int) -> list[list[int]]:
+    return decode_bench.make_prompts(batch, prompt, vocab, GROUP)
 
 
 def step_time(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int) -> float:
     """Seconds per decode step: (steps + 1)-token run minus a 1-token run, over `steps`."""
-    return decode_bench.measure(llm, batch, prompt, steps, k, vocab, "cuda") / steps
+    return decode_bench.measure(llm, batch, prompt, steps, k, vocab, "cuda", GROUP) / steps
+
+
+def roofline_step_ms(config: OuroConfig, k: int, batch: int, prompt: int, fp8: bool, bandwidth: float) -> float:
+    """The bytes roofline of a step: the layer weights K times, and each row's K/V in K planes
+    over a context of `prompt` tokens, a group's prompt counted once (the cascade reads it once
+    per group), in fp8's packed row bytes or bf16's."""
+    d = config.dim_per_head
+    elem = kv_quant.row_bytes(d, 1, fp8=True) / d if fp8 else 2
+    context = prompt / GROUP
+    kv = batch * context * k * config.num_hidden_layers * 2 * config.num_key_value_heads * d * elem
+    return (k * decode_bench.layer_weight_bytes(config, 2) + kv) / bandwidth * 1e3
 
 
 def replay_time(llm: LLM, batch: int, repeats: int = 20) -> tuple[float, tuple[int, int, int]] | None:
@@ -61,10 +84,11 @@ def replay_time(llm: LLM, batch: int, repeats: int = 20) -> tuple[float, tuple[i
 
 
 def eager_profile(model, batch: int, prompt: int, k: int, vocab: int, top: int) -> None:
-    llm = LLM(model, max_num_seqs=batch, kv_blocks=batch * (-(-(prompt + 8) // 16)), block_size=16, cuda_graphs=False)
-    prompts = decode_bench.make_prompts(batch, prompt, vocab)
+    blocks = batch * (-(-(prompt + 8) // 16))
+    llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=16, cuda_graphs=False, **ENGINE)
+    batch_prompts = prompts(batch, prompt, vocab)
     params = SamplingParams(max_tokens=4, max_loops=k, temperature=1.0, seed=0, ignore_eos=True)
-    llm.generate(prompts, params)  # compile and warm up
+    llm.generate(batch_prompts, params)  # compile and warm up
     runner = llm.runner
     calls = []
     original = runner.decode
@@ -77,7 +101,7 @@ def eager_profile(model, batch: int, prompt: int, k: int, vocab: int, top: int) 
         return out
 
     runner.decode = timed
-    llm.generate(prompts, params)
+    llm.generate(batch_prompts, params)
     llm.close()
     prof = calls[-1]
     kernels = cuda_kernels(prof)
@@ -94,9 +118,9 @@ def _decode_steps(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: 
     call after every prompt is prefilled (prefill runs in chunks between decode steps, which
     the profile leaves out) and `end()` once it returns. Returns (seconds in between, decode
     steps in between); `steps` must exceed the prefill's chunks for any to be left."""
-    prompts = decode_bench.make_prompts(batch, prompt, vocab)
+    batch_prompts = prompts(batch, prompt, vocab)
     params = SamplingParams(max_tokens=steps + 1, max_loops=k, temperature=1.0, seed=0, ignore_eos=True)
-    llm.generate(prompts, params)
+    llm.generate(batch_prompts, params)
     core = llm.core
     prefill, decode, launch = core.prefill, core.decode, core.launch_decode
     prefilled, started, launched = [0], [], [0]
@@ -118,7 +142,7 @@ def _decode_steps(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: 
 
     core.prefill, core.decode, core.launch_decode = counted_prefill, first_begins, counted_launch
     try:
-        llm.generate(prompts, params)
+        llm.generate(batch_prompts, params)
         torch.cuda.synchronize()
         if started:
             end()
@@ -174,10 +198,17 @@ def main() -> None:
     )
     ap.add_argument("--no-eager", action="store_true", help="skip the eager kernel profile")
     ap.add_argument("--no-overlap", action="store_true", help="decode one step at a time (LLM(overlap=False))")
+    ap.add_argument("--group-size", type=int, default=1, help="samples per prompt (a GRPO group's)")
+    ap.add_argument("--kv-cache-dtype", choices=["bf16", "fp8"], default="bf16")
     args = ap.parse_args()
+    global GROUP, ENGINE
+    GROUP = args.group_size
     config = OuroConfig()
     torch.manual_seed(0)
     model = decode_bench.random_model(config, torch.bfloat16, "cuda")
+    fp8 = args.kv_cache_dtype == "fp8"
+    if fp8:
+        ENGINE = {"execution": replace(model.execution, kv_cache_dtype="fp8")}
     weights_ms = args.loops * decode_bench.layer_weight_bytes(config, 2) / args.bandwidth * 1e3
     print(
         f"1.4B bf16 K={args.loops}: layer weights alone take {weights_ms:.2f} ms per step at {args.bandwidth:.3g} B/s"
@@ -185,7 +216,7 @@ def main() -> None:
     for batch in args.batch:
         start = time.perf_counter()
         blocks = batch * -(-(args.prompt + args.steps + 2) // 16)
-        llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=16, overlap=not args.no_overlap)
+        llm = LLM(model, max_num_seqs=batch, kv_blocks=blocks, block_size=16, overlap=not args.no_overlap, **ENGINE)
         seconds = step_time(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size)
         replay = replay_time(llm, batch)
         if args.host_profile:
@@ -193,9 +224,7 @@ def main() -> None:
         if args.timeline:
             timeline(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size, args.top)
         llm.close()
-        roof = (
-            1e3 / decode_bench.roofline_tokens_per_s(config, args.loops, batch, args.prompt, 2, args.bandwidth) * batch
-        )
+        roof = roofline_step_ms(config, args.loops, batch, args.prompt, fp8, args.bandwidth)
         print(
             f"batch {batch}: graph step {seconds * 1e3:.2f} ms ({batch / seconds:.0f} tok/s); roofline step "
             f"{roof:.2f} ms"

@@ -20,6 +20,9 @@
 #                 bound by the disk), with a held-out evaluation of $EVAL samples a prompt at the
 #                 start and the end when EVAL is set (not in the default set), e.g.
 #                 CELLS="p16-r512-default p16-r512-exact" bash scripts/gpu_measure.sh shapes
+#   kernels       bench/decode_profile.py at the real rollout's decode step (batch 256, K = 4, groups of
+#                 8 sharing a 100-token prompt, --bandwidth $BW, default the H200's 4.26e12), bf16 then
+#                 fp8 KV, each with its kernel timeline (not in the default set; about 2 minutes)
 #   ab            bench/e2e.py at the real shape (--prompts p100, case a, K = 4, 2 updates) for each
 #                 variant named in $VARIANTS (default "copied shared fp8"; also fp8exact), one
 #                 after another on this machine: shared prompts and fp8 KV against copied prompts
@@ -73,6 +76,11 @@ for s in "${steps[@]}"; do
       step shapes $((limit * ${#cells[@]} + 30)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
         --timeout "$limit" --work "$work" --out "$out/shapes.json" --eval-samples "${EVAL:-0}" --cells "${cells[@]}"
       rm -rf "$work" ;;
+    kernels)
+      for dt in bf16 fp8; do
+        step "kernels_$dt" 240 python3 bench/decode_profile.py --batch 256 -K 4 --prompt 100 --group-size 8 \
+          --kv-cache-dtype "$dt" --bandwidth "${BW:-4.26e12}" --timeline --no-eager --top 16
+      done ;;
     ab)
       work=$(scratch ouro-ab 40)
       for v in ${VARIANTS:-copied shared fp8}; do
@@ -87,7 +95,7 @@ for s in "${steps[@]}"; do
           --work "$work" --out "$out/ab_$v.json" "${extra[@]}"
         rm -rf "$work"
       done ;;
-    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes ab)"; exit 2 ;;
+    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes kernels ab)"; exit 2 ;;
   esac
 done
 exit $status
