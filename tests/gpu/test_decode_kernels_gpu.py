@@ -8,7 +8,9 @@ same alone or among longer rows; the KV write fused into the attention kernel eq
 torch write exactly, and its output the attention kernel's over the written planes (over an
 fp8 cache too: packed rows with kv_quant.pack's bytes, exited rows' rows copied); over an fp8
 cache's packed rows the kernel gives the bits it gives over the rows unpacked, and the replay
-each query's decode bits over the engine's packed rows at Ouro's head shape; the fp8 round
+each query's decode bits over the engine's packed rows at Ouro's head shape, with the codes
+converted by Triton's cast or in registers (and that conversion gives torch's values for every
+finite code); the fp8 round
 trip's kernel (kernels/fp8_rows.py) has the torch round trip's bits, on CUDA and on the CPU, at
 a decode step's shape (4,096 tokens x 8 KV heads x 128).
 
@@ -29,6 +31,7 @@ from ouro_cli.settings import ExecutionSettings
 from tests.unit.engine._decode_kernel_checks import (
     check_attention,
     check_batch_invariance,
+    check_e4m3_values,
     check_fp8_attention,
     check_fp8_replay,
     check_fp8_round_trip,
@@ -63,11 +66,22 @@ def test_attention_matches_reference(dtype):
     check_attention("cuda", dtype, TOL[dtype])
 
 
-def test_fp8_rows_are_read_as_their_unpacked_values():
+@pytest.fixture(params=["0", "1"], ids=["cast", "registers"])
+def fp8_codes(request, monkeypatch):
+    """The fp8 kernels' codes turned into values by Triton's cast, or in registers by PTX
+    (OURO_FP8_REGISTERS, decode_attention._e4m3_values)."""
+    monkeypatch.setenv("OURO_FP8_REGISTERS", request.param)
+
+
+def test_e4m3_codes_become_their_values_in_both_conversions():
+    check_e4m3_values("cuda")
+
+
+def test_fp8_rows_are_read_as_their_unpacked_values(fp8_codes):
     check_fp8_attention("cuda")
 
 
-def test_fp8_replay_gives_each_query_the_decode_kernels_bits():
+def test_fp8_replay_gives_each_query_the_decode_kernels_bits(fp8_codes):
     """At Ouro-1.4B's heads (16 of 128, G = 1) and 300 positions a row."""
     check_fp8_replay("cuda", s=300, heads=16)
 
@@ -83,9 +97,13 @@ def test_replay_attention_in_decode_order(dtype):
 
 
 @DTYPES
-@pytest.mark.parametrize("fp8", [False, True], ids=["plain", "fp8"])
-def test_write_and_attend_matches_the_two_steps(dtype, fp8):
-    check_write_and_attend("cuda", dtype, fp8=fp8)
+def test_write_and_attend_matches_the_two_steps(dtype):
+    check_write_and_attend("cuda", dtype)
+
+
+@DTYPES
+def test_fp8_write_and_attend_matches_the_two_steps(dtype, fp8_codes):
+    check_write_and_attend("cuda", dtype, fp8=True)
 
 
 def test_fp8_round_trip_kernel_has_the_torch_bits_at_a_decode_shape():

@@ -14,9 +14,12 @@ from __future__ import annotations
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 from ouro_cli.engine.kv_cache import PagedKVCache
 from ouro_cli.engine.paged_attention import decode_attention
+from ouro_cli.kernels.decode_attention import _e4m3_values
 from tests.unit.engine._interpreted import run_checks
 
 # (B, Hq, Hkv, D, lengths, tile): MHA and GQA, a group of 3, head_dim not a power of two,
@@ -164,6 +167,27 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal dtype, shape and bits (-0.0 is not 0.0)."""
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(ints).cpu(), b.view(ints).cpu())
+
+
+@triton.jit
+def _convert_codes(CODES, OUT, REGISTERS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    at = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    tl.store(OUT + at, _e4m3_values(tl.load(CODES + at), OUT.dtype.element_ty, REGISTERS))
+
+
+def check_e4m3_values(device="cpu") -> None:
+    """The decode kernels' conversion of e4m3 codes (decode_attention._e4m3_values) gives torch's
+    values bit for bit, to bf16 and fp32, for every finite code at every place of a tile; on CUDA
+    through Triton's cast and through the PTX in registers (the interpreter runs no PTX)."""
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    order = torch.randperm(64 * 128, generator=torch.Generator().manual_seed(0)) % finite.numel()
+    codes = finite[order].view(64, 128).to(device)
+    for registers in (False, True) if device == "cuda" else (False,):
+        for dtype in (torch.bfloat16, torch.float32):
+            out = torch.empty(64, 128, dtype=dtype, device=device)
+            _convert_codes[(1,)](codes, out, REGISTERS=registers, ROWS=64, COLS=128)
+            want = codes.view(torch.float8_e4m3fn).to(dtype)
+            assert same_bits(out, want), (registers, dtype, (out != want).nonzero()[:4].tolist())
 
 
 def check_fp8_round_trip(
@@ -649,6 +673,7 @@ CHECKS = {
     "attention": check_attention,
     "fp8_attention": check_fp8_attention,
     "fp8_round_trip": check_fp8_round_trip,
+    "e4m3_values": check_e4m3_values,
     "batch_invariance": check_batch_invariance,
     "write_and_attend": check_write_and_attend,
     "write_and_attend_fp8": lambda: check_write_and_attend(fp8=True),

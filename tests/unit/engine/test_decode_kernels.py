@@ -32,6 +32,7 @@ CHECKS = [
     "attention",
     "fp8_attention",
     "fp8_round_trip",
+    "e4m3_values",
     "batch_invariance",
     "write_and_attend",
     "write_and_attend_fp8",
