@@ -10,9 +10,9 @@ hands them over and packed by the kernel), 20 calls captured to a CUDA graph and
 tokens/s at 24 layers × 4 loops (rows / (µs per call × 96)), the ratio, and the host's µs per
 step for the plan (engine/cascade.py). Rows of a group reference the same prompt blocks
 (16-token blocks, ids shuffled) and sit `--response` positions past it. The outputs are
-checked equal bit for bit. With --fp8 each call runs twice, with the codes turned into values by
-Triton's cast and by PTX in registers (`OURO_FP8_REGISTERS`, decode_attention._e4m3_values), whose outputs
-must be the same bits too. Not part of the test run.
+checked equal bit for bit. With --fp8 each call runs twice, with the codes turned into values
+by Triton's cast and by PTX in registers (`OURO_FP8_REGISTERS`, decode_attention._e4m3_values),
+whose outputs must be the same bits too. Not part of the test run.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ Compiles kernels/decode_attention.py's `_decode_attention_kernel` with Triton fo
 (Ouro's 16 heads of 128 per KV head group of one, the default tile and warps) and each K/V
 variant: bf16 rows, packed fp8 rows with the scales outside the dots (the default mode), and
 packed fp8 rows dequantized as loaded (exact mode), each fp8 one with the codes converted by
-Triton's cast or in registers by PTX (`decode_attention._e4m3_values`). For each: registers, shared memory, the
-SASS instruction count and the most frequent opcodes, and the memory instructions by width.
+Triton's cast or in registers by PTX (`decode_attention._e4m3_values`). For each: registers,
+shared memory, the SASS instruction count and the most frequent opcodes, and the memory
+instructions by width.
 A kernel whose tile loop issues many more instructions than the bf16 one, or byte-wise shared
 loads (`LDS.U8`), is bound by instructions rather than by the bytes it reads. Static counts:
 no timing; the GPU benches time the kernels. Not part of the test run.

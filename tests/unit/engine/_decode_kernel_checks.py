@@ -177,8 +177,9 @@ def _convert_codes(CODES, OUT, REGISTERS: tl.constexpr, ROWS: tl.constexpr, COLS
 
 def check_e4m3_values(device="cpu") -> None:
     """The decode kernels' conversion of e4m3 codes (decode_attention._e4m3_values) gives torch's
-    values bit for bit, to bf16 and fp32, for every finite code at every place of a tile; on CUDA
-    through Triton's cast and through the PTX in registers (the interpreter runs no PTX)."""
+    values bit for bit, to bf16 and fp32, for every finite code, each at about 32 random places of
+    a tile; on CUDA through Triton's cast and through the PTX in registers (the interpreter runs
+    no PTX)."""
     finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
     order = torch.randperm(64 * 128, generator=torch.Generator().manual_seed(0)) % finite.numel()
     codes = finite[order].view(64, 128).to(device)

@@ -11,7 +11,8 @@ decode step whose width covers the rows' whole reach gives the narrow step's bit
 fp8 cache's packed rows the kernel computes the bits it computes over the rows unpacked (an
 engine on them: test_fixed_tile_kernel.py's exact_engine_fp8_bf16). The fp8 round trip's kernel
 (kernels/fp8_rows.py) has the torch round trip's bits on rows of zeros, ties of the rounding,
-fp32 subnormals and values that scale onto 448; the fused write packs an fp8 cache's rows with
+fp32 subnormals and values that scale onto 448; the kernels' conversion of e4m3 codes gives
+torch's values for every finite code; the fused write packs an fp8 cache's rows with
 kv_quant.pack's bytes and carries an exited row's packed row forward byte for byte; the replay
 on an fp8 cache gives each query the decode kernel's bits over the packed rows; and an engine
 on an fp8 cache runs it and agrees with its replay.
