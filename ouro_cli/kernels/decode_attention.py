@@ -57,17 +57,19 @@ holds every e4m3 value exactly. The conversion (`_e4m3_values`) is Triton's cast
 compiler moves past the tile's trip through shared memory, so V's operand (transposed for the
 P·V dot) is read back a byte at a time; or, with OURO_FP8_REGISTERS=1 on CUDA, PTX that stays
 at the load, so the tile is staged in the dot's dtype and read with the transposing ldmatrix.
-Both give the same values, so the same bits. In the default mode each row's power-of-two scale 2^k is
-applied outside the dots, not to every element: a key's score is the dot with its e4m3 values
-times its 2^k, and a position's softmax weight takes its value row's 2^k before it is rounded
-for the P·V dot. A power of two scales a product, a rounding and an fp32 sum exactly, so the
-tile computes, bit for bit, what it computes on the dequantized values the replay attends
-over, as long as the scaled weights and products stay in the normal range (under 2^-126 they
-round differently). Exact mode multiplies each element by its row's 2^k as it loads the tile,
-so its bits are the dequantized values' everywhere (`_packed_mode`). The write
-packs too: an active row's new K/V (which the layer already rounded, so exactly representable)
-becomes kv_quant.pack's bytes through fp8_rows.py's integer quantization (values, exponent byte,
-zero padding), and an exited row copies its plane t-1 row whole, scale and padding included.
+Both give the same values, so the same bits.
+
+In the default mode each row's power-of-two scale 2^k is applied outside the dots, not to every
+element: a key's score is the dot with its e4m3 values times its 2^k, and a position's softmax
+weight takes its value row's 2^k before it is rounded for the P·V dot. A power of two scales a
+product, a rounding and an fp32 sum exactly, so the tile computes, bit for bit, what it computes
+on the dequantized values the replay attends over, as long as the scaled weights and products
+stay in the normal range (under 2^-126 they round differently). Exact mode multiplies each
+element by its row's 2^k as it loads the tile, so its bits are the dequantized values'
+everywhere (`_packed_mode`). The write packs too: an active row's new K/V (which the layer
+already rounded, so exactly representable) becomes kv_quant.pack's bytes through fp8_rows.py's
+integer quantization (values, exponent byte, zero padding), and an exited row copies its plane
+t-1 row whole, scale and padding included.
 
 All are CUDA-graph capturable: no host reads, and the grids depend only on shapes (the prefix
 pass launches one program per batch row and kv head; those past the plan's exit at once).
