@@ -10,9 +10,7 @@ hands them over and packed by the kernel), 20 calls captured to a CUDA graph and
 tokens/s at 24 layers × 4 loops (rows / (µs per call × 96)), the ratio, and the host's µs per
 step for the plan (engine/cascade.py). Rows of a group reference the same prompt blocks
 (16-token blocks, ids shuffled) and sit `--response` positions past it. The outputs are
-checked equal bit for bit. With --fp8 each call runs twice, with the codes turned into values
-by Triton's cast and by PTX in registers (`OURO_FP8_REGISTERS`, decode_attention._e4m3_values),
-whose outputs must be the same bits too. Not part of the test run.
+checked equal bit for bit. Not part of the test run.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from gemv import graph_time  # noqa: E402
 
-from ouro_cli import env  # noqa: E402
 from ouro_cli.engine.cascade import MIN_TILES, cascade_plan  # noqa: E402
 
 LAYER_LOOPS = 24 * 4  # attention calls per decode step of Ouro-1.4B at K = 4
@@ -104,31 +101,18 @@ def bench_prompt(prompt: int, args) -> None:
             cascade=with_cascade,
         )  # fmt: skip
 
-    # over fp8 rows, both conversions of the codes (decode_attention._e4m3_values): Triton's cast
-    # and PTX in registers; their outputs must be the same bits
-    conversions = (False, True) if args.fp8 else (False,)
-    first = None
-    for registers in conversions:
-        env.put("OURO_FP8_REGISTERS", "1" if registers else None)
-        out = call(None)
-        same = torch.equal(out, call(cascade)) and (first is None or torch.equal(out, first))
-        first = out if first is None else first
-        us = {n: graph_time(lambda i, c=c: call(c), args.reps) * 1e6 for n, c in (("off", None), ("on", cascade))}
-        kind = (
-            f"fp8 write+attend, codes by {'PTX in registers' if registers else 'cast'}"
-            if args.fp8
-            else "bf16 write+attend"
-        )
-        print(
-            f"prompt {prompt}, position {length - 1}, {args.groups} groups of {args.group_size} ({rows} rows), "
-            f"{args.heads}/{hkv} heads x {d}, {kind}: plan {plan_us:.0f} µs a step on the host, outputs "
-            f"{'identical' if same else 'DIFFER'}"
-        )
-        for name, t in us.items():
-            print(f"  cascade {name:3s}: {t:7.1f} µs a call  {rows / (t * LAYER_LOOPS) * 1e6:9.0f} tok/s of attention")
-        engine = "on" if prompt // bs * bs // kernels.BLOCK >= MIN_TILES else "off (below engine/cascade.py MIN_TILES)"
-        print(f"  speedup (off / on): x{us['off'] / us['on']:.2f}; in the engine at this prompt: {engine}", flush=True)
-    env.put("OURO_FP8_REGISTERS", None)
+    out = call(None)
+    same = torch.equal(out, call(cascade))
+    us = {n: graph_time(lambda i, c=c: call(c), args.reps) * 1e6 for n, c in (("off", None), ("on", cascade))}
+    print(
+        f"prompt {prompt}, position {length - 1}, {args.groups} groups of {args.group_size} ({rows} rows), "
+        f"{args.heads}/{hkv} heads x {d}, {'fp8' if args.fp8 else 'bf16'} write+attend: plan {plan_us:.0f} µs "
+        f"a step on the host, outputs {'identical' if same else 'DIFFER'}"
+    )
+    for name, t in us.items():
+        print(f"  cascade {name:3s}: {t:7.1f} µs a call  {rows / (t * LAYER_LOOPS) * 1e6:9.0f} tok/s of attention")
+    engine = "on" if prompt // bs * bs // kernels.BLOCK >= MIN_TILES else "off (below engine/cascade.py MIN_TILES)"
+    print(f"  speedup (off / on): x{us['off'] / us['on']:.2f}; in the engine at this prompt: {engine}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,8 @@ Compiles kernels/decode_attention.py's `_decode_attention_kernel` with Triton fo
 (ptxas and the disassembler ship with Triton's NVIDIA backend), for the engine's decode shape
 (Ouro's 16 heads of 128 per KV head group of one, the default tile and warps) and each K/V
 variant: bf16 rows, packed fp8 rows with the scales outside the dots (the default mode), and
-packed fp8 rows dequantized as loaded (exact mode), each fp8 one with the codes converted by
-Triton's cast or in registers by PTX (`decode_attention._e4m3_values`). For each: registers,
-shared memory, the SASS instruction count and the most frequent opcodes, and the memory
-instructions by width.
+packed fp8 rows dequantized as loaded (exact mode). For each: registers, shared memory, the
+SASS instruction count and the most frequent opcodes, and the memory instructions by width.
 A kernel whose tile loop issues many more instructions than the bf16 one, or byte-wise shared
 loads (`LDS.U8`), is bound by instructions rather than by the bytes it reads. Static counts:
 no timing; the GPU benches time the kernels. Not part of the test run.
@@ -39,14 +37,8 @@ from ouro_cli.kernels import decode_attention as kernels  # noqa: E402
 from ouro_cli.model import kv_quant  # noqa: E402
 
 HEAD_DIM = 128
-# the kernel's PACKED (decode_attention._packed_mode) and REGISTERS (decode_attention._e4m3_values)
-VARIANTS = {
-    "bf16": (0, False),
-    "fp8": (2, False),
-    "fp8 exact": (1, False),
-    "fp8 registers": (2, True),
-    "fp8 exact registers": (1, True),
-}
+# the kernel's PACKED (decode_attention._packed_mode)
+VARIANTS = {"bf16": 0, "fp8": 2, "fp8 exact": 1}
 # the kernel's pointer arguments and their element types; "kv" is the cache's (bf16 or uint8 rows)
 POINTERS = {
     "Q": "bf16",
@@ -69,7 +61,7 @@ POINTERS = {
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def compile_kernel(packed: int, registers: bool, write: bool, arch: int):
+def compile_kernel(packed: int, write: bool, arch: int):
     """The decode kernel compiled for sm`arch` at the engine's decode shape."""
     fn = kernels._decode_attention_kernel
     names = list(fn.arg_names)
@@ -86,7 +78,6 @@ def compile_kernel(packed: int, registers: bool, write: bool, arch: int):
         "CASCADE": False,
         "DOT_AS_SUM": False,
         "PACKED": packed,
-        "REGISTERS": registers,
         "ROW": kv_quant.row_bytes(HEAD_DIM, 1, fp8=True) if packed else HEAD_DIM,
     }
     kv = "u8" if packed else "bf16"
@@ -150,7 +141,7 @@ def main() -> None:
         f"head_dim {HEAD_DIM}, one query head per KV head{', fused write' if args.write else ''}"
     )
     for label in args.variants:
-        report(label, compile_kernel(*VARIANTS[label], args.write, args.arch), args.top)
+        report(label, compile_kernel(VARIANTS[label], args.write, args.arch), args.top)
 
 
 if __name__ == "__main__":

@@ -55,13 +55,6 @@ VARIABLES: dict[str, Variable] = {
         "the Triton kernels check the indices they dereference before each "
         "launch (kernels/bounds.py): a debugging aid that reads the device",
     ),
-    "OURO_FP8_REGISTERS": Variable(
-        _flag,
-        False,
-        "the fp8 decode kernels on CUDA turn e4m3 codes into values with PTX in registers "
-        "(kernels/decode_attention.py `_e4m3_values`) instead of Triton's cast: the same values "
-        "by another instruction mix",
-    ),
     # options (ouro_cli/settings.py, rl/options.py)
     "OURO_COMPILE": Variable(str, None, f"--compile {OPTION}"),
     "OURO_COMPILE_LAYERS": Variable(str, None, f"--compile-layers {OPTION}"),

@@ -20,15 +20,13 @@
 #                 bound by the disk), with a held-out evaluation of $EVAL samples a prompt at the
 #                 start and the end when EVAL is set (not in the default set), e.g.
 #                 CELLS="p16-r512-default p16-r512-exact" bash scripts/gpu_measure.sh shapes
-#   fp8conv       the fp8 kernels' GPU tests under both code conversions, then bench/cascade.py --fp8,
-#                 which times them side by side (not in the default set; about 2 minutes)
+#   fp8           the fp8 kernels' GPU tests, then bench/cascade.py --fp8, which times the fp8 decode
+#                 kernel with the cascade off and on (not in the default set; about 2 minutes)
 #   kernels       bench/decode_profile.py at the real rollout's decode step (batch 256, K = 4, groups of
-#                 8 sharing a 100-token prompt, --bandwidth $BW, default the H200's 4.26e12), bf16, fp8
-#                 KV, and fp8 with its codes converted in registers, each with its kernel timeline (not
-#                 in the default set; about 3 minutes)
+#                 8 sharing a 100-token prompt, --bandwidth $BW, default the H200's 4.26e12), bf16 and fp8
+#                 KV, each with its kernel timeline (not in the default set; about 2 minutes)
 #   ab            bench/e2e.py at the real shape (--prompts p100, case a, K = 4, 2 updates) for each
-#                 variant named in $VARIANTS (default "copied shared fp8"; also fp8exact, and fp8reg:
-#                 fp8 with OURO_FP8_REGISTERS=1, the codes converted in registers), one
+#                 variant named in $VARIANTS (default "copied shared fp8"; also fp8exact), one
 #                 after another on this machine: shared prompts and fp8 KV against copied prompts
 #                 (about 3 minutes a variant), e.g. VARIANTS="shared fp8" bash scripts/gpu_measure.sh ab
 set -uo pipefail
@@ -80,33 +78,31 @@ for s in "${steps[@]}"; do
       step shapes $((limit * ${#cells[@]} + 30)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
         --timeout "$limit" --work "$work" --out "$out/shapes.json" --eval-samples "${EVAL:-0}" --cells "${cells[@]}"
       rm -rf "$work" ;;
-    fp8conv)
-      step fp8conv_tests 240 python3 -m pytest -q -m gpu tests/gpu/test_decode_kernels_gpu.py -k "fp8 or e4m3" \
+    fp8)
+      step fp8_tests 240 python3 -m pytest -q -m gpu tests/gpu/test_decode_kernels_gpu.py -k "fp8 or e4m3" \
         -p no:cacheprovider -rfE
-      step fp8conv_cascade 200 python3 bench/cascade.py --fp8 ;;
+      step fp8_cascade 200 python3 bench/cascade.py --fp8 ;;
     kernels)
-      for dt in bf16 fp8 fp8reg; do
-        step "kernels_$dt" 240 env OURO_FP8_REGISTERS="$([ $dt = fp8reg ] && echo 1 || echo 0)" python3 \
-          bench/decode_profile.py --batch 256 -K 4 --prompt 100 --group-size 8 --kv-cache-dtype "${dt%reg}" \
+      for dt in bf16 fp8; do
+        step "kernels_$dt" 240 python3 \
+          bench/decode_profile.py --batch 256 -K 4 --prompt 100 --group-size 8 --kv-cache-dtype "$dt" \
           --bandwidth "${BW:-4.26e12}" --timeline --no-eager --top 16
       done ;;
     ab)
       work=$(scratch ouro-ab 40)
       for v in ${VARIANTS:-copied shared fp8}; do
-        pre=()
         case $v in
           copied) extra=(--train-args=--no-share-prompts) ;;
           shared) extra=() ;;
           fp8) extra=("--train-args=--kv-cache-dtype fp8") ;;
           fp8exact) extra=("--train-args=--kv-cache-dtype fp8 --exact") ;;
-          fp8reg) extra=("--train-args=--kv-cache-dtype fp8"); pre=(env OURO_FP8_REGISTERS=1) ;;
-          *) echo "unknown variant $v (copied shared fp8 fp8exact fp8reg)"; exit 2 ;;
+          *) echo "unknown variant $v (copied shared fp8 fp8exact)"; exit 2 ;;
         esac
-        step "ab_$v" 300 "${pre[@]}" python3 bench/e2e.py --prompts p100 --cases a --depths 4 --updates 2 --timeout 280 \
+        step "ab_$v" 300 python3 bench/e2e.py --prompts p100 --cases a --depths 4 --updates 2 --timeout 280 \
           --work "$work" --out "$out/ab_$v.json" "${extra[@]}"
         rm -rf "$work"
       done ;;
-    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes fp8conv kernels ab)"; exit 2 ;;
+    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes fp8 kernels ab)"; exit 2 ;;
   esac
 done
 exit $status

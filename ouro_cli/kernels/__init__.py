@@ -46,12 +46,6 @@ def checks_enabled() -> bool:
     return env.get("OURO_CHECK_KERNELS")
 
 
-def fp8_codes_in_registers() -> bool:
-    """Whether the fp8 decode kernels on CUDA convert codes with PTX in registers
-    (`OURO_FP8_REGISTERS=1`, decode_attention._e4m3_values) rather than Triton's cast."""
-    return env.get("OURO_FP8_REGISTERS")
-
-
 def interpreted() -> bool:
     """Whether Triton kernels run under its CPU interpreter (Triton's own TRITON_INTERPRET)."""
     return env.get("TRITON_INTERPRET")

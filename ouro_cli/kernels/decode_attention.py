@@ -55,9 +55,7 @@ then the scale's exponent, then padding to a multiple of 16 bytes, so a row's va
 16-byte vectors): a tile's rows are loaded as bytes and converted to the query's dtype, which
 holds every e4m3 value exactly. The conversion (`_e4m3_values`) is Triton's cast, which the
 compiler moves past the tile's trip through shared memory, so V's operand (transposed for the
-P·V dot) is read back a byte at a time; or, with OURO_FP8_REGISTERS=1 on CUDA, PTX that stays
-at the load, so the tile is staged in the dot's dtype and read with the transposing ldmatrix.
-Both give the same values, so the same bits.
+P·V dot) is read back a byte at a time.
 
 In the default mode each row's power-of-two scale 2^k is applied outside the dots, not to every
 element: a key's score is the dot with its e4m3 values times its 2^k, and a position's softmax
@@ -86,7 +84,7 @@ import triton.language as tl
 from ouro_cli.model import kv_quant
 from ouro_cli.settings import active_settings
 
-from . import bounds, checks_enabled, fp8_codes_in_registers, fp8_rows
+from . import bounds, checks_enabled, fp8_rows
 from .gemv import dot_as_sum
 
 # Positions per tile and warps per program; both set the kernel's summation order, so the
@@ -98,31 +96,6 @@ NUM_WARPS = 4
 # the packed fp8 format's constants, for the kernel's packed write (model/kv_quant.py)
 _ROW_ALIGN: tl.constexpr = tl.constexpr(kv_quant.ROW_ALIGN)
 _LOWEST_EXPONENT: tl.constexpr = tl.constexpr(kv_quant.LOWEST_EXPONENT)
-
-# Four e4m3 codes (the bytes of one 32-bit input, the first in the low byte) as their values:
-# two codes at a time to fp16 (exact: fp16 holds every e4m3 value), then each to fp32 (exact),
-# then, for bf16, two at a time to bf16 (exact: three mantissa bits). The first value goes to
-# the low half (bf16) or the first output (fp32).
-_E4M3_AS_F32 = """
-.reg .b16 lo, hi, a0, a1, a2, a3;
-.reg .b32 h0, h1;
-.reg .f32 f0, f1, f2, f3;
-mov.b32 {lo, hi}, $IN;
-cvt.rn.f16x2.e4m3x2 h0, lo;
-cvt.rn.f16x2.e4m3x2 h1, hi;
-mov.b32 {a0, a1}, h0;
-mov.b32 {a2, a3}, h1;
-cvt.f32.f16 f0, a0;
-cvt.f32.f16 f1, a1;
-cvt.f32.f16 f2, a2;
-cvt.f32.f16 f3, a3;
-"""
-_E4M3_TO_BF16: tl.constexpr = tl.constexpr(
-    "{" + _E4M3_AS_F32.replace("$IN", "$2") + "cvt.rn.bf16x2.f32 $0, f1, f0;\ncvt.rn.bf16x2.f32 $1, f3, f2;\n}"
-)
-_E4M3_TO_F32: tl.constexpr = tl.constexpr(
-    "{" + _E4M3_AS_F32.replace("$IN", "$4") + "mov.b32 $0, f0;\nmov.b32 $1, f1;\nmov.b32 $2, f2;\nmov.b32 $3, f3;\n}"
-)
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
@@ -173,7 +146,6 @@ def _decode_attention_kernel(
     CASCADE: tl.constexpr,
     DOT_AS_SUM: tl.constexpr,
     PACKED: tl.constexpr,
-    REGISTERS: tl.constexpr,
     ROW: tl.constexpr,
 ):
     KV_T: tl.constexpr = Q.dtype.element_ty if PACKED else K.dtype.element_ty  # K/V computed in: packed fp8 as q
@@ -259,7 +231,6 @@ def _decode_attention_kernel(
             IEEE,
             DOT_AS_SUM,
             PACKED,
-            REGISTERS,
             KV_T,
             BLOCKED,
         )
@@ -342,7 +313,6 @@ def _prefix_kernel(
     IEEE: tl.constexpr,
     DOT_AS_SUM: tl.constexpr,
     PACKED: tl.constexpr,
-    REGISTERS: tl.constexpr,
 ):
     """The cascade's prefix pass: program (p, h) holds rows r = (member MEMBERS[FIRST[p] + r // G],
     head h·G + r % G), folds the first START tiles of its first member (which every member shares,
@@ -385,7 +355,6 @@ def _prefix_kernel(
             IEEE,
             DOT_AS_SUM,
             PACKED,
-            REGISTERS,
             KV_T,
             False,
         )
@@ -433,7 +402,6 @@ def _fold_tile(
     IEEE: tl.constexpr,
     DOT_AS_SUM: tl.constexpr,
     PACKED: tl.constexpr,
-    REGISTERS: tl.constexpr,
     KV_T: tl.constexpr,
     BLOCKED: tl.constexpr,
 ):
@@ -445,10 +413,10 @@ def _fold_tile(
     slot = tl.load(slot_row + n, mask=n_ok, other=0).to(tl.int64)
     nd_ok = n_ok[:, None] & (d < D)[None, :]
     if PACKED == 2:  # the dot over the e4m3 values, times each key's 2^k: the dot over the stored values
-        k, k_scale = _load_codes(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, KV_T, REGISTERS)
+        k, k_scale = _load_codes(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, KV_T)
         s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM) * k_scale[None, :]
     else:
-        k = _load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T, REGISTERS)
+        k = _load_rows(kv_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
         s = _dot(q, tl.trans(k), IEEE, DOT_AS_SUM)
     # [GP, BLOCK]; every tile holds >= 1 position of a decode row, and of a block's longest row
     s = tl.where(n[None, :] < row_length[:, None], s * scale, float("-inf"))
@@ -457,10 +425,10 @@ def _fold_tile(
     p = tl.exp(s - m_new[:, None])
     l_new = l_sum * alpha + tl.sum(p, 1)
     if PACKED == 2:  # each position's weight takes its value row's 2^k, so the dot reads the e4m3 values
-        v, v_scale = _load_codes(v_head, slot, d, nd_ok, n_ok, stride_ks, D, KV_T, REGISTERS)
+        v, v_scale = _load_codes(v_head, slot, d, nd_ok, n_ok, stride_ks, D, KV_T)
         p_v = (p * v_scale[None, :]).to(KV_T)
     else:
-        v = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T, REGISTERS)
+        v = _load_rows(v_head, slot, d, nd_ok, n_ok, stride_ks, D, PACKED, KV_T)
         p_v = p.to(KV_T)
     acc_new = acc * alpha[:, None] + _dot(p_v, v, IEEE, DOT_AS_SUM)
     if BLOCKED:  # a row whose run ended before this tile keeps its state: the tiles a decode row never reads
@@ -482,43 +450,29 @@ def _load_rows(
     D: tl.constexpr,
     PACKED: tl.constexpr,
     KV_T: tl.constexpr,
-    REGISTERS: tl.constexpr,
 ):
     """The K (or V) rows [BLOCK, BLOCK_D] of one head at `slot` in KV_T: as stored (PACKED 0), or
     packed fp8 rows (model/kv_quant.py) as values · 2^k (PACKED 1; exact in KV_T)."""
     if PACKED:
-        codes, scale = _load_codes(head, slot, d, nd_ok, n_ok, stride_ks, D, tl.float32, REGISTERS)
+        codes, scale = _load_codes(head, slot, d, nd_ok, n_ok, stride_ks, D, tl.float32)
         return (codes * scale[:, None]).to(KV_T)
     else:
         return tl.load(head + slot[:, None] * stride_ks + d[None, :], mask=nd_ok, other=0.0)
 
 
 @triton.jit
-def _load_codes(head, slot, d, nd_ok, n_ok, stride_ks, D: tl.constexpr, KV_T: tl.constexpr, REGISTERS: tl.constexpr):
+def _load_codes(head, slot, d, nd_ok, n_ok, stride_ks, D: tl.constexpr, KV_T: tl.constexpr):
     """Packed fp8 rows [BLOCK, BLOCK_D] of one head at `slot` as their e4m3 values in KV_T (exact),
     and each row's power-of-two scale 2^k [BLOCK] in fp32."""
     raw = tl.load(head + slot[:, None] * stride_ks + d[None, :], mask=nd_ok, other=0)
     k = tl.load(head + slot * stride_ks + D, mask=n_ok, other=0).to(tl.int8, bitcast=True).to(tl.int32)
-    return _e4m3_values(raw, KV_T, REGISTERS), ((k + 127) << 23).to(tl.float32, bitcast=True)
+    return _e4m3_values(raw, KV_T), ((k + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _e4m3_values(raw, OUT_T: tl.constexpr, REGISTERS: tl.constexpr):
-    """The e4m3 values of the codes `raw` (uint8) in OUT_T, exactly. With REGISTERS (CUDA, OUT_T
-    bf16 or fp32) through the PTX of `_E4M3_TO_BF16` / `_E4M3_TO_F32`: an asm block the compiler
-    may not move (not pure), so the codes become values where they are loaded and the tile reaches
-    the dot's layout in OUT_T. Otherwise Triton's cast, which the compiler moves past the layout
-    change: the tile is staged as bytes and read into the dot's layout a byte at a time."""
-    if REGISTERS:
-        if OUT_T == tl.bfloat16:
-            return tl.inline_asm_elementwise(_E4M3_TO_BF16, "=r,=r,r", [raw], dtype=tl.bfloat16, is_pure=False, pack=4)
-        else:
-            tl.static_assert(OUT_T == tl.float32, "the codes convert in registers to bf16 or fp32")
-            return tl.inline_asm_elementwise(
-                _E4M3_TO_F32, "=r,=r,=r,=r,r", [raw], dtype=tl.float32, is_pure=False, pack=4
-            )
-    else:
-        return raw.to(tl.float8e4nv, bitcast=True).to(OUT_T)
+def _e4m3_values(raw, OUT_T: tl.constexpr):
+    """The e4m3 values of the codes `raw` (uint8) in OUT_T, exactly, by Triton's cast."""
+    return raw.to(tl.float8e4nv, bitcast=True).to(OUT_T)
 
 
 @triton.jit
@@ -622,10 +576,6 @@ def _attend(
         "IEEE": (q.dtype if packed else k_plane.dtype) == torch.float32,
         "DOT_AS_SUM": q.device.type != "cuda",
         "PACKED": _packed_mode(packed),
-        "REGISTERS": packed
-        and q.device.type == "cuda"
-        and fp8_codes_in_registers()
-        and q.dtype in (torch.bfloat16, torch.float32),
         "num_warps": num_warps,
     }
     strides = (q.stride(0), q.stride(1), k_plane.stride(0), k_plane.stride(1), ctx_slots.stride(0))

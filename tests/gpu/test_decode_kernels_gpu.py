@@ -8,11 +8,10 @@ same alone or among longer rows; the KV write fused into the attention kernel eq
 torch write exactly, and its output the attention kernel's over the written planes (over an
 fp8 cache too: packed rows with kv_quant.pack's bytes, exited rows' rows copied); over an fp8
 cache's packed rows the kernel gives the bits it gives over the rows unpacked, and the replay
-each query's decode bits over the engine's packed rows at Ouro's head shape, with the codes
-converted by Triton's cast or in registers (and that conversion gives torch's values for every
-finite code); the fp8 round
-trip's kernel (kernels/fp8_rows.py) has the torch round trip's bits, on CUDA and on the CPU, at
-a decode step's shape (4,096 tokens x 8 KV heads x 128).
+each query's decode bits over the engine's packed rows at Ouro's head shape (and the kernels'
+conversion of codes gives torch's values for every finite code); the fp8 round trip's kernel
+(kernels/fp8_rows.py) has the torch round trip's bits, on CUDA and on the CPU, at a decode
+step's shape (4,096 tokens x 8 KV heads x 128).
 
 Engine level, on the tiny model: attention="triton" under CUDA graphs gives the eager
 results bit for bit; in fp32 it reports the torch path's tokens, depths and logprobs
@@ -66,22 +65,15 @@ def test_attention_matches_reference(dtype):
     check_attention("cuda", dtype, TOL[dtype])
 
 
-@pytest.fixture(params=["0", "1"], ids=["cast", "registers"])
-def fp8_codes(request, monkeypatch):
-    """The fp8 kernels' codes turned into values by Triton's cast, or in registers by PTX
-    (OURO_FP8_REGISTERS, decode_attention._e4m3_values)."""
-    monkeypatch.setenv("OURO_FP8_REGISTERS", request.param)
-
-
-def test_e4m3_codes_become_their_values_in_both_conversions():
+def test_e4m3_codes_become_their_values():
     check_e4m3_values("cuda")
 
 
-def test_fp8_rows_are_read_as_their_unpacked_values(fp8_codes):
+def test_fp8_rows_are_read_as_their_unpacked_values():
     check_fp8_attention("cuda")
 
 
-def test_fp8_replay_gives_each_query_the_decode_kernels_bits(fp8_codes):
+def test_fp8_replay_gives_each_query_the_decode_kernels_bits():
     """At Ouro-1.4B's heads (16 of 128, G = 1) and 300 positions a row."""
     check_fp8_replay("cuda", s=300, heads=16)
 
@@ -102,7 +94,7 @@ def test_write_and_attend_matches_the_two_steps(dtype):
 
 
 @DTYPES
-def test_fp8_write_and_attend_matches_the_two_steps(dtype, fp8_codes):
+def test_fp8_write_and_attend_matches_the_two_steps(dtype):
     check_write_and_attend("cuda", dtype, fp8=True)
 
 
