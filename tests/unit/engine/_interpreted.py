@@ -73,7 +73,7 @@ def interpreter_report(script: Path, names: list[str]) -> tuple[dict[str, str], 
     """Run `script` with `names` under the interpreter -> ({name: "ok"|"FAILED"}, log tail)."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, str(script), *names], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), *names], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )
     status = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0] in names)
     return status, proc.stdout[-6000:] + proc.stderr[-6000:]
