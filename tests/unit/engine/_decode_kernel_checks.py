@@ -11,6 +11,7 @@ of every later test in that process (the GPU ones included) into interpreted one
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -106,7 +107,8 @@ def check_fp8_attention(device="cpu") -> None:
         ctx, valid, lens = (t.to(device) for t in (ctx, valid, lens))  # the planes are scaled on the host first
         for exact, tiny in ((False, False), (True, False), (True, True)):
             k_sizes, v_sizes = (_fp8_sizes(k_plane.shape[1], tiny and which == "v", case) for which in "kv")
-            packed = [kv_quant.pack(x * sizes).to(device) for x, sizes in ((k_plane, k_sizes), (v_plane, v_sizes))]
+            scaled = (k_plane * k_sizes, v_plane * v_sizes)
+            packed = [kv_quant.torch_pack(x).to(device) for x in scaled]  # kv_quant.pack's bytes (fp8_round_trip)
             for dtype in (torch.float32, torch.bfloat16):
                 q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(100 + case)).to(device, dtype)
                 with executing(ExecutionSettings(exact=exact)):
@@ -297,16 +299,17 @@ def check_write_and_attend(device="cpu", dtype=torch.float32, fp8=False) -> None
         values = torch.randn(*plane.shape[:-1], d, generator=g, dtype=torch.float64)
         if fp8:  # packed rows of very different sizes (every token its own scale), padding random
             sizes = 2.0 ** torch.randint(-20, 20, plane.shape[:-1] + (1,), generator=g)
-            values = kv_quant.pack((values * sizes).to(dtype))
+            values = kv_quant.torch_pack((values * sizes).to(dtype))
             values[..., d + 1 :] = torch.randint(0, 256, values[..., d + 1 :].shape, generator=g, dtype=torch.uint8)
         plane.copy_(values)
 
+    new_rows = [kv_quant.pack(x) if fp8 else x for x in (k_new, v_new)]  # what an active row writes
     for layer in range(layers):
         for plane in range(loops):
             fill(kv.k)
             fill(kv.v)
             ref_k, ref_v = kv.k.clone(), kv.v.clone()
-            rows = [kv_quant.pack(x) if fp8 else x for x in (k_new, v_new)]
+            rows = new_rows
             if plane > 0:
                 keep = active[:, None, None]
                 rows = [
@@ -324,39 +327,47 @@ def check_write_and_attend(device="cpu", dtype=torch.float32, fp8=False) -> None
             assert same_bits(out, apart), (layer, plane)
 
 
+@functools.cache
+def _engine_run(device: str, attention: str, gemv: str) -> tuple[torch.nn.Module, list]:
+    """(the tiny model, its engine's outputs) for three requests of 4 tokens with threshold exits,
+    fp32, the decode step's attention and projections on `attention` and `gemv`. Run once per
+    process: check_engine and check_replay_mode_engine read the same run."""
+    from ouro_cli.engine import LLM, SamplingParams
+    from ouro_cli.settings import ExecutionSettings
+    from tests.unit.engine.conftest import prompts, tiny_model
+
+    params = [SamplingParams(max_tokens=4, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
+    model = tiny_model(0).to(device)
+    llm = LLM(
+        model,
+        max_num_seqs=3,
+        kv_blocks=16,
+        block_size=4,
+        cuda_graphs=False,
+        execution=ExecutionSettings(decode_attention=attention, decode_gemv=gemv),
+    )
+    try:
+        assert llm.runner.attention == attention and (llm.runner.gemv is None) == (gemv == "cublas")
+        return model, llm.generate(prompts(3, seed=1), params)  # prefill runs the replay path (sdpa here)
+    finally:
+        llm.close()
+
+
 def check_engine(device="cpu") -> None:
     """The engine with attention="triton", and then also the projections on the small-batch
     matmul (gemv="triton"), reports the torch path's logprobs (fp32) and still equals the
     trainer's replay; exits are mixed so the carry-forward path runs."""
-    from ouro_cli.engine import LLM, SamplingParams
     from ouro_cli.settings import ExecutionSettings
-    from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import max_replay_error
 
-    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
-    model = tiny_model(0).to(device)
-    outs = {}
-    for attention, gemv in (("torch", "cublas"), ("triton", "cublas"), ("triton", "triton")):
-        llm = LLM(
-            model,
-            max_num_seqs=3,
-            kv_blocks=16,
-            block_size=4,
-            cuda_graphs=False,
-            execution=ExecutionSettings(decode_attention=attention, decode_gemv=gemv),
-        )
-        try:
-            assert llm.runner.attention == attention and (llm.runner.gemv is None) == (gemv == "cublas")
-            outs[attention, gemv] = llm.generate(prompts(3, seed=1), params)
-        finally:
-            llm.close()
-    model.execution = ExecutionSettings()
-    reference = outs.pop(("torch", "cublas"))
-    for out in outs.values():
+    _, reference = _engine_run(device, "torch", "cublas")
+    for gemv in ("cublas", "triton"):
+        model, out = _engine_run(device, "triton", gemv)
         assert len({d for o in out for d in o.exit_depths[1:]}) >= 2
         for a, b in zip(reference, out, strict=True):
             assert a.output_token_ids == b.output_token_ids and a.exit_depths == b.exit_depths
             assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) <= 1e-5
+        model.execution = ExecutionSettings()
         assert max_replay_error(model, out, 1.0) <= 1e-5
 
 
@@ -367,15 +378,15 @@ def check_engine_fp8(device="cpu") -> None:
     rows copy their packed rows forward; and the engine agrees with the trainer's replay as
     test_replay.py's fp8 test finds (3 tokens in 4 within 1e-5 at least: the others may follow an
     element that the two sides' last-bit differences rounded apart; an exited row that wrote its
-    new K/V instead of copying its plane misses about half), while a replay that does not round
-    misses the median token by more than 1e-3."""
+    new K/V instead of copying its plane misses a third of these 15), while a replay that does not
+    round misses the median token by more than 1e-3."""
     from ouro_cli.engine import LLM, SamplingParams
     from ouro_cli.kernels import decode_attention
     from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import replay_logprobs
 
-    params = [SamplingParams(max_tokens=8, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
+    params = [SamplingParams(max_tokens=5, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
     model = tiny_model(0).to(device)
     model.execution = ExecutionSettings(kv_cache_dtype="fp8", decode_attention="triton")
     planes, fused = [], decode_attention.write_kv_and_attend
@@ -497,7 +508,7 @@ def check_replay_attention(device="cpu", dtype=torch.float32, tol=1e-5) -> None:
         raise AssertionError("a non-contiguous mask was accepted")
 
 
-def check_fp8_replay(device="cpu", b=2, s=40, heads=2, d=128) -> None:
+def check_fp8_replay(device="cpu", b=2, s=24, heads=2, d=128) -> None:
     """With an fp8 cache the replay (kernels/replay_attention.py) gives every query the bits the
     decode kernel gives it over the engine's packed cache: K/V rounded as a layer rounds them
     (kv_quant.round_trip), at Ouro's head_dim of 128 (G = 1), in the default mode and in exact
@@ -529,26 +540,12 @@ def check_fp8_replay(device="cpu", b=2, s=40, heads=2, d=128) -> None:
 
 def check_replay_mode_engine(device="cpu") -> None:
     """The tiny model's engine (triton decode attention) against its replay with the replay's
-    attention in the decode kernel's order, and with SDPA: both within 1e-5 (fp32)."""
-    from ouro_cli.engine import LLM, SamplingParams
+    attention in the decode kernel's order, and with SDPA: both within 1e-5 (fp32). The engine's
+    run is check_engine's with the Triton attention (`_engine_run`)."""
     from ouro_cli.settings import ExecutionSettings
-    from tests.unit.engine.conftest import prompts, tiny_model
     from tests.unit.engine.test_replay import max_replay_error
 
-    params = [SamplingParams(max_tokens=6, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(3)]
-    model = tiny_model(0).to(device)
-    llm = LLM(
-        model,
-        max_num_seqs=3,
-        kv_blocks=16,
-        block_size=4,
-        cuda_graphs=False,
-        execution=ExecutionSettings(decode_attention="triton"),
-    )
-    try:
-        outs = llm.generate(prompts(3, seed=1), params)  # prefill runs the replay path too (sdpa here)
-    finally:
-        llm.close()
+    model, outs = _engine_run(device, "triton", "cublas")
     errors = {}
     for mode in ("sdpa", "paged"):
         model.execution = ExecutionSettings(replay_attention=mode)
@@ -559,16 +556,19 @@ def check_replay_mode_engine(device="cpu") -> None:
 
 def check_width_from_reach(device="cpu") -> None:
     """With the Triton attention a decode step's context width covers the longest context its
-    rows may reach (runner.decode's `reach`), not only the current one: a request allowed 16
-    tokens decodes its first 6 on wider steps than the same request allowed 6, with the same
-    tokens, depths and logprobs to the bit (the kernel walks each row's own length)."""
+    rows may reach (runner.decode's `reach`), not only the current one: a request allowed 6
+    tokens decodes its first 4 on wider steps than the same request allowed 4, with the same
+    tokens, depths and logprobs to the bit (the kernel walks each row's own length). The two
+    reaches differ by a whole chunk of the width (`attn_chunk`), so every step of the longer
+    request is wider than every step of the shorter."""
     from ouro_cli.engine import LLM, SamplingParams
     from ouro_cli.settings import ExecutionSettings
     from tests.unit.engine.conftest import prompts, tiny_model
 
     model = tiny_model(0).to(device)
+    short, chunk = 4, 2
     runs = {}
-    for max_tokens in (6, 16):
+    for max_tokens in (short, short + chunk):
         params = [
             SamplingParams(max_tokens=max_tokens, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True)
             for s in range(3)
@@ -578,7 +578,7 @@ def check_width_from_reach(device="cpu") -> None:
             max_num_seqs=3,
             kv_blocks=48,
             block_size=4,
-            attn_chunk=8,
+            attn_chunk=chunk,
             cuda_graphs=False,
             execution=ExecutionSettings(decode_attention="triton"),
         )
@@ -595,14 +595,14 @@ def check_width_from_reach(device="cpu") -> None:
         finally:
             llm.close()
         runs[max_tokens] = outs, widths
-    (short, narrow), (long, wide) = runs[6], runs[16]
+    (shorter, narrow), (longer, wide) = runs[short], runs[short + chunk]
     assert min(wide) > max(narrow), (narrow, wide)
-    assert len({d for o in short for d in o.exit_depths[1:]}) >= 2
-    for a, b in zip(short, long, strict=True):
+    assert len({d for o in shorter for d in o.exit_depths[1:]}) >= 2
+    for a, b in zip(shorter, longer, strict=True):
         assert (a.output_token_ids, a.exit_depths, a.log_probs) == (
-            b.output_token_ids[:6],
-            b.exit_depths[:6],
-            b.log_probs[:6],
+            b.output_token_ids[:short],
+            b.exit_depths[:short],
+            b.log_probs[:short],
         )
 
 

@@ -137,7 +137,7 @@ def check_exact_engine(device="cpu", dtype=torch.float32, kv_cache_dtype="auto",
     assert engine_model.model.layers[0].self_attn.qkv_weight is not None
     assert model.model.layers[0].self_attn.qkv_weight is None
     params = [
-        SamplingParams(max_tokens=5, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(requests)
+        SamplingParams(max_tokens=4, seed=s, logprobs=0, exit_threshold=0.5, ignore_eos=True) for s in range(requests)
     ]
     llm = LLM(engine_model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False, execution=exact)
     try:
@@ -169,18 +169,20 @@ def check_exact_engine_grouped(device="cpu", dtype=torch.bfloat16) -> None:
     """`check_exact_engine` with fresh prompts prefilled both ways CUDA prefills them: the short
     ones at their bucket width, in a group of rows filled up with a row of padding
     (runner.prefill_many; groups of 3 rows here, where the interpreter would take minutes over
-    CUDA's 32), and the one past PREFILL_GRAPH_MAX (4 here) alone at its own width."""
+    CUDA's 32, at buckets from 8 where CUDA's start at 16: still wider than the prompts), and the
+    one past PREFILL_GRAPH_MAX (4 here) alone at its own width."""
     from ouro_cli.engine import runner
     from tests.unit.engine.conftest import prompts
 
     lengths = sorted(len(p) for p in prompts(3, seed=1, hi=6))  # check_exact_engine's prompts
     assert lengths[1] <= 4 < lengths[2], lengths  # two share a group, one runs alone
-    before = runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP, runner.PREFILL_GRAPH_MAX
+    before = runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP, runner.PREFILL_GRAPH_MAX, runner.prefill_bucket
     runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP, runner.PREFILL_GRAPH_MAX = (device, "cuda"), 3, 4
+    runner.prefill_bucket = lambda n: max(8, 1 << (n - 1).bit_length())  # a power of two, as on CUDA
     try:
         check_exact_engine(device, dtype)
     finally:
-        runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP, runner.PREFILL_GRAPH_MAX = before
+        runner.BUCKETED_PREFILL, runner.MAX_PREFILL_GROUP, runner.PREFILL_GRAPH_MAX, runner.prefill_bucket = before
 
 
 CHECKS = {
