@@ -19,9 +19,10 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
 
 # lint first; then one worker per core, at most 4; a test file's tests stay in one worker (they
-# share module fixtures)
+# share module fixtures), and files are handed out in collection order, which puts the slow ones
+# first (tests/conftest.py)
 test: lint
-	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 LINTED := ouro_cli tests bench examples scripts
 lint: $(STAMP)

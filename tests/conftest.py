@@ -1,5 +1,5 @@
-"""Shared test setup: GPU tests are skipped without CUDA; CPU tests run in fp32 and
-deterministic mode so that equality checks mean what they say."""
+"""Shared test setup: GPU tests are skipped without CUDA; tests marked slow are collected
+first; CPU tests run in fp32 and deterministic mode so that equality checks mean what they say."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import torch
 
 
 def pytest_collection_modifyitems(config, items):
+    # slow tests first (stable, so a file's tests stay together): under `--dist loadfile` the
+    # longest files start at once instead of one of them starting last and running alone
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -23,6 +23,8 @@ from .harness import run_all
 from .test_train_cli import ouro
 from .tiny_checkpoint import REWARD, make_checkpoint
 
+pytestmark = pytest.mark.slow
+
 # one mini-batch: the first step, whose mismatch the metrics report, covers every sampled token
 TRAINED = [
     "--epochs",

@@ -20,8 +20,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .test_train_cli import REPO, ouro
 from .tiny_checkpoint import REWARD, make_checkpoint
+
+pytestmark = pytest.mark.slow
 
 
 def _flags(root: Path) -> list[str]:

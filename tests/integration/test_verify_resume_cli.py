@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from .test_train_cli import ouro
 from .tiny_checkpoint import REWARD, make_checkpoint
+
+pytestmark = pytest.mark.slow
 
 
 def test_verify_resume_passes_and_catches_a_broken_resume(tmp_path):

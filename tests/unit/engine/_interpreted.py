@@ -81,14 +81,15 @@ def interpreter_report(script: Path, names: list[str]) -> tuple[dict[str, str], 
 
 def interpreted_tests(script_name: str, checks: list[str]):
     """-> (a module-scoped fixture `report` that runs the check script `script_name`, beside this
-    file, once under the interpreter; a test parametrized over `checks` that each one passed).
-    A test file binds both at module level: `report, test_x_under_the_interpreter = ...`."""
+    file, once under the interpreter; a test parametrized over `checks` that each one passed,
+    marked slow). A test file binds both at module level: `report, test_x_under_the_interpreter = ...`."""
     script = Path(__file__).with_name(script_name)
 
     @pytest.fixture(scope="module")
     def report() -> tuple[dict[str, str], str]:
         return interpreter_report(script, checks)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("check", checks)
     def test(report, check):
         status, log = report

@@ -17,6 +17,8 @@ from ouro_cli.settings import ExecutionSettings
 
 from .compiling import ALWAYS, forbid_compiles, record_compiles
 
+pytestmark = pytest.mark.slow
+
 
 def run(model, recompute: bool):
     """Logits and parameter gradients of one forward/backward with mixed depths and two
