@@ -53,9 +53,9 @@ step writes.
 An fp8 cache (model/kv_quant.py) hands the kernel its packed rows (uint8: head_dim fp8 values,
 then the scale's exponent, then padding to a multiple of 16 bytes, so a row's values load as
 16-byte vectors): a tile's rows are loaded as bytes and converted to the query's dtype, which
-holds every e4m3 value exactly. The conversion (`_e4m3_values`) is Triton's cast, which the
-compiler moves past the tile's trip through shared memory, so V's operand (transposed for the
-P·V dot) is read back a byte at a time.
+holds every e4m3 value exactly. The conversion (`_e4m3_values`) is Triton's casts through fp32,
+which the compiler moves past the tile's trip through shared memory, so V's operand (transposed
+for the P·V dot) is read back a byte at a time.
 
 In the default mode each row's power-of-two scale 2^k is applied outside the dots, not to every
 element: a key's score is the dot with its e4m3 values times its 2^k, and a position's softmax
@@ -471,8 +471,11 @@ def _load_codes(head, slot, d, nd_ok, n_ok, stride_ks, D: tl.constexpr, KV_T: tl
 
 @triton.jit
 def _e4m3_values(raw, OUT_T: tl.constexpr):
-    """The e4m3 values of the codes `raw` (uint8) in OUT_T, exactly, by Triton's cast."""
-    return raw.to(tl.float8e4nv, bitcast=True).to(OUT_T)
+    """The e4m3 values of the codes `raw` (uint8) in OUT_T, exactly, by Triton's casts through fp32
+    (both exact: every e4m3 value has 4 significant bits and lies within bf16's and fp16's normal
+    range). Through fp32 because Triton's direct cast to bf16 goes through fp16 and converts each
+    element from fp16 to bf16 alone (`F2F`), where the fp32 route converts two at once."""
+    return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(OUT_T)
 
 
 @triton.jit
