@@ -69,6 +69,31 @@ def group_tables(groups: int, size: int, prompt: int, length: int, bs: int, seed
 
 def bench_prompt(prompt: int, args) -> None:
     from ouro_cli.kernels import decode_attention as kernels
+
+    call, cascade, rows, length, plan_us = setup(prompt, args)
+    out = call(None)
+    same = torch.equal(out, call(cascade))
+    us = {n: graph_time(lambda i, c=c: call(c), args.reps) * 1e6 for n, c in (("off", None), ("on", cascade))}
+    print(
+        f"prompt {prompt}, position {length - 1}, {args.groups} groups of {args.group_size} ({rows} rows), "
+        f"{args.heads}/{args.kv_heads} heads x {args.head_dim}, {'fp8' if args.fp8 else 'bf16'} write+attend: "
+        f"plan {plan_us:.0f} µs a step on the host, outputs {'identical' if same else 'DIFFER'}"
+    )
+    for name, t in us.items():
+        print(f"  cascade {name:3s}: {t:7.1f} µs a call  {rows / (t * LAYER_LOOPS) * 1e6:9.0f} tok/s of attention")
+    engine = (
+        "on"
+        if prompt // args.block_size * args.block_size // kernels.BLOCK >= MIN_TILES
+        else "off (below engine/cascade.py MIN_TILES)"
+    )
+    print(f"  speedup (off / on): x{us['off'] / us['on']:.2f}; in the engine at this prompt: {engine}", flush=True)
+
+
+def setup(prompt: int, args):
+    """The bench's decode step at `prompt` (args: bench/cascade.py's options): `call(cascade)`, a
+    write + attend over the step's rows (cascade None: off), the cascade tables, the rows, the
+    rows' length and the host's µs for the cascade plan."""
+    from ouro_cli.kernels import decode_attention as kernels
     from ouro_cli.model import kv_quant
 
     dev, dt, bs = "cuda", torch.bfloat16, args.block_size
@@ -101,18 +126,7 @@ def bench_prompt(prompt: int, args) -> None:
             cascade=with_cascade,
         )  # fmt: skip
 
-    out = call(None)
-    same = torch.equal(out, call(cascade))
-    us = {n: graph_time(lambda i, c=c: call(c), args.reps) * 1e6 for n, c in (("off", None), ("on", cascade))}
-    print(
-        f"prompt {prompt}, position {length - 1}, {args.groups} groups of {args.group_size} ({rows} rows), "
-        f"{args.heads}/{hkv} heads x {d}, {'fp8' if args.fp8 else 'bf16'} write+attend: plan {plan_us:.0f} µs "
-        f"a step on the host, outputs {'identical' if same else 'DIFFER'}"
-    )
-    for name, t in us.items():
-        print(f"  cascade {name:3s}: {t:7.1f} µs a call  {rows / (t * LAYER_LOOPS) * 1e6:9.0f} tok/s of attention")
-    engine = "on" if prompt // bs * bs // kernels.BLOCK >= MIN_TILES else "off (below engine/cascade.py MIN_TILES)"
-    print(f"  speedup (off / on): x{us['off'] / us['on']:.2f}; in the engine at this prompt: {engine}", flush=True)
+    return call, cascade, rows, length, plan_us
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@
 #                 CELLS="p16-r512-default p16-r512-exact" bash scripts/gpu_measure.sh shapes
 #   fp8           the fp8 kernels' GPU tests, then bench/cascade.py --fp8, which times the fp8 decode
 #                 kernel with the cascade off and on (not in the default set; about 2 minutes)
+#   options       bench/kernel_options.py with fp8 and with bf16 K/V: the decode kernel under launch options
+#                 that keep its bits (num_stages, maxnreg) against the engine's launch (not in the default
+#                 set; about 1 minute)
 #   kernels       bench/decode_profile.py at the real rollout's decode step (batch 256, K = 4, groups of
 #                 8 sharing a 100-token prompt, --bandwidth $BW, default the H200's 4.26e12), bf16 and fp8
 #                 KV, each with its kernel timeline (not in the default set; about 2 minutes)
@@ -82,6 +85,9 @@ for s in "${steps[@]}"; do
       step fp8_tests 240 python3 -m pytest -q -m gpu tests/gpu/test_decode_kernels_gpu.py -k "fp8 or e4m3" \
         -p no:cacheprovider -rfE
       step fp8_cascade 200 python3 bench/cascade.py --fp8 ;;
+    options)
+      step options_fp8 200 python3 bench/kernel_options.py --fp8
+      step options_bf16 200 python3 bench/kernel_options.py ;;
     kernels)
       for dt in bf16 fp8; do
         step "kernels_$dt" 240 python3 \
