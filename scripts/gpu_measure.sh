@@ -15,7 +15,8 @@
 #   profile       the K = 2 case with its third update's train step profiled (not in the default set)
 #   exact_profile the same in exact mode (not in the default set)
 #   shapes        bench/shapes.py's cells named in $CELLS (K = 4, 2 updates; $MODEL 1.4b or 2.6b),
-#                 each within $CELL_S seconds (default 300; a 2.6B cell needs about 420), the run
+#                 each within $CELL_S seconds (default 300; a 2.6B cell needs about 420) after the random
+#                 checkpoint is built once (up to 2 minutes, outside the cells' limits), the run
 #                 folders on /dev/shm where it has room (the final checkpoint save is then not
 #                 bound by the disk), with a held-out evaluation of $EVAL samples a prompt at the
 #                 start and the end when EVAL is set (not in the default set), e.g.
@@ -78,7 +79,7 @@ for s in "${steps[@]}"; do
       work=$(scratch ouro-shapes 60)
       read -ra cells <<< "${CELLS:?name the cells in CELLS (python bench/shapes.py --list)}"
       limit=${CELL_S:-300}
-      step shapes $((limit * ${#cells[@]} + 30)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
+      step shapes $((limit * ${#cells[@]} + 120)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
         --timeout "$limit" --work "$work" --out "$out/shapes.json" --eval-samples "${EVAL:-0}" --cells "${cells[@]}"
       rm -rf "$work" ;;
     fp8)
