@@ -27,7 +27,15 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from cascade import setup  # noqa: E402
 from gemv import graph_time  # noqa: E402
 
-DEFAULT_SETS = ["num_stages=2", "num_stages=4", "maxnreg=128", "maxnreg=128 num_stages=2", "num_stages=1"]
+DEFAULT_SETS = [
+    "num_stages=2",
+    "num_stages=4",
+    "num_stages=1",
+    "maxnreg=128",
+    "maxnreg=128 num_stages=2",
+    "maxnreg=112",
+    "maxnreg=96 num_stages=2",
+]
 
 
 class _Launched:
