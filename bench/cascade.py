@@ -32,8 +32,10 @@ from ouro_cli.engine.cascade import MIN_TILES, cascade_plan  # noqa: E402
 LAYER_LOOPS = 24 * 4  # attention calls per decode step of Ouro-1.4B at K = 4
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def step_options() -> argparse.ArgumentParser:
+    """The decode step's options (shape, K/V dtype, prompts, replays), for this bench and those
+    that time the same step (bench/kernel_options.py) as a parent parser."""
+    ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompts", type=int, nargs="+", default=[100, 1000])
@@ -44,7 +46,11 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16, help="the KV cache's tokens per block")
     ap.add_argument("--fp8", action="store_true", help="packed fp8 rows (model/kv_quant.py)")
     ap.add_argument("--reps", type=int, default=20)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[step_options()]).parse_args()
     if not torch.cuda.is_available():
         print("bench/cascade.py needs a CUDA GPU: skipped", file=sys.stderr)
         return

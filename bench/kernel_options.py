@@ -3,15 +3,15 @@
     python bench/kernel_options.py --fp8                  # the default sets below, fp8 K/V
     python bench/kernel_options.py --options "num_stages=2" "maxnreg=128 num_stages=2"
 
-Times kernels/decode_attention.write_kv_and_attend at bench/cascade.py's decode step (256 rows in
-32 groups of 8, 256 positions past prompts of 100 and 1,000 tokens, 20 calls replayed from a CUDA
-graph), with the decode kernel launched as the engine launches it and then under each set of
-options, cascade off and on. Each option set's outputs are compared bit for bit with the
-engine's launch. The options are ones that leave the kernel's arithmetic alone: `num_stages`
-(how many tiles the loop's loads run ahead) and `maxnreg` (the registers a thread may use, so
-how many programs share a multiprocessor). `num_warps` is not one of them: it sets the summation
-order (kernels/decode_attention.py). A set that is faster and keeps the bits is a candidate for
-the kernel's launch. Not part of the test run.
+Times kernels/decode_attention.write_kv_and_attend at bench/cascade.py's decode step, which takes
+that bench's options (by default 256 rows in 32 groups of 8, 256 positions past prompts of 100
+and 1,000 tokens, 20 calls replayed from a CUDA graph), with the decode kernel launched as the
+engine launches it and then under each set of options, cascade off and on. Each option set's
+outputs are compared bit for bit with the engine's launch. The options are ones that leave the
+kernel's arithmetic alone: `num_stages` (how many tiles the loop's loads run ahead) and `maxnreg`
+(the registers a thread may use, so how many programs share a multiprocessor). `num_warps` is not
+one of them: it sets the summation order (kernels/decode_attention.py). A set that is faster and
+keeps the bits is a candidate for the kernel's launch. Not part of the test run.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from cascade import setup  # noqa: E402
+from cascade import setup, step_options  # noqa: E402
 from gemv import graph_time  # noqa: E402
 
 DEFAULT_SETS = [
@@ -57,11 +57,8 @@ def parse(spec: str) -> dict[str, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fp8", action="store_true", help="packed fp8 rows (model/kv_quant.py)")
-    ap.add_argument("--prompts", type=int, nargs="+", default=[100, 1000])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[step_options()])
     ap.add_argument("--options", nargs="+", default=DEFAULT_SETS, help='option sets, e.g. "maxnreg=128 num_stages=2"')
-    ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     sets = [("engine's launch", {})] + [(spec, parse(spec)) for spec in args.options]
     if not torch.cuda.is_available():
@@ -70,12 +67,9 @@ def main() -> None:
     from ouro_cli.kernels import decode_attention as kernels
 
     engine_kernel = kernels._decode_attention_kernel
-    shape = argparse.Namespace(
-        groups=32, group_size=8, response=256, heads=16, kv_heads=16, head_dim=128, block_size=16, fp8=args.fp8
-    )
     failed = False
     for prompt in args.prompts:
-        call, cascade, rows, length, _ = setup(prompt, shape)
+        call, cascade, rows, length, _ = setup(prompt, args)
         print(f"prompt {prompt}, position {length - 1}, {rows} rows, {'fp8' if args.fp8 else 'bf16'} write+attend")
         reference = None
         for name, options in sets:
