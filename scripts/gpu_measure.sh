@@ -19,7 +19,8 @@
 #                 checkpoint is built once (up to 2 minutes, outside the cells' limits), the run
 #                 folders on /dev/shm where it has room (the final checkpoint save is then not
 #                 bound by the disk), with a held-out evaluation of $EVAL samples a prompt at the
-#                 start and the end when EVAL is set (not in the default set), e.g.
+#                 start and the end when EVAL is set, $PROMPTS prompts an update when set (shapes.py's
+#                 default otherwise) and $UPDATES updates (default 2) (not in the default set), e.g.
 #                 CELLS="p16-r512-default p16-r512-exact" bash scripts/gpu_measure.sh shapes
 #   fp8           the fp8 kernels' GPU tests, then bench/cascade.py --fp8, which times the fp8 decode
 #                 kernel with the cascade off and on (not in the default set; about 2 minutes)
@@ -79,8 +80,10 @@ for s in "${steps[@]}"; do
       work=$(scratch ouro-shapes 60)
       read -ra cells <<< "${CELLS:?name the cells in CELLS (python bench/shapes.py --list)}"
       limit=${CELL_S:-300}
-      step shapes $((limit * ${#cells[@]} + 120)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 --updates 2 \
-        --timeout "$limit" --work "$work" --out "$out/shapes.json" --eval-samples "${EVAL:-0}" --cells "${cells[@]}"
+      extra=(); [ -n "${PROMPTS:-}" ] && extra=(--prompts "$PROMPTS")
+      step shapes $((limit * ${#cells[@]} + 120)) python3 bench/shapes.py --model "${MODEL:-1.4b}" --depths 4 \
+        --updates "${UPDATES:-2}" --timeout "$limit" --work "$work" --out "$out/shapes.json" --eval-samples "${EVAL:-0}" \
+        "${extra[@]}" --cells "${cells[@]}"
       rm -rf "$work" ;;
     fp8)
       step fp8_tests 240 python3 -m pytest -q -m gpu tests/gpu/test_decode_kernels_gpu.py -k "fp8 or e4m3" \
