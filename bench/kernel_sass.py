@@ -99,7 +99,11 @@ def compile_kernel(packed: int, write: bool, arch: int):
     if missing:
         raise SystemExit(f"the kernel no longer takes {sorted(missing)}: update bench/kernel_sass.py")
     source = ASTSource(fn, signature, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": kernels.NUM_WARPS})
+    return triton.compile(
+        source,
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": kernels.NUM_WARPS, **kernels.launch_options(packed, cuda=True)},
+    )
 
 
 def tool(name: str, *args: str, cubin: bytes) -> str:

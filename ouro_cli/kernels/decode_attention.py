@@ -93,6 +93,12 @@ from .gemv import dot_as_sum
 # sweeps them (why: docs/performance.md#decode).
 BLOCK = 64
 NUM_WARPS = 4
+# Registers a thread may use in the decode kernel over packed fp8 rows with scales outside the
+# dots (PACKED 2) on CUDA: the compiler's choice (about 150) fits three programs on a
+# multiprocessor, a cap of 128 four, at the cost of a few bytes of spilled state. A register cap
+# leaves the arithmetic, so the bits, as they are (bench/kernel_options.py checks both; why:
+# docs/performance.md#decode).
+FP8_MAXNREG = 128
 # the packed fp8 format's constants, for the kernel's packed write (model/kv_quant.py)
 _ROW_ALIGN: tl.constexpr = tl.constexpr(kv_quant.ROW_ALIGN)
 _LOWEST_EXPONENT: tl.constexpr = tl.constexpr(kv_quant.LOWEST_EXPONENT)
@@ -531,6 +537,12 @@ def _packed_mode(packed: bool) -> int:
     return 1 if active_settings().exact else 2
 
 
+def launch_options(packed_mode: int, cuda: bool) -> dict[str, int]:
+    """The decode kernel's Triton launch options beyond its shape (each keeps its bits), for its
+    PACKED mode on CUDA or elsewhere."""
+    return {"maxnreg": FP8_MAXNREG} if packed_mode == 2 and cuda else {}
+
+
 def _attend(
     q, k_plane, v_plane, ctx_slots, lengths, block, num_warps, write=None, blocks=None, cascade=None
 ) -> torch.Tensor:
@@ -641,6 +653,7 @@ def _attend(
         CASCADE=cascade is not None,
         ROW=k_plane.shape[-1],
         **shape,
+        **launch_options(shape["PACKED"], q.device.type == "cuda"),
     )
     return o
 
