@@ -37,6 +37,7 @@ from tests.unit.engine._decode_kernel_checks import (
     check_replay_attention,
     check_width_from_reach,
     check_write_and_attend,
+    paged_context,
 )
 from tests.unit.engine.conftest import prompts, tiny_model
 from tests.unit.engine.test_replay import max_replay_error
@@ -71,6 +72,22 @@ def test_e4m3_codes_become_their_values():
 
 def test_fp8_rows_are_read_as_their_unpacked_values():
     check_fp8_attention("cuda")
+
+
+def test_fp8_register_cap_keeps_the_bits(monkeypatch):
+    """The fp8 kernel's launch under its register cap (decode_attention.FP8_MAXNREG) gives the
+    bits of the compiler's own launch, at Ouro-1.4B's heads (16 of 128) over packed rows."""
+    from ouro_cli.kernels import decode_attention as kernels
+    from ouro_cli.model import kv_quant
+
+    assert kernels.launch_options(2, cuda=True) == {"maxnreg": kernels.FP8_MAXNREG}
+    lengths = [300, 257, 1, 64, 129, 200, 31, 300]
+    k_plane, v_plane, ctx, _, lens = paged_context(len(lengths), 16, 128, lengths, 320, torch.float32, "cpu", seed=3)
+    packed = [kv_quant.torch_pack(x).cuda() for x in (k_plane, v_plane)]
+    q = torch.randn(len(lengths), 16, 128, generator=torch.Generator().manual_seed(4)).cuda().bfloat16()
+    capped = kernels.paged_decode_attention(q, *packed, ctx.cuda(), lens.cuda())
+    monkeypatch.setattr(kernels, "FP8_MAXNREG", None)
+    assert torch.equal(capped, kernels.paged_decode_attention(q, *packed, ctx.cuda(), lens.cuda()))
 
 
 def test_fp8_replay_gives_each_query_the_decode_kernels_bits():
