@@ -95,11 +95,10 @@ def bench_prompt(prompt: int, args) -> None:
     print(f"  speedup (off / on): x{us['off'] / us['on']:.2f}; in the engine at this prompt: {engine}", flush=True)
 
 
-def setup(prompt: int, args):
-    """The bench's decode step at `prompt` (args: bench/cascade.py's options): `call(cascade)`, a
-    write + attend over the step's rows (cascade None: off), the cascade tables, the rows, the
-    rows' length and the host's µs for the cascade plan."""
-    from ouro_cli.kernels import decode_attention as kernels
+def step_tensors(prompt: int, args) -> dict:
+    """The bench's decode step at `prompt` (args: bench/cascade.py's options) as tensors: the rows'
+    queries `q`, the `planes` (t - 1's K and V, then t's), the context slots `ctx`, the `lengths`,
+    the step's `k_new`, `v_new`, `new_slots`, `active`, and the block `table`."""
     from ouro_cli.model import kv_quant
 
     dev, dt, bs = "cuda", torch.bfloat16, args.block_size
@@ -109,14 +108,6 @@ def setup(prompt: int, args):
     num_slots = (int(table.max()) + 1) * bs
     pos = torch.arange(length)
     ctx = (torch.from_numpy(table)[:, pos // bs] * bs + pos % bs).to(dev)
-    lengths = torch.full((rows,), length, device=dev)
-    positions = np.full(rows, length - 1)
-    per = kernels.queries_per_program(args.heads // hkv)
-    start = time.perf_counter()
-    for _ in range(100):
-        plan = cascade_plan(table, positions, bs, kernels.BLOCK, per)
-    plan_us = (time.perf_counter() - start) / 100 * 1e6
-    cascade = kernels.Cascade.from_plan(torch.from_numpy(plan).to(dev), args.heads, d)
     g = torch.Generator(device=dev).manual_seed(prompt)
     planes = torch.randn(4, hkv, num_slots, d, device=dev, dtype=dt, generator=g)
     q = torch.randn(rows, args.heads, d, device=dev, dtype=dt, generator=g)
@@ -124,12 +115,40 @@ def setup(prompt: int, args):
     if args.fp8:  # packed planes; the new K/V as the layer hands them over (rounded)
         planes = [kv_quant.pack(p) for p in planes]
         k_new, v_new = kv_quant.round_trip(k_new), kv_quant.round_trip(v_new)
-    new_slots, active = ctx[:, -1].contiguous(), torch.ones(rows, dtype=torch.bool, device=dev)
+    return {
+        "q": q,
+        "planes": planes,
+        "ctx": ctx,
+        "lengths": torch.full((rows,), length, device=dev),
+        "k_new": k_new,
+        "v_new": v_new,
+        "new_slots": ctx[:, -1].contiguous(),
+        "active": torch.ones(rows, dtype=torch.bool, device=dev),
+        "table": table,
+    }
+
+
+def setup(prompt: int, args):
+    """The bench's decode step at `prompt` (args: bench/cascade.py's options): `call(cascade)`, a
+    write + attend over the step's rows (cascade None: off), the cascade tables, the rows, the
+    rows' length and the host's µs for the cascade plan."""
+    from ouro_cli.kernels import decode_attention as kernels
+
+    t = step_tensors(prompt, args)
+    rows, length = t["q"].shape[0], t["ctx"].shape[1]
+    positions = np.full(rows, length - 1)
+    per = kernels.queries_per_program(args.heads // args.kv_heads)
+    start = time.perf_counter()
+    for _ in range(100):
+        plan = cascade_plan(t["table"], positions, args.block_size, kernels.BLOCK, per)
+    plan_us = (time.perf_counter() - start) / 100 * 1e6
+    cascade = kernels.Cascade.from_plan(torch.from_numpy(plan).to("cuda"), args.heads, args.head_dim)
+    planes = t["planes"]
 
     def call(with_cascade):
         return kernels.write_kv_and_attend(
-            q, planes[2], planes[3], planes[0], planes[1], new_slots, k_new, v_new, active, ctx, lengths,
-            cascade=with_cascade,
+            t["q"], planes[2], planes[3], planes[0], planes[1], t["new_slots"], t["k_new"], t["v_new"], t["active"],
+            t["ctx"], t["lengths"], cascade=with_cascade,
         )  # fmt: skip
 
     return call, cascade, rows, length, plan_us

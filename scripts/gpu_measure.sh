@@ -27,6 +27,9 @@
 #   options       bench/kernel_options.py with fp8 and with bf16 K/V: the decode kernel under launch options
 #                 that keep its bits (num_stages, maxnreg) against the engine's launch (not in the default
 #                 set; about 1 minute)
+#   fma           bench/decode_fma.py: a decode attention without tensor cores (one query head per KV
+#                 head) beside the engine's kernel, bf16 and fp8, attend only (not in the default set;
+#                 about 1 minute)
 #   kernels       bench/decode_profile.py at the real rollout's decode step (batch 256, K = 4, groups of
 #                 8 sharing a 100-token prompt, --bandwidth $BW, default the H200's 4.26e12), bf16 and fp8
 #                 KV, each with its kernel timeline (not in the default set; about 2 minutes)
@@ -92,6 +95,7 @@ for s in "${steps[@]}"; do
     options)
       step options_fp8 200 python3 bench/kernel_options.py --fp8
       step options_bf16 200 python3 bench/kernel_options.py ;;
+    fma) step fma 200 python3 bench/decode_fma.py ;;
     kernels)
       for dt in bf16 fp8; do
         step "kernels_$dt" 240 python3 \
