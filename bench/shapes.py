@@ -207,6 +207,17 @@ def verdict(result: dict) -> tuple[bool, list[str]]:
     return ok, lines
 
 
+def outcome(result: dict, lines: list[str], updates: int) -> str:
+    """The cell's exit status and seconds, and for a run that did not finish how far it got and
+    whether the updates it recorded stayed within the plan."""
+    said = f"exit {result['returncode']}, {result['wall_s']:.0f} s"
+    if result["returncode"] == 0:
+        return said
+    done = len(result["updates"])
+    within = "every phase within the plan" if not any("OVER" in line for line in lines) else "a phase OVER the plan"
+    return f"{said}; {done} of {updates} updates recorded" + (f", {within}" if done else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", nargs="+", default=[], help="cells to run (see --list)")
@@ -257,11 +268,7 @@ def main() -> None:
         ok, lines = verdict(result)
         failed |= not ok
         print("\n".join(lines))
-        print(
-            f"{cell} ({args.model}): {'PASS' if ok else 'FAIL'} (exit {result['returncode']}, "
-            f"{result['wall_s']:.0f} s)",
-            flush=True,
-        )
+        print(f"{cell} ({args.model}): {'PASS' if ok else 'FAIL'} ({outcome(result, lines, args.updates)})", flush=True)
         results.append(result)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str))
