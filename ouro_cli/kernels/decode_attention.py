@@ -94,9 +94,9 @@ from .gemv import dot_as_sum
 BLOCK = 64
 NUM_WARPS = 4
 # Registers a thread may use in the decode kernel over packed fp8 rows with scales outside the
-# dots (PACKED 2) on CUDA: the compiler's choice (about 150) fits three programs on a
-# multiprocessor, a cap of 128 four, at the cost of a few bytes of spilled state. A register cap
-# leaves the arithmetic, so the bits, as they are (bench/kernel_options.py checks both; why:
+# dots (PACKED 2) on CUDA: under the cap more programs share a multiprocessor than at the
+# compiler's own choice, for a few bytes of spilled state. A register cap leaves the arithmetic,
+# so the bits, as they are (bench/kernel_options.py times it and compares the bits; the figures:
 # docs/performance.md#decode).
 FP8_MAXNREG = 128
 # the packed fp8 format's constants, for the kernel's packed write (model/kv_quant.py)
