@@ -70,6 +70,17 @@ def run(*args: object, cwd: Path, fault: str | None = None, **extra: str) -> sub
     return finish(start(*args, cwd=cwd, fault=fault, **extra))
 
 
+@contextlib.contextmanager
+def paused(proc: subprocess.Popen):
+    """The command's whole session stopped (SIGSTOP) for the block, then continued: it keeps
+    what it holds (its run lock's flock) however long the block takes."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+
+
 def run_all(*commands: list[object], cwd: Path) -> list[subprocess.CompletedProcess]:
     """Each command (an argument list) in its own process, all at the same time."""
     return [finish(p) for p in [start(*c, cwd=cwd) for c in commands]]

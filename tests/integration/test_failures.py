@@ -19,7 +19,7 @@ import pytest
 
 from ouro_cli.rl.lock import read_lock
 
-from .harness import error_line, finish, metrics_updates, run, run_all, start, tracker
+from .harness import error_line, finish, metrics_updates, paused, run, run_all, start, tracker
 from .tiny_checkpoint import REWARD, make_checkpoint
 
 
@@ -68,7 +68,8 @@ def finished(tmp_path_factory):
         assert first.poll() is None and time.monotonic() < deadline, finish(first).stderr
         time.sleep(0.05)
     holder = read_lock(run_dir)
-    second = run("train", *small(root), "--updates", "2", "--run-dir", run_dir, "--json", cwd=root)
+    with paused(first):  # still holding the lock, however long the second takes to start
+        second = run("train", *small(root), "--updates", "2", "--run-dir", run_dir, "--json", cwd=root)
     done = finish(first)
     return root, run_dir, holder, second, (done.returncode, done.stdout, done.stderr)
 
@@ -96,9 +97,10 @@ def test_two_concurrent_resumes_one_is_refused(finished, tmp_path):
     while read_lock(copy) is None:
         assert first.poll() is None, finish(first).stderr
         time.sleep(0.05)
-    second, compare = run_all(
-        ["resume", copy, "--updates", "3"], ["verify-resume", "--compare", run_dir, copy], cwd=root
-    )
+    with paused(first):  # its one update would otherwise end before the others start up
+        second, compare = run_all(
+            ["resume", copy, "--updates", "3"], ["verify-resume", "--compare", run_dir, copy], cwd=root
+        )
     for refused in (second, compare):
         assert refused.returncode == 2 and "is in use by pid" in error_line(refused)
     done = finish(first)
