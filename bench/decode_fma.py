@@ -18,10 +18,10 @@ It runs at bench/cascade.py's decode step (its options: by default 256 rows in 3
 256 positions past the prompt, K/V read only, no write, no cascade) for each variant of tile,
 warps, accumulator (`acc2d`: a [tile, head_dim] accumulator reduced once at the end; otherwise
 the tile's products are reduced every tile) and loads (`ahead`: a tile's loads issued while the
-one before it is folded, as the engine's kernel pipelines them), and prints µs a call (20 calls replayed from a CUDA
-graph) and the share of the bytes roofline at --bandwidth. Not part of the test run; on a machine
-without CUDA it runs the kernel under the Triton interpreter at a small shape and checks it
-against the engine's kernel.
+one before it is folded, as the engine's kernel pipelines them). It prints µs a call (20 calls
+replayed from a CUDA graph) and the share of the bytes roofline at --bandwidth. Not part of the
+test run; on a machine without CUDA it runs the kernel under the Triton interpreter at a small
+shape and checks it against the engine's kernel.
 """
 
 from __future__ import annotations
