@@ -181,19 +181,19 @@ def run_cell(
 
 
 def verdict(result: dict) -> tuple[bool, list[str]]:
-    """(every phase of every update within the plan's budget, and the run finished; one line
-    per update). A phase is within it when the most the process held from the device at once
+    """(every phase of every update recorded within the plan's budget; one line per update). A
+    phase is within it when the most the process held from the device at once
     (PyTorch's segments, cached blocks and CUDA-graph pools included, plus the KV cache) plus
     the memory outside PyTorch (the CUDA context) is at most the budget; the line also shows
     the most its tensors took, and what the graph pools held at the update's end."""
-    lines, ok = [], result["returncode"] == 0 and bool(result["updates"])
+    lines, within = [], True
     budget = result["budget_gib"] or 0.0
     for r in result["updates"]:
         outside = r.get("memory_outside_gib") or 0.0
         peaks = {p: (r.get(f"peak_memory_{p}_gib"), r.get(f"peak_held_{p}_gib")) for p in PHASES}
         peaks = {p: v for p, v in peaks.items() if v[0] is not None}
         over = [p for p, (_, held) in peaks.items() if held + outside > budget]
-        ok = ok and not over
+        within = within and not over
         tokens = sum(r.get("rank_response_tokens", [0]))
         lines.append(
             f"  update {r['update']} K={r['k']}: {r['step_s']:.1f} s (rollout {r['rollout_s']:.1f}, train "
@@ -204,17 +204,17 @@ def verdict(result: dict) -> tuple[bool, list[str]]:
             + ", ".join(f"{p} {n:.1f} ({h:.1f})" for p, (n, h) in peaks.items())
             + (f"  OVER in {', '.join(over)}" if over else "  ok")
         )
-    return ok, lines
+    return within, lines
 
 
-def outcome(result: dict, lines: list[str], updates: int) -> str:
+def outcome(result: dict, held: bool, updates: int) -> str:
     """The cell's exit status and seconds, and for a run that did not finish how far it got and
-    whether the updates it recorded stayed within the plan."""
+    whether the updates it recorded stayed within the plan (`held`)."""
     said = f"exit {result['returncode']}, {result['wall_s']:.0f} s"
     if result["returncode"] == 0:
         return said
     done = len(result["updates"])
-    within = "every phase within the plan" if not any("OVER" in line for line in lines) else "a phase OVER the plan"
+    within = "every phase within the plan" if held else "a phase OVER the plan"
     return f"{said}; {done} of {updates} updates recorded" + (f", {within}" if done else "")
 
 
@@ -265,10 +265,11 @@ def main() -> None:
             args.prompts,
             args.eval_samples,
         )
-        ok, lines = verdict(result)
+        held, lines = verdict(result)
+        ok = held and result["returncode"] == 0 and bool(result["updates"])
         failed |= not ok
         print("\n".join(lines))
-        print(f"{cell} ({args.model}): {'PASS' if ok else 'FAIL'} ({outcome(result, lines, args.updates)})", flush=True)
+        print(f"{cell} ({args.model}): {'PASS' if ok else 'FAIL'} ({outcome(result, held, args.updates)})", flush=True)
         results.append(result)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str))
