@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,12 +72,19 @@ def run(*args: object, cwd: Path, fault: str | None = None, **extra: str) -> sub
 
 
 @contextlib.contextmanager
-def paused(proc: subprocess.Popen):
-    """The command's whole session stopped (SIGSTOP) for the block, then continued: it keeps
-    what it holds (its run lock's flock) however long the block takes."""
+def holding_lock(proc: subprocess.Popen, directory: Path, timeout: float = 120):
+    """Once the command holds `directory`'s run lock, its whole session stopped (SIGSTOP) for the
+    block, then continued: it keeps the lock's flock however long the block takes. Yields the
+    holder (ouro_cli.rl.lock.read_lock)."""
+    from ouro_cli.rl.lock import read_lock
+
+    deadline = time.monotonic() + timeout
+    while (holder := read_lock(directory)) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc).stderr
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGSTOP)
     try:
-        yield
+        yield holder
     finally:
         os.killpg(proc.pid, signal.SIGCONT)
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from ouro_cli.rl.lock import read_lock
 
-from .harness import error_line, finish, metrics_updates, paused, run, run_all, start, tracker
+from .harness import error_line, finish, holding_lock, metrics_updates, run, run_all, start, tracker
 from .tiny_checkpoint import REWARD, make_checkpoint
 
 
@@ -63,12 +62,7 @@ def finished(tmp_path_factory):
     make_checkpoint(root)
     run_dir = root / "run"
     first = start("train", *small(root), "--updates", "2", "--run-dir", run_dir, "--json", cwd=root)
-    deadline = time.monotonic() + 120
-    while read_lock(run_dir) is None:  # the first holds the lock: now the second comes
-        assert first.poll() is None and time.monotonic() < deadline, finish(first).stderr
-        time.sleep(0.05)
-    holder = read_lock(run_dir)
-    with paused(first):  # still holding the lock, however long the second takes to start
+    with holding_lock(first, run_dir) as holder:  # held however long the second takes to start
         second = run("train", *small(root), "--updates", "2", "--run-dir", run_dir, "--json", cwd=root)
     done = finish(first)
     return root, run_dir, holder, second, (done.returncode, done.stdout, done.stderr)
@@ -94,10 +88,7 @@ def test_two_concurrent_resumes_one_is_refused(finished, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     first = start("resume", copy, "--updates", "3", cwd=root)
-    while read_lock(copy) is None:
-        assert first.poll() is None, finish(first).stderr
-        time.sleep(0.05)
-    with paused(first):  # its one update would otherwise end before the others start up
+    with holding_lock(first, copy):  # its one update would otherwise end before the others start up
         second, compare = run_all(
             ["resume", copy, "--updates", "3"], ["verify-resume", "--compare", run_dir, copy], cwd=root
         )
