@@ -19,9 +19,10 @@ It runs at bench/cascade.py's decode step (its options: by default 256 rows in 3
 warps, accumulator (`acc2d`: a [tile, head_dim] accumulator reduced once at the end; otherwise
 the tile's products are reduced every tile) and loads (`ahead`: a tile's loads issued while the
 one before it is folded, as the engine's kernel pipelines them). It prints µs a call (20 calls
-replayed from a CUDA graph) and the share of the bytes roofline at --bandwidth. Not part of the
-test run; on a machine without CUDA it runs the kernel under the Triton interpreter at a small
-shape and checks it against the engine's kernel.
+replayed from a CUDA graph) and the share of the bytes roofline at --bandwidth, which reads a
+group's shared prompt blocks once. Not part of the test run; on a machine without CUDA it runs
+the kernel under the Triton interpreter at a small shape and checks it against the engine's
+kernel.
 """
 
 from __future__ import annotations
@@ -231,7 +232,9 @@ def main() -> None:
         for prompt in args.prompts:
             t = step_tensors(prompt, args)
             (rows, length), (k, v) = t["ctx"].shape, t["planes"][:2]
-            nbytes = rows * length * 2 * k.shape[0] * k.shape[-1] * k.element_size()
+            shared = prompt // args.block_size * args.block_size  # a group's full prompt blocks, read once
+            positions = args.groups * shared + rows * (length - shared)
+            nbytes = positions * 2 * k.shape[0] * k.shape[-1] * k.element_size()
             print(f"{'fp8' if fp8 else 'bf16'} prompt {prompt}, {rows} rows at position {length - 1}, attend only")
             time_step(t["q"], k, v, t["ctx"], t["lengths"], nbytes, args.bandwidth, args.reps)
 
