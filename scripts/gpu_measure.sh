@@ -30,6 +30,8 @@
 #   fma           bench/decode_fma.py: a decode attention without tensor cores (one query head per KV
 #                 head) beside the engine's kernel, bf16 and fp8, attend only (not in the default set;
 #                 about 1 minute)
+#   vt            bench/decode_vt.py: the fp8 decode attention with V stored position-major within each
+#                 block beside V stored as rows, attend only (not in the default set; about 1 minute)
 #   kernels       bench/decode_profile.py at the real rollout's decode step (batch 256, K = 4, groups of
 #                 8 sharing a 100-token prompt, --bandwidth $BW, default the H200's 4.26e12), bf16 and fp8
 #                 KV, each with its kernel timeline (not in the default set; about 2 minutes)
@@ -96,6 +98,7 @@ for s in "${steps[@]}"; do
       step options_fp8 200 python3 bench/kernel_options.py --fp8
       step options_bf16 200 python3 bench/kernel_options.py ;;
     fma) step fma 200 python3 bench/decode_fma.py ;;
+    vt) step vt 200 python3 bench/decode_vt.py ;;
     kernels)
       for dt in bf16 fp8; do
         step "kernels_$dt" 240 python3 \
@@ -116,7 +119,7 @@ for s in "${steps[@]}"; do
           --work "$work" --out "$out/ab_$v.json" "${extra[@]}"
         rm -rf "$work"
       done ;;
-    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes fp8 kernels ab)"; exit 2 ;;
+    *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes fp8 options fma vt kernels ab)"; exit 2 ;;
   esac
 done
 exit $status
