@@ -54,13 +54,16 @@ def step_time(llm: LLM, batch: int, prompt: int, k: int, steps: int, vocab: int)
     return decode_bench.measure(llm, batch, prompt, steps, k, vocab, "cuda", GROUP) / steps
 
 
-def roofline_step_ms(config: OuroConfig, k: int, batch: int, prompt: int, fp8: bool, bandwidth: float) -> float:
-    """The bytes roofline of a step: the layer weights K times, and each row's K/V in K planes
-    over a context of `prompt` tokens, a group's prompt counted once (the cascade reads it once
-    per group), in fp8's packed row bytes or bf16's."""
+def roofline_step_ms(
+    config: OuroConfig, k: int, batch: int, prompt: int, steps: int, fp8: bool, bandwidth: float
+) -> float:
+    """The bytes roofline of a mean timed step: the layer weights K times, and each row's K/V in K
+    planes over its context, the `prompt` (a group's counted once: the cascade reads it once per
+    group) and the row's own positions (`steps` / 2 on average over the timed steps), in fp8's
+    packed row bytes or bf16's."""
     d = config.dim_per_head
     elem = kv_quant.row_bytes(d, 1, fp8=True) / d if fp8 else 2
-    context = prompt / GROUP
+    context = prompt / GROUP + steps / 2
     kv = batch * context * k * config.num_hidden_layers * 2 * config.num_key_value_heads * d * elem
     return (k * decode_bench.layer_weight_bytes(config, 2) + kv) / bandwidth * 1e3
 
@@ -186,7 +189,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--loops", "-K", type=int, default=4)
-    ap.add_argument("--prompt", type=int, default=192, help="context of the profiled steps (mean of 128+128)")
+    ap.add_argument("--prompt", type=int, default=192, help="prompt tokens a row (the profiled steps decode past them)")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--bandwidth", type=float, default=4.26e12)
@@ -224,7 +227,7 @@ def main() -> None:
         if args.timeline:
             timeline(llm, batch, args.prompt, args.loops, args.steps, config.vocab_size, args.top)
         llm.close()
-        roof = roofline_step_ms(config, args.loops, batch, args.prompt, fp8, args.bandwidth)
+        roof = roofline_step_ms(config, args.loops, batch, args.prompt, args.steps, fp8, args.bandwidth)
         print(
             f"batch {batch}: graph step {seconds * 1e3:.2f} ms ({batch / seconds:.0f} tok/s); roofline step "
             f"{roof:.2f} ms"
