@@ -1,9 +1,11 @@
 """The decode write-and-attend kernel's tile (BLOCK positions) and warps, timed on CUDA.
 
     python bench/decode_attention.py                        # 1.4B heads, rows 8 16 64, 192 positions
+    python bench/decode_attention.py --fp8 --rows 256 --positions 356 --blocks 16 32 64 --warps 2 4
 
 For each number of rows and each (BLOCK, num_warps): µs per call of
-kernels/decode_attention.write_kv_and_attend (bf16, plane t > 0 so
+kernels/decode_attention.write_kv_and_attend (bf16, or with --fp8 packed fp8 rows
+and the new K/V rounded as a layer hands them over; plane t > 0 so
 the carry-forward reads run), 20 calls captured to a CUDA graph and replayed
 (gemv.graph_time), over a paged plane of random slots, with the KV bytes read and the
 ratio to the default tile. A row's bits depend on BLOCK and num_warps, so a change of
@@ -26,6 +28,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from gemv import graph_time  # noqa: E402
 
 from ouro_cli.kernels import decode_attention as kernels  # noqa: E402
+from ouro_cli.model import kv_quant  # noqa: E402
 
 
 def main() -> None:
@@ -38,6 +41,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, nargs="+", default=[32, 64, 128, 256])
     ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--fp8", action="store_true", help="packed fp8 rows (model/kv_quant.py)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/decode_attention.py needs a CUDA GPU", file=sys.stderr)
@@ -56,6 +60,11 @@ def bench_rows(rows: int, args) -> None:
     ctx = torch.randperm(slots, device=dev, generator=g)[: rows * args.positions].view(rows, args.positions)
     lengths = torch.full((rows,), args.positions, device=dev)
     new = [torch.randn(rows, n, d, device=dev, dtype=dt, generator=g) for n in (args.heads, hkv, hkv)]
+    kv_bytes = 2 * rows * hkv * args.positions * d * dt.itemsize
+    if args.fp8:  # packed planes; the new K/V as the layer hands them over (rounded)
+        k_planes, v_planes = kv_quant.pack(k_planes), kv_quant.pack(v_planes)
+        new[1], new[2] = kv_quant.round_trip(new[1]), kv_quant.round_trip(new[2])
+        kv_bytes = 2 * rows * hkv * args.positions * kv_quant.row_bytes(d, 1, fp8=True)
     inputs = (
         new[0],
         k_planes[1],
@@ -69,9 +78,9 @@ def bench_rows(rows: int, args) -> None:
         ctx,
         lengths,
     )
-    kv_bytes = 2 * rows * hkv * args.positions * d * dt.itemsize
     base = None
-    print(f"rows {rows}, {args.positions} positions, {hkv} kv heads x {d}: {kv_bytes / 1e6:.1f} MB of K/V per call")
+    kind = "fp8" if args.fp8 else "bf16"
+    print(f"{kind} rows {rows}, {args.positions} positions, {hkv} kv heads x {d}: {kv_bytes / 1e6:.1f} MB of K/V")
     for block, warps in itertools.product(args.blocks, args.warps):
         call = functools.partial(kernels.write_kv_and_attend, *inputs, block=block, num_warps=warps)
         try:
