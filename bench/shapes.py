@@ -167,6 +167,8 @@ def run_cell(
     budget = json.loads(plan_file.read_text())["sizing"]["budget_bytes"] / GIB if plan_file.exists() else None
     metrics = run / "metrics.jsonl"
     records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    marker = run / "COMPLETE"  # a finished run's marker holds its final save's figures
+    final_save = json.loads(marker.read_text()).get("final_save") if marker.exists() else None
     shutil.rmtree(run / "checkpoint", ignore_errors=True)
     if code != 0:
         print("\n".join(out.splitlines()[-15:]))
@@ -177,15 +179,18 @@ def run_cell(
         "wall_s": time.perf_counter() - start,
         "budget_gib": budget,
         "updates": records,
+        "final_save": final_save,
     }
 
 
 def verdict(result: dict) -> tuple[bool, list[str]]:
-    """(every phase of every update recorded within the plan's budget; one line per update). A
-    phase is within it when the most the process held from the device at once
-    (PyTorch's segments, cached blocks and CUDA-graph pools included, plus the KV cache) plus
-    the memory outside PyTorch (the CUDA context) is at most the budget; the line also shows
-    the most its tensors took, and what the graph pools held at the update's end."""
+    """(every phase of every update, and the final save, recorded within the plan's budget; one
+    line per update and one for the final save). A phase is within it when the most the
+    process held from the device at once (PyTorch's segments, cached blocks and CUDA-graph
+    pools included, plus the KV cache) plus the memory outside PyTorch (the CUDA context) is at
+    most the budget; the line also shows the most its tensors took, and what the graph pools
+    held at the update's end. An update's line carries the save before it; the last save,
+    after every line, is the run's `final_save` (its COMPLETE marker)."""
     lines, within = [], True
     budget = result["budget_gib"] or 0.0
     for r in result["updates"]:
@@ -203,6 +208,16 @@ def verdict(result: dict) -> tuple[bool, list[str]]:
             f"budget {budget:.1f}: "
             + ", ".join(f"{p} {n:.1f} ({h:.1f})" for p, (n, h) in peaks.items())
             + (f"  OVER in {', '.join(over)}" if over else "  ok")
+        )
+    final = result.get("final_save") or {}
+    if final.get("peak_held_save_gib") is not None:
+        outside = final.get("memory_outside_gib") or 0.0
+        over = final["peak_held_save_gib"] + outside > budget
+        within = within and not over
+        lines.append(
+            f"  final save: {final['save_s']:.1f} s; peak GiB (held) + {outside:.1f} outside, budget {budget:.1f}: "
+            f"save {final['peak_memory_save_gib']:.1f} ({final['peak_held_save_gib']:.1f})"
+            + ("  OVER" if over else "  ok")
         )
     return within, lines
 

@@ -95,8 +95,9 @@ def write_manifest(directory: Path, command: str, options: dict[str, Any], input
     return manifest
 
 
-def mark_complete(directory: Path) -> None:
-    write_json_atomic(directory / MARKER, {"completed_unix": time.time()})
+def mark_complete(directory: Path, details: dict[str, Any] | None = None) -> None:
+    """Write the directory's marker, last: the time, and `details` (what its job measured at the end)."""
+    write_json_atomic(directory / MARKER, {"completed_unix": time.time(), **(details or {})})
 
 
 def is_complete(directory: Path) -> bool:

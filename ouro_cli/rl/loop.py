@@ -1218,13 +1218,14 @@ def _train(
         waited = time.perf_counter()
         session.trainer.wait_for_save()  # a background save commits before the run can be complete
         session.unlogged_save["save_s"] += time.perf_counter() - waited
+        final_save = dict(session.unlogged_save)  # no update's line follows it (metrics.py)
         if session.is_main:
             if options.export_hf:
                 session.progress.stage(Stage("export"))
                 export_stage(run, options, command, log)
             if options.plot and plot_run(run.metrics, run.evaluations, run.plot) is None:
                 log(f"{run.plot.name} not written (matplotlib is not installed)")
-            mark_complete(run.root)
+            mark_complete(run.root, {"final_save": final_save})
         return {
             "run_dir": str(run.root),
             "updates": options.updates,
@@ -1234,7 +1235,8 @@ def _train(
             "evaluations_before": evals_before,
             "evaluations_after": evals_after,
             "reward_mean_per_update": [r["reward_mean"] for r in records],
-            "final_save_s": session.unlogged_save["save_s"],
+            "final_save_s": final_save["save_s"],
+            "final_save": final_save,
         }
     except BaseException as err:
         faulted = is_device_fault(err)

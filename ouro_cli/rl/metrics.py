@@ -6,8 +6,9 @@ Device-hours count each distinct device once: a trainer and an engine sharing on
 An update's line is written before the checkpoint save that follows it (records.py), so
 it cannot hold that save's duration: `save_s` is the save that ran between the previous
 line and this update (0.0 when none), and `step_s` includes it, so the lines' `step_s`
-add up to the run's wall time after setup. The last save's duration is the run
-summary's `final_save_s`.
+add up to the run's wall time after setup. The last save's figures (`save_s`, its peak
+memory, allocation retries: a line's save fields) are the run summary's `final_save` and
+are kept in the run's COMPLETE marker.
 """
 
 from __future__ import annotations

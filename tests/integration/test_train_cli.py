@@ -112,6 +112,8 @@ def test_train_runs_the_depth_schedule_with_versions(trained):
     evals = [json.loads(x) for x in (run / "evaluations.jsonl").read_text().splitlines()]
     assert {(e["when"], e["k"]) for e in evals} == {(w, k) for w in ("start", "end") for k in (2, 3, 4)}
     assert (run / "metrics.png").stat().st_size > 0 and (run / "COMPLETE").is_file()
+    final_save = json.loads((run / "COMPLETE").read_text())["final_save"]  # after metrics.jsonl's last line
+    assert final_save["save_s"] > 0 and final_save["peak_held_save_gib"] is None  # no device peaks on CPU
 
 
 def test_resume_with_other_depths_is_rejected_naming_depths(trained):
