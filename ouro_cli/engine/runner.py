@@ -169,6 +169,10 @@ class ModelRunner:
         self.num_loops = model.num_loops
         self.num_layers = len(model.model.layers)
         self.attn_chunk = attn_chunk
+        # the fused write-and-attend kernel takes a layer's new K/V unrounded (model/layers.py
+        # `Attend`: its packed write rounds them); False has the layer round them first, as the
+        # trainer's replay does (the same outputs, bit for bit)
+        self.attend_packs_kv = True
         use_graphs = cuda_graphs and kv.device.type == "cuda"
         # the captured steps of the cache's current layout (None: graphs off), and those of the
         # layouts before it (`_graphs_for_layout`)
@@ -452,6 +456,7 @@ class ModelRunner:
                     o = decode_attention(q[:, 0], *kv.plane(layer, plane), ctx_slots, valid, self.attn_chunk)
                 return o[:, None]
 
+            attend.packs_kv = self.attention == "triton" and self.attend_packs_kv
             return attend
 
         loops_run = 0

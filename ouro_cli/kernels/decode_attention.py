@@ -64,10 +64,14 @@ product, a rounding and an fp32 sum exactly, so the tile computes, bit for bit, 
 on the dequantized values the replay attends over, as long as the scaled weights and products
 stay in the normal range (under 2^-126 they round differently). Exact mode multiplies each
 element by its row's 2^k as it loads the tile, so its bits are the dequantized values'
-everywhere (`_packed_mode`). The write packs too: an active row's new K/V (which the layer
-already rounded, so exactly representable) becomes kv_quant.pack's bytes through fp8_rows.py's
-integer quantization (values, exponent byte, zero padding), and an exited row copies its plane
-t-1 row whole, scale and padding included.
+everywhere (`_packed_mode`). The write packs too: an active row's new K/V, as the layer hands
+them over (the engine's decode layers do not round them first: model/layers.py `Attend`), becomes
+kv_quant.pack's bytes through fp8_rows.py's integer quantization (values, exponent byte, zero
+padding), and an exited row copies its plane t-1 row whole, scale and padding included. Packed
+unrounded, a row whose largest value rounds onto a binade edge holds the values of its round
+trip as twice the codes at 2^(k-1), where the replay, packing the rounded values, holds them at
+2^k: exact mode multiplies the codes out, and the default mode's dots and weights scale by that
+power of two exactly (in the normal range, as above), so both keep their bits.
 
 All are CUDA-graph capturable: no host reads, and the grids depend only on shapes (the prefix
 pass launches one program per batch row and kv head; those past the plan's exit at once).

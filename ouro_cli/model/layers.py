@@ -23,6 +23,13 @@ from .config import OuroConfig
 from .matmul import linear
 
 # attend(q [B,S,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,D]) -> o [B,S,Hq,D], q and k rotated (RoPE).
+# With an fp8 KV cache the layer rounds K/V (kv_quant.round_trip) before attending, unless the
+# attend function has `packs_kv` set: it packs the K/V into the cache itself and attends only
+# over what it packed, and packing rounds as the round trip does (kv_quant.unpack(pack(x)) is
+# round_trip(x)), so it attends over the same values without the layer's pass. (A row whose
+# largest value the rounding moves onto a binade edge is packed as another pair of codes and
+# exponent for those values, twice the codes at 2^(k-1); the decode kernel's dots scale by
+# powers of two exactly, so its outputs keep their bits: kernels/decode_attention.py.)
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -95,7 +102,8 @@ class Attention(nn.Module):
         k = k.view(b, s, self.num_kv_heads, self.head_dim)
         v = v.view(b, s, self.num_kv_heads, self.head_dim)
         q, k = pointwise.rotary(q, k, cos, sin)
-        if active_settings().fp8_kv:  # what the engine's cache holds, in the replay as in the engine
+        if active_settings().fp8_kv and not getattr(attend, "packs_kv", False):
+            # what the engine's cache holds, in the replay as in the engine (`Attend`)
             k, v = kv_quant.round_trip(k), kv_quant.round_trip(v)
         o = attend(q, k, v)
         return linear(o.reshape(b, s, self.num_heads * self.head_dim), self.o_proj.weight)

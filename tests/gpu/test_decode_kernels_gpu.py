@@ -34,6 +34,7 @@ from tests.unit.engine._decode_kernel_checks import (
     check_fp8_attention,
     check_fp8_replay,
     check_fp8_round_trip,
+    check_fp8_twice_the_codes,
     check_replay_attention,
     check_width_from_reach,
     check_write_and_attend,
@@ -72,6 +73,10 @@ def test_e4m3_codes_become_their_values():
 
 def test_fp8_rows_are_read_as_their_unpacked_values():
     check_fp8_attention("cuda")
+
+
+def test_fp8_rows_as_twice_the_codes_keep_the_bits():
+    check_fp8_twice_the_codes("cuda")
 
 
 def test_fp8_register_cap_keeps_the_bits(monkeypatch):

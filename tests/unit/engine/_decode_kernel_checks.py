@@ -122,6 +122,44 @@ def check_fp8_attention(device="cpu") -> None:
                     assert err <= 1e-5 * ref.abs().max().item(), f"case {case}: kernel vs decode_attention {err:.3g}"
 
 
+def check_fp8_twice_the_codes(device="cpu") -> None:
+    """Packed rows of codes up to 224 at 2^k, and the same values as twice the codes at 2^(k-1)
+    (how the engine's fused write packs a row whose largest value its rounding put on a binade
+    edge: model/layers.py `Attend`): the kernel gives the same bits over either, in the default
+    mode (scales outside the dots) and exact mode, fp32 and bf16, at every exponent k in
+    -20 .. 20."""
+    from ouro_cli.kernels.decode_attention import paged_decode_attention
+    from ouro_cli.model import kv_quant
+    from ouro_cli.settings import ExecutionSettings, executing
+
+    for case, (b, hq, hkv, d, lengths, tile) in enumerate(ATTENTION_CASES):
+        width = -(-max(lengths) // 64) * 64
+        k_plane, _, ctx, _, lens = paged_context(b, hkv, d, lengths, width, torch.float32, device, seed=case)
+        g = torch.Generator().manual_seed(case)
+        halves, twice = [], []
+        for _ in "kv":  # codes 0 .. 118 (e4m3 0 .. 224), signs drawn; one exponent a token and head
+            rows = torch.zeros(*k_plane.shape[:2], kv_quant.row_bytes(d, 1, True), dtype=torch.uint8)
+            sign = (torch.rand(*k_plane.shape, generator=g) < 0.5).to(torch.uint8) << 7
+            rows[..., :d] = torch.randint(0, 119, k_plane.shape, generator=g, dtype=torch.uint8) | sign
+            k = torch.randint(-20, 21, k_plane.shape[:2], generator=g, dtype=torch.int8)
+            rows[..., d] = k.view(torch.uint8)
+            doubled = rows.clone()
+            values = rows[..., :d].view(torch.float8_e4m3fn).double() * 2  # exact: at most 448
+            doubled[..., :d] = values.to(torch.float8_e4m3fn).view(torch.uint8)
+            doubled[..., d] = (k - 1).view(torch.uint8)
+            for dtype in (torch.float32, torch.bfloat16):
+                assert torch.equal(kv_quant.unpack(rows, dtype, d), kv_quant.unpack(doubled, dtype, d))
+            halves.append(rows.to(device))
+            twice.append(doubled.to(device))
+        for exact in (False, True):
+            for dtype in (torch.float32, torch.bfloat16):
+                q = torch.randn(b, hq, d, generator=torch.Generator().manual_seed(200 + case)).to(device, dtype)
+                with executing(ExecutionSettings(exact=exact)):
+                    got = paged_decode_attention(q, *halves, ctx, lens, **_block(tile))
+                    other = paged_decode_attention(q, *twice, ctx, lens, **_block(tile))
+                assert same_bits(got, other), (case, exact, dtype)
+
+
 def _fp8_sizes(slots: int, tiny: bool, seed: int) -> torch.Tensor:
     """Per-token sizes [1, slots, 1] for a plane of unit normals: 10^-3 .. 10^3 in a random order,
     or with `tiny` 2^-120 .. 2^-100, where a softmax weight below 2^-6 times the row's scale
@@ -198,7 +236,8 @@ def check_fp8_round_trip(
     projection, as a layer's v is; fp16 within its range) has the bits of kv_quant's torch round
     trip, on the device and on the CPU; `kv_quant.round_trip` without a gradient runs it (with
     one: the torch code); fp8_rows.pack has kv_quant's torch bytes (`torch_pack`), and
-    `kv_quant.pack` runs it."""
+    `kv_quant.pack` runs it; and the rows packed as they are hold the values of their round trip
+    (the engine's fused write takes a layer's K/V unrounded: model/layers.py `Attend`)."""
     from ouro_cli.kernels import fp8_rows
     from ouro_cli.model import kv_quant
 
@@ -220,6 +259,7 @@ def check_fp8_round_trip(
         assert torch.equal(packed, kv_quant.torch_pack(x)), (dtype, "pack, device torch")
         assert torch.equal(packed.cpu(), kv_quant.torch_pack(x.cpu())), (dtype, "pack, cpu torch")
         assert torch.equal(kv_quant.pack(x[0, 0]), packed[0, 0]), "a 1-d row, packed"
+        # packed as they are (unrounded), as the engine's fused write packs a layer's K/V
         assert torch.equal(kv_quant.unpack(packed, dtype, d), got), "packed rows unpack to the round trip"
         grad = x.clone().requires_grad_()
         out = kv_quant.round_trip(grad)
@@ -372,9 +412,11 @@ def check_engine(device="cpu") -> None:
 
 
 def check_engine_fp8(device="cpu") -> None:
-    """An fp8 KV cache under the Triton attention (fp32, default mode): the layers round K/V in
-    kernels/fp8_rows.py and the decode kernel writes the packed rows itself (every decode
-    layer-loop goes through write_kv_and_attend on uint8 planes); exits are mixed, so exited
+    """An fp8 KV cache under the Triton attention (fp32, default mode): the prefill's layers round
+    K/V in kernels/fp8_rows.py and the decode kernel writes the packed rows itself (every decode
+    layer-loop goes through write_kv_and_attend on uint8 planes), from the decode layers' K/V
+    unrounded, with the outputs, bit for bit, of the same engine whose decode layers round them
+    first (`attend_packs_kv` off: more round trips); exits are mixed, so exited
     rows copy their packed rows forward; and the engine agrees with the trainer's replay as
     test_replay.py's fp8 test finds (3 tokens in 4 within 1e-5 at least: the others may follow an
     element that the two sides' last-bit differences rounded apart; an exited row that wrote its
@@ -395,15 +437,32 @@ def check_engine_fp8(device="cpu") -> None:
         planes.append(k_plane.dtype)
         return fused(q, k_plane, *args, **kwargs)
 
-    llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
-    decode_attention.write_kv_and_attend = spy
+    from ouro_cli.model import kv_quant
+
+    round_trip, trips = kv_quant.round_trip, []
+
+    def counted(x):
+        trips.append(x.shape)
+        return round_trip(x)
+
+    runs = {}
+    decode_attention.write_kv_and_attend, kv_quant.round_trip = spy, counted
     try:
-        assert llm.runner.attention == "triton" and llm.runner.kv.fp8
-        outs = llm.generate(prompts(3, seed=1), params)
+        for packs in (True, False):
+            llm = LLM(model, max_num_seqs=3, kv_blocks=16, block_size=4, cuda_graphs=False)
+            llm.runner.attend_packs_kv = packs
+            assert llm.runner.attention == "triton" and llm.runner.kv.fp8
+            trips.clear()
+            runs[packs] = (llm.generate(prompts(3, seed=1), params), len(trips))
+            llm.close()
     finally:
-        decode_attention.write_kv_and_attend = fused
-        llm.close()
+        decode_attention.write_kv_and_attend, kv_quant.round_trip = fused, round_trip
     assert planes and set(planes) == {torch.uint8}, planes
+    (outs, packed_trips), (layer_rounded, rounded_trips) = runs[True], runs[False]
+    assert packed_trips < rounded_trips, (packed_trips, rounded_trips)  # no round trip in the decode layers
+    for a, b in zip(outs, layer_rounded, strict=True):
+        assert a.output_token_ids == b.output_token_ids and a.exit_depths == b.exit_depths
+        assert same_bits(torch.tensor(a.log_probs), torch.tensor(b.log_probs))
     assert len({d for o in outs for d in o.exit_depths[1:]}) >= 2
 
     def errors() -> torch.Tensor:
@@ -671,6 +730,7 @@ def check_bounds_checks_name_the_bad_index(device="cpu") -> None:
 CHECKS = {
     "attention": check_attention,
     "fp8_attention": check_fp8_attention,
+    "fp8_twice_the_codes": check_fp8_twice_the_codes,
     "fp8_round_trip": check_fp8_round_trip,
     "e4m3_values": check_e4m3_values,
     "batch_invariance": check_batch_invariance,

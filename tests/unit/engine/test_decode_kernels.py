@@ -9,7 +9,8 @@ kernel (`replay_attention="paged"`) equals SDPA, gives each query the decode ker
 bits for it alone, backpropagates SDPA's gradients, and keeps the engine's agreement; a
 decode step whose width covers the rows' whole reach gives the narrow step's bits. Over an
 fp8 cache's packed rows the kernel computes the bits it computes over the rows unpacked (an
-engine on them: test_fixed_tile_kernel.py's exact_engine_fp8_bf16). The fp8 round trip's kernel
+engine on them: test_fixed_tile_kernel.py's exact_engine_fp8_bf16), and the same values packed as
+twice the codes at half the scale give the same bits. The fp8 round trip's kernel
 (kernels/fp8_rows.py) has the torch round trip's bits on rows of zeros, ties of the rounding,
 fp32 subnormals and values that scale onto 448; the kernels' conversion of e4m3 codes gives
 torch's values for every finite code; the fused write packs an fp8 cache's rows with
@@ -32,6 +33,7 @@ pytest.importorskip("triton")
 CHECKS = [
     "attention",
     "fp8_attention",
+    "fp8_twice_the_codes",
     "fp8_round_trip",
     "e4m3_values",
     "batch_invariance",

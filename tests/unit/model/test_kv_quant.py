@@ -1,7 +1,8 @@
 """The fp8 KV format (model/kv_quant.py): each row's values are the e4m3 values nearest to
 x / 2^k times 2^k, with 2^k the power of two that puts the row's largest |x| in (224, 448]
 (checked against a reference that enumerates the 256 e4m3 codes and takes k from a float64
-log2); rounding is idempotent to the bit in fp32 and bf16, at the binade edges too; a row's
+log2); rounding is idempotent to the bit in fp32 and bf16, at the binade edges too, and packing a
+row as it is holds the values of its round trip; a row's
 rounding does not depend on the other rows it is rounded with; packing stores the rounded
 values in head_dim + 1 bytes and unpacks them bit for bit; and the gradient passes straight
 through."""
@@ -61,6 +62,9 @@ def test_rounding_is_idempotent_to_the_bit(dtype):
         assert once.dtype == dtype
         assert torch.equal(kv_quant.round_trip(once), once)
         assert torch.equal(kv_quant.unpack(kv_quant.pack(once), dtype, once.shape[-1]), once)
+        # packing rounds as the round trip does: the same values, whether the row was rounded first
+        # or not (at a binade edge as another (codes, exponent) pair: x2 the codes, 2^(k-1))
+        assert torch.equal(kv_quant.unpack(kv_quant.pack(data), dtype, data.shape[-1]), once)
 
 
 def test_a_rows_rounding_is_its_own():
