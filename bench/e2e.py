@@ -38,7 +38,8 @@ state per K: the updates after each K's first, which compiles and captures CUDA 
 A random model rarely samples a stop token, so responses in cases a and b run to the full
 length: the worst case of each shape; case v's stop at varied lengths, so sequences finish at
 different times and the scheduler admits new ones mid-wave. The run's checkpoint is deleted after
-each case (19 GB at 1.4B with Adam). `--out FILE` writes every figure as JSON.
+each case (19 GB at 1.4B with Adam); the random model stays in `--work` for the next call
+(built whole or not at all). `--out FILE` writes every figure as JSON.
 
 `--nproc N` runs each case again under `torchrun --nproc-per-node N` with the same global
 batch (each rank samples and trains its share) and prints the strong scaling: update time,
@@ -68,7 +69,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import e2e_limits  # noqa: E402  (bench/e2e_limits.py: each phase at the hardware's limit)
-from workloads import prompt_lengths, with_varied_stops, write_prompts  # noqa: E402
+from workloads import built_once, prompt_lengths, with_varied_stops, write_prompts  # noqa: E402
 
 from ouro_cli.model.config import OuroConfig  # noqa: E402
 from ouro_cli.rl.options import DEFAULT_ENGINE  # noqa: E402
@@ -442,10 +443,8 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model, data = work / f"model-{args.shape}", work / "train.jsonl"
-    if not (model / "config.json").exists():
-        start = time.perf_counter()
-        shutil.rmtree(model, ignore_errors=True)
-        build_model(model, args.shape)
+    start = time.perf_counter()
+    if built_once(model, lambda directory: build_model(directory, args.shape)):
         print(f"built {model} in {time.perf_counter() - start:.1f} s", flush=True)
     write_data(data, args.prompts)
     config = OuroConfig.from_file(model / "config.json")

@@ -21,7 +21,8 @@ new sequences mid-wave. Modes: `default`; `exact` (--exact); `async` (--exit-thr
 --async-scheduling); `spec` (--speculative-tokens 3, at K = T).
 
 Cells run prompts x samples of 32 x 8 (r512) or 8 x 8 (r4096), or `--prompts` x 8;
-`--model 2.6b` builds the 48-layer shape. The scratch folder's checkpoint is deleted after each cell.
+`--model 2.6b` builds the 48-layer shape. A run's checkpoint is deleted after its cell; the random
+model stays in `--work` for the next call (built whole or not at all).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from e2e import VOCAB, full_size_tokenizer, run_in_own_group  # noqa: E402
-from workloads import prompt_lengths, with_varied_stops, write_prompts  # noqa: E402
+from workloads import built_once, prompt_lengths, with_varied_stops, write_prompts  # noqa: E402
 
 GIB = 2**30
 PROMPTS = ("p16", "p100", "p1024")
@@ -82,11 +83,8 @@ def build_model(directory: Path, model: str) -> None:
 
 def model_checkpoint(work: Path, model: str) -> Path:
     """The random checkpoint of `model` in `work`, built there once for every cell."""
-    checkpoint = work / f"model-{model}"
-    if not (checkpoint / "config.json").exists():
-        shutil.rmtree(checkpoint, ignore_errors=True)
-        began = time.perf_counter()
-        build_model(checkpoint, model)
+    checkpoint, began = work / f"model-{model}", time.perf_counter()
+    if built_once(checkpoint, lambda directory: build_model(directory, model)):
         print(f"== built the random {model} checkpoint in {time.perf_counter() - began:.0f} s", flush=True)
     return checkpoint
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 STOP_SHARE = 256  # one vocabulary entry in this many is a stop id (`with_varied_stops`)
@@ -40,6 +42,20 @@ def write_prompts(path: Path, lengths: list[int]) -> None:
             digits = "".join(g.choice("0123456789") for _ in range(max(1, n - 16)))
             row = {"prompt": f"{digits} What is 1+{i % 9}?", "label": 1 + i % 9, "metadata": {"problem_id": i}}
             f.write(json.dumps(row) + "\n")
+
+
+def built_once(directory: Path, build: Callable[[Path], None]) -> bool:
+    """Make the random checkpoint `directory` unless it is there: `build` writes a `.partial`
+    sibling that is renamed to `directory` when it returns, so a folder under the final name is
+    whole (a build cut off leaves the partial one, built again next time) -> whether it built."""
+    if (directory / "config.json").exists():
+        return False
+    partial = directory.with_name(directory.name + ".partial")
+    for stale in (partial, directory):
+        shutil.rmtree(stale, ignore_errors=True)
+    build(partial)
+    partial.rename(directory)
+    return True
 
 
 def with_varied_stops(model: Path, vocab_size: int) -> Path:
