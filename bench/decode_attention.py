@@ -1,14 +1,14 @@
 """The decode write-and-attend kernel's tile (BLOCK positions) and warps, timed on CUDA.
 
     python bench/decode_attention.py                        # 1.4B heads, rows 8 16 64, 192 positions
-    python bench/decode_attention.py --fp8 --rows 256 --positions 356 --blocks 16 32 64 --warps 2 4
+    python bench/decode_attention.py --fp8 --rows 256 --positions 356 --blocks 16 32 64 128 --warps 2 4 8
 
 For each number of rows and each (BLOCK, num_warps): µs per call of
 kernels/decode_attention.write_kv_and_attend (bf16, or with --fp8 packed fp8 rows
-and the new K/V rounded as a layer hands them over; plane t > 0 so
+and the new K/V unrounded, as the engine's decode layers hand them over; plane t > 0 so
 the carry-forward reads run), 20 calls captured to a CUDA graph and replayed
 (gemv.graph_time), over a paged plane of random slots, with the KV bytes read and the
-ratio to the default tile. A row's bits depend on BLOCK and num_warps, so a change of
+ratio to the default tile (printed once every tile is timed). A row's bits depend on BLOCK and num_warps, so a change of
 default changes the engine's and the paged replay's numbers together (they share the
 constants). Not part of the test run.
 """
@@ -61,9 +61,8 @@ def bench_rows(rows: int, args) -> None:
     lengths = torch.full((rows,), args.positions, device=dev)
     new = [torch.randn(rows, n, d, device=dev, dtype=dt, generator=g) for n in (args.heads, hkv, hkv)]
     kv_bytes = 2 * rows * hkv * args.positions * d * dt.itemsize
-    if args.fp8:  # packed planes; the new K/V as the layer hands them over (rounded)
+    if args.fp8:  # packed planes; the kernel packs the new K/V as the decode layers hand them over
         k_planes, v_planes = kv_quant.pack(k_planes), kv_quant.pack(v_planes)
-        new[1], new[2] = kv_quant.round_trip(new[1]), kv_quant.round_trip(new[2])
         kv_bytes = 2 * rows * hkv * args.positions * kv_quant.row_bytes(d, 1, fp8=True)
     inputs = (
         new[0],
@@ -78,20 +77,21 @@ def bench_rows(rows: int, args) -> None:
         ctx,
         lengths,
     )
-    base = None
     kind = "fp8" if args.fp8 else "bf16"
     print(f"{kind} rows {rows}, {args.positions} positions, {hkv} kv heads x {d}: {kv_bytes / 1e6:.1f} MB of K/V")
+    timed = {}
     for block, warps in itertools.product(args.blocks, args.warps):
         call = functools.partial(kernels.write_kv_and_attend, *inputs, block=block, num_warps=warps)
         try:
-            us = graph_time(lambda i, call=call: call(), args.reps) * 1e6
+            timed[block, warps] = graph_time(lambda i, call=call: call(), args.reps) * 1e6
         except Exception as e:  # tiles that do not fit
-            print(f"  BLOCK {block:3d} warps {warps}: {type(e).__name__}: {str(e)[:100]}")
+            print(f"  BLOCK {block:3d} warps {warps}: {type(e).__name__}: {str(e)[:100]}", flush=True)
             continue
-        if (block, warps) == (kernels.BLOCK, kernels.NUM_WARPS):
-            base = us
+        print(f"  BLOCK {block:3d} warps {warps}: {timed[block, warps]:6.1f} µs", flush=True)
+    base = timed.get((kernels.BLOCK, kernels.NUM_WARPS))
+    for (block, warps), us in sorted(timed.items(), key=lambda item: item[1]):
         ratio = f"  x{base / us:.2f} of the default" if base else ""
-        print(f"  BLOCK {block:3d} warps {warps}: {us:6.1f} µs  {kv_bytes / us / 1e3:6.0f} GB/s{ratio}", flush=True)
+        print(f"  fastest first: BLOCK {block:3d} warps {warps}: {us:6.1f} µs  {kv_bytes / us / 1e3:6.0f} GB/s{ratio}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
     python bench/kernel_sass.py                 # sm90 (H100 / H200): bf16 and the fp8 variants
     python bench/kernel_sass.py --write --top 30
+    python bench/kernel_sass.py --write --block 32 64 128 --warps 4 8 --variants bf16 fp8
 
 Compiles kernels/decode_attention.py's `_decode_attention_kernel` with Triton for the target
 (ptxas and the disassembler ship with Triton's NVIDIA backend), for the engine's decode shape
-(Ouro's 16 heads of 128 per KV head group of one, the default tile and warps) and each K/V
+(Ouro's 16 heads of 128 per KV head group of one, the default tile and warps unless --block and
+--warps name others) and each K/V
 variant: bf16 rows, packed fp8 rows with the scales outside the dots (the default mode), and
 packed fp8 rows dequantized as loaded (exact mode). For each: registers, shared memory, the
 SASS instruction count and the most frequent opcodes, and the memory instructions by width.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import re
 import subprocess
@@ -61,8 +64,9 @@ POINTERS = {
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def compile_kernel(packed: int, write: bool, arch: int):
-    """The decode kernel compiled for sm`arch` at the engine's decode shape."""
+def compile_kernel(packed: int, write: bool, arch: int, block: int = kernels.BLOCK, warps: int = kernels.NUM_WARPS):
+    """The decode kernel compiled for sm`arch` at the engine's decode shape, tiles of `block`
+    positions, `warps` warps a program."""
     fn = kernels._decode_attention_kernel
     names = list(fn.arg_names)
     constants = {
@@ -70,7 +74,7 @@ def compile_kernel(packed: int, write: bool, arch: int):
         "GP": kernels.group_rows(1),
         "D": HEAD_DIM,
         "BLOCK_D": HEAD_DIM,
-        "BLOCK": kernels.BLOCK,
+        "BLOCK": block,
         "IEEE": False,
         "WRITE": write,
         "HAS_PREV": write,
@@ -102,7 +106,7 @@ def compile_kernel(packed: int, write: bool, arch: int):
     return triton.compile(
         source,
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": kernels.NUM_WARPS, **kernels.launch_options(packed, cuda=True)},
+        options={"num_warps": warps, **kernels.launch_options(packed, cuda=True)},
     )
 
 
@@ -139,13 +143,18 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="the kernel with the step's fused KV write")
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--top", type=int, default=16, help="opcodes listed per variant")
+    ap.add_argument("--block", type=int, nargs="+", default=[kernels.BLOCK], help="positions a tile")
+    ap.add_argument("--warps", type=int, nargs="+", default=[kernels.NUM_WARPS], help="warps a program")
     args = ap.parse_args()
     print(
-        f"decode attention kernel, sm{args.arch}, BLOCK {kernels.BLOCK}, {kernels.NUM_WARPS} warps, "
-        f"head_dim {HEAD_DIM}, one query head per KV head{', fused write' if args.write else ''}"
+        f"decode attention kernel, sm{args.arch}, head_dim {HEAD_DIM}, one query head per KV head"
+        f"{', fused write' if args.write else ''} (the engine's tile: BLOCK {kernels.BLOCK}, "
+        f"{kernels.NUM_WARPS} warps)"
     )
-    for label in args.variants:
-        report(label, compile_kernel(VARIANTS[label], args.write, args.arch), args.top)
+    for block, warps in itertools.product(args.block, args.warps):
+        for label in args.variants:
+            compiled = compile_kernel(VARIANTS[label], args.write, args.arch, block, warps)
+            report(f"{label}, BLOCK {block}, {warps} warps", compiled, args.top)
 
 
 if __name__ == "__main__":

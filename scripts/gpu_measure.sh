@@ -34,8 +34,8 @@
 #   vt            bench/decode_vt.py: the fp8 decode attention with V stored position-major within each
 #                 block beside V stored as rows, attend only (not in the default set; about 1 minute)
 #   tiles         bench/decode_attention.py at the real rollout's rows (256, 356 positions): the decode
-#                 kernel's tile and warps, fp8 and bf16 K/V (both set the summation order; not in the
-#                 default set; about 2 minutes)
+#                 kernel's tile (16-128 positions) and warps (2, 4, 8), fp8 and bf16 K/V (both set the
+#                 summation order; not in the default set; about 3 minutes)
 #   kernels       bench/decode_profile.py at the real rollout's decode step (batch 256, K = 4, groups of
 #                 8 sharing a 100-token prompt, --bandwidth $BW, default the H200's 4.26e12), bf16 and fp8
 #                 KV, each with its kernel timeline (not in the default set; about 2 minutes)
@@ -113,7 +113,7 @@ for s in "${steps[@]}"; do
       for dt in fp8 bf16; do
         flag=(); [ "$dt" = fp8 ] && flag=(--fp8)
         step "tiles_$dt" 200 python3 bench/decode_attention.py "${flag[@]}" --rows 256 --positions 356 \
-          --blocks 16 32 64 --warps 2 4
+          --blocks 16 32 64 128 --warps 2 4 8
       done ;;
     kernels)
       for dt in bf16 fp8; do
