@@ -8,6 +8,11 @@ calls (its model and loss are its own). `import_megatron_core` imports megatron-
 `torch.compile` deferred: a decorated function is compiled by the real `torch.compile` with
 the same arguments at its first call. torch.compile itself compiles at the first call, so
 what runs is unchanged; only the setup moves from import time to that call.
+
+Some of its modules (the inference context, the timers) also import the wandb client at import
+time, for logging that ouro never asks of them; ouro's own tracker (rl/loggers.py) imports it
+when a run logs to it. `import_megatron_core` hides wandb while megatron-core loads, so those
+modules see it as not installed; a later `import wandb` imports it as usual.
 """
 
 from __future__ import annotations
@@ -24,8 +29,27 @@ def import_megatron_core() -> None:
     """Import `megatron.core` (once per process) with its import-time compilation deferred."""
     if "megatron.core" in sys.modules:
         return
-    with _deferred_compile():
+    with _deferred_compile(), _hidden(TRACKERS):
         import megatron.core  # noqa: F401
+
+
+# modules megatron-core imports at import time for logging that ouro never asks of it
+TRACKERS = ("wandb",)
+
+
+@contextlib.contextmanager
+def _hidden(names: tuple[str, ...]) -> Iterator[None]:
+    """`import name` raises ImportError inside the block for each of `names` not yet imported
+    (a None entry in sys.modules); afterwards they import as usual."""
+    hidden = [name for name in names if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
 
 
 @contextlib.contextmanager

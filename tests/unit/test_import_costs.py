@@ -2,7 +2,8 @@
 and what `ouro status` reads stay off torch, a command that reads weights stays off
 megatron-core (and TorchDynamo), and megatron-core's own import compiles nothing
 (mcore/importing.py) until a compiled function is called, which then goes to the real
-`torch.compile` with its arguments. The packages that resolve their names lazily resolve
+`torch.compile` with its arguments, and leaves the wandb client unloaded (it still imports
+afterwards). The packages that resolve their names lazily resolve
 every name they export."""
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ import torch
 from megatron.core import jit
 assert "megatron.core" in sys.modules and jit.jit_fuser is not torch.compile
 assert not loaded("torch._inductor.compile_fx"), "megatron's import set up Inductor"
+assert not loaded("wandb"), "megatron's import loaded the wandb client"
+import importlib.util
+if importlib.util.find_spec("wandb") is not None:  # hidden only while megatron-core loaded
+    import wandb
+    assert "wandb" in sys.modules and wandb.__name__ == "wandb"
 print("ok")
 """
 
