@@ -38,7 +38,9 @@
 #                 summation order; not in the default set; about 3 minutes)
 #   kernels       bench/decode_profile.py at the real rollout's decode step (batch 256, K = 4, groups of
 #                 8 sharing a 100-token prompt, --bandwidth $BW, default the H200's 4.26e12), bf16 and fp8
-#                 KV, each with its kernel timeline (not in the default set; about 2 minutes)
+#                 KV, each with its kernel timeline, over $STEPS decode steps (default 160); STEPS=512 with
+#                 TIMELINE=0 times the real rollout's whole response, positions 100-612, without the
+#                 profiler (not in the default set; about 2 minutes)
 #   ab            bench/e2e.py at the real shape (--prompts p100, case a, K = 4, 2 updates) for each
 #                 variant named in $VARIANTS (default "copied shared fp8"; also fp8exact), one
 #                 after another on this machine: shared prompts and fp8 KV against copied prompts
@@ -117,9 +119,10 @@ for s in "${steps[@]}"; do
       done ;;
     kernels)
       for dt in bf16 fp8; do
+        timeline=(--timeline); [ "${TIMELINE:-1}" = 0 ] && timeline=()
         step "kernels_$dt" 240 python3 \
-          bench/decode_profile.py --batch 256 -K 4 --prompt 100 --group-size 8 --kv-cache-dtype "$dt" \
-          --bandwidth "${BW:-4.26e12}" --timeline --no-eager --top 16
+          bench/decode_profile.py --batch 256 -K 4 --prompt 100 --steps "${STEPS:-160}" --group-size 8 \
+          --kv-cache-dtype "$dt" --bandwidth "${BW:-4.26e12}" "${timeline[@]}" --no-eager --top 16
       done ;;
     ab)
       work=$(scratch ouro-ab 40)
