@@ -41,10 +41,12 @@
 #                 KV, each with its kernel timeline, over $STEPS decode steps (default 160); STEPS=512 with
 #                 TIMELINE=0 times the real rollout's whole response, positions 100-612, without the
 #                 profiler (not in the default set; about 2 minutes)
-#   ab            bench/e2e.py at the real shape (--prompts p100, case a, K = 4, 2 updates) for each
-#                 variant named in $VARIANTS (default "copied shared fp8"; also fp8exact), one
-#                 after another on this machine: shared prompts and fp8 KV against copied prompts
-#                 (about 3 minutes a variant), e.g. VARIANTS="shared fp8" bash scripts/gpu_measure.sh ab
+#   ab            bench/e2e.py at the real shape (--prompts $AB_PROMPTS, default p100; case a, K = 4,
+#                 2 updates) for each variant named in $VARIANTS (default "copied shared fp8"; also
+#                 fp8exact), one after another on this machine: shared prompts and fp8 KV against
+#                 copied prompts (about 3 minutes a variant), e.g. VARIANTS="shared fp8" bash
+#                 scripts/gpu_measure.sh ab; AB_PROMPTS=p1024 VARIANTS="copied shared" for 1,024-token
+#                 prompts
 set -uo pipefail
 source scripts/wheels_env.sh || exit 2
 export PYTHONUNBUFFERED=1
@@ -134,8 +136,8 @@ for s in "${steps[@]}"; do
           fp8exact) extra=("--train-args=--kv-cache-dtype fp8 --exact") ;;
           *) echo "unknown variant $v (copied shared fp8 fp8exact)"; exit 2 ;;
         esac
-        step "ab_$v" 300 python3 bench/e2e.py --prompts p100 --cases a --depths 4 --updates 2 --timeout 280 \
-          --work "$work" --out "$out/ab_$v.json" "${extra[@]}"
+        step "ab_$v" 300 python3 bench/e2e.py --prompts "${AB_PROMPTS:-p100}" --cases a --depths 4 --updates 2 \
+          --timeout 280 --work "$work" --out "$out/ab_$v.json" "${extra[@]}"
         tidy "$work"
       done ;;
     *) echo "unknown step $s (e2e exact agree agree_grouped fixed_tile profile exact_profile shapes fp8 options fma vt tiles kernels ab)"; exit 2 ;;
