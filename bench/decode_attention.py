@@ -4,12 +4,12 @@
     python bench/decode_attention.py --fp8 --rows 256 --positions 356 --blocks 16 32 64 128 --warps 2 4 8
 
 For each number of rows and each (BLOCK, num_warps): µs per call of
-kernels/decode_attention.write_kv_and_attend (bf16, or with --fp8 packed fp8 rows
-and the new K/V unrounded, as the engine's decode layers hand them over; plane t > 0 so
-the carry-forward reads run), 20 calls captured to a CUDA graph and replayed
-(gemv.graph_time), over a paged plane of random slots, with the KV bytes read and the
-ratio to the default tile (printed once every tile is timed). A row's bits depend on BLOCK and num_warps, so a change of
-default changes the engine's and the paged replay's numbers together (they share the
+kernels/decode_attention.write_kv_and_attend (bf16, or with --fp8 packed fp8 rows and the new
+K/V unrounded, as the engine's decode layers hand them over; plane t > 0 so the carry-forward
+reads run), 20 calls captured to a CUDA graph and replayed (gemv.graph_time), over a paged plane
+of random slots; once every tile is timed, the tiles fastest first with the KV bytes read a
+second and the ratio to the default tile. A row's bits depend on BLOCK and num_warps, so a
+change of default changes the engine's and the paged replay's numbers together (they share the
 constants). Not part of the test run.
 """
 
